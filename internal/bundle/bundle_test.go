@@ -1,0 +1,500 @@
+package bundle
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+)
+
+// fixture is a source registry and file server playing the internet.
+type fixture struct {
+	reg       string // host:port of the source registry
+	files     *httptest.Server
+	fileHits  map[string]int
+	digests   map[string]string // ref -> upstream digest
+	catalog   *catalog.Catalog
+	key       *ecdsa.PrivateKey
+	pub       *ecdsa.PublicKey
+	dir       string
+	installer string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	regSrv := httptest.NewServer(registry.New(registry.Logger(discardLogger())))
+	t.Cleanup(regSrv.Close)
+	u, _ := url.Parse(regSrv.URL)
+	f := &fixture{reg: u.Host, digests: map[string]string{}, fileHits: map[string]int{}, dir: t.TempDir()}
+
+	// Images sharing a base layer; one multi-arch index.
+	base, err := random.Layer(4096, types.DockerLayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func() v1.Image {
+		top, _ := random.Layer(2048, types.DockerLayer)
+		img, err := mutate.AppendLayers(empty.Image, base, top)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cf, _ := img.ConfigFile()
+		cf = cf.DeepCopy()
+		cf.OS, cf.Architecture = "linux", "amd64"
+		img, err = mutate.ConfigFile(img, cf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return img
+	}
+	push := func(ref string, img v1.Image) {
+		r, _ := name.ParseReference(ref)
+		if err := remote.Write(r, img); err != nil {
+			t.Fatal(err)
+		}
+		d, _ := img.Digest()
+		f.digests[ref] = d.String()
+	}
+	push(f.reg+"/kube-apiserver:v1.31.4", mk())
+	push(f.reg+"/kube-proxy:v1.31.4", mk())
+	idx := mutate.AppendManifests(empty.Index,
+		mutate.IndexAddendum{Add: mk(), Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}},
+		mutate.IndexAddendum{Add: mk(), Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "arm64"}}},
+	)
+	r, _ := name.ParseReference(f.reg + "/coredns/coredns:v1.11.3")
+	if err := remote.WriteIndex(r, idx); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := idx.Digest()
+	f.digests[f.reg+"/coredns/coredns:v1.11.3"] = d.String()
+
+	content := map[string]string{"/v1.31.4/amd64/kubelet": "kubelet amd64 binary", "/v1.31.4/amd64/kubeadm": "kubeadm amd64 binary", "/extra/tool": "extra tool"}
+	f.files = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if base, ok := strings.CutSuffix(p, ".sha256"); ok {
+			if c, ok := content[base]; ok {
+				sum := sha256.Sum256([]byte(c))
+				fmt.Fprintf(w, "%x  %s\n", sum, filepath.Base(base))
+				return
+			}
+		}
+		c, ok := content[p]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		f.fileHits[p]++
+		io.WriteString(w, c)
+	}))
+	t.Cleanup(f.files.Close)
+
+	cat := fmt.Sprintf(`schemaVersion: 1
+arches: [amd64, arm64]
+versions:
+  - version: v1.31.4
+    kubeletHashEra: name-image
+    upgradeFrom: [v1.30]
+    downgradeTo: []
+    removedKubeletFlags: []
+    removedAPIs: []
+    images:
+      - %[1]s/kube-apiserver:v1.31.4
+      - %[1]s/kube-proxy:v1.31.4
+      - %[1]s/coredns/coredns:v1.11.3
+    files:
+      - name: kubelet
+        url: %[2]s/v1.31.4/{arch}/kubelet
+      - name: kubeadm
+        url: %[2]s/v1.31.4/{arch}/kubeadm
+`, f.reg, f.files.URL)
+	f.catalog, err = catalog.Parse("test-catalog.yaml", []byte(cat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := GenerateKey(filepath.Join(f.dir, "team")); err != nil {
+		t.Fatal(err)
+	}
+	f.key, _ = LoadPrivateKey(filepath.Join(f.dir, "team.key"))
+	f.pub, _ = LoadPublicKey(filepath.Join(f.dir, "team.pub"))
+	f.installer = filepath.Join(f.dir, "upgrade-program")
+	os.WriteFile(f.installer, []byte("#!/bin/sh\necho installer \"$@\"\n"), 0o755)
+	return f
+}
+
+func (f *fixture) options(out string) *CreateOptions {
+	return &CreateOptions{
+		Catalog: f.catalog, KubernetesVersion: "v1.31.4", Arches: []string{"amd64"},
+		CacheDir: filepath.Join(f.dir, "cache"), SignKey: f.key, Output: out, Jobs: 3,
+		ExtraFiles: []ExtraFile{{Name: "tool", URL: f.files.URL + "/extra/tool"}},
+	}
+}
+
+func (f *fixture) create(t *testing.T, format Format) string {
+	t.Helper()
+	out := filepath.Join(f.dir, "bundle."+string(format))
+	opts := f.options(out)
+	opts.Format = format
+	opts.Installer = f.installer
+	if _, err := Create(context.Background(), opts); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	return out
+}
+
+func TestCreateVerifyExtract(t *testing.T) {
+	f := newFixture(t)
+	out := f.create(t, FormatTar)
+
+	m, err := VerifyFile(context.Background(), out, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	if m.Signer != Fingerprint(f.pub) || m.KubernetesVersion != "v1.31.4" || m.Release.KubeletHashEra != "name-image" {
+		t.Fatalf("manifest: signer %s version %s", m.Signer, m.KubernetesVersion)
+	}
+	// Upstream digests kept, the multi-arch index included.
+	for _, img := range m.Images {
+		if img.Digest != f.digests[img.Ref] {
+			t.Errorf("%s: digest %s, upstream %s", img.Ref, img.Digest, f.digests[img.Ref])
+		}
+	}
+	// The shared base layer is stored once.
+	blobs := 0
+	for _, e := range m.Entries {
+		if strings.HasPrefix(e.Path, "images/blobs/") {
+			blobs++
+		}
+	}
+	// 3 images: apiserver+proxy = 2x(manifest, config, top) ; coredns = index + amd64 (manifest, config, top); + base once.
+	if want := 2*3 + 1 + 3 + 1; blobs != want {
+		t.Errorf("%d blobs, want %d (shared layer once)", blobs, want)
+	}
+
+	dir := filepath.Join(f.dir, "extracted")
+	if _, err := Extract(context.Background(), out, dir, Trust{Key: f.pub}); err != nil {
+		t.Fatalf("extract: %v", err)
+	}
+	// The layout is readable by go-containerregistry (what crane uses).
+	lp, err := layout.FromPath(filepath.Join(dir, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ii, err := lp.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, _ := ii.IndexManifest()
+	if len(im.Manifests) != 3 {
+		t.Fatalf("index.json has %d manifests", len(im.Manifests))
+	}
+	for _, d := range im.Manifests {
+		ref := d.Annotations["org.opencontainers.image.ref.name"]
+		if d.Digest.String() != f.digests[ref] {
+			t.Errorf("layout %s: %s", ref, d.Digest)
+		}
+		if d.MediaType.IsImage() {
+			img, err := ii.Image(d.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			layers, _ := img.Layers()
+			for _, l := range layers {
+				rc, err := l.Compressed()
+				if err != nil {
+					t.Fatalf("%s layer: %v", ref, err)
+				}
+				io.Copy(io.Discard, rc)
+				rc.Close()
+			}
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "bin/linux/amd64/kubelet")); string(b) != "kubelet amd64 binary" {
+		t.Errorf("kubelet = %q", b)
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, "files/tool")); fi == nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("files/tool: %v", fi)
+	}
+	raw, _ := os.ReadFile(filepath.Join(dir, ManifestName))
+	sig, _ := os.ReadFile(filepath.Join(dir, SignatureName))
+	if verifySignature(f.pub, raw, sig) != nil {
+		t.Error("extracted bundle.json does not verify with its signature")
+	}
+	// Extracting again over a non-empty directory is refused.
+	if _, err := Extract(context.Background(), out, dir, Trust{Key: f.pub}); !errors.Is(err, ErrDestinationExists) {
+		t.Errorf("second extract: %v", err)
+	}
+}
+
+func TestCreateUsesCache(t *testing.T) {
+	f := newFixture(t)
+	f.create(t, FormatTar)
+	hits := f.fileHits["/v1.31.4/amd64/kubelet"]
+	f.create(t, FormatTar)
+	if f.fileHits["/v1.31.4/amd64/kubelet"] != hits {
+		t.Errorf("kubelet downloaded again: %d -> %d", hits, f.fileHits["/v1.31.4/amd64/kubelet"])
+	}
+}
+
+func TestPlanMirrors(t *testing.T) {
+	f := newFixture(t)
+	opts := f.options("unused")
+	opts.RegistryMirrors = []Mirror{{From: f.reg, To: "mirror.corp:5000/k8s"}, {From: f.reg + "/coredns", To: "dns.corp"}}
+	opts.URLMirrors = []Mirror{{From: f.files.URL + "/v1.31.4", To: "https://files.corp/k8s"}}
+	opts.ExtraImages = []string{"nginx:1.25"}
+	p, err := MakePlan(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, im := range p.Images {
+		got[im.Ref] = im.PullFrom
+	}
+	want := map[string]string{
+		f.reg + "/kube-apiserver:v1.31.4":  "mirror.corp:5000/k8s/kube-apiserver:v1.31.4",
+		f.reg + "/coredns/coredns:v1.11.3": "dns.corp/coredns:v1.11.3",
+		"docker.io/library/nginx:1.25":     "docker.io/library/nginx:1.25",
+	}
+	for ref, pull := range want {
+		if got[ref] != pull {
+			t.Errorf("%s pulled from %q, want %q", ref, got[ref], pull)
+		}
+	}
+	for _, fl := range p.Files {
+		if fl.Name == "kubelet" && fl.URL != "https://files.corp/k8s/amd64/kubelet" {
+			t.Errorf("kubelet url %s", fl.URL)
+		}
+	}
+}
+
+func TestRunFormat(t *testing.T) {
+	f := newFixture(t)
+	out := f.create(t, FormatRun)
+	data, _ := os.ReadFile(out)
+	if !bytes.HasPrefix(data, []byte("#!/bin/sh\n")) {
+		t.Fatal("no shell stub")
+	}
+	m, err := VerifyFile(context.Background(), out, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatalf("verify .run: %v", err)
+	}
+	if m.InstallerSize == 0 {
+		t.Fatal("no installer recorded")
+	}
+	// The installer is the last thing in the file; damage it.
+	bad := append([]byte{}, data...)
+	bad[len(bad)-3] ^= 1
+	if err := verifyBytes(bad, f.pub); !errors.Is(err, ErrModified) || !strings.Contains(err.Error(), "installer") {
+		t.Errorf("damaged installer: %v", err)
+	}
+	if err := verifyBytes(append(append([]byte{}, data...), 'x'), f.pub); !errors.Is(err, ErrTrailingData) {
+		t.Errorf("trailing byte: %v", err)
+	}
+	if err := verifyBytes(data[:len(data)-100], f.pub); !errors.Is(err, ErrTruncated) {
+		t.Errorf("truncated run: %v", err)
+	}
+}
+
+func verifyBytes(b []byte, pub *ecdsa.PublicKey) error {
+	_, err := Verify(context.Background(), "test", bytes.NewReader(b), Trust{Key: pub}, nil, nil)
+	return err
+}
+
+// entries reads every tar entry of a plain bundle.
+type tarEntry struct {
+	hdr  tar.Header
+	data []byte
+}
+
+func readEntries(t *testing.T, b []byte) []tarEntry {
+	t.Helper()
+	tr := tar.NewReader(bytes.NewReader(b))
+	var out []tarEntry
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := io.ReadAll(tr)
+		out = append(out, tarEntry{*h, d})
+	}
+}
+
+func writeEntries(t *testing.T, es []tarEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range es {
+		h := e.hdr
+		if h.Typeflag == tar.TypeReg {
+			h.Size = int64(len(e.data))
+		}
+		if err := tw.WriteHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(e.data)
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+func TestTamperRejected(t *testing.T) {
+	f := newFixture(t)
+	out := f.create(t, FormatTar)
+	orig, _ := os.ReadFile(out)
+	es := readEntries(t, orig)
+	blob := -1
+	for i, e := range es {
+		if strings.HasPrefix(e.hdr.Name, "images/blobs/") && e.hdr.Size > 1000 {
+			blob = i
+			break
+		}
+	}
+	blobName := es[blob].hdr.Name
+	other, _ := GenerateKey(filepath.Join(f.dir, "other"))
+	_ = other
+	otherPub, _ := LoadPublicKey(filepath.Join(f.dir, "other.pub"))
+
+	mutate := func(fn func([]tarEntry) []tarEntry) []byte {
+		cp := make([]tarEntry, len(es))
+		for i, e := range es {
+			cp[i] = tarEntry{e.hdr, append([]byte{}, e.data...)}
+		}
+		return writeEntries(t, fn(cp))
+	}
+	cases := []struct {
+		name  string
+		data  []byte
+		key   *ecdsa.PublicKey
+		want  error
+		entry string
+	}{
+		{"modified blob", mutate(func(e []tarEntry) []tarEntry { e[blob].data[10] ^= 0xff; return e }), f.pub, ErrModified, blobName},
+		{"modified manifest", mutate(func(e []tarEntry) []tarEntry {
+			e[0].data = bytes.Replace(e[0].data, []byte("v1.31.4"), []byte("v1.31.5"), 1)
+			return e
+		}), f.pub, ErrBadSignature, SignatureName},
+		{"wrong key", orig, otherPub, ErrWrongKey, SignatureName},
+		{"missing entry", mutate(func(e []tarEntry) []tarEntry { return append(e[:blob], e[blob+1:]...) }), f.pub, ErrMissingEntry, blobName},
+		{"extra entry", mutate(func(e []tarEntry) []tarEntry {
+			return append(e, tarEntry{tar.Header{Name: "images/blobs/sha256/evil", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("x")})
+		}), f.pub, ErrExtraEntry, "images/blobs/sha256/evil"},
+		{"duplicate entry", mutate(func(e []tarEntry) []tarEntry { return append(e, e[blob]) }), f.pub, ErrDuplicateEntry, blobName},
+		{"size mismatch", mutate(func(e []tarEntry) []tarEntry { e[blob].data = e[blob].data[:100]; return e }), f.pub, ErrSizeMismatch, blobName},
+		{"truncated", orig[:len(orig)/2], f.pub, ErrTruncated, ""},
+		{"absolute path", mutate(func(e []tarEntry) []tarEntry { e[blob].hdr.Name = "/etc/passwd"; return e }), f.pub, ErrUnsafePath, "/etc/passwd"},
+		{"dot-dot path", mutate(func(e []tarEntry) []tarEntry { e[blob].hdr.Name = "../../root/.ssh/authorized_keys"; return e }), f.pub, ErrUnsafePath, "../../root/.ssh/authorized_keys"},
+		{"symlink", mutate(func(e []tarEntry) []tarEntry {
+			e[blob] = tarEntry{tar.Header{Name: blobName, Typeflag: tar.TypeSymlink, Linkname: "/etc/shadow"}, nil}
+			return e
+		}), f.pub, ErrNotRegular, blobName},
+		{"device", mutate(func(e []tarEntry) []tarEntry {
+			e[blob] = tarEntry{tar.Header{Name: blobName, Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}, nil}
+			return e
+		}), f.pub, ErrNotRegular, blobName},
+		{"unsigned", mutate(func(e []tarEntry) []tarEntry { return append(e[:1], e[2:]...) }), f.pub, ErrUnsigned, SignatureName},
+		{"not a bundle", mutate(func(e []tarEntry) []tarEntry { return e[2:] }), f.pub, ErrNotBundle, ""},
+		{"trailing data", append(append([]byte{}, orig...), bytes.Repeat([]byte("x"), 600)...), f.pub, ErrTrailingData, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := verifyBytes(tc.data, tc.key)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			var ve *VerifyError
+			if !errors.As(err, &ve) || (tc.entry != "" && ve.Entry != tc.entry) {
+				t.Fatalf("error %q does not name entry %q", err, tc.entry)
+			}
+			// Extraction of the same bytes leaves nothing behind.
+			src := filepath.Join(t.TempDir(), "b.tar")
+			os.WriteFile(src, tc.data, 0o644)
+			parent := t.TempDir()
+			if _, err := Extract(context.Background(), src, filepath.Join(parent, "out"), Trust{Key: tc.key}); err == nil {
+				t.Fatal("extract accepted it")
+			}
+			if left, _ := os.ReadDir(parent); len(left) != 0 {
+				t.Fatalf("extract left %d entries behind", len(left))
+			}
+		})
+	}
+	// An unsigned bundle passes only when the operator allows it.
+	unsigned := mutate(func(e []tarEntry) []tarEntry { return append(e[:1], e[2:]...) })
+	if _, err := Verify(context.Background(), "u", bytes.NewReader(unsigned), Trust{AllowUnsigned: true}, nil, nil); err != nil {
+		t.Errorf("unsigned with AllowUnsigned: %v", err)
+	}
+}
+
+func TestCreateErrors(t *testing.T) {
+	f := newFixture(t)
+	opts := f.options(filepath.Join(f.dir, "x.tar"))
+	opts.ExtraImages = []string{f.reg + "/missing:v1"}
+	_, err := Create(context.Background(), opts)
+	if err == nil || !strings.Contains(err.Error(), f.reg+"/missing:v1") || !strings.Contains(err.Error(), "not found") {
+		t.Errorf("missing image: %v", err)
+	}
+	opts = f.options(filepath.Join(f.dir, "x.tar"))
+	opts.Arches = []string{"arm64"}
+	_, err = Create(context.Background(), opts)
+	if err == nil || !strings.Contains(err.Error(), "kube-apiserver:v1.31.4 has no linux/arm64 variant (it is a single linux/amd64 image)") {
+		t.Errorf("missing arch: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, "x.tar")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("failed create left the output: %v", err)
+	}
+	opts = f.options(filepath.Join(f.dir, "x.run"))
+	opts.Format = FormatRun
+	opts.Arches = []string{"amd64", "arm64"}
+	if _, err := Create(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "single --arch") {
+		t.Errorf("multi-arch run: %v", err)
+	}
+}
+
+func TestKeysOpenSSLFingerprintShape(t *testing.T) {
+	dir := t.TempDir()
+	fp, err := GenerateKey(filepath.Join(dir, "k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(filepath.Join(dir, "k.key"))
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("private key mode %v", fi.Mode())
+	}
+	pub, err := LoadPublicKey(filepath.Join(dir, "k.pub"))
+	if err != nil || Fingerprint(pub) != fp || !strings.HasPrefix(fp, "sha256:") || len(fp) != 71 {
+		t.Errorf("fingerprint %s / %v", fp, err)
+	}
+	if _, err := GenerateKey(filepath.Join(dir, "k")); err == nil {
+		t.Error("overwrote an existing key")
+	}
+	if _, err := LoadPublicKey(filepath.Join(dir, "k.key")); err == nil || !strings.Contains(err.Error(), "not a public key") {
+		t.Errorf("private key as public: %v", err)
+	}
+	_ = hex.EncodeToString
+}

@@ -1,0 +1,162 @@
+// Package bundle is kubelift's signed offline bundle: one tar stream that
+// starts with a manifest (bundle.json) and its detached signature, followed
+// by an OCI image layout and binaries. It creates bundles, verifies them in
+// one streaming pass (signature before anything is written, every entry
+// hashed as it passes), extracts them atomically, and wraps them as
+// self-extracting .run installers.
+package bundle
+
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+)
+
+// SchemaVersion of bundle.json written and read by this build.
+const SchemaVersion = 1
+
+// Kind marks a kubelift bundle manifest.
+const Kind = "kubelift.dev/bundle"
+
+// Names of the first two entries of every bundle.
+const (
+	ManifestName  = "bundle.json"
+	SignatureName = "bundle.json.sig"
+	// LayoutDir holds the OCI image layout inside a bundle.
+	LayoutDir = "images"
+)
+
+// Limits on the manifest and signature read into memory.
+const (
+	maxManifestSize  = 64 << 20
+	maxSignatureSize = 4 << 10
+)
+
+// Manifest is bundle.json: everything the bundle holds, signed as a whole.
+type Manifest struct {
+	SchemaVersion     int       `json:"schemaVersion"`
+	Kind              string    `json:"kind"`
+	KubernetesVersion string    `json:"kubernetesVersion"`
+	Arches            []string  `json:"arches"`
+	Tool              Tool      `json:"tool"`
+	Created           time.Time `json:"created"`
+	// Signer is the fingerprint of the signing key; empty when unsigned.
+	Signer string `json:"signer"`
+	// Release is the catalog entry of KubernetesVersion, carried along so
+	// the air-gapped side needs no catalog of its own.
+	Release catalog.Release `json:"release"`
+	Images  []Image         `json:"images"`
+	Files   []File          `json:"files"`
+	Entries []Entry         `json:"entries"`
+	// InstallerSHA256 and InstallerSize describe the upgrade program a .run
+	// file carries after the tar stream; empty for plain bundles. Kept flat
+	// so the shell stub can find it with grep.
+	InstallerSHA256 string `json:"installerSha256,omitempty"`
+	InstallerSize   int64  `json:"installerSize,omitempty"`
+	InstallerArch   string `json:"installerArch,omitempty"`
+
+	// Raw and Signature are the bytes as read from a verified bundle.
+	Raw       []byte `json:"-"`
+	Signature []byte `json:"-"`
+}
+
+// Tool records what made the bundle.
+type Tool struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// Image is one image in the bundle's OCI layout.
+type Image struct {
+	// Ref is the upstream reference (as in the catalog or --image).
+	Ref string `json:"ref"`
+	// PullFrom is where it was fetched (after --registry-mirror).
+	PullFrom  string   `json:"pullFrom"`
+	Digest    string   `json:"digest"`
+	MediaType string   `json:"mediaType"`
+	Size      int64    `json:"size"`
+	Platforms []string `json:"platforms"`
+	// Blobs counts the blobs of this image (some shared with others).
+	Blobs int `json:"blobs"`
+	// Bytes is the sum of this image's blob sizes.
+	Bytes int64 `json:"bytes"`
+}
+
+// File is a binary or archive in the bundle.
+type File struct {
+	Name   string `json:"name"`
+	Arch   string `json:"arch,omitempty"`
+	Path   string `json:"path"`
+	URL    string `json:"url"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// Entry is one tar entry after the signature.
+type Entry struct {
+	Path   string `json:"path"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Marshal encodes the manifest as signed (indented: the .run stub greps it).
+func (m *Manifest) Marshal() ([]byte, error) {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// TotalSize is the sum of all entry sizes.
+func (m *Manifest) TotalSize() int64 {
+	var n int64
+	for _, e := range m.Entries {
+		n += e.Size
+	}
+	return n
+}
+
+// parseManifest decodes and checks a manifest read from a bundle.
+func parseManifest(data []byte) (*Manifest, error) {
+	var m Manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", ManifestName, err)
+	}
+	m.Raw = data
+	if m.Kind != Kind {
+		return nil, fmt.Errorf("%s: kind %q: not a kubelift bundle", ManifestName, m.Kind)
+	}
+	if m.SchemaVersion != SchemaVersion {
+		return nil, fmt.Errorf("%s: schemaVersion %d: this kubelift reads %d", ManifestName, m.SchemaVersion, SchemaVersion)
+	}
+	seen := map[string]bool{ManifestName: true, SignatureName: true}
+	for _, e := range m.Entries {
+		if err := checkPath(e.Path); err != nil {
+			return nil, fmt.Errorf("%s: entry %q: %w", ManifestName, e.Path, err)
+		}
+		if seen[e.Path] {
+			return nil, fmt.Errorf("%s: entry %q: %w", ManifestName, e.Path, ErrDuplicateEntry)
+		}
+		seen[e.Path] = true
+		if e.Size < 0 || len(e.SHA256) != 64 {
+			return nil, fmt.Errorf("%s: entry %q: bad size or sha256", ManifestName, e.Path)
+		}
+	}
+	return &m, nil
+}
+
+// checkPath accepts clean, relative, slash-separated paths only.
+func checkPath(p string) error {
+	switch {
+	case p == "" || strings.HasPrefix(p, "/") || strings.Contains(p, "\\"):
+		return ErrUnsafePath
+	case path.Clean(p) != p || p == "." || p == ".." || strings.HasPrefix(p, "../"):
+		return ErrUnsafePath
+	}
+	return nil
+}

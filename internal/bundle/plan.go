@@ -1,0 +1,179 @@
+package bundle
+
+import (
+	"fmt"
+	"net/url"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+)
+
+// Mirror rewrites a prefix: a registry (or registry/path) for images, a URL
+// prefix for files.
+type Mirror struct{ From, To string }
+
+// ParseMirror parses FROM=TO.
+func ParseMirror(s string) (Mirror, error) {
+	from, to, ok := strings.Cut(s, "=")
+	if !ok || from == "" || to == "" {
+		return Mirror{}, fmt.Errorf("mirror %q: want FROM=TO", s)
+	}
+	return Mirror{From: strings.TrimSuffix(from, "/"), To: strings.TrimSuffix(to, "/")}, nil
+}
+
+// ExtraFile is a user file added with --file NAME=URL[#sha256:HEX].
+type ExtraFile struct {
+	Name, URL, SHA256 string
+}
+
+var fileNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// ParseExtraFile parses NAME=URL[#sha256:HEX].
+func ParseExtraFile(s string) (ExtraFile, error) {
+	n, rest, ok := strings.Cut(s, "=")
+	if !ok || !fileNameRE.MatchString(n) {
+		return ExtraFile{}, fmt.Errorf("file %q: want NAME=URL[#sha256:HEX] with a plain NAME", s)
+	}
+	u, sum, _ := strings.Cut(rest, "#")
+	if sum != "" {
+		hexSum, ok := strings.CutPrefix(sum, "sha256:")
+		if !ok || !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(hexSum) {
+			return ExtraFile{}, fmt.Errorf("file %q: checksum %q: want sha256: and 64 lowercase hex digits", s, sum)
+		}
+		sum = hexSum
+	}
+	pu, err := url.Parse(u)
+	if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+		return ExtraFile{}, fmt.Errorf("file %q: %q is not an http(s) URL", s, u)
+	}
+	return ExtraFile{Name: n, URL: u, SHA256: sum}, nil
+}
+
+// Plan is what a bundle will contain and where each part comes from: the
+// output of `bundle create --dry-run -o json`.
+type Plan struct {
+	KubernetesVersion string         `json:"kubernetesVersion"`
+	Arches            []string       `json:"arches"`
+	Images            []PlannedImage `json:"images"`
+	Files             []PlannedFile  `json:"files"`
+	release           *catalog.Release
+}
+
+// PlannedImage is an image to fetch.
+type PlannedImage struct {
+	Ref      string `json:"ref"`
+	PullFrom string `json:"pullFrom"`
+}
+
+// PlannedFile is a file to fetch. SHA256 is empty when not pinned (then the
+// upstream .sha256 file is fetched too).
+type PlannedFile struct {
+	Name   string `json:"name"`
+	Arch   string `json:"arch,omitempty"`
+	URL    string `json:"url"`
+	SHA256 string `json:"sha256"`
+	Path   string `json:"-"`
+	source string
+}
+
+// MakePlan resolves the catalog entry, user additions and mirrors into a Plan.
+// It contacts nothing.
+func MakePlan(opts *CreateOptions) (*Plan, error) {
+	rel, err := opts.Catalog.Lookup(opts.KubernetesVersion)
+	if err != nil {
+		return nil, err
+	}
+	if rel.Withdrawn {
+		return nil, fmt.Errorf("%s: %s is withdrawn in the catalog", opts.Catalog.Source, rel.Version)
+	}
+	arches := opts.Arches
+	if len(arches) == 0 {
+		arches = []string{"amd64"}
+	}
+	for _, a := range arches {
+		if !opts.Catalog.SupportsArch(a) {
+			return nil, fmt.Errorf("arch %q: the catalog has %s", a, strings.Join(opts.Catalog.Arches, ", "))
+		}
+	}
+	p := &Plan{KubernetesVersion: rel.Version, Arches: arches, release: rel}
+	seen := map[string]bool{}
+	for _, ref := range append(append([]string{}, rel.Images...), opts.ExtraImages...) {
+		norm, err := NormalizeRef(ref)
+		if err != nil {
+			return nil, fmt.Errorf("image %q: %w", ref, err)
+		}
+		if seen[norm] {
+			continue
+		}
+		seen[norm] = true
+		p.Images = append(p.Images, PlannedImage{Ref: norm, PullFrom: rewrite(norm, opts.RegistryMirrors)})
+	}
+	paths := map[string]string{}
+	for _, arch := range arches {
+		for _, f := range rel.Files {
+			u := f.URLFor(arch)
+			base := path.Base(mustPath(u))
+			pf := PlannedFile{Name: f.Name, Arch: arch, URL: rewrite(u, opts.URLMirrors), SHA256: f.SHA256[arch],
+				Path: path.Join("bin", "linux", arch, base), source: u}
+			if prev, dup := paths[pf.Path]; dup {
+				return nil, fmt.Errorf("files %s and %s would both be stored as %s", prev, f.Name, pf.Path)
+			}
+			paths[pf.Path] = f.Name
+			p.Files = append(p.Files, pf)
+		}
+	}
+	for _, f := range opts.ExtraFiles {
+		pf := PlannedFile{Name: f.Name, URL: rewrite(f.URL, opts.URLMirrors), SHA256: f.SHA256, Path: path.Join("files", f.Name), source: f.URL}
+		if prev, dup := paths[pf.Path]; dup {
+			return nil, fmt.Errorf("--file %s: name already used by %s", f.Name, prev)
+		}
+		paths[pf.Path] = f.Name
+		p.Files = append(p.Files, pf)
+	}
+	sort.SliceStable(p.Files, func(i, j int) bool { return p.Files[i].Path < p.Files[j].Path })
+	return p, nil
+}
+
+func mustPath(u string) string {
+	pu, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	return pu.Path
+}
+
+// NormalizeRef returns a reference with its registry spelled out, using
+// docker.io (not index.docker.io) for Docker Hub.
+func NormalizeRef(ref string) (string, error) {
+	r, err := name.ParseReference(ref, name.WeakValidation)
+	if err != nil {
+		return "", err
+	}
+	s := r.Name()
+	if rest, ok := strings.CutPrefix(s, name.DefaultRegistry+"/"); ok {
+		s = "docker.io/" + rest
+	}
+	return s, nil
+}
+
+// rewrite applies the longest mirror whose FROM is s or a prefix of s ending
+// at a "/" boundary (so registry.k8s.io does not match registry.k8s.io.evil).
+func rewrite(s string, mirrors []Mirror) string {
+	best := -1
+	for i, m := range mirrors {
+		if s == m.From || strings.HasPrefix(s, m.From+"/") {
+			if best < 0 || len(m.From) > len(mirrors[best].From) {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		return s
+	}
+	return mirrors[best].To + strings.TrimPrefix(s, mirrors[best].From)
+}

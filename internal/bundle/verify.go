@@ -1,0 +1,339 @@
+package bundle
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+)
+
+// Rejections, each wrapped in a *VerifyError naming the entry.
+var (
+	ErrUnsigned       = errors.New("bundle is unsigned")
+	ErrBadSignature   = errors.New("signature does not verify: the manifest was modified or signed by another key")
+	ErrWrongKey       = errors.New("bundle was signed by a different key")
+	ErrNotBundle      = errors.New("not a kubelift bundle")
+	ErrModified       = errors.New("content does not match the signed sha256")
+	ErrSizeMismatch   = errors.New("size differs from the signed manifest")
+	ErrMissingEntry   = errors.New("entry listed in the signed manifest is missing")
+	ErrExtraEntry     = errors.New("entry is not in the signed manifest")
+	ErrDuplicateEntry = errors.New("entry appears twice")
+	ErrTruncated      = errors.New("bundle is truncated")
+	ErrUnsafePath     = errors.New("unsafe path (absolute, '..' or not clean)")
+	ErrNotRegular     = errors.New("not a regular file (links, devices and directories are refused)")
+	ErrTrailingData   = errors.New("data after the end of the bundle")
+)
+
+// VerifyError says which entry of which bundle failed and why.
+type VerifyError struct {
+	Bundle string
+	Entry  string
+	Err    error
+}
+
+func (e *VerifyError) Error() string {
+	s := "bundle"
+	if e.Bundle != "" {
+		s += " " + e.Bundle
+	}
+	if e.Entry != "" {
+		s += ": entry " + e.Entry
+	}
+	return s + ": " + e.Err.Error()
+}
+
+func (e *VerifyError) Unwrap() error { return e.Err }
+
+// Trust says which signatures to accept.
+type Trust struct {
+	// Key is the operator's public key. Never taken from the bundle.
+	Key *ecdsa.PublicKey
+	// AllowUnsigned accepts bundles made with --unsigned (entries are still
+	// checked against the manifest; nothing proves who made it).
+	AllowUnsigned bool
+}
+
+// EntryFunc receives each verified-so-far entry's content. The content is
+// hashed as it is read; the entry is rejected after EntryFunc returns if it
+// does not match, so anything EntryFunc writes must stay untrusted until
+// Read returns nil.
+type EntryFunc func(e Entry, r io.Reader) error
+
+// Verify reads a bundle (plain tar or .run) from r in one pass, checking the
+// signature before passing any entry to fn (which may be nil), and returns
+// the verified manifest. name labels errors.
+func Verify(ctx context.Context, name string, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc) (*Manifest, error) {
+	m, err := verify(ctx, r, trust, onManifest, fn)
+	if err != nil {
+		var ve *VerifyError
+		if errors.As(err, &ve) {
+			if ve.Bundle == "" {
+				ve.Bundle = name
+			}
+			return nil, ve
+		}
+		return nil, &VerifyError{Bundle: name, Err: err}
+	}
+	return m, nil
+}
+
+// VerifyFile verifies the bundle at path.
+func VerifyFile(ctx context.Context, path string, trust Trust) (*Manifest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return Verify(ctx, path, f, trust, nil, nil)
+}
+
+func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc) (*Manifest, error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	stub, err := readStub(br)
+	if err != nil {
+		return nil, err
+	}
+	payload := io.Reader(br)
+	if stub != nil {
+		payload = io.LimitReader(br, stub.PayloadSize)
+	}
+	cr := &countingReader{r: payload}
+	tr := tar.NewReader(cr)
+
+	manifestData, err := readSmallEntry(tr, ManifestName, maxManifestSize)
+	if err != nil {
+		return nil, err
+	}
+	hdr, err := tr.Next()
+	if err != nil {
+		return nil, truncated(ManifestName, err)
+	}
+	var sig []byte
+	var first *tar.Header
+	if hdr.Name == SignatureName {
+		if sig, err = readBody(tr, hdr, maxSignatureSize); err != nil {
+			return nil, err
+		}
+	} else {
+		first = hdr // unsigned bundle: the header we read is the first content entry
+	}
+	if err := checkSignature(manifestData, sig, trust); err != nil {
+		return nil, err
+	}
+	m, err := parseManifest(manifestData)
+	if err != nil {
+		return nil, err
+	}
+	m.Signature = sig
+	if stub != nil && (m.InstallerSHA256 == "" || m.InstallerSize != stub.InstallerSize) {
+		return nil, &VerifyError{Entry: "installer", Err: fmt.Errorf("%w: the .run stub's installer is not the one the manifest names", ErrModified)}
+	}
+	if onManifest != nil {
+		if err := onManifest(m); err != nil {
+			return nil, err
+		}
+	}
+
+	want := make(map[string]Entry, len(m.Entries))
+	for _, e := range m.Entries {
+		want[e.Path] = e
+	}
+	seen := make(map[string]bool, len(m.Entries))
+	buf := make([]byte, 1<<20)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		hdr := first
+		first = nil
+		if hdr == nil {
+			if hdr, err = tr.Next(); err == io.EOF {
+				break
+			} else if err != nil {
+				return nil, truncated(lastName(seen), err)
+			}
+		}
+		e, err := checkHeader(hdr, want, seen)
+		if err != nil {
+			return nil, err
+		}
+		h := sha256.New()
+		hr := &hashingReader{r: tr, h: h}
+		if fn != nil {
+			if err := fn(e, hr); err != nil {
+				if errors.Is(err, io.ErrUnexpectedEOF) {
+					return nil, truncated(e.Path, err)
+				}
+				return nil, &VerifyError{Entry: e.Path, Err: err}
+			}
+		}
+		if _, err := io.CopyBuffer(io.Discard, hr, buf); err != nil {
+			return nil, truncated(e.Path, err)
+		}
+		if hr.n != e.Size {
+			return nil, &VerifyError{Entry: e.Path, Err: ErrTruncated}
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != e.SHA256 {
+			return nil, &VerifyError{Entry: e.Path, Err: fmt.Errorf("%w (sha256 %s, signed %s)", ErrModified, got, e.SHA256)}
+		}
+	}
+	for _, e := range m.Entries {
+		if !seen[e.Path] {
+			return nil, &VerifyError{Entry: e.Path, Err: ErrMissingEntry}
+		}
+	}
+	// After the tar end marker only zero padding may follow.
+	if err := onlyZeros(cr); err != nil {
+		return nil, err
+	}
+	if stub != nil {
+		if cr.n != stub.PayloadSize {
+			return nil, &VerifyError{Entry: "payload", Err: ErrTruncated}
+		}
+		if err := checkInstaller(br, m); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func checkSignature(manifest, sig []byte, trust Trust) error {
+	if sig == nil {
+		if trust.AllowUnsigned {
+			return nil
+		}
+		return &VerifyError{Entry: SignatureName, Err: fmt.Errorf("%w: it has no %s (accept it only with --allow-unsigned)", ErrUnsigned, SignatureName)}
+	}
+	if trust.Key == nil {
+		if trust.AllowUnsigned {
+			return nil // signature present but nobody to check it against
+		}
+		return &VerifyError{Entry: SignatureName, Err: errors.New("no trusted public key given (--key)")}
+	}
+	if verifySignature(trust.Key, manifest, sig) == nil {
+		return nil
+	}
+	// The manifest is untrusted here; its claimed signer only helps the message.
+	if m, err := parseManifest(manifest); err == nil && m.Signer != "" && m.Signer != Fingerprint(trust.Key) {
+		return &VerifyError{Entry: SignatureName, Err: fmt.Errorf("%w: the bundle claims %s, the key given is %s", ErrWrongKey, m.Signer, Fingerprint(trust.Key))}
+	}
+	return &VerifyError{Entry: SignatureName, Err: ErrBadSignature}
+}
+
+func checkHeader(hdr *tar.Header, want map[string]Entry, seen map[string]bool) (Entry, error) {
+	if err := checkPath(hdr.Name); err != nil {
+		return Entry{}, &VerifyError{Entry: hdr.Name, Err: err}
+	}
+	if hdr.Typeflag != tar.TypeReg {
+		return Entry{}, &VerifyError{Entry: hdr.Name, Err: ErrNotRegular}
+	}
+	if seen[hdr.Name] || hdr.Name == ManifestName || hdr.Name == SignatureName {
+		return Entry{}, &VerifyError{Entry: hdr.Name, Err: ErrDuplicateEntry}
+	}
+	e, ok := want[hdr.Name]
+	if !ok {
+		return Entry{}, &VerifyError{Entry: hdr.Name, Err: ErrExtraEntry}
+	}
+	if hdr.Size != e.Size {
+		return Entry{}, &VerifyError{Entry: hdr.Name, Err: fmt.Errorf("%w: %d bytes, signed %d", ErrSizeMismatch, hdr.Size, e.Size)}
+	}
+	seen[hdr.Name] = true
+	return e, nil
+}
+
+func readSmallEntry(tr *tar.Reader, name string, limit int64) ([]byte, error) {
+	hdr, err := tr.Next()
+	if err != nil {
+		if err == io.EOF {
+			return nil, &VerifyError{Err: fmt.Errorf("%w: empty archive", ErrNotBundle)}
+		}
+		if errors.Is(err, tar.ErrHeader) {
+			return nil, &VerifyError{Err: fmt.Errorf("%w: %v", ErrNotBundle, err)}
+		}
+		return nil, truncated(name, err)
+	}
+	if hdr.Name != name {
+		return nil, &VerifyError{Entry: hdr.Name, Err: fmt.Errorf("%w: the first entry must be %s", ErrNotBundle, name)}
+	}
+	return readBody(tr, hdr, limit)
+}
+
+func readBody(tr *tar.Reader, hdr *tar.Header, limit int64) ([]byte, error) {
+	if hdr.Typeflag != tar.TypeReg {
+		return nil, &VerifyError{Entry: hdr.Name, Err: ErrNotRegular}
+	}
+	if hdr.Size > limit {
+		return nil, &VerifyError{Entry: hdr.Name, Err: fmt.Errorf("%d bytes, more than the %d allowed", hdr.Size, limit)}
+	}
+	b := make([]byte, hdr.Size)
+	if _, err := io.ReadFull(tr, b); err != nil {
+		return nil, truncated(hdr.Name, err)
+	}
+	return b, nil
+}
+
+func truncated(entry string, err error) error {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return &VerifyError{Entry: entry, Err: ErrTruncated}
+	}
+	return &VerifyError{Entry: entry, Err: err}
+}
+
+func lastName(seen map[string]bool) string {
+	if len(seen) == 0 {
+		return SignatureName
+	}
+	return "after the last complete entry"
+}
+
+func onlyZeros(r io.Reader) error {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if !allZero(buf[:n]) {
+			return &VerifyError{Err: ErrTrailingData}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func allZero(b []byte) bool {
+	return len(bytes.Trim(b, "\x00")) == 0
+}
+
+type hashingReader struct {
+	r io.Reader
+	h hash.Hash
+	n int64
+}
+
+func (h *hashingReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	h.h.Write(p[:n])
+	h.n += int64(n)
+	return n, err
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}

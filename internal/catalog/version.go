@@ -1,0 +1,91 @@
+package catalog
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Version is a Kubernetes release version, vMAJOR.MINOR.PATCH.
+type Version struct {
+	Major, Minor, Patch int
+}
+
+// ParseVersion parses "v1.31.4" (the leading v is optional).
+func ParseVersion(s string) (Version, error) {
+	parts := strings.Split(strings.TrimPrefix(s, "v"), ".")
+	if len(parts) != 3 {
+		return Version{}, fmt.Errorf("version %q: want vMAJOR.MINOR.PATCH", s)
+	}
+	var n [3]int
+	for i, p := range parts {
+		v, err := strconv.Atoi(p)
+		if err != nil || v < 0 || p == "" || (len(p) > 1 && p[0] == '0') {
+			return Version{}, fmt.Errorf("version %q: %q is not a number", s, p)
+		}
+		n[i] = v
+	}
+	return Version{n[0], n[1], n[2]}, nil
+}
+
+// String returns the canonical form, v1.31.4.
+func (v Version) String() string { return fmt.Sprintf("v%d.%d.%d", v.Major, v.Minor, v.Patch) }
+
+// MinorString returns v1.31.
+func (v Version) MinorString() string { return fmt.Sprintf("v%d.%d", v.Major, v.Minor) }
+
+// Compare returns -1, 0 or 1 as v is older than, equal to or newer than o.
+func (v Version) Compare(o Version) int {
+	for _, d := range [3]int{v.Major - o.Major, v.Minor - o.Minor, v.Patch - o.Patch} {
+		if d < 0 {
+			return -1
+		}
+		if d > 0 {
+			return 1
+		}
+	}
+	return 0
+}
+
+// Range is a set of versions written in the catalog as "v1.30" (every patch
+// of a minor), "v1.31.0-v1.31.3" (inclusive) or "v1.31.2" (exact).
+type Range struct {
+	From, To Version
+	text     string
+}
+
+// ParseRange parses one upgradeFrom/downgradeTo item.
+func ParseRange(s string) (Range, error) {
+	if from, to, ok := strings.Cut(s, "-"); ok {
+		f, err := ParseVersion(from)
+		if err != nil {
+			return Range{}, fmt.Errorf("range %q: %w", s, err)
+		}
+		t, err := ParseVersion(to)
+		if err != nil {
+			return Range{}, fmt.Errorf("range %q: %w", s, err)
+		}
+		if t.Compare(f) < 0 {
+			return Range{}, fmt.Errorf("range %q: end is older than start", s)
+		}
+		return Range{From: f, To: t, text: s}, nil
+	}
+	if parts := strings.Split(strings.TrimPrefix(s, "v"), "."); len(parts) == 2 {
+		v, err := ParseVersion(s + ".0")
+		if err != nil {
+			return Range{}, fmt.Errorf("range %q: %w", s, err)
+		}
+		return Range{From: v, To: Version{v.Major, v.Minor, 1<<31 - 1}, text: s}, nil
+	}
+	v, err := ParseVersion(s)
+	if err != nil {
+		return Range{}, fmt.Errorf("range %q: %w", s, err)
+	}
+	return Range{From: v, To: v, text: s}, nil
+}
+
+// Contains reports whether v lies in the range.
+func (r Range) Contains(v Version) bool { return v.Compare(r.From) >= 0 && v.Compare(r.To) <= 0 }
+
+// String returns the range as written in the catalog.
+func (r Range) String() string { return r.text }

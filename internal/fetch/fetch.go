@@ -1,0 +1,196 @@
+// Package fetch downloads binaries over HTTP(S) into the content-addressed
+// cache, checking each against a pinned sha256 or the checksum file its
+// upstream publishes beside it, so a re-run downloads only what is missing.
+package fetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/kubelift/kubelift/internal/cas"
+	"github.com/kubelift/kubelift/internal/parallel"
+	"github.com/kubelift/kubelift/internal/progress"
+)
+
+// File is one download. SHA256 may be empty before Fetch; afterwards it
+// and Size describe what is in the cache.
+type File struct {
+	URL    string
+	SHA256 string
+	Size   int64
+}
+
+// Fetcher downloads Files into Store.
+type Fetcher struct {
+	Store    *cas.Store
+	Client   *http.Client
+	Jobs     int
+	Progress progress.Sink
+	// Attempts per download (default 3), waiting Backoff(attempt) between.
+	Attempts int
+	Backoff  func(attempt int) time.Duration
+}
+
+var hexRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// ErrChecksum means the content or its checksum file was wrong.
+var ErrChecksum = errors.New("checksum mismatch")
+
+// Fetch makes every file present in the cache, verified.
+func (f *Fetcher) Fetch(ctx context.Context, files []*File) error {
+	// Checksums first: small requests that decide what is already cached.
+	if err := parallel.ForEach(ctx, f.Jobs, len(files), func(ctx context.Context, i int) error {
+		if files[i].SHA256 != "" {
+			return nil
+		}
+		sum, err := f.checksum(ctx, files[i].URL)
+		if err != nil {
+			return err
+		}
+		files[i].SHA256 = sum
+		return nil
+	}); err != nil {
+		return err
+	}
+	sink := progress.OrNop(f.Progress)
+	var todo []*File
+	for _, file := range files {
+		if !hexRE.MatchString(file.SHA256) {
+			return fmt.Errorf("%s: sha256 %q is not 64 lowercase hex digits", file.URL, file.SHA256)
+		}
+		d := digest.NewDigestFromEncoded(digest.SHA256, file.SHA256)
+		if fi, err := statStore(f.Store, d); err == nil {
+			file.Size = fi
+			continue
+		}
+		todo = append(todo, file)
+	}
+	return parallel.ForEach(ctx, f.Jobs, len(todo), func(ctx context.Context, i int) error {
+		file := todo[i]
+		d := digest.NewDigestFromEncoded(digest.SHA256, file.SHA256)
+		return f.retry(ctx, file.URL, func() error {
+			resp, err := f.get(ctx, file.URL)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.ContentLength > 0 {
+				sink.Expect(resp.ContentLength)
+			}
+			n, err := f.Store.Put(d, -1, &progress.Reader{R: resp.Body, Sink: sink})
+			if errors.Is(err, cas.ErrDigestMismatch) {
+				return permanent{fmt.Errorf("%s: %w: %v", file.URL, ErrChecksum, err)}
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", file.URL, err)
+			}
+			file.Size = n
+			return nil
+		})
+	})
+}
+
+func statStore(s *cas.Store, d digest.Digest) (int64, error) {
+	f, err := s.Open(d)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// checksum reads URL.sha256: either the bare hex digest or "hex  filename".
+func (f *Fetcher) checksum(ctx context.Context, url string) (string, error) {
+	var sum string
+	err := f.retry(ctx, url+".sha256", func() error {
+		resp, err := f.get(ctx, url+".sha256")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		if err != nil {
+			return fmt.Errorf("%s.sha256: %w", url, err)
+		}
+		fields := strings.Fields(string(body))
+		if len(fields) == 0 || !hexRE.MatchString(strings.ToLower(fields[0])) {
+			return permanent{fmt.Errorf("%s.sha256: %w: not a sha256 checksum file", url, ErrChecksum)}
+		}
+		sum = strings.ToLower(fields[0])
+		return nil
+	})
+	return sum, err
+}
+
+func (f *Fetcher) get(ctx context.Context, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, permanent{err}
+	}
+	client := f.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		err := fmt.Errorf("%s: HTTP %s", url, resp.Status)
+		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+			return nil, err
+		}
+		return nil, permanent{err}
+	}
+	return resp, nil
+}
+
+// permanent marks an error that retrying cannot fix.
+type permanent struct{ error }
+
+func (p permanent) Unwrap() error { return p.error }
+
+func (f *Fetcher) retry(ctx context.Context, what string, fn func() error) error {
+	attempts := f.Attempts
+	if attempts < 1 {
+		attempts = 3
+	}
+	backoff := f.Backoff
+	if backoff == nil {
+		backoff = func(a int) time.Duration { return time.Duration(1<<a) * 500 * time.Millisecond }
+	}
+	var err error
+	for a := 0; a < attempts; a++ {
+		if err = fn(); err == nil {
+			return nil
+		}
+		var p permanent
+		if errors.As(err, &p) {
+			return p.error
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		if a+1 < attempts {
+			select {
+			case <-time.After(backoff(a)):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	return fmt.Errorf("after %d attempts: %w", attempts, err)
+}

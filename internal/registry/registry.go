@@ -1,0 +1,114 @@
+// Package registry moves container images between registries and
+// kubelift's bundles: it pulls images (keeping upstream manifest digests and
+// multi-arch indexes byte for byte) into a content-addressed cache from
+// which the bundle's OCI layout is written.
+package registry
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Access says how to reach registries.
+type Access struct {
+	// Keychain supplies credentials; nil means the docker config keychain.
+	Keychain authn.Keychain
+	// Insecure lists registry hosts reached over plain HTTP or TLS without
+	// verification (test and lab mirrors).
+	Insecure []string
+	// Transport overrides the HTTP transport (tests).
+	Transport http.RoundTripper
+}
+
+func (a Access) insecure(host string) bool {
+	for _, h := range a.Insecure {
+		if h == host {
+			return true
+		}
+	}
+	return false
+}
+
+// parse parses a reference, honouring the insecure list.
+func (a Access) parse(ref string) (name.Reference, error) {
+	r, err := name.ParseReference(ref, name.StrictValidation)
+	if err != nil {
+		return nil, err
+	}
+	if a.insecure(r.Context().RegistryStr()) {
+		return name.ParseReference(ref, name.StrictValidation, name.Insecure)
+	}
+	return r, nil
+}
+
+// remoteOptions returns go-containerregistry options for a registry host.
+func (a Access) remoteOptions(ctx context.Context, host string) []remote.Option {
+	kc := a.Keychain
+	if kc == nil {
+		kc = authn.DefaultKeychain
+	}
+	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(kc)}
+	tr := a.Transport
+	if tr == nil && a.insecure(host) {
+		t := remote.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // operator asked for it by host
+		tr = t
+	}
+	if tr != nil {
+		opts = append(opts, remote.WithTransport(tr))
+	}
+	return opts
+}
+
+// Platform is an os/arch pair images are pulled for.
+type Platform struct{ OS, Arch string }
+
+func (p Platform) String() string { return p.OS + "/" + p.Arch }
+
+func (p Platform) matches(q *v1.Platform) bool {
+	return q != nil && q.OS == p.OS && q.Architecture == p.Arch
+}
+
+// IsIndex reports whether a media type is a multi-arch index.
+func IsIndex(mt types.MediaType) bool {
+	return mt == types.OCIImageIndex || mt == types.DockerManifestList
+}
+
+// IsManifest reports whether a media type is a single-image manifest.
+func IsManifest(mt types.MediaType) bool {
+	return mt == types.OCIManifestSchema1 || mt == types.DockerManifestSchema2
+}
+
+// Explain adds the likely fix to a registry error, naming the registry and
+// repository. It is the one place registry errors get their hints.
+func Explain(ref string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var terr *transport.Error
+	hint := ""
+	switch {
+	case errors.As(err, &terr) && (terr.StatusCode == http.StatusUnauthorized || terr.StatusCode == http.StatusForbidden):
+		hint = " (check the credentials for this registry)"
+	case errors.As(err, &terr) && terr.StatusCode == http.StatusNotFound:
+		hint = " (not found: check the repository and tag)"
+	case strings.Contains(err.Error(), "x509:") || strings.Contains(err.Error(), "certificate"):
+		hint = " (TLS: pass the registry's CA with --ca-file, or --insecure-registry for a lab mirror)"
+	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		hint = " (the registry speaks plain HTTP: list it with --insecure-registry / --plain-http)"
+	case strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "no such host"):
+		hint = " (registry unreachable)"
+	}
+	return fmt.Errorf("%s: %w%s", ref, err, hint)
+}
