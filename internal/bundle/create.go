@@ -18,6 +18,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/kubelift/kubelift/internal/atomicfile"
@@ -187,7 +188,7 @@ func layoutEntries(m *Manifest, imgs []*registry.Image) (map[string][]byte, erro
 		}
 		m.Images = append(m.Images, rec)
 		idx.Manifests = append(idx.Manifests, v1.Descriptor{
-			MediaType: img.Root.MediaType, Size: img.Root.Size, Digest: img.Root.Digest,
+			MediaType: ociMediaType(img.Root.MediaType), Size: img.Root.Size, Digest: img.Root.Digest,
 			Annotations: map[string]string{
 				"org.opencontainers.image.ref.name": img.Ref,
 				"io.containerd.image.name":          img.Ref,
@@ -208,6 +209,20 @@ func layoutEntries(m *Manifest, imgs []*registry.Image) (map[string][]byte, erro
 	}
 	m.Entries = append(m.Entries, blobs...)
 	return mem, nil
+}
+
+// ociMediaType names a root descriptor in index.json with the OCI type of
+// the same shape: skopeo (1.9, Debian 12) skips descriptors of Docker types
+// when it looks a reference up. The blob it points to is upstream's, byte
+// for byte (so the digest holds); bundle.json records its real media type.
+func ociMediaType(mt types.MediaType) types.MediaType {
+	switch mt {
+	case types.DockerManifestList:
+		return types.OCIImageIndex
+	case types.DockerManifestSchema2:
+		return types.OCIManifestSchema1
+	}
+	return mt
 }
 
 // write streams the bundle into a temporary file beside opts.Output and

@@ -1,0 +1,146 @@
+// Package cli holds what kubelift's two programs share on the command line:
+// IO streams, exit codes, progress rendering, JSON output, and the bundle
+// commands (verify, extract, inspect) that both offer.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/progress"
+)
+
+// Exit codes, documented in the README.
+const (
+	ExitOK          = 0
+	ExitError       = 1
+	ExitUsage       = 2
+	ExitRejected    = 3 // a bundle failed verification
+	ExitInterrupted = 130
+)
+
+// IO holds the streams a command uses: data to Out, status to ErrOut.
+type IO struct {
+	In     io.Reader
+	Out    io.Writer
+	ErrOut io.Writer
+	// ErrTTY is true when ErrOut is a terminal (progress bars are drawn).
+	ErrTTY bool
+}
+
+// System returns the process's streams.
+func System() *IO {
+	return &IO{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr, ErrTTY: term.IsTerminal(int(os.Stderr.Fd()))}
+}
+
+// UsageError marks bad flags or arguments (exit code 2).
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Usagef returns a UsageError.
+func Usagef(format string, args ...any) error { return &UsageError{fmt.Errorf(format, args...)} }
+
+// ExitCode maps an error to the documented exit code.
+func ExitCode(err error) int {
+	var ue *UsageError
+	var ve *bundle.VerifyError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, context.Canceled):
+		return ExitInterrupted
+	case errors.As(err, &ue):
+		return ExitUsage
+	case errors.As(err, &ve):
+		return ExitRejected
+	}
+	return ExitError
+}
+
+// Main runs a root command with a context cancelled by SIGINT/SIGTERM and
+// exits with the mapped code.
+func Main(newRoot func(*IO) *cobra.Command) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	streams := System()
+	root := newRoot(streams)
+	root.SilenceErrors = true
+	root.SilenceUsage = true
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &UsageError{err} })
+	err := root.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintf(streams.ErrOut, "error: %v\n", err)
+	}
+	os.Exit(ExitCode(err))
+}
+
+// Logger returns a logger for status lines on ErrOut (none when quiet).
+func (s *IO) Logger(quiet bool) *slog.Logger {
+	if quiet {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(s.ErrOut, &slog.HandlerOptions{
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+}
+
+// Progress returns a byte progress bar on ErrOut when it is a terminal and
+// not quiet, else a sink that discards. Call finish when the work is done.
+func (s *IO) Progress(quiet bool, description string) (sink progress.Sink, finish func()) {
+	if quiet || !s.ErrTTY {
+		return progress.Nop{}, func() {}
+	}
+	bar := progressbar.NewOptions64(0,
+		progressbar.OptionSetWriter(s.ErrOut),
+		progressbar.OptionSetDescription(description),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(100_000_000),
+		progressbar.OptionClearOnFinish(),
+	)
+	b := &barSink{bar: bar}
+	return b, func() { _ = bar.Finish() }
+}
+
+type barSink struct{ bar *progressbar.ProgressBar }
+
+func (b *barSink) Expect(n int64) { b.bar.ChangeMax64(b.bar.GetMax64() + n) }
+func (b *barSink) Done(n int64)   { _ = b.bar.Add64(n) }
+
+// PrintJSON writes v as indented JSON.
+func PrintJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// OutputFlag validates an -o value that selects a format.
+func OutputFlag(v string) (json bool, err error) {
+	switch v {
+	case "", "text", "table":
+		return false, nil
+	case "json":
+		return true, nil
+	}
+	return false, Usagef("-o %q: want json or text", v)
+}

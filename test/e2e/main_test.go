@@ -1,0 +1,75 @@
+// Package e2e runs kubelift's programs, built from this tree, against real
+// servers on loopback: Debian's docker-registry, openssl and skopeo.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kubelift-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	for _, p := range []string{"bundle", "upgrade"} {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, p), "github.com/kubelift/kubelift/cmd/"+p).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", p, err, out)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// run runs a program with a time limit and returns its output and exit code.
+func run(t *testing.T, name string, args ...string) result {
+	t.Helper()
+	if filepath.Base(name) == name {
+		if p := filepath.Join(binDir, name); fileExists(p) {
+			name = p
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+func mustRun(t *testing.T, name string, args ...string) result {
+	t.Helper()
+	r := run(t, name, args...)
+	if r.code != 0 {
+		t.Fatalf("%s %v: exit %d\nstdout: %s\nstderr: %s", filepath.Base(name), args, r.code, r.stdout, r.stderr)
+	}
+	return r
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
