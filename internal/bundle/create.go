@@ -2,6 +2,7 @@ package bundle
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/sha256"
@@ -15,11 +16,14 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubelift/kubelift/internal/atomicfile"
 	"github.com/kubelift/kubelift/internal/buildinfo"
@@ -124,14 +128,36 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 		files[i] = &fetch.File{URL: f.URL, SHA256: f.SHA256}
 	}
 	fetcher := &fetch.Fetcher{Store: store, Client: opts.HTTPClient, Jobs: jobs, Progress: opts.Progress}
-	log.Info("fetching", "images", len(imgs), "files", len(files))
-	if err := parallel.ForEach(ctx, 2, 2, func(ctx context.Context, i int) error {
-		if i == 0 {
-			return puller.Fetch(ctx, imgs)
+
+	// Blobs download in the background; the writer appends each to the
+	// bundle as soon as it is in the cache. Files come first: their sizes
+	// and checksums go into the manifest, the bundle's first entry.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	unique := map[v1.Hash]bool{}
+	for _, img := range imgs {
+		for _, b := range img.Blobs {
+			unique[b.Digest] = true
 		}
-		return fetcher.Fetch(ctx, files)
-	}); err != nil {
+	}
+	ready := make(chan v1.Hash, len(unique))
+	puller.Ready = func(h v1.Hash) { ready <- h }
+	blobsDone := make(chan error, 1)
+	fetchExited := make(chan struct{})
+	log.Info("fetching", "images", len(imgs), "blobs", len(unique), "files", len(files))
+	go func() {
+		defer close(fetchExited)
+		blobsDone <- puller.Fetch(ctx, imgs)
+	}()
+	// On any failure below, stop the background fetch and wait for it, so
+	// nothing writes into the cache after Create returns.
+	fail := func(err error) (*Manifest, error) {
+		cancel()
+		<-fetchExited
 		return nil, err
+	}
+	if err := fetcher.Fetch(ctx, files); err != nil {
+		return fail(err)
 	}
 
 	now := time.Now
@@ -157,14 +183,14 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 	}
 	layout, err := layoutEntries(m, imgs)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	for i, f := range plan.Files {
 		m.Files = append(m.Files, File{Name: f.Name, Arch: f.Arch, Path: f.Path, URL: f.source, SHA256: files[i].SHA256, Size: files[i].Size})
 		m.Entries = append(m.Entries, Entry{Path: f.Path, Size: files[i].Size, SHA256: files[i].SHA256})
 	}
-	if err := write(ctx, opts, m, layout, store, format, log); err != nil {
-		return nil, err
+	if err := write(ctx, opts, m, layout, store, format, pipe{ready: ready, done: blobsDone, n: len(unique)}, log); err != nil {
+		return fail(err)
 	}
 	return m, nil
 }
@@ -207,6 +233,7 @@ func layoutEntries(m *Manifest, imgs []*registry.Image) (map[string][]byte, erro
 		sum := sha256.Sum256(mem[p])
 		m.Entries = append(m.Entries, Entry{Path: p, Size: int64(len(mem[p])), SHA256: hex.EncodeToString(sum[:])})
 	}
+	sort.Slice(blobs, func(i, j int) bool { return blobs[i].Path < blobs[j].Path })
 	m.Entries = append(m.Entries, blobs...)
 	return mem, nil
 }
@@ -225,9 +252,19 @@ func ociMediaType(mt types.MediaType) types.MediaType {
 	return mt
 }
 
+// pipe delivers blobs as they arrive in the cache.
+type pipe struct {
+	ready <-chan v1.Hash
+	done  <-chan error // the fetch's result; all ready sends precede it
+	n     int
+}
+
 // write streams the bundle into a temporary file beside opts.Output and
-// renames it into place only when complete.
-func write(ctx context.Context, opts *CreateOptions, m *Manifest, mem map[string][]byte, store *cas.Store, format Format, log *slog.Logger) error {
+// renames it into place only when complete. Entries are written in the
+// order they become available (verification checks the set, not the
+// order): manifest, signature, layout metadata, files, then blobs as the
+// background fetch lands them.
+func write(ctx context.Context, opts *CreateOptions, m *Manifest, mem map[string][]byte, store *cas.Store, format Format, blobs pipe, log *slog.Logger) error {
 	manifestJSON, err := m.Marshal()
 	if err != nil {
 		return err
@@ -251,10 +288,10 @@ func write(ctx context.Context, opts *CreateOptions, m *Manifest, mem map[string
 		return err
 	}
 	defer out.Abort()
-	stubInfo := stubInfo{InstallerSHA256: m.InstallerSHA256, InstallerSize: m.InstallerSize}
+	info := stubInfo{InstallerSHA256: m.InstallerSHA256, InstallerSize: m.InstallerSize}
 	arch := m.Arches[0]
 	if format == FormatRun {
-		stub, err := renderStub(m.KubernetesVersion, arch, filepath.Base(opts.Output), m.Tool.Version, stubInfo)
+		stub, err := renderStub(m.KubernetesVersion, arch, filepath.Base(opts.Output), m.Tool.Version, info)
 		if err != nil {
 			return err
 		}
@@ -262,60 +299,55 @@ func write(ctx context.Context, opts *CreateOptions, m *Manifest, mem map[string
 			return err
 		}
 	}
-	cw := &countingWriter{w: out}
-	tw := tar.NewWriter(cw)
-	header := func(name string, size int64) *tar.Header {
-		mode := int64(0o644)
-		if path.Dir(name) != "." && (path.Dir(path.Dir(name)) == "bin/linux" || path.Dir(name) == "files") {
-			mode = 0o755
-		}
-		return &tar.Header{Name: name, Size: size, Mode: mode, ModTime: m.Created, Typeflag: tar.TypeReg}
-	}
-	writeMem := func(name string, data []byte) error {
-		if err := tw.WriteHeader(header(name, int64(len(data)))); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	if err := writeMem(ManifestName, manifestJSON); err != nil {
+	ts := &tarStream{f: out.File, mtime: m.Created}
+	if err := ts.addBytes(ManifestName, manifestJSON); err != nil {
 		return err
 	}
 	if sig != nil {
-		if err := writeMem(SignatureName, sig); err != nil {
+		if err := ts.addBytes(SignatureName, sig); err != nil {
 			return err
 		}
 	}
-	buf := make([]byte, 1<<20)
+	byDigest := map[string]Entry{}
 	for _, e := range m.Entries {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
 		if data, ok := mem[e.Path]; ok {
-			if err := writeMem(e.Path, data); err != nil {
+			if err := ts.addBytes(e.Path, data); err != nil {
 				return err
 			}
-			continue
-		}
-		if err := tw.WriteHeader(header(e.Path, e.Size)); err != nil {
+		} else if strings.HasPrefix(e.Path, LayoutDir+"/blobs/") {
+			byDigest[e.SHA256] = e
+		} else if err := ts.addCached(store, e); err != nil {
 			return err
 		}
-		d := digest.NewDigestFromEncoded(digest.SHA256, e.SHA256)
-		f, err := store.Open(d)
-		if err != nil {
-			return fmt.Errorf("cache %s: %w", store.Path(d), err)
-		}
-		_, err = io.CopyBuffer(tw, cas.VerifyingReader(f, d, e.Size), buf)
-		f.Close()
-		if errors.Is(err, cas.ErrDigestMismatch) {
-			os.Remove(store.Path(d)) // a damaged cache entry is fetched again next run
-			return fmt.Errorf("cache %s is damaged and was removed; run again: %w", store.Path(d), err)
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", e.Path, err)
+	}
+	for written, fetched := 0, false; written < blobs.n; {
+		select {
+		case h := <-blobs.ready:
+			e, ok := byDigest[h.Hex]
+			if !ok {
+				return fmt.Errorf("fetched blob %s is not in the manifest", h)
+			}
+			if err := ts.addCached(store, e); err != nil {
+				return err
+			}
+			written++
+		case err := <-blobs.done:
+			if err != nil {
+				return err
+			}
+			if fetched {
+				return fmt.Errorf("fetch finished with %d of %d blobs", written, blobs.n)
+			}
+			fetched = true
+			blobs.done = nil // every ready send has happened; drain the rest
+			if len(blobs.ready) < blobs.n-written {
+				return fmt.Errorf("fetch finished with %d of %d blobs", written+len(blobs.ready), blobs.n)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	if err := tw.Close(); err != nil {
+	if err := ts.close(); err != nil {
 		return err
 	}
 	if format == FormatRun {
@@ -328,8 +360,8 @@ func write(ctx context.Context, opts *CreateOptions, m *Manifest, mem map[string
 		if err != nil {
 			return fmt.Errorf("installer %s changed while bundling: %w", opts.Installer, err)
 		}
-		stubInfo.PayloadSize = cw.n
-		stub, err := renderStub(m.KubernetesVersion, arch, filepath.Base(opts.Output), m.Tool.Version, stubInfo)
+		info.PayloadSize = ts.n
+		stub, err := renderStub(m.KubernetesVersion, arch, filepath.Base(opts.Output), m.Tool.Version, info)
 		if err != nil {
 			return err
 		}
@@ -337,9 +369,86 @@ func write(ctx context.Context, opts *CreateOptions, m *Manifest, mem map[string
 			return err
 		}
 	}
-	log.Info("bundle written", "file", opts.Output, "bytes", cw.n)
+	log.Info("bundle written", "file", opts.Output, "bytes", ts.n)
 	return out.Commit()
 }
+
+// tarStream writes a tar stream to f. File data is copied from the cache
+// with (*os.File).ReadFrom, which the kernel does without a trip through
+// user space (copy_file_range); cache objects were verified before they
+// were renamed into the cache, and `bundle verify` checks the result.
+type tarStream struct {
+	f     *os.File
+	mtime time.Time
+	n     int64
+}
+
+func (t *tarStream) header(name string, size int64) error {
+	mode := int64(0o644)
+	if strings.HasPrefix(name, "bin/") || strings.HasPrefix(name, "files/") {
+		mode = 0o755
+	}
+	var buf bytes.Buffer
+	// A throwaway writer renders the header block(s); its data accounting
+	// is not used, so it is never closed.
+	if err := tar.NewWriter(&buf).WriteHeader(&tar.Header{Name: name, Size: size, Mode: mode, ModTime: t.mtime, Typeflag: tar.TypeReg}); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return t.write(buf.Bytes())
+}
+
+func (t *tarStream) write(b []byte) error {
+	n, err := t.f.Write(b)
+	t.n += int64(n)
+	return err
+}
+
+func (t *tarStream) pad(size int64) error {
+	if r := size % 512; r != 0 {
+		return t.write(make([]byte, 512-r))
+	}
+	return nil
+}
+
+func (t *tarStream) addBytes(name string, data []byte) error {
+	if err := t.header(name, int64(len(data))); err != nil {
+		return err
+	}
+	if err := t.write(data); err != nil {
+		return err
+	}
+	return t.pad(int64(len(data)))
+}
+
+func (t *tarStream) addCached(store *cas.Store, e Entry) error {
+	d := digest.NewDigestFromEncoded(digest.SHA256, e.SHA256)
+	src, err := store.Open(d)
+	if err != nil {
+		return fmt.Errorf("cache %s: %w", store.Path(d), err)
+	}
+	defer src.Close()
+	if fi, err := src.Stat(); err != nil || fi.Size() != e.Size {
+		return fmt.Errorf("cache %s: size differs from %d: remove it and run again", store.Path(d), e.Size)
+	}
+	if err := t.header(e.Path, e.Size); err != nil {
+		return err
+	}
+	n, err := t.f.ReadFrom(io.LimitReader(src, e.Size))
+	t.n += n
+	if err != nil {
+		return fmt.Errorf("%s: %w", e.Path, err)
+	}
+	if n != e.Size {
+		return fmt.Errorf("%s: copied %d of %d bytes", e.Path, n, e.Size)
+	}
+	// Start writing this entry to disk now, while later blobs still
+	// download, so the fsync before the final rename has little left to do.
+	_ = unix.SyncFileRange(int(t.f.Fd()), t.n-n, n, unix.SYNC_FILE_RANGE_WRITE)
+	return t.pad(e.Size)
+}
+
+// close writes the end-of-archive marker: two zero blocks.
+func (t *tarStream) close() error { return t.write(make([]byte, 1024)) }
 
 func hashFile(p string) (string, int64, error) {
 	f, err := os.Open(p)
@@ -353,15 +462,4 @@ func hashFile(p string) (string, int64, error) {
 		return "", 0, err
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }

@@ -3,13 +3,18 @@ package registry
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"sort"
+	"sync"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/kubelift/kubelift/internal/cas"
@@ -41,6 +46,16 @@ type Puller struct {
 	// Jobs bounds parallel blob downloads.
 	Jobs     int
 	Progress progress.Sink
+	// Ready, if set, is called (from any goroutine) once for every blob as
+	// soon as it is in the cache, so a consumer can start on it while the
+	// rest still downloads.
+	Ready func(v1.Hash)
+	// Attempts per blob (default 3), waiting Backoff(attempt) between.
+	Attempts int
+	Backoff  func(attempt int) time.Duration
+
+	mu         sync.Mutex
+	transports map[string]http.RoundTripper
 }
 
 // Resolve fetches ref's manifests (from pullFrom) into the cache and lists
@@ -215,6 +230,10 @@ func (p *Puller) Fetch(ctx context.Context, imgs []*Image) error {
 	var todo []job
 	seen := map[v1.Hash]bool{}
 	sink := progress.OrNop(p.Progress)
+	ready := p.Ready
+	if ready == nil {
+		ready = func(v1.Hash) {}
+	}
 	for _, img := range imgs {
 		for _, b := range img.Blobs {
 			if seen[b.Digest] {
@@ -222,27 +241,93 @@ func (p *Puller) Fetch(ctx context.Context, imgs []*Image) error {
 			}
 			seen[b.Digest] = true
 			if p.Store.Has(digest.Digest(b.Digest.String()), b.Size) {
+				ready(b.Digest)
 				continue
 			}
 			todo = append(todo, job{b, img})
 			sink.Expect(b.Size)
 		}
 	}
+	// Largest first: the long downloads start early and the tail is short.
+	sort.SliceStable(todo, func(i, j int) bool { return todo[i].desc.Size > todo[j].desc.Size })
 	return parallel.ForEach(ctx, p.Jobs, len(todo), func(ctx context.Context, i int) error {
 		j := todo[i]
-		ref := j.img.repo.Digest(j.desc.Digest.String())
-		layer, err := remote.Layer(ref, p.Access.remoteOptions(ctx, ref.RegistryStr())...)
-		if err != nil {
-			return Explain(ref.String(), err)
+		if err := p.fetchBlob(ctx, j.img.repo, j.desc, sink); err != nil {
+			return err
 		}
-		rc, err := layer.Compressed()
-		if err != nil {
-			return Explain(ref.String(), err)
-		}
-		defer rc.Close()
-		if _, err := p.Store.Put(digest.Digest(j.desc.Digest.String()), j.desc.Size, &progress.Reader{R: rc, Sink: sink}); err != nil {
-			return Explain(ref.String(), err)
-		}
+		ready(j.desc.Digest)
 		return nil
 	})
+}
+
+// fetchBlob downloads one blob into the cache, which checks its digest and
+// size (the only hash computed over it). A transfer cut mid-way is retried.
+func (p *Puller) fetchBlob(ctx context.Context, repo name.Repository, desc v1.Descriptor, sink progress.Sink) error {
+	ref := repo.Digest(desc.Digest.String()).String()
+	tr, err := p.transport(ctx, repo)
+	if err != nil {
+		return Explain(ref, err)
+	}
+	client := &http.Client{Transport: tr}
+	u := fmt.Sprintf("https://%s/v2/%s/blobs/%s", repo.RegistryStr(), repo.RepositoryStr(), desc.Digest)
+	attempts := p.Attempts
+	if attempts < 1 {
+		attempts = 3
+	}
+	backoff := p.Backoff
+	if backoff == nil {
+		backoff = func(a int) time.Duration { return time.Duration(1<<a) * time.Second }
+	}
+	for a := 0; ; a++ {
+		err = p.getBlob(ctx, client, u, desc, sink)
+		var terr *transport.Error
+		if err == nil || ctx.Err() != nil || errors.As(err, &terr) || errors.Is(err, cas.ErrDigestMismatch) || a+1 >= attempts {
+			break
+		}
+		select {
+		case <-time.After(backoff(a)):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err != nil {
+		return Explain(ref, err)
+	}
+	return nil
+}
+
+func (p *Puller) getBlob(ctx context.Context, client *http.Client, u string, desc v1.Descriptor, sink progress.Sink) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := transport.CheckError(resp, http.StatusOK); err != nil {
+		return err
+	}
+	counted := &progress.Reader{R: resp.Body, Sink: sink}
+	_, err = p.Store.Put(digest.Digest(desc.Digest.String()), desc.Size, counted)
+	return err
+}
+
+// transport returns the authenticated transport for repo, made once.
+func (p *Puller) transport(ctx context.Context, repo name.Repository) (http.RoundTripper, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t, ok := p.transports[repo.String()]; ok {
+		return t, nil
+	}
+	t, err := p.Access.authTransport(ctx, repo, transport.PullScope)
+	if err != nil {
+		return nil, err
+	}
+	if p.transports == nil {
+		p.transports = map[string]http.RoundTripper{}
+	}
+	p.transports[repo.String()] = t
+	return t, nil
 }

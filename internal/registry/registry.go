@@ -52,23 +52,54 @@ func (a Access) parse(ref string) (name.Reference, error) {
 	return r, nil
 }
 
-// remoteOptions returns go-containerregistry options for a registry host.
-func (a Access) remoteOptions(ctx context.Context, host string) []remote.Option {
-	kc := a.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
+func (a Access) keychain() authn.Keychain {
+	if a.Keychain == nil {
+		return authn.DefaultKeychain
 	}
-	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(kc)}
-	tr := a.Transport
-	if tr == nil && a.insecure(host) {
+	return a.Keychain
+}
+
+// baseTransport is the HTTP transport for a registry host, or nil for
+// go-containerregistry's default.
+func (a Access) baseTransport(host string) http.RoundTripper {
+	if a.Transport != nil {
+		return a.Transport
+	}
+	if a.insecure(host) {
 		t := remote.DefaultTransport.(*http.Transport).Clone()
 		t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // operator asked for it by host
-		tr = t
+		return t
 	}
-	if tr != nil {
+	return nil
+}
+
+// remoteOptions returns go-containerregistry options for a registry host.
+func (a Access) remoteOptions(ctx context.Context, host string) []remote.Option {
+	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(a.keychain())}
+	if tr := a.baseTransport(host); tr != nil {
 		opts = append(opts, remote.WithTransport(tr))
 	}
 	return opts
+}
+
+// authTransport returns an authenticated, retrying transport for repo with
+// the given scope actions (transport.PullScope, transport.PushScope).
+func (a Access) authTransport(ctx context.Context, repo name.Repository, actions ...string) (http.RoundTripper, error) {
+	auth, err := authn.Resolve(ctx, a.keychain(), repo.Registry)
+	if err != nil {
+		return nil, err
+	}
+	base := a.baseTransport(repo.RegistryStr())
+	if base == nil {
+		base = remote.DefaultTransport
+	}
+	retrying := transport.NewRetry(base, transport.WithRetryStatusCodes(http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests))
+	scopes := make([]string, 0, len(actions))
+	for _, act := range actions {
+		scopes = append(scopes, repo.Scope(act))
+	}
+	return transport.NewWithContext(ctx, repo.Registry, auth, retrying, scopes)
 }
 
 // Platform is an os/arch pair images are pulled for.

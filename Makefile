@@ -1,0 +1,45 @@
+# kubelift. On a fresh Debian machine: `make demo`, `make test`.
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/kubelift/kubelift/internal/buildinfo.Version=$(VERSION)
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages the tests, the demo and the benchmarks run for real.
+DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time
+TOOLS   := $(CURDIR)/bin/tools
+CRANE_VERSION := v0.22.1
+
+.PHONY: all build deps tools lint test demo bench clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+tools: $(TOOLS)/crane
+
+$(TOOLS)/crane:
+	GOBIN=$(TOOLS) $(GO) install github.com/google/go-containerregistry/cmd/crane@$(CRANE_VERSION)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+test: deps lint
+	$(GO) test -count=1 -timeout 40m ./...
+
+demo: deps build
+	$(GO) run ./test/demo
+
+bench: deps build tools
+	$(GO) run ./test/bench
+
+clean:
+	rm -rf bin .demo
