@@ -8,133 +8,36 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
-	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/random"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/kubelift/kubelift/internal/bundletest"
 	"github.com/kubelift/kubelift/internal/catalog"
 )
 
-// fixture is a source registry and file server playing the internet.
+// fixture is the outside world (bundletest) plus the team's keys.
 type fixture struct {
-	reg       string // host:port of the source registry
-	files     *httptest.Server
-	fileHits  map[string]int
-	digests   map[string]string // ref -> upstream digest
+	*bundletest.World
+	reg       string
+	digests   map[string]string
 	catalog   *catalog.Catalog
 	key       *ecdsa.PrivateKey
 	pub       *ecdsa.PublicKey
 	dir       string
 	installer string
+	files     struct{ URL string }
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	regSrv := httptest.NewServer(registry.New(registry.Logger(discardLogger())))
-	t.Cleanup(regSrv.Close)
-	u, _ := url.Parse(regSrv.URL)
-	f := &fixture{reg: u.Host, digests: map[string]string{}, fileHits: map[string]int{}, dir: t.TempDir()}
-
-	// Images sharing a base layer; one multi-arch index.
-	base, err := random.Layer(4096, types.DockerLayer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk := func() v1.Image {
-		top, _ := random.Layer(2048, types.DockerLayer)
-		img, err := mutate.AppendLayers(empty.Image, base, top)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cf, _ := img.ConfigFile()
-		cf = cf.DeepCopy()
-		cf.OS, cf.Architecture = "linux", "amd64"
-		img, err = mutate.ConfigFile(img, cf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return img
-	}
-	push := func(ref string, img v1.Image) {
-		r, _ := name.ParseReference(ref)
-		if err := remote.Write(r, img); err != nil {
-			t.Fatal(err)
-		}
-		d, _ := img.Digest()
-		f.digests[ref] = d.String()
-	}
-	push(f.reg+"/kube-apiserver:v1.31.4", mk())
-	push(f.reg+"/kube-proxy:v1.31.4", mk())
-	idx := mutate.AppendManifests(empty.Index,
-		mutate.IndexAddendum{Add: mk(), Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}},
-		mutate.IndexAddendum{Add: mk(), Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "arm64"}}},
-	)
-	r, _ := name.ParseReference(f.reg + "/coredns/coredns:v1.11.3")
-	if err := remote.WriteIndex(r, idx); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := idx.Digest()
-	f.digests[f.reg+"/coredns/coredns:v1.11.3"] = d.String()
-
-	content := map[string]string{"/v1.31.4/amd64/kubelet": "kubelet amd64 binary", "/v1.31.4/amd64/kubeadm": "kubeadm amd64 binary", "/extra/tool": "extra tool"}
-	f.files = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p := r.URL.Path
-		if base, ok := strings.CutSuffix(p, ".sha256"); ok {
-			if c, ok := content[base]; ok {
-				sum := sha256.Sum256([]byte(c))
-				fmt.Fprintf(w, "%x  %s\n", sum, filepath.Base(base))
-				return
-			}
-		}
-		c, ok := content[p]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		f.fileHits[p]++
-		io.WriteString(w, c)
-	}))
-	t.Cleanup(f.files.Close)
-
-	cat := fmt.Sprintf(`schemaVersion: 1
-arches: [amd64, arm64]
-versions:
-  - version: v1.31.4
-    kubeletHashEra: name-image
-    upgradeFrom: [v1.30]
-    downgradeTo: []
-    removedKubeletFlags: []
-    removedAPIs: []
-    images:
-      - %[1]s/kube-apiserver:v1.31.4
-      - %[1]s/kube-proxy:v1.31.4
-      - %[1]s/coredns/coredns:v1.11.3
-    files:
-      - name: kubelet
-        url: %[2]s/v1.31.4/{arch}/kubelet
-      - name: kubeadm
-        url: %[2]s/v1.31.4/{arch}/kubeadm
-`, f.reg, f.files.URL)
-	f.catalog, err = catalog.Parse("test-catalog.yaml", []byte(cat))
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := bundletest.New(t)
+	f := &fixture{World: w, reg: w.Registry, digests: w.Digests, catalog: w.Catalog, dir: t.TempDir()}
+	f.files.URL = w.Files
 	if _, err := GenerateKey(filepath.Join(f.dir, "team")); err != nil {
 		t.Fatal(err)
 	}
@@ -252,10 +155,10 @@ func TestCreateVerifyExtract(t *testing.T) {
 func TestCreateUsesCache(t *testing.T) {
 	f := newFixture(t)
 	f.create(t, FormatTar)
-	hits := f.fileHits["/v1.31.4/amd64/kubelet"]
+	hits := f.Hits("/v1.31.4/amd64/kubelet")
 	f.create(t, FormatTar)
-	if f.fileHits["/v1.31.4/amd64/kubelet"] != hits {
-		t.Errorf("kubelet downloaded again: %d -> %d", hits, f.fileHits["/v1.31.4/amd64/kubelet"])
+	if f.Hits("/v1.31.4/amd64/kubelet") != hits {
+		t.Errorf("kubelet downloaded again: %d -> %d", hits, f.Hits("/v1.31.4/amd64/kubelet"))
 	}
 }
 
@@ -497,4 +400,27 @@ func TestKeysOpenSSLFingerprintShape(t *testing.T) {
 		t.Errorf("private key as public: %v", err)
 	}
 	_ = hex.EncodeToString
+}
+
+func TestOpenReadsEntriesInPlace(t *testing.T) {
+	f := newFixture(t)
+	for _, format := range []Format{FormatTar, FormatRun} {
+		out := f.create(t, format)
+		v, err := Open(context.Background(), out, Trust{Key: f.pub})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range v.Manifest.Entries {
+			r, err := v.OpenEntry(e.Path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := sha256.New()
+			io.Copy(h, r)
+			if got := hex.EncodeToString(h.Sum(nil)); got != e.SHA256 {
+				t.Fatalf("%s %s: read in place gives sha256 %s, want %s", format, e.Path, got, e.SHA256)
+			}
+		}
+		v.Close()
+	}
 }

@@ -53,8 +53,11 @@ type CreateOptions struct {
 	URLMirrors        []Mirror
 	ExtraImages       []string
 	ExtraFiles        []ExtraFile
-	Access            registry.Access
-	HTTPClient        *http.Client
+	// AllPlatforms bundles every platform of multi-arch images, so import
+	// can push their indexes with the upstream digest.
+	AllPlatforms bool
+	Access       registry.Access
+	HTTPClient   *http.Client
 	// Jobs bounds parallel downloads.
 	Jobs int
 	// CacheDir holds downloads between runs.
@@ -110,7 +113,7 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 	}
 
 	// Resolve manifests (small), then fetch blobs and files in parallel.
-	puller := &registry.Puller{Store: store, Access: opts.Access, Jobs: jobs, Progress: opts.Progress}
+	puller := &registry.Puller{Store: store, Access: opts.Access, Jobs: jobs, Progress: opts.Progress, AllPlatforms: opts.AllPlatforms}
 	for _, a := range plan.Arches {
 		puller.Platforms = append(puller.Platforms, registry.Platform{OS: "linux", Arch: a})
 	}

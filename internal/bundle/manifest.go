@@ -101,6 +101,9 @@ type Entry struct {
 	Path   string `json:"path"`
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
+	// Offset is where the entry's data starts in the file being verified
+	// (set by Verify; not part of the manifest).
+	Offset int64 `json:"-"`
 }
 
 // Marshal encodes the manifest as signed (indented: the .run stub greps it).

@@ -102,8 +102,10 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		return nil, err
 	}
 	payload := io.Reader(br)
+	var base int64 // file offset of the tar stream
 	if stub != nil {
 		payload = io.LimitReader(br, stub.PayloadSize)
+		base = StubSize
 	}
 	cr := &countingReader{r: payload}
 	tr := tar.NewReader(cr)
@@ -165,6 +167,9 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		if err != nil {
 			return nil, err
 		}
+		// tar.Reader reads exactly the header blocks, so the count is
+		// where this entry's data begins.
+		e.Offset = base + cr.n
 		h := sha256.New()
 		hr := &hashingReader{r: tr, h: h}
 		if fn != nil {

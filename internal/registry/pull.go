@@ -43,6 +43,10 @@ type Puller struct {
 	Store     *cas.Store
 	Access    Access
 	Platforms []Platform
+	// AllPlatforms includes every manifest of a multi-arch index, so the
+	// index can be pushed with its upstream digest (registries refuse an
+	// index whose children they lack).
+	AllPlatforms bool
 	// Jobs bounds parallel blob downloads.
 	Jobs     int
 	Progress progress.Sink
@@ -90,7 +94,28 @@ func (p *Puller) Resolve(ctx context.Context, ref, pullFrom string) (*Image, err
 		if err != nil {
 			return nil, fmt.Errorf("image %s: index: %w", pullFrom, err)
 		}
+		if p.AllPlatforms {
+			for _, m := range idx.Manifests {
+				if !IsManifest(m.MediaType) {
+					return nil, fmt.Errorf("image %s: nested index %s is not supported", pullFrom, m.Digest)
+				}
+				manifests = append(manifests, m)
+				if m.Platform != nil {
+					img.Platforms = append(img.Platforms, m.Platform.OS+"/"+m.Platform.Architecture)
+				}
+			}
+		}
 		for _, want := range p.Platforms {
+			if p.AllPlatforms {
+				found := false
+				for _, m := range idx.Manifests {
+					found = found || want.matches(m.Platform)
+				}
+				if !found {
+					return nil, fmt.Errorf("image %s has no %s variant", pullFrom, want)
+				}
+				continue
+			}
 			found := false
 			for _, m := range idx.Manifests {
 				if want.matches(m.Platform) && IsManifest(m.MediaType) {

@@ -7,6 +7,7 @@ package registry
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -27,6 +28,8 @@ type Access struct {
 	// Insecure lists registry hosts reached over plain HTTP or TLS without
 	// verification (test and lab mirrors).
 	Insecure []string
+	// RootCAs, when set, are the CAs trusted for registry TLS (--ca-file).
+	RootCAs *x509.CertPool
 	// Transport overrides the HTTP transport (tests).
 	Transport http.RoundTripper
 }
@@ -65,9 +68,9 @@ func (a Access) baseTransport(host string) http.RoundTripper {
 	if a.Transport != nil {
 		return a.Transport
 	}
-	if a.insecure(host) {
+	if a.insecure(host) || a.RootCAs != nil {
 		t := remote.DefaultTransport.(*http.Transport).Clone()
-		t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // operator asked for it by host
+		t.TLSClientConfig = &tls.Config{RootCAs: a.RootCAs, InsecureSkipVerify: a.insecure(host)} //nolint:gosec // operator asked for it by host
 		return t
 	}
 	return nil
@@ -82,10 +85,14 @@ func (a Access) remoteOptions(ctx context.Context, host string) []remote.Option 
 	return opts
 }
 
+func resolveAuth(ctx context.Context, a Access, repo name.Repository) (authn.Authenticator, error) {
+	return authn.Resolve(ctx, a.keychain(), repo.Registry)
+}
+
 // authTransport returns an authenticated, retrying transport for repo with
 // the given scope actions (transport.PullScope, transport.PushScope).
 func (a Access) authTransport(ctx context.Context, repo name.Repository, actions ...string) (http.RoundTripper, error) {
-	auth, err := authn.Resolve(ctx, a.keychain(), repo.Registry)
+	auth, err := resolveAuth(ctx, a, repo)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,336 @@
+// Package importer carries a verified bundle into the air gap's private
+// registry: it verifies the bundle, pushes every image under the
+// operator's domain and namespace keeping upstream manifest bytes (and so
+// digests), sends only what the registry lacks, and checks afterwards that
+// every image resolves by digest.
+package importer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/progress"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// Options configure Import.
+type Options struct {
+	Bundle string
+	Trust  bundle.Trust
+	// Domain is the registry host[:port]; Namespace the path below it.
+	Domain, Namespace string
+	// KeepPath keeps the upstream repository path below Namespace
+	// (coredns/coredns) instead of its last element (coredns).
+	KeepPath bool
+	Access   registry.Access
+	Jobs     int
+	DryRun   bool
+	Progress progress.Sink
+	Log      *slog.Logger
+}
+
+// Result reports an import.
+type Result struct {
+	Bundle            string        `json:"bundle"`
+	KubernetesVersion string        `json:"kubernetesVersion"`
+	Registry          string        `json:"registry"`
+	DryRun            bool          `json:"dryRun"`
+	Images            []ImageResult `json:"images"`
+	UploadBytes       int64         `json:"uploadBytes"`
+	// BundleDigest is the sha256 of the signed bundle.json.
+	BundleDigest string `json:"bundleDigest"`
+}
+
+// ImageResult is one image's outcome.
+type ImageResult struct {
+	Ref            string `json:"ref"`
+	Target         string `json:"target"`
+	Digest         string `json:"digest"`
+	UpstreamDigest string `json:"upstreamDigest"`
+	// DigestKept is false when the bundle held only some platforms of a
+	// multi-arch index (see Note): registries refuse an index whose
+	// children they lack.
+	DigestKept bool   `json:"digestKept"`
+	Note       string `json:"note,omitempty"`
+	// Action: pushed, present (nothing sent), or with DryRun "would push".
+	Action      string `json:"action"`
+	Uploaded    int    `json:"blobsUploaded"`
+	Mounted     int    `json:"blobsMounted"`
+	Present     int    `json:"blobsPresent"`
+	UploadBytes int64  `json:"uploadBytes"`
+}
+
+// ErrUnresolved means images did not resolve by digest after pushing.
+var ErrUnresolved = errors.New("images do not resolve by digest in the registry")
+
+// Import verifies the bundle and pushes its images. With DryRun it contacts
+// the registry (checking credentials) and reports, changing nothing.
+func Import(ctx context.Context, opts Options) (*Result, error) {
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Domain == "" {
+		return nil, errors.New("no registry domain")
+	}
+	log.Info("verifying bundle", "file", opts.Bundle)
+	v, err := bundle.Open(ctx, opts.Bundle, opts.Trust)
+	if err != nil {
+		return nil, err
+	}
+	defer v.Close()
+	m := v.Manifest
+	res := &Result{Bundle: opts.Bundle, KubernetesVersion: m.KubernetesVersion, Registry: opts.Domain, DryRun: opts.DryRun,
+		BundleDigest: digestOf(m.Raw)}
+
+	imgs, notes, err := pushImages(v, opts)
+	if err != nil {
+		return nil, err
+	}
+	p := &registry.Pusher{Access: opts.Access, Source: blobSource{v}, Jobs: opts.Jobs, Progress: opts.Progress}
+	log.Info("asking the registry what it has", "registry", opts.Domain, "images", len(imgs))
+	plan, err := p.Plan(ctx, imgs)
+	if err != nil {
+		return nil, err
+	}
+	for i, ip := range plan.Images {
+		im := ip.Image
+		r := ImageResult{Ref: im.Ref, Target: im.Target.String(), Digest: im.Root().Digest.String(), UpstreamDigest: m.Images[i].Digest,
+			Note: notes[i], Uploaded: ip.Uploaded, Mounted: ip.Mounted, Present: ip.Present, UploadBytes: ip.UploadBytes}
+		r.DigestKept = r.Digest == r.UpstreamDigest
+		switch {
+		case ip.ManifestPresent && ip.Uploaded+ip.Mounted == 0:
+			r.Action = "present"
+		case opts.DryRun:
+			r.Action = "would push"
+		default:
+			r.Action = "pushed"
+		}
+		res.UploadBytes += ip.UploadBytes
+		res.Images = append(res.Images, r)
+	}
+	if opts.DryRun {
+		return res, nil
+	}
+	log.Info("pushing", "bytes", res.UploadBytes)
+	if err := p.Push(ctx, plan); err != nil {
+		return res, err
+	}
+	log.Info("checking every image resolves by digest")
+	if errs := p.Check(ctx, imgs); len(errs) > 0 {
+		return res, fmt.Errorf("%w: %w", ErrUnresolved, errors.Join(errs...))
+	}
+	return res, nil
+}
+
+// TargetFor returns where an upstream reference goes: DOMAIN/NAMESPACE/NAME
+// with NAME the last element of the upstream repository (or all of it with
+// keepPath), and the same tag, or the same digest for digest references.
+func TargetFor(ref, domain, namespace string, keepPath bool) (name.Reference, error) {
+	up, err := name.ParseReference(ref, name.WeakValidation)
+	if err != nil {
+		return nil, err
+	}
+	repoPath := up.Context().RepositoryStr()
+	if !keepPath {
+		repoPath = repoPath[strings.LastIndex(repoPath, "/")+1:]
+	}
+	target := strings.TrimSuffix(domain, "/") + "/"
+	if ns := strings.Trim(namespace, "/"); ns != "" {
+		target += ns + "/"
+	}
+	target += repoPath
+	switch r := up.(type) {
+	case name.Tag:
+		target += ":" + r.TagStr()
+	case name.Digest:
+		target += "@" + r.DigestStr()
+	}
+	return name.ParseReference(target, name.WeakValidation)
+}
+
+// pushImages turns the bundle's images into push jobs, with a note for each
+// whose upstream index digest cannot be kept.
+func pushImages(v *bundle.Verified, opts Options) ([]*registry.PushImage, []string, error) {
+	var imgs []*registry.PushImage
+	var notes []string
+	targets := map[string]string{}
+	for _, bi := range v.Manifest.Images {
+		target, err := TargetFor(bi.Ref, opts.Domain, opts.Namespace, opts.KeepPath)
+		if err != nil {
+			return nil, nil, fmt.Errorf("image %s: target in %s: %w", bi.Ref, opts.Domain, err)
+		}
+		if prev, dup := targets[target.String()]; dup {
+			return nil, nil, fmt.Errorf("images %s and %s would both be pushed as %s: pass --keep-path", prev, bi.Ref, target)
+		}
+		targets[target.String()] = bi.Ref
+		root, err := readManifest(v, bi.Digest, types.MediaType(bi.MediaType))
+		if err != nil {
+			return nil, nil, fmt.Errorf("image %s: %w", bi.Ref, err)
+		}
+		im := &registry.PushImage{Ref: bi.Ref, Target: target}
+		note := ""
+		if registry.IsIndex(root.MediaType) {
+			im.Manifests, im.Blobs, note, err = indexManifests(v, root)
+			if err != nil {
+				return nil, nil, fmt.Errorf("image %s: %w", bi.Ref, err)
+			}
+		} else {
+			im.Manifests = []registry.RawManifest{root}
+			if im.Blobs, err = imageBlobs(root.Raw); err != nil {
+				return nil, nil, fmt.Errorf("image %s: %w", bi.Ref, err)
+			}
+		}
+		imgs = append(imgs, im)
+		notes = append(notes, note)
+	}
+	return imgs, notes, nil
+}
+
+// indexManifests lists what pushing an index takes. A complete index is
+// pushed as is. When the bundle holds only some of its children, a
+// registry would refuse it: one child is tagged directly (upstream bytes);
+// several get an index of just those (a new digest).
+func indexManifests(v *bundle.Verified, root registry.RawManifest) ([]registry.RawManifest, []v1.Descriptor, string, error) {
+	idx, err := v1.ParseIndexManifest(strings.NewReader(string(root.Raw)))
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("index %s: %w", root.Digest, err)
+	}
+	var children []registry.RawManifest
+	var included []v1.Descriptor
+	var blobs []v1.Descriptor
+	seen := map[v1.Hash]bool{}
+	for _, d := range idx.Manifests {
+		if _, ok := v.Entry(bundle.BlobPath(d.Digest.String())); !ok {
+			continue
+		}
+		child, err := readManifest(v, d.Digest.String(), d.MediaType)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		bs, err := imageBlobs(child.Raw)
+		if err != nil {
+			return nil, nil, "", fmt.Errorf("manifest %s: %w", d.Digest, err)
+		}
+		for _, b := range bs {
+			if !seen[b.Digest] {
+				seen[b.Digest] = true
+				blobs = append(blobs, b)
+			}
+		}
+		children = append(children, child)
+		included = append(included, d)
+	}
+	switch {
+	case len(children) == 0:
+		return nil, nil, "", fmt.Errorf("index %s: the bundle holds none of its manifests", root.Digest)
+	case len(children) == len(idx.Manifests):
+		return append(children, root), blobs, "", nil
+	case len(children) == 1:
+		return children, blobs, fmt.Sprintf("bundle holds %s of the upstream index %s; tagged that platform's manifest (upstream bytes). Bundle with --all-platforms to keep the index digest",
+			platform(included[0]), root.Digest), nil
+	}
+	subset, err := subsetIndex(root.Raw, included)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	var plats []string
+	for _, d := range included {
+		plats = append(plats, platform(d))
+	}
+	return append(children, subset), blobs, fmt.Sprintf("bundle holds %s of the upstream index %s; pushed an index of just those (new digest). Bundle with --all-platforms to keep the index digest",
+		strings.Join(plats, ", "), root.Digest), nil
+}
+
+func platform(d v1.Descriptor) string {
+	if d.Platform == nil {
+		return "unknown platform"
+	}
+	return d.Platform.OS + "/" + d.Platform.Architecture
+}
+
+// subsetIndex keeps the upstream index's fields but lists only included.
+func subsetIndex(raw []byte, included []v1.Descriptor) (registry.RawManifest, error) {
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return registry.RawManifest{}, err
+	}
+	list, err := json.Marshal(included)
+	if err != nil {
+		return registry.RawManifest{}, err
+	}
+	doc["manifests"] = list
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return registry.RawManifest{}, err
+	}
+	var mt struct {
+		MediaType types.MediaType `json:"mediaType"`
+	}
+	_ = json.Unmarshal(raw, &mt)
+	if mt.MediaType == "" {
+		mt.MediaType = types.OCIImageIndex
+	}
+	h, _, err := v1.SHA256(strings.NewReader(string(out)))
+	if err != nil {
+		return registry.RawManifest{}, err
+	}
+	return registry.RawManifest{Digest: h, MediaType: mt.MediaType, Raw: out}, nil
+}
+
+// readManifest reads a manifest blob from the bundle. Its media type is
+// the one its own bytes declare (index.json may name it by the OCI type of
+// the same shape), else fallback.
+func readManifest(v *bundle.Verified, digest string, fallback types.MediaType) (registry.RawManifest, error) {
+	r, err := v.OpenEntry(bundle.BlobPath(digest))
+	if err != nil {
+		return registry.RawManifest{}, err
+	}
+	raw, err := io.ReadAll(io.LimitReader(r, 4<<20))
+	if err != nil {
+		return registry.RawManifest{}, err
+	}
+	h, err := v1.NewHash(digest)
+	if err != nil {
+		return registry.RawManifest{}, err
+	}
+	var mt struct {
+		MediaType types.MediaType `json:"mediaType"`
+	}
+	if err := json.Unmarshal(raw, &mt); err != nil {
+		return registry.RawManifest{}, fmt.Errorf("manifest %s: %w", digest, err)
+	}
+	if mt.MediaType == "" {
+		mt.MediaType = fallback
+	}
+	return registry.RawManifest{Digest: h, MediaType: mt.MediaType, Raw: raw}, nil
+}
+
+func imageBlobs(raw []byte) ([]v1.Descriptor, error) {
+	m, err := v1.ParseManifest(strings.NewReader(string(raw)))
+	if err != nil {
+		return nil, err
+	}
+	return append([]v1.Descriptor{m.Config}, m.Layers...), nil
+}
+
+type blobSource struct{ v *bundle.Verified }
+
+func (b blobSource) OpenBlob(d v1.Hash) (io.Reader, error) {
+	return b.v.OpenEntry(bundle.BlobPath(d.String()))
+}
+
+func digestOf(b []byte) string {
+	h, _, _ := v1.SHA256(strings.NewReader(string(b)))
+	return h.String()
+}

@@ -1,0 +1,249 @@
+package importer
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/bundletest"
+	"github.com/kubelift/kubelift/internal/catalog"
+)
+
+type env struct {
+	world  *bundletest.World
+	target string // host:port of the private registry
+	pub    *ecdsa.PublicKey
+	key    *ecdsa.PrivateKey
+	dir    string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{world: bundletest.New(t), dir: t.TempDir()}
+	srv := httptest.NewServer(ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	e.target = u.Host
+	if _, err := bundle.GenerateKey(filepath.Join(e.dir, "team")); err != nil {
+		t.Fatal(err)
+	}
+	e.key, _ = bundle.LoadPrivateKey(filepath.Join(e.dir, "team.key"))
+	e.pub, _ = bundle.LoadPublicKey(filepath.Join(e.dir, "team.pub"))
+	return e
+}
+
+func (e *env) bundle(t *testing.T, name string, mod func(*bundle.CreateOptions)) string {
+	t.Helper()
+	out := filepath.Join(e.dir, name)
+	opts := &bundle.CreateOptions{Catalog: e.world.Catalog, KubernetesVersion: bundletest.Version, Arches: []string{"amd64"},
+		CacheDir: filepath.Join(e.dir, "cache"), SignKey: e.key, Output: out}
+	if mod != nil {
+		mod(opts)
+	}
+	if _, err := bundle.Create(context.Background(), opts); err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	return out
+}
+
+func (e *env) imp(t *testing.T, file string, mod func(*Options)) (*Result, error) {
+	opts := Options{Bundle: file, Trust: bundle.Trust{Key: e.pub}, Domain: e.target, Namespace: "library", Jobs: 3}
+	if mod != nil {
+		mod(&opts)
+	}
+	return Import(context.Background(), opts)
+}
+
+func (e *env) resolve(t *testing.T, ref string) string {
+	t.Helper()
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := remote.Head(r)
+	if err != nil {
+		return ""
+	}
+	return d.Digest.String()
+}
+
+func TestImportPushesKeepingDigests(t *testing.T) {
+	e := newEnv(t)
+	file := e.bundle(t, "b.tar", nil)
+
+	// A dry run contacts the registry and changes nothing.
+	res, err := e.imp(t, file, func(o *Options) { o.DryRun = true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.UploadBytes == 0 || res.Images[0].Action != "would push" {
+		t.Fatalf("dry run: %+v", res)
+	}
+	reg, _ := name.NewRegistry(e.target)
+	if repos, _ := remote.Catalog(context.Background(), reg); len(repos) != 0 {
+		t.Fatalf("dry run created %v", repos)
+	}
+
+	res, err = e.imp(t, file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byRef := map[string]ImageResult{}
+	mounted := 0
+	for _, r := range res.Images {
+		byRef[r.Ref] = r
+		mounted += r.Mounted
+	}
+	api := byRef[e.world.Registry+"/kube-apiserver:v1.31.4"]
+	if api.Target != e.target+"/library/kube-apiserver:v1.31.4" || !api.DigestKept || api.Action != "pushed" {
+		t.Errorf("apiserver: %+v", api)
+	}
+	if got := e.resolve(t, api.Target); got != e.world.Digests[api.Ref] {
+		t.Errorf("%s resolves to %s, upstream %s", api.Target, got, e.world.Digests[api.Ref])
+	}
+	// The shared base layer is uploaded once and mounted into the others.
+	if mounted != 2 {
+		t.Errorf("%d mounts, want 2 (the shared base into two more repositories)", mounted)
+	}
+	// coredns: the bundle holds 1 of 3 platforms, so its amd64 manifest is tagged.
+	dns := byRef[e.world.Registry+"/coredns/coredns:v1.11.3"]
+	if dns.DigestKept || !strings.Contains(dns.Note, "linux/amd64 of the upstream index") || dns.Target != e.target+"/library/coredns:v1.11.3" {
+		t.Errorf("coredns: %+v", dns)
+	}
+	if got := e.resolve(t, dns.Target); got != dns.Digest {
+		t.Errorf("coredns resolves to %s, want %s", got, dns.Digest)
+	}
+
+	// Importing again sends nothing.
+	res, err = e.imp(t, file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Images {
+		if r.Action != "present" || r.Uploaded+r.Mounted != 0 {
+			t.Errorf("re-import %s: %+v", r.Ref, r)
+		}
+	}
+	if res.UploadBytes != 0 {
+		t.Errorf("re-import uploads %d bytes", res.UploadBytes)
+	}
+}
+
+func TestImportAllPlatformsKeepsIndexDigest(t *testing.T) {
+	e := newEnv(t)
+	file := e.bundle(t, "all.tar", func(o *bundle.CreateOptions) { o.AllPlatforms = true })
+	res, err := e.imp(t, file, func(o *Options) { o.Namespace = "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Images {
+		if !r.DigestKept || r.Note != "" {
+			t.Errorf("%s: %+v", r.Ref, r)
+		}
+	}
+	dnsRef := e.world.Registry + "/coredns/coredns:v1.11.3"
+	if got := e.resolve(t, e.target+"/coredns:v1.11.3"); got != e.world.Digests[dnsRef] {
+		t.Errorf("index resolves to %s, upstream %s", got, e.world.Digests[dnsRef])
+	}
+}
+
+func TestImportSubsetIndex(t *testing.T) {
+	e := newEnv(t)
+	cat := fmt.Sprintf("schemaVersion: 1\narches: [amd64, arm64]\nversions:\n  - version: v1.31.4\n    kubeletHashEra: name-image\n    upgradeFrom: [v1.30]\n    downgradeTo: []\n    removedKubeletFlags: []\n    removedAPIs: []\n    files: []\n    images: [%s/coredns/coredns:v1.11.3]\n", e.world.Registry)
+	c, err := catalog.Parse("dns.yaml", []byte(cat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := e.bundle(t, "two.tar", func(o *bundle.CreateOptions) { o.Catalog = c; o.Arches = []string{"amd64", "arm64"} })
+	res, err := e.imp(t, file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.Images[0]
+	if r.DigestKept || !strings.Contains(r.Note, "linux/amd64, linux/arm64") || !strings.Contains(r.Note, "new digest") {
+		t.Errorf("subset: %+v", r)
+	}
+	if got := e.resolve(t, r.Target); got != r.Digest {
+		t.Errorf("subset index resolves to %s, want %s", got, r.Digest)
+	}
+}
+
+func TestImportRejectsBeforePushing(t *testing.T) {
+	e := newEnv(t)
+	file := e.bundle(t, "b.tar", nil)
+	_, otherPub, _ := otherKey(t, e.dir)
+	_, err := e.imp(t, file, func(o *Options) { o.Trust = bundle.Trust{Key: otherPub} })
+	if !errors.Is(err, bundle.ErrWrongKey) {
+		t.Fatalf("wrong key: %v", err)
+	}
+	reg, _ := name.NewRegistry(e.target)
+	if repos, _ := remote.Catalog(context.Background(), reg); len(repos) != 0 {
+		t.Fatalf("a rejected bundle pushed %v", repos)
+	}
+}
+
+func otherKey(t *testing.T, dir string) (*ecdsa.PrivateKey, *ecdsa.PublicKey, error) {
+	if _, err := bundle.GenerateKey(filepath.Join(dir, "other")); err != nil {
+		t.Fatal(err)
+	}
+	k, _ := bundle.LoadPrivateKey(filepath.Join(dir, "other.key"))
+	p, _ := bundle.LoadPublicKey(filepath.Join(dir, "other.pub"))
+	return k, p, nil
+}
+
+func TestImportNameConflict(t *testing.T) {
+	e := newEnv(t)
+	// Another repository whose last element is also kube-proxy.
+	src, _ := name.ParseReference(e.world.Registry + "/kube-proxy:v1.31.4")
+	img, err := remote.Image(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dup, _ := name.ParseReference(e.world.Registry + "/team/kube-proxy:v1.31.4")
+	if err := remote.Write(dup, img); err != nil {
+		t.Fatal(err)
+	}
+	file := e.bundle(t, "b.tar", func(o *bundle.CreateOptions) { o.ExtraImages = []string{dup.String()} })
+	if _, err := e.imp(t, file, nil); err == nil || !strings.Contains(err.Error(), "--keep-path") {
+		t.Fatalf("conflict: %v", err)
+	}
+	res, err := e.imp(t, file, func(o *Options) { o.KeepPath = true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Images[len(res.Images)-1].Target != e.target+"/library/team/kube-proxy:v1.31.4" {
+		t.Errorf("keep-path target %s", res.Images[len(res.Images)-1].Target)
+	}
+}
+
+func TestTargetFor(t *testing.T) {
+	for _, tc := range []struct {
+		ref, domain, ns string
+		keep            bool
+		want            string
+	}{
+		{"registry.k8s.io/coredns/coredns:v1.11.3", "registry.corp:5000", "library", false, "registry.corp:5000/library/coredns:v1.11.3"},
+		{"registry.k8s.io/coredns/coredns:v1.11.3", "registry.corp:5000", "library", true, "registry.corp:5000/library/coredns/coredns:v1.11.3"},
+		{"registry.k8s.io/pause:3.10", "registry.corp", "", false, "registry.corp/pause:3.10"},
+		{"registry.k8s.io/pause:3.10", "registry.corp", "a/b/", false, "registry.corp/a/b/pause:3.10"},
+		{"docker.io/library/nginx@sha256:" + strings.Repeat("a", 64), "r.corp", "apps", false, "r.corp/apps/nginx@sha256:" + strings.Repeat("a", 64)},
+	} {
+		got, err := TargetFor(tc.ref, tc.domain, tc.ns, tc.keep)
+		if err != nil || got.String() != tc.want {
+			t.Errorf("TargetFor(%s, %s, %s, %v) = %v, %v; want %s", tc.ref, tc.domain, tc.ns, tc.keep, got, err, tc.want)
+		}
+	}
+}
