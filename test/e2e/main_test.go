@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -42,6 +43,12 @@ type result struct {
 // run runs a program with a time limit and returns its output and exit code.
 func run(t *testing.T, name string, args ...string) result {
 	t.Helper()
+	return runIn(t, "", name, args...)
+}
+
+// runIn is run with stdin.
+func runIn(t *testing.T, stdin, name string, args ...string) result {
+	t.Helper()
 	if filepath.Base(name) == name {
 		if p := filepath.Join(binDir, name); fileExists(p) {
 			name = p
@@ -52,6 +59,7 @@ func run(t *testing.T, name string, args ...string) result {
 	cmd := exec.CommandContext(ctx, name, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.Stdin = strings.NewReader(stdin)
 	err := cmd.Run()
 	code := 0
 	var ee *exec.ExitError

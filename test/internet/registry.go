@@ -39,10 +39,14 @@ type Registry struct {
 	Password string
 	Dir      string
 
-	cmd   *exec.Cmd
-	proxy *http.Server
-	// BlobGETs counts blob downloads through the proxy; BlobPUTs and
-	// BlobPATCHes count uploads.
+	cmd     *exec.Cmd
+	cfgPath string
+	proxy   *http.Server
+	// killAfter kills the registry process once this many uploads completed
+	// (0: never).
+	killAfter atomic.Int64
+	// BlobGETs counts blob downloads through the proxy, BlobUploads
+	// completed blob uploads (the final PUT), BlobHEADs existence checks.
 	BlobGETs, BlobUploads, BlobHEADs atomic.Int64
 	// failing makes the proxy drop blob transfers once passLeft reaches 0.
 	failing  atomic.Bool
@@ -120,24 +124,11 @@ http:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}
-	logf, err := os.Create(filepath.Join(dir, "registry.log"))
-	if err != nil {
-		return nil, err
-	}
-	r.cmd = exec.Command(RegistryBinary, "serve", cfgPath)
-	r.cmd.Stdout, r.cmd.Stderr = logf, logf
-	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := r.cmd.Start(); err != nil {
-		logf.Close()
-		return nil, err
-	}
-	logf.Close()
-	go func() { _ = r.cmd.Wait() }()
+	r.cfgPath = cfgPath
 	r.Host = r.Backend
-	if err := r.waitReady(ctx, o.TLS); err != nil {
+	if err := r.start(ctx); err != nil {
 		r.Stop()
-		log, _ := os.ReadFile(filepath.Join(dir, "registry.log"))
-		return nil, fmt.Errorf("docker-registry on %s: %w\n%s", r.Backend, err, log)
+		return nil, err
 	}
 	if o.Proxy && !o.TLS {
 		if err := r.startProxy(); err != nil {
@@ -148,7 +139,61 @@ http:
 	return r, nil
 }
 
-func (r *Registry) waitReady(ctx context.Context, tls bool) error {
+func (r *Registry) start(ctx context.Context) error {
+	logf, err := os.OpenFile(filepath.Join(r.Dir, "registry.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(RegistryBinary, "serve", r.cfgPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.cmd = cmd
+	r.mu.Unlock()
+	go func() { _ = cmd.Wait() }()
+	if err := r.waitReady(ctx); err != nil {
+		log, _ := os.ReadFile(filepath.Join(r.Dir, "registry.log"))
+		return fmt.Errorf("docker-registry on %s: %w\n%s", r.Backend, err, log)
+	}
+	return nil
+}
+
+// Kill stops the registry process (by pid) and keeps its storage, port and
+// proxy, as a crash or a maintenance restart would.
+func (r *Registry) Kill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.kill()
+}
+
+func (r *Registry) kill() {
+	if r.cmd == nil || r.cmd.Process == nil {
+		return
+	}
+	pid := r.cmd.Process.Pid
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	_ = r.cmd.Process.Kill()
+	for i := 0; i < 250 && syscall.Kill(pid, 0) == nil; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Restart starts the registry again on the same port and storage.
+func (r *Registry) Restart(ctx context.Context) error {
+	r.killAfter.Store(0)
+	return r.start(ctx)
+}
+
+// KillAfterUploads kills the registry process once n more blob uploads have
+// completed through the proxy.
+func (r *Registry) KillAfterUploads(n int64) { r.killAfter.Store(r.BlobUploads.Load() + n) }
+
+func (r *Registry) waitReady(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if ctx.Err() != nil {
@@ -158,9 +203,6 @@ func (r *Registry) waitReady(ctx context.Context, tls bool) error {
 		if err == nil {
 			c.Close()
 			return nil
-		}
-		if r.cmd.ProcessState != nil {
-			return errors.New("exited")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -181,8 +223,6 @@ func (r *Registry) startProxy() error {
 			r.BlobGETs.Add(1)
 		case isBlob && req.Method == http.MethodHead:
 			r.BlobHEADs.Add(1)
-		case isBlob && (req.Method == http.MethodPut || req.Method == http.MethodPatch || req.Method == http.MethodPost):
-			r.BlobUploads.Add(1)
 		}
 		if isBlob && req.Method != http.MethodHead && r.failing.Load() && r.passLeft.Add(-1) < 0 {
 			// Drop the connection mid-request, as a flaky link does.
@@ -196,6 +236,11 @@ func (r *Registry) startProxy() error {
 			return
 		}
 		rp.ServeHTTP(w, req)
+		if isBlob && req.Method == http.MethodPut {
+			if n := r.BlobUploads.Add(1); n == r.killAfter.Load() {
+				r.Kill()
+			}
+		}
 	})}
 	go func() { _ = r.proxy.Serve(ln) }()
 	r.Host = ln.Addr().String()
@@ -224,17 +269,15 @@ func (r *Registry) Stop() {
 	if r.proxy != nil {
 		_ = r.proxy.Close()
 	}
-	if r.cmd != nil && r.cmd.Process != nil {
-		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
-		_ = r.cmd.Process.Kill()
-		for i := 0; i < 100 && syscall.Kill(r.cmd.Process.Pid, 0) == nil; i++ {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	r.kill()
 }
 
 // Pid returns the registry process id.
-func (r *Registry) Pid() int { return r.cmd.Process.Pid }
+func (r *Registry) Pid() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cmd.Process.Pid
+}
 
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort() (int, error) {

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/spf13/cobra"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/importer"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// passwordEnv may hold the registry password.
+const passwordEnv = "KUBELIFT_REGISTRY_PASSWORD"
+
+type importOptions struct {
+	IO            *cli.IO
+	Bundle        string
+	Trust         cli.TrustOptions
+	Domain        string
+	Namespace     string
+	KeepPath      bool
+	Username      string
+	Password      string
+	PasswordStdin bool
+	CAFile        string
+	SkipTLSVerify bool
+	PlainHTTP     bool
+	Jobs          int
+	DryRun        bool
+	Output        string
+	Quiet         bool
+}
+
+func newCmdImport(s *cli.IO, runF func(context.Context, *importOptions) error) *cobra.Command {
+	opts := &importOptions{IO: s}
+	cmd := &cobra.Command{
+		Use:   "import FILE --key PUB --domain HOST[:PORT] [flags]",
+		Short: "Verify a bundle and push its images into the private registry",
+		Long: `Import verifies the bundle (as 'verify' does) before pushing anything, then
+pushes every image to DOMAIN/NAMESPACE/NAME:TAG, where NAME is the last
+element of the upstream repository:
+
+  registry.k8s.io/coredns/coredns:v1.11.3 -> registry.corp:5000/library/coredns:v1.11.3
+
+(--keep-path keeps the whole upstream path: .../library/coredns/coredns).
+Manifests are pushed byte for byte, so digests equal upstream's. A registry
+refuses a multi-arch index whose children it lacks: for a bundle made for
+some arches only, import tags the bundled platform's upstream manifest (or
+pushes an index of just those platforms) and says so; bundle with
+--all-platforms to keep index digests too.
+
+Only what the registry lacks is sent: blobs it has are skipped, blobs in
+another repository of it are mounted, and a re-run after an interruption
+sends only what is missing. Afterwards every image must resolve by digest,
+or import fails.
+
+The password comes from --password-stdin, --password or
+KUBELIFT_REGISTRY_PASSWORD, and is never printed. Without --username the
+docker config (~/.docker/config.json) supplies credentials.
+
+On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...`,
+		Example: `  echo "$PASS" | upgrade import k8s-v1.31.4-linux-amd64.tar --key team.pub \
+      --domain registry.corp:5000 --namespace library --username admin --password-stdin
+  upgrade import k8s-v1.31.4-linux-amd64.tar --key team.pub --domain registry.corp:5000 --dry-run`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.Bundle = args[0]
+			if opts.Domain == "" {
+				return cli.Usagef("--domain HOST[:PORT] is required: the private registry")
+			}
+			if opts.PasswordStdin && opts.Password != "" {
+				return cli.Usagef("--password and --password-stdin exclude each other")
+			}
+			if (opts.PasswordStdin || opts.Password != "") && opts.Username == "" {
+				return cli.Usagef("a password needs --username")
+			}
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return importRun(cmd.Context(), opts)
+		},
+	}
+	f := cmd.Flags()
+	opts.Trust.AddFlags(cmd)
+	f.StringVar(&opts.Domain, "domain", "", "private registry host[:port]")
+	f.StringVar(&opts.Namespace, "namespace", "", "path below the domain, e.g. library")
+	f.BoolVar(&opts.KeepPath, "keep-path", false, "keep the upstream repository path (coredns/coredns) instead of its last element")
+	f.StringVar(&opts.Username, "username", "", "registry user (default: credentials from the docker config)")
+	f.StringVar(&opts.Password, "password", "", "registry password (visible to other users in ps: prefer --password-stdin or "+passwordEnv+")")
+	f.BoolVar(&opts.PasswordStdin, "password-stdin", false, "read the password from standard input")
+	f.StringVar(&opts.CAFile, "ca-file", "", "PEM CA bundle that signed the registry's certificate")
+	f.BoolVar(&opts.SkipTLSVerify, "insecure-skip-tls-verify", false, "do not verify the registry's certificate")
+	f.BoolVar(&opts.PlainHTTP, "plain-http", false, "the registry speaks plain HTTP")
+	f.IntVar(&opts.Jobs, "jobs", 4, "parallel transfers")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "check credentials and say what would be pushed; change nothing")
+	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
+	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
+	return cmd
+}
+
+func importRun(ctx context.Context, opts *importOptions) error {
+	asJSON, err := cli.OutputFlag(opts.Output)
+	if err != nil {
+		return err
+	}
+	trust, err := opts.Trust.Trust()
+	if err != nil {
+		return err
+	}
+	access, err := opts.access()
+	if err != nil {
+		return err
+	}
+	sink, finish := opts.IO.Progress(opts.Quiet, "pushing")
+	start := time.Now()
+	res, err := importer.Import(ctx, importer.Options{
+		Bundle: opts.Bundle, Trust: trust, Domain: opts.Domain, Namespace: opts.Namespace, KeepPath: opts.KeepPath,
+		Access: access, Jobs: opts.Jobs, DryRun: opts.DryRun, Progress: sink, Log: opts.IO.Logger(opts.Quiet),
+	})
+	finish()
+	if res != nil {
+		if asJSON {
+			if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
+				return perr
+			}
+		} else {
+			printImport(opts.IO.Out, res, time.Since(start))
+		}
+	}
+	return err
+}
+
+func (opts *importOptions) access() (registry.Access, error) {
+	a := registry.Access{}
+	if opts.PlainHTTP || opts.SkipTLSVerify {
+		a.Insecure = []string{opts.Domain}
+	}
+	if opts.CAFile != "" {
+		pem, err := os.ReadFile(opts.CAFile)
+		if err != nil {
+			return a, fmt.Errorf("--ca-file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return a, fmt.Errorf("--ca-file %s: no PEM certificates in it", opts.CAFile)
+		}
+		a.RootCAs = pool
+	}
+	if opts.Username == "" {
+		return a, nil
+	}
+	password := opts.Password
+	switch {
+	case opts.PasswordStdin:
+		line, err := bufio.NewReader(opts.IO.In).ReadString('\n')
+		if err != nil && err != io.EOF {
+			return a, fmt.Errorf("--password-stdin: %w", err)
+		}
+		password = strings.TrimRight(line, "\r\n")
+	case password == "":
+		password = os.Getenv(passwordEnv)
+	}
+	if password == "" {
+		return a, cli.Usagef("--username %s needs a password: --password-stdin, --password or %s", opts.Username, passwordEnv)
+	}
+	a.Keychain = authn.NewMultiKeychain(hostKeychain{host: opts.Domain, auth: authn.FromConfig(authn.AuthConfig{Username: opts.Username, Password: password})}, authn.DefaultKeychain)
+	return a, nil
+}
+
+// hostKeychain answers with auth for one registry host only.
+type hostKeychain struct {
+	host string
+	auth authn.Authenticator
+}
+
+func (k hostKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	if r.RegistryStr() == k.host {
+		return k.auth, nil
+	}
+	return authn.Anonymous, nil
+}
+
+func printImport(w io.Writer, res *importer.Result, took time.Duration) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE\tTARGET\tDIGEST\tACTION\tBLOBS (up/mount/present)\tSENT")
+	var notes []string
+	for _, r := range res.Images {
+		digest := r.Digest
+		if !r.DigestKept {
+			digest += " *"
+			notes = append(notes, fmt.Sprintf("* %s: %s", r.Ref, r.Note))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d/%d\t%s\n", r.Ref, r.Target, digest, r.Action, r.Uploaded, r.Mounted, r.Present, bundle.HumanBytes(r.UploadBytes))
+	}
+	tw.Flush()
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
+	verb := "pushed"
+	if res.DryRun {
+		verb = "would push"
+	}
+	fmt.Fprintf(w, "Kubernetes %s: %d images, %s %s to %s (%.1fs)\n", res.KubernetesVersion, len(res.Images), verb, bundle.HumanBytes(res.UploadBytes), res.Registry, took.Seconds())
+}
