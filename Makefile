@@ -4,11 +4,11 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/kubelift/kubelift/internal/buildinfo.Version=$(VERSION)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests, the demo and the benchmarks run for real.
-DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time
+DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time etcd-server
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 
-.PHONY: all build deps tools lint test demo bench clean
+.PHONY: all build deps tools lint test demo bench kubernetes clean
 
 all: build
 
@@ -40,6 +40,11 @@ demo: deps build
 
 bench: deps build tools
 	$(GO) run ./test/bench
+
+# Real Kubernetes binaries from the Go module proxy, cached by version
+# (the tests build what they need through the same script).
+kubernetes:
+	hack/build-kubernetes.sh $(or $(KUBE_VERSION),v1.31.4) kube-apiserver
 
 clean:
 	rm -rf bin .demo

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/importer"
 	"github.com/kubelift/kubelift/internal/registry"
 )
@@ -40,6 +42,7 @@ type importOptions struct {
 	DryRun        bool
 	Output        string
 	Quiet         bool
+	Kubeconfig    string
 }
 
 func newCmdImport(s *cli.IO, runF func(context.Context, *importOptions) error) *cobra.Command {
@@ -106,6 +109,7 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 	f.BoolVar(&opts.DryRun, "dry-run", false, "check credentials and say what would be pushed; change nothing")
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "record the version as available in this cluster (default: KUBECONFIG, or in-cluster; none: not recorded)")
 	return cmd
 }
 
@@ -122,11 +126,21 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	if err != nil {
 		return err
 	}
+	var recorder importer.Recorder
+	switch client, err := cluster.Client(opts.Kubeconfig); {
+	case errors.Is(err, cluster.ErrNoKubeconfig):
+		// Not recorded: said in the summary.
+	case err != nil:
+		return err
+	default:
+		recorder = cluster.Recorder{Client: client}
+	}
 	sink, finish := opts.IO.Progress(opts.Quiet, "pushing")
 	start := time.Now()
 	res, err := importer.Import(ctx, importer.Options{
 		Bundle: opts.Bundle, Trust: trust, Domain: opts.Domain, Namespace: opts.Namespace, KeepPath: opts.KeepPath,
 		Access: access, Jobs: opts.Jobs, DryRun: opts.DryRun, Progress: sink, Log: opts.IO.Logger(opts.Quiet),
+		Recorder: recorder,
 	})
 	finish()
 	if res != nil {
@@ -215,4 +229,10 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 		verb = "would push"
 	}
 	fmt.Fprintf(w, "Kubernetes %s: %d images, %s %s to %s (%.1fs)\n", res.KubernetesVersion, len(res.Images), verb, bundle.HumanBytes(res.UploadBytes), res.Registry, took.Seconds())
+	switch {
+	case res.Recorded != "":
+		fmt.Fprintf(w, "recorded as available in the cluster: configmap %s/%s\n", cluster.Namespace, res.Recorded)
+	case !res.DryRun:
+		fmt.Fprintln(w, "not recorded in a cluster (no --kubeconfig, KUBECONFIG or in-cluster config)")
+	}
 }

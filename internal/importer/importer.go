@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/progress"
 	"github.com/kubelift/kubelift/internal/registry"
 )
@@ -37,6 +38,15 @@ type Options struct {
 	DryRun   bool
 	Progress progress.Sink
 	Log      *slog.Logger
+	// Recorder, when set, records the version as available in the cluster
+	// after a successful push.
+	Recorder Recorder
+}
+
+// Recorder keeps the record of an imported version (internal/cluster
+// writes it as an immutable ConfigMap).
+type Recorder interface {
+	RecordAvailable(ctx context.Context, a *cluster.Available) (name string, err error)
 }
 
 // Result reports an import.
@@ -49,6 +59,8 @@ type Result struct {
 	UploadBytes       int64         `json:"uploadBytes"`
 	// BundleDigest is the sha256 of the signed bundle.json.
 	BundleDigest string `json:"bundleDigest"`
+	// Recorded names the cluster record of the version ("" when none).
+	Recorded string `json:"recorded,omitempty"`
 }
 
 // ImageResult is one image's outcome.
@@ -130,7 +142,28 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if errs := p.Check(ctx, imgs); len(errs) > 0 {
 		return res, fmt.Errorf("%w: %w", ErrUnresolved, errors.Join(errs...))
 	}
+	if opts.Recorder != nil {
+		log.Info("recording the version as available in the cluster")
+		name, err := opts.Recorder.RecordAvailable(ctx, availableRecord(res, m))
+		if err != nil {
+			return res, fmt.Errorf("record %s as available: %w", m.KubernetesVersion, err)
+		}
+		res.Recorded = name
+	}
 	return res, nil
+}
+
+// availableRecord is what the cluster keeps about an import.
+func availableRecord(res *Result, m *bundle.Manifest) *cluster.Available {
+	a := &cluster.Available{KubernetesVersion: m.KubernetesVersion, BundleDigest: res.BundleDigest, Registry: res.Registry,
+		Manifest: m.Raw, Signature: m.Signature}
+	for _, im := range res.Images {
+		a.Images = append(a.Images, cluster.ImageRecord{Ref: im.Ref, Target: im.Target, Digest: im.Digest})
+	}
+	for _, f := range m.Files {
+		a.Files = append(a.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, Path: f.Path, SHA256: f.SHA256, Size: f.Size})
+	}
+	return a
 }
 
 // TargetFor returns where an upstream reference goes: DOMAIN/NAMESPACE/NAME
