@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -221,9 +222,33 @@ func TestRunFormat(t *testing.T) {
 	}
 }
 
+// verifyBytes verifies b twice, as a stream and as a file (entries hashed
+// in parallel), and fails the test unless both give the same verdict,
+// naming the same entry.
 func verifyBytes(b []byte, pub *ecdsa.PublicKey) error {
-	_, err := Verify(context.Background(), "test", bytes.NewReader(b), Trust{Key: pub}, nil, nil)
-	return err
+	_, streamErr := Verify(context.Background(), "test", bytes.NewReader(b), Trust{Key: pub}, nil, nil)
+	dir, err := os.MkdirTemp("", "verify-")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	p := filepath.Join(dir, "b")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		panic(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		panic(err)
+	}
+	defer f.Close()
+	_, fileErr := Verify(context.Background(), "test", f, Trust{Key: pub}, nil, nil)
+	var se, fe *VerifyError
+	errors.As(streamErr, &se)
+	errors.As(fileErr, &fe)
+	if (streamErr == nil) != (fileErr == nil) || (se != nil && (fe == nil || se.Entry != fe.Entry || !errors.Is(fileErr, errors.Unwrap(se.Err)) && se.Err.Error() != fe.Err.Error())) {
+		return fmt.Errorf("stream and file verification disagree: stream %v; file %v", streamErr, fileErr)
+	}
+	return streamErr
 }
 
 // entries reads every tar entry of a plain bundle.
@@ -346,6 +371,19 @@ func TestTamperRejected(t *testing.T) {
 				t.Fatalf("extract left %d entries behind", len(left))
 			}
 		})
+	}
+	// Cut inside a header: the entry before it is complete and not blamed.
+	v, err := Open(context.Background(), out, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _ := v.Entry(blobName)
+	v.Close()
+	cut := orig[:e.Offset-512+100]
+	err = verifyBytes(cut, f.pub)
+	var ve *VerifyError
+	if !errors.Is(err, ErrTruncated) || !errors.As(err, &ve) || ve.Entry == blobName {
+		t.Errorf("cut in %s's header: %v", blobName, err)
 	}
 	// An unsigned bundle passes only when the operator allows it.
 	unsigned := mutate(func(e []tarEntry) []tarEntry { return append(e[:1], e[2:]...) })

@@ -96,18 +96,40 @@ func VerifyFile(ctx context.Context, path string, trust Trust) (*Manifest, error
 }
 
 func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc) (*Manifest, error) {
-	br := bufio.NewReaderSize(r, 1<<20)
+	// A regular file nobody needs the content of is hashed in parallel:
+	// the tar reader seeks past each entry's data while another core
+	// hashes that entry in place. A stream is hashed as it passes.
+	file, size := regularFile(r)
+	parallel := file != nil && fn == nil
+	var br *bufio.Reader
+	if parallel {
+		br = bufio.NewReaderSize(io.NewSectionReader(file, 0, min(size, StubSize)), StubSize)
+	} else {
+		br = bufio.NewReaderSize(r, 1<<20)
+	}
 	stub, err := readStub(br)
 	if err != nil {
 		return nil, err
 	}
-	payload := io.Reader(br)
 	var base int64 // file offset of the tar stream
-	if stub != nil {
-		payload = io.LimitReader(br, stub.PayloadSize)
+	var cr posReader
+	var rest io.Reader // what follows the tar stream in a .run file
+	switch {
+	case parallel:
+		end := size
+		if stub != nil {
+			base = StubSize
+			end = min(size, base+stub.PayloadSize)
+			rest = io.NewSectionReader(file, end, size-end)
+		}
+		cr = &seekCounter{r: io.NewSectionReader(file, base, end-base)}
+	case stub != nil:
 		base = StubSize
+		cr = &countingReader{r: io.LimitReader(br, stub.PayloadSize)}
+		rest = br
+	default:
+		cr = &countingReader{r: br}
 	}
-	cr := &countingReader{r: payload}
 	tr := tar.NewReader(cr)
 
 	manifestData, err := readSmallEntry(tr, ManifestName, maxManifestSize)
@@ -149,7 +171,9 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		want[e.Path] = e
 	}
 	seen := make(map[string]bool, len(m.Entries))
-	buf := make([]byte, 1<<20)
+	hashers := newHashers(ctx, file)
+	defer hashers.wait()
+	var last *Entry // the entry before the header being read
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -160,6 +184,11 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 			if hdr, err = tr.Next(); err == io.EOF {
 				break
 			} else if err != nil {
+				// In parallel mode the tar reader seeks over data, so a cut
+				// inside the last entry shows up here: name that entry.
+				if sc, ok := cr.(*seekCounter); ok && last != nil && last.Offset+last.Size > base+sc.r.Size() {
+					return nil, truncated(last.Path, err)
+				}
 				return nil, truncated(lastName(seen), err)
 			}
 		}
@@ -167,28 +196,22 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		if err != nil {
 			return nil, err
 		}
-		// tar.Reader reads exactly the header blocks, so the count is
+		// tar.Reader reads exactly the header blocks, so the position is
 		// where this entry's data begins.
-		e.Offset = base + cr.n
-		h := sha256.New()
-		hr := &hashingReader{r: tr, h: h}
-		if fn != nil {
-			if err := fn(e, hr); err != nil {
-				if errors.Is(err, io.ErrUnexpectedEOF) {
-					return nil, truncated(e.Path, err)
-				}
-				return nil, &VerifyError{Entry: e.Path, Err: err}
+		e.Offset = base + cr.pos()
+		last = &e
+		if parallel {
+			if err := hashers.add(e); err != nil {
+				return nil, err
 			}
+			continue
 		}
-		if _, err := io.CopyBuffer(io.Discard, hr, buf); err != nil {
-			return nil, truncated(e.Path, err)
+		if err := checkEntry(e, tr, fn); err != nil {
+			return nil, err
 		}
-		if hr.n != e.Size {
-			return nil, &VerifyError{Entry: e.Path, Err: ErrTruncated}
-		}
-		if got := hex.EncodeToString(h.Sum(nil)); got != e.SHA256 {
-			return nil, &VerifyError{Entry: e.Path, Err: fmt.Errorf("%w (sha256 %s, signed %s)", ErrModified, got, e.SHA256)}
-		}
+	}
+	if err := hashers.wait(); err != nil {
+		return nil, err
 	}
 	for _, e := range m.Entries {
 		if !seen[e.Path] {
@@ -200,14 +223,43 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		return nil, err
 	}
 	if stub != nil {
-		if cr.n != stub.PayloadSize {
+		if cr.pos() != stub.PayloadSize {
 			return nil, &VerifyError{Entry: "payload", Err: ErrTruncated}
 		}
-		if err := checkInstaller(br, m); err != nil {
+		if err := checkInstaller(rest, m); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// checkEntry passes an entry's content to fn while hashing it, then checks
+// size and hash.
+func checkEntry(e Entry, r io.Reader, fn EntryFunc) error {
+	h := sha256.New()
+	hr := &hashingReader{r: r, h: h}
+	if fn != nil {
+		if err := fn(e, hr); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				return truncated(e.Path, err)
+			}
+			return &VerifyError{Entry: e.Path, Err: err}
+		}
+	}
+	if _, err := io.Copy(io.Discard, hr); err != nil {
+		return truncated(e.Path, err)
+	}
+	return checkSum(e, hr.n, h.Sum(nil))
+}
+
+func checkSum(e Entry, n int64, sum []byte) error {
+	if n != e.Size {
+		return &VerifyError{Entry: e.Path, Err: ErrTruncated}
+	}
+	if got := hex.EncodeToString(sum); got != e.SHA256 {
+		return &VerifyError{Entry: e.Path, Err: fmt.Errorf("%w (sha256 %s, signed %s)", ErrModified, got, e.SHA256)}
+	}
+	return nil
 }
 
 func checkSignature(manifest, sig []byte, trust Trust) error {
@@ -332,6 +384,12 @@ func (h *hashingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// posReader knows how far into the tar stream it is.
+type posReader interface {
+	io.Reader
+	pos() int64
+}
+
 type countingReader struct {
 	r io.Reader
 	n int64
@@ -341,4 +399,41 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	return n, err
+}
+
+func (c *countingReader) pos() int64 { return c.n }
+
+// seekCounter lets tar.Reader seek over entry data it is not asked for.
+type seekCounter struct {
+	r *io.SectionReader
+	n int64
+}
+
+func (c *seekCounter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *seekCounter) Seek(offset int64, whence int) (int64, error) {
+	n, err := c.r.Seek(offset, whence)
+	if err == nil {
+		c.n = n
+	}
+	return n, err
+}
+
+func (c *seekCounter) pos() int64 { return c.n }
+
+// regularFile returns r as a ReaderAt with its size when it is a regular file.
+func regularFile(r io.Reader) (io.ReaderAt, int64) {
+	f, ok := r.(*os.File)
+	if !ok {
+		return nil, 0
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil, 0
+	}
+	return f, fi.Size()
 }

@@ -2,8 +2,9 @@
 // platform team would otherwise use, in the same run, on the same data, and
 // prints each figure with its ratio. Nothing here is a pass/fail test.
 //
-// Data: 8 images sharing a base layer, over 400 MB of unique blobs, served
-// by Debian's docker-registry on loopback.
+// Data: 10 images sharing a base layer, over 400 MB of unique blobs, served
+// by Debian's docker-registry on loopback. Two parts: bundling (registry to
+// one file) and importing (bundle to an empty registry).
 package main
 
 import (
@@ -25,13 +26,13 @@ import (
 var (
 	rounds      = flag.Int("rounds", 3, "rounds per tool (the median is printed)")
 	baseMB      = flag.Int("base-mb", 32, "shared base layer size")
-	uniqueMB    = flag.Int("unique-mb", 48, "each image's own layer size")
+	uniqueMB    = flag.Int("unique-mb", 40, "each image's own layer size")
 	keepWorkDir = flag.Bool("keep", false, "keep the work directory")
 )
 
 var repos = []string{
 	"kube-apiserver:v1.31.4", "kube-controller-manager:v1.31.4", "kube-scheduler:v1.31.4", "kube-proxy:v1.31.4",
-	"pause:3.10", "etcd:3.5.15-0", "coredns/coredns:v1.11.3", "kubelift/user-app:v1",
+	"pause:3.10", "etcd:3.5.15-0", "coredns/coredns:v1.11.3", "kubelift/user-app:v1", "kubelift/user-db:v1", "kubelift/user-cache:v1",
 }
 
 type measure struct {
@@ -87,9 +88,13 @@ func run(ctx context.Context) error {
 		return runCmd(filepath.Join(bin, "bundle"), "create", "--catalog", catalogFile, "--kubernetes-version", "v1.31.4",
 			"--sign-key", key+".key", "-o", out, "--cache-dir", cache, "--insecure-registry", reg.Host, "--quiet", "--jobs", "4")
 	}
+	craneLayout := filepath.Join(work, "crane-layout") // the last round's pull, pushed in benchImport
 	craneOnce := func(i int) (measure, error) {
 		dir := filepath.Join(work, fmt.Sprintf("crane-%d", i))
-		defer os.RemoveAll(dir)
+		defer func() {
+			os.RemoveAll(craneLayout)
+			os.Rename(dir, craneLayout)
+		}()
 		return runCmd(filepath.Join(bin, "tools", "crane"), append(append([]string{"pull", "--insecure", "--format=oci"}, refs...), dir)...)
 	}
 	skopeoOnce := func(i int) (measure, error) {
@@ -189,6 +194,100 @@ func run(ctx context.Context) error {
 	fmt.Printf("%-44s %8.2fs %9.0f\n", "kubelift bundle verify (signature + sha256 of every entry)", v.wall.Seconds(), size/v.wall.Seconds())
 	fmt.Printf("%-44s %8.2fs %9.0f %.2fx\n", "sha256sum of the file", s.wall.Seconds(), size/s.wall.Seconds(), v.wall.Seconds()/s.wall.Seconds())
 	fmt.Printf("%-44s %8.2fs %9.0f %.2fx\n", "cat > /dev/null (read speed)", c.wall.Seconds(), size/c.wall.Seconds(), v.wall.Seconds()/c.wall.Seconds())
+	return benchImport(ctx, work, bin, key, out, craneLayout, mb)
+}
+
+// benchImport pushes the bundle into an empty registry with kubelift, and
+// the same images from the extracted layout with skopeo and crane.
+//
+// crane pushes its own layout of the same images (from crane pull above):
+// crane push sends index.json's descriptor media types as Content-Type, and
+// kubelift's index.json names Docker lists by their OCI type (for skopeo).
+func benchImport(ctx context.Context, work, bin, key, bundleFile, craneLayout string, mb float64) error {
+	layout := filepath.Join(work, "extracted")
+	if _, err := runCmd(filepath.Join(bin, "bundle"), "extract", "--key", key+".pub", bundleFile, layout); err != nil {
+		return err
+	}
+	var refs []string
+	raw, err := os.ReadFile(filepath.Join(layout, "bundle.json"))
+	if err != nil {
+		return err
+	}
+	var m struct{ Images []struct{ Ref string } }
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return err
+	}
+	for _, im := range m.Images {
+		refs = append(refs, im.Ref)
+	}
+	// A fresh, empty registry for every run.
+	fresh := func(name string) (*internet.Registry, error) {
+		return internet.StartRegistry(ctx, filepath.Join(work, name), internet.RegistryOptions{})
+	}
+	var kl, sk, cr, again []measure
+	for i := 0; i < *rounds; i++ {
+		reg, err := fresh(fmt.Sprintf("kubelift-%d", i))
+		if err != nil {
+			return err
+		}
+		args := []string{"import", bundleFile, "--key", key + ".pub", "--domain", reg.Host, "--namespace", "bench", "--plain-http", "-q"}
+		m, err := runCmd(filepath.Join(bin, "upgrade"), args...)
+		if err == nil {
+			kl = append(kl, m)
+			m, err = runCmd(filepath.Join(bin, "upgrade"), args...) // everything present
+			again = append(again, m)
+		}
+		reg.Stop()
+		os.RemoveAll(reg.Dir)
+		if err != nil {
+			return err
+		}
+
+		if reg, err = fresh(fmt.Sprintf("skopeo-%d", i)); err != nil {
+			return err
+		}
+		var total measure
+		for _, ref := range refs {
+			name := ref[strings.LastIndex(ref, "/")+1:]
+			m, err := runCmd("skopeo", "copy", "--quiet", "--all", "--dest-tls-verify=false",
+				"oci:"+filepath.Join(layout, "images")+":"+ref, "docker://"+reg.Host+"/bench/"+name)
+			if err != nil {
+				reg.Stop()
+				return err
+			}
+			total.wall += m.wall
+			total.maxRSS = max(total.maxRSS, m.maxRSS)
+		}
+		sk = append(sk, total)
+		reg.Stop()
+		os.RemoveAll(reg.Dir)
+
+		if reg, err = fresh(fmt.Sprintf("crane-%d", i)); err != nil {
+			return err
+		}
+		m, err = runCmd(filepath.Join(bin, "tools", "crane"), "push", "--insecure", "--index", craneLayout, reg.Host+"/bench/all:v1")
+		reg.Stop()
+		os.RemoveAll(reg.Dir)
+		if err != nil {
+			return err
+		}
+		cr = append(cr, m)
+	}
+	k := median(kl)
+	fmt.Printf("\n%-44s %9s %9s %10s %s\n", "importing (bundle -> empty registry)", "time", "MB/s", "peak RSS", "kubelift / peer")
+	row := func(name string, ms []measure, ratio bool) {
+		m := median(ms)
+		r := ""
+		if ratio {
+			r = fmt.Sprintf("%.2fx", k.wall.Seconds()/m.wall.Seconds())
+		}
+		fmt.Printf("%-44s %8.2fs %9.0f %8d MB %s\n", name, m.wall.Seconds(), mb/m.wall.Seconds(), maxRSS(ms)/1024, r)
+	}
+	row("kubelift upgrade import (verify + push)", kl, false)
+	row("skopeo copy --all (each; converts, new digests)", sk, true)
+	row("crane push --index (crane's layout, same images)", cr, true)
+	a := median(again)
+	fmt.Printf("%-44s %8.2fs (%d images, everything present)\n", "kubelift re-import", a.wall.Seconds(), len(refs))
 	return nil
 }
 
