@@ -211,18 +211,23 @@ func (k hostKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
 func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "IMAGE\tTARGET\tDIGEST\tACTION\tBLOBS (up/mount/present)\tSENT")
+	// Images in the same situation share one footnote.
 	var notes []string
+	mark := map[string]string{}
 	for _, r := range res.Images {
 		digest := r.Digest
 		if !r.DigestKept {
-			digest += " *"
-			notes = append(notes, fmt.Sprintf("* %s: %s", r.Ref, r.Note))
+			if _, ok := mark[r.Note]; !ok {
+				mark[r.Note] = strings.Repeat("*", len(mark)+1)
+				notes = append(notes, r.Note)
+			}
+			digest += " " + mark[r.Note]
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d/%d\t%s\n", r.Ref, r.Target, digest, r.Action, r.Uploaded, r.Mounted, r.Present, bundle.HumanBytes(r.UploadBytes))
 	}
 	tw.Flush()
 	for _, n := range notes {
-		fmt.Fprintln(w, n)
+		fmt.Fprintf(w, "%s %s (upstream index digests: -o json)\n", mark[n], n)
 	}
 	verb := "pushed"
 	if res.DryRun {

@@ -74,6 +74,8 @@ type ImageResult struct {
 	// children they lack.
 	DigestKept bool   `json:"digestKept"`
 	Note       string `json:"note,omitempty"`
+	// Platforms lists what a partial index was cut to (see Note).
+	Platforms []string `json:"platforms,omitempty"`
 	// Action: pushed, present (nothing sent), or with DryRun "would push".
 	Action      string `json:"action"`
 	Uploaded    int    `json:"blobsUploaded"`
@@ -105,7 +107,7 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	res := &Result{Bundle: opts.Bundle, KubernetesVersion: m.KubernetesVersion, Registry: opts.Domain, DryRun: opts.DryRun,
 		BundleDigest: digestOf(m.Raw)}
 
-	imgs, notes, err := pushImages(v, opts)
+	imgs, partial, err := pushImages(v, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +120,11 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	for i, ip := range plan.Images {
 		im := ip.Image
 		r := ImageResult{Ref: im.Ref, Target: im.Target.String(), Digest: im.Root().Digest.String(), UpstreamDigest: m.Images[i].Digest,
-			Note: notes[i], Uploaded: ip.Uploaded, Mounted: ip.Mounted, Present: ip.Present, UploadBytes: ip.UploadBytes}
+			Uploaded: ip.Uploaded, Mounted: ip.Mounted, Present: ip.Present, UploadBytes: ip.UploadBytes}
+		if p := partial[i]; p != nil {
+			r.Platforms = p
+			r.Note = PartialNote(p, len(p) == 1)
+		}
 		r.DigestKept = r.Digest == r.UpstreamDigest
 		switch {
 		case ip.ManifestPresent && ip.Uploaded+ip.Mounted == 0:
@@ -192,11 +198,20 @@ func TargetFor(ref, domain, namespace string, keepPath bool) (name.Reference, er
 	return name.ParseReference(target, name.WeakValidation)
 }
 
-// pushImages turns the bundle's images into push jobs, with a note for each
-// whose upstream index digest cannot be kept.
-func pushImages(v *bundle.Verified, opts Options) ([]*registry.PushImage, []string, error) {
+// PartialNote explains an image whose upstream index could not be pushed
+// whole, for the platforms the bundle holds.
+func PartialNote(platforms []string, tagged bool) string {
+	if tagged {
+		return fmt.Sprintf("the bundle holds only %s of the upstream multi-arch index; the tag points at that platform's upstream manifest. Bundle with --all-platforms to keep index digests", platforms[0])
+	}
+	return fmt.Sprintf("the bundle holds only %s of the upstream multi-arch index; pushed an index of just those (a new digest). Bundle with --all-platforms to keep index digests", strings.Join(platforms, ", "))
+}
+
+// pushImages turns the bundle's images into push jobs, with, for each whose
+// upstream index cannot be pushed whole, the platforms it holds.
+func pushImages(v *bundle.Verified, opts Options) ([]*registry.PushImage, [][]string, error) {
 	var imgs []*registry.PushImage
-	var notes []string
+	var partials [][]string
 	targets := map[string]string{}
 	for _, bi := range v.Manifest.Images {
 		target, err := TargetFor(bi.Ref, opts.Domain, opts.Namespace, opts.KeepPath)
@@ -212,9 +227,9 @@ func pushImages(v *bundle.Verified, opts Options) ([]*registry.PushImage, []stri
 			return nil, nil, fmt.Errorf("image %s: %w", bi.Ref, err)
 		}
 		im := &registry.PushImage{Ref: bi.Ref, Target: target}
-		note := ""
+		var partial []string
 		if registry.IsIndex(root.MediaType) {
-			im.Manifests, im.Blobs, note, err = indexManifests(v, root)
+			im.Manifests, im.Blobs, partial, err = indexManifests(v, root)
 			if err != nil {
 				return nil, nil, fmt.Errorf("image %s: %w", bi.Ref, err)
 			}
@@ -225,23 +240,23 @@ func pushImages(v *bundle.Verified, opts Options) ([]*registry.PushImage, []stri
 			}
 		}
 		imgs = append(imgs, im)
-		notes = append(notes, note)
+		partials = append(partials, partial)
 	}
-	return imgs, notes, nil
+	return imgs, partials, nil
 }
 
 // indexManifests lists what pushing an index takes. A complete index is
 // pushed as is. When the bundle holds only some of its children, a
 // registry would refuse it: one child is tagged directly (upstream bytes);
-// several get an index of just those (a new digest).
-func indexManifests(v *bundle.Verified, root registry.RawManifest) ([]registry.RawManifest, []v1.Descriptor, string, error) {
+// several get an index of just those (a new digest). partial lists the
+// platforms held when the index is not complete.
+func indexManifests(v *bundle.Verified, root registry.RawManifest) (manifests []registry.RawManifest, blobs []v1.Descriptor, partial []string, err error) {
 	idx, err := v1.ParseIndexManifest(strings.NewReader(string(root.Raw)))
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("index %s: %w", root.Digest, err)
+		return nil, nil, nil, fmt.Errorf("index %s: %w", root.Digest, err)
 	}
 	var children []registry.RawManifest
 	var included []v1.Descriptor
-	var blobs []v1.Descriptor
 	seen := map[v1.Hash]bool{}
 	for _, d := range idx.Manifests {
 		if _, ok := v.Entry(bundle.BlobPath(d.Digest.String())); !ok {
@@ -249,11 +264,11 @@ func indexManifests(v *bundle.Verified, root registry.RawManifest) ([]registry.R
 		}
 		child, err := readManifest(v, d.Digest.String(), d.MediaType)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, nil, err
 		}
 		bs, err := imageBlobs(child.Raw)
 		if err != nil {
-			return nil, nil, "", fmt.Errorf("manifest %s: %w", d.Digest, err)
+			return nil, nil, nil, fmt.Errorf("manifest %s: %w", d.Digest, err)
 		}
 		for _, b := range bs {
 			if !seen[b.Digest] {
@@ -264,25 +279,22 @@ func indexManifests(v *bundle.Verified, root registry.RawManifest) ([]registry.R
 		children = append(children, child)
 		included = append(included, d)
 	}
+	for _, d := range included {
+		partial = append(partial, platform(d))
+	}
 	switch {
 	case len(children) == 0:
-		return nil, nil, "", fmt.Errorf("index %s: the bundle holds none of its manifests", root.Digest)
+		return nil, nil, nil, fmt.Errorf("index %s: the bundle holds none of its manifests", root.Digest)
 	case len(children) == len(idx.Manifests):
-		return append(children, root), blobs, "", nil
+		return append(children, root), blobs, nil, nil
 	case len(children) == 1:
-		return children, blobs, fmt.Sprintf("bundle holds %s of the upstream index %s; tagged that platform's manifest (upstream bytes). Bundle with --all-platforms to keep the index digest",
-			platform(included[0]), root.Digest), nil
+		return children, blobs, partial, nil
 	}
 	subset, err := subsetIndex(root.Raw, included)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, nil, err
 	}
-	var plats []string
-	for _, d := range included {
-		plats = append(plats, platform(d))
-	}
-	return append(children, subset), blobs, fmt.Sprintf("bundle holds %s of the upstream index %s; pushed an index of just those (new digest). Bundle with --all-platforms to keep the index digest",
-		strings.Join(plats, ", "), root.Digest), nil
+	return append(children, subset), blobs, partial, nil
 }
 
 func platform(d v1.Descriptor) string {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -214,6 +215,8 @@ func (p *Pusher) Push(ctx context.Context, plan *PushPlan) error {
 			mounts = append(mounts, s)
 		}
 	}
+	// Largest first, so the last wave is not one big blob alone.
+	sort.SliceStable(uploads, func(i, j int) bool { return uploads[i].desc.Size > uploads[j].desc.Size })
 	for _, batch := range [][]blobStep{uploads, mounts} {
 		if err := parallel.ForEach(ctx, p.Jobs, len(batch), func(ctx context.Context, i int) error {
 			return p.pushBlob(ctx, batch[i], sink)

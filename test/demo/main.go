@@ -2,7 +2,8 @@
 // it exists, on this machine, with the progress a user sees. A real
 // registry (Debian's docker-registry) and a file server on loopback stand in
 // for registry.k8s.io and dl.k8s.io; then the real bundle and upgrade
-// programs from bin/ make, inspect, verify and unpack a signed .run bundle.
+// programs from bin/ make, inspect, verify and unpack a signed .run bundle,
+// and import it into a second registry playing the air gap's private one.
 package main
 
 import (
@@ -92,10 +93,10 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	step("Bundling Kubernetes %s into a signed, self-extracting installer", version)
+	step("Bundling Kubernetes %s into a signed, self-extracting installer (every platform, so index digests survive the import)", version)
 	out := filepath.Join(work, "k8s-"+version+"-linux-amd64.run")
 	args := append([]string{"create", "--kubernetes-version", version, "--sign-key", key + ".key", "--format", "run", "-o", out,
-		"--cache-dir", filepath.Join(work, "cache")}, flags...)
+		"--all-platforms", "--cache-dir", filepath.Join(work, "cache")}, flags...)
 	if err := sh(filepath.Join(bin, "bundle"), args...); err != nil {
 		return err
 	}
@@ -135,6 +136,39 @@ func run(ctx context.Context) error {
 	}
 	fmt.Println("(refused, as it should be)")
 
-	step("Done. Files are in %s; the registry was stopped.", work)
+	step("Inside the air gap: the private registry (TLS from its own CA, htpasswd)")
+	priv, err := internet.StartRegistry(ctx, filepath.Join(work, "private-registry"), internet.RegistryOptions{TLS: true, User: "admin", Password: "demo-password"})
+	if err != nil {
+		return err
+	}
+	defer priv.Stop()
+	fmt.Printf("registry %s (pid %d), CA %s\n", priv.Host, priv.Pid(), priv.CAFile)
+
+	step("Importing: ./%s --upgrade ...", filepath.Base(out))
+	importArgs := []string{"--upgrade", "--key", key + ".pub", "--domain", priv.Host, "--namespace", "library",
+		"--username", "admin", "--password-stdin", "--ca-file", priv.CAFile}
+	if err := shIn("demo-password\n", out, importArgs...); err != nil {
+		return err
+	}
+	step("Importing again: everything is there, nothing is sent")
+	if err := shIn("demo-password\n", out, append(importArgs, "-q")...); err != nil {
+		return err
+	}
+	step("A wrong password is a clear error")
+	if err := shIn("not-the-password\n", out, append(importArgs, "-q")...); err == nil {
+		return fmt.Errorf("a wrong password was accepted")
+	}
+
+	step("Done. Files are in %s; the registries were stopped.", work)
 	return nil
+}
+
+// shIn is sh with standard input.
+func shIn(stdin, name string, args ...string) error {
+	shown := append([]string{filepath.Base(name)}, args...)
+	fmt.Printf("$ echo ... | %s\n", strings.Join(shown, " "))
+	cmd := exec.Command(name, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	return cmd.Run()
 }

@@ -290,6 +290,19 @@ func TestCreateDryRunJSON(t *testing.T) {
 	}
 }
 
+func TestVersionAndCompletion(t *testing.T) {
+	for _, prog := range []string{"bundle", "upgrade"} {
+		r := mustRun(t, prog, "--version")
+		if !strings.HasPrefix(r.stdout, prog+" version ") {
+			t.Errorf("%s --version: %q", prog, r.stdout)
+		}
+		r = mustRun(t, prog, "completion", "bash")
+		if !strings.Contains(r.stdout, "__start_"+prog) {
+			t.Errorf("%s completion bash: no completion function", prog)
+		}
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
