@@ -119,6 +119,7 @@ func New(t *testing.T) *World {
 
 	cat := fmt.Sprintf(`schemaVersion: 1
 arches: [amd64, arm64]
+kubeletHashEras: [{era: name-image, from: v1.31.0}]
 versions:
   - version: v1.31.4
     kubeletHashEra: name-image

@@ -24,13 +24,26 @@ import (
 const SchemaVersion = 1
 
 // Hash eras of the kubelet's container hash (upgrade-facts.md section 2).
+// Which versions belong to which era is data: Catalog.HashEras.
 const (
+	EraSpew                 = "spew"                   // 1.6 to 1.15: unsupported
 	EraJSON                 = "json"                   // 1.16 to 1.26
 	EraJSONWithoutResources = "json-without-resources" // 1.27 to 1.30
 	EraNameImage            = "name-image"             // 1.31 on
 )
 
-var knownEras = map[string]bool{EraJSON: true, EraJSONWithoutResources: true, EraNameImage: true}
+var knownEras = map[string]bool{EraSpew: true, EraJSON: true, EraJSONWithoutResources: true, EraNameImage: true}
+
+// HashEra is one row of the era table: the era starting at From.
+type HashEra struct {
+	Era  string `json:"era"`
+	From string `json:"from"`
+
+	from Version
+}
+
+// ErrNoHashEra means a version is older than every era in the catalog.
+var ErrNoHashEra = errors.New("no kubelet hash era known for this version")
 
 // Catalog is a parsed, validated catalog.
 type Catalog struct {
@@ -38,6 +51,7 @@ type Catalog struct {
 	Source        string    `json:"-"`
 	SchemaVersion int       `json:"schemaVersion"`
 	Arches        []string  `json:"arches"`
+	HashEras      []HashEra `json:"kubeletHashEras"`
 	Versions      []Release `json:"versions"`
 }
 
@@ -126,6 +140,24 @@ func Parse(source string, data []byte) (*Catalog, error) {
 	if len(c.Versions) == 0 {
 		return nil, &Error{Source: source, Field: "versions", Err: errors.New("is empty")}
 	}
+	if len(c.HashEras) == 0 {
+		return nil, &Error{Source: source, Field: "kubeletHashEras", Err: errors.New("is empty")}
+	}
+	for i := range c.HashEras {
+		e := &c.HashEras[i]
+		field := fmt.Sprintf("kubeletHashEras[%d]", i)
+		if !knownEras[e.Era] {
+			return nil, &Error{Source: source, Field: field + ".era", Err: fmt.Errorf("%q is not one of spew, json, json-without-resources, name-image", e.Era)}
+		}
+		v, err := ParseVersion(e.From)
+		if err != nil {
+			return nil, &Error{Source: source, Field: field + ".from", Err: err}
+		}
+		if i > 0 && v.Compare(c.HashEras[i-1].from) <= 0 {
+			return nil, &Error{Source: source, Field: field + ".from", Err: fmt.Errorf("%s: eras must be listed oldest first", e.From)}
+		}
+		e.from = v
+	}
 	seen := map[string]bool{}
 	for i := range c.Versions {
 		r := &c.Versions[i]
@@ -139,6 +171,9 @@ func Parse(source string, data []byte) (*Catalog, error) {
 		}
 		if seen[r.Version] {
 			return nil, &Error{Source: source, Version: r.Version, Err: errors.New("listed twice")}
+		}
+		if era, err := c.HashEraFor(r.parsed); err != nil || era != r.KubeletHashEra {
+			return nil, &Error{Source: source, Version: r.Version, Field: "kubeletHashEra", Err: fmt.Errorf("%q, but kubeletHashEras puts %s in %q", r.KubeletHashEra, r.Version, era)}
 		}
 		seen[r.Version] = true
 	}
@@ -159,7 +194,7 @@ func (r *Release) validate(arches []string) error {
 	}
 	r.parsed = v
 	if !knownEras[r.KubeletHashEra] {
-		return fail("kubeletHashEra", "%q is not one of json, json-without-resources, name-image", r.KubeletHashEra)
+		return fail("kubeletHashEra", "%q is not one of spew, json, json-without-resources, name-image", r.KubeletHashEra)
 	}
 	for i, s := range r.UpgradeFrom {
 		rg, err := ParseRange(s)
@@ -235,6 +270,20 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// HashEraFor returns the kubelet hash era of any version, from the era table.
+func (c *Catalog) HashEraFor(v Version) (string, error) {
+	era := ""
+	for _, e := range c.HashEras {
+		if v.Compare(e.from) >= 0 {
+			era = e.Era
+		}
+	}
+	if era == "" {
+		return "", fmt.Errorf("%s: %s: %w", c.Source, v, ErrNoHashEra)
+	}
+	return era, nil
 }
 
 // Lookup returns the release for version v ("v1.31.4").

@@ -77,6 +77,9 @@ func TestUpgradePaths(t *testing.T) {
 
 const good = `schemaVersion: 1
 arches: [amd64]
+kubeletHashEras:
+  - {era: json, from: v1.16.0}
+  - {era: name-image, from: v1.31.0}
 versions:
   - version: v1.31.4
     kubeletHashEra: name-image
@@ -97,7 +100,9 @@ func TestParseErrorsNameFileVersionField(t *testing.T) {
 		{"unknown field", "withdrawn", "withdrawnn", `unknown field "withdrawnn"`},
 		{"schema", "schemaVersion: 1", "schemaVersion: 9", "schemaVersion: is 9"},
 		{"bad version", "version: v1.31.4", "version: 1.31", `version 1.31: version: version "1.31"`},
-		{"era", "name-image", "crc32", "version v1.31.4: kubeletHashEra"},
+		{"era", "kubeletHashEra: name-image", "kubeletHashEra: crc32", "version v1.31.4: kubeletHashEra"},
+		{"era disagrees with table", "kubeletHashEra: name-image", "kubeletHashEra: json", `kubeletHashEras puts v1.31.4 in "name-image"`},
+		{"era table order", "{era: name-image, from: v1.31.0}", "{era: name-image, from: v1.15.0}", "kubeletHashEras[1].from: v1.15.0: eras must be listed oldest first"},
 		{"skip minor", "upgradeFrom: [v1.30]", "upgradeFrom: [v1.29]", "upgradeFrom[0]: \"v1.29\" skips a minor"},
 		{"newer source", "upgradeFrom: [v1.30]", "upgradeFrom: [v1.31]", "upgradeFrom[0]: \"v1.31\" reaches v1.31.4"},
 		{"minor downgrade", "downgradeTo: []", "downgradeTo: [v1.30.14]", "downgradeTo[0]: \"v1.30.14\": downgrades are to a lower patch of v1.31 only"},
@@ -127,6 +132,24 @@ func TestParseErrorsNameFileVersionField(t *testing.T) {
 	}
 	if _, err := Parse("my.yaml", []byte(good)); err != nil {
 		t.Fatalf("good catalog: %v", err)
+	}
+}
+
+func TestHashEraFor(t *testing.T) {
+	c, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v, want := range map[string]string{"v1.6.0": EraSpew, "v1.15.12": EraSpew, "v1.16.0": EraJSON, "v1.26.15": EraJSON,
+		"v1.27.0": EraJSONWithoutResources, "v1.30.14": EraJSONWithoutResources, "v1.31.0": EraNameImage, "v1.40.1": EraNameImage} {
+		pv, _ := ParseVersion(v)
+		if got, err := c.HashEraFor(pv); err != nil || got != want {
+			t.Errorf("HashEraFor(%s) = %q, %v; want %q", v, got, err, want)
+		}
+	}
+	pv, _ := ParseVersion("v1.5.8")
+	if _, err := c.HashEraFor(pv); !errors.Is(err, ErrNoHashEra) {
+		t.Errorf("v1.5.8: %v", err)
 	}
 }
 

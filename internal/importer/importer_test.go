@@ -162,7 +162,7 @@ func TestImportAllPlatformsKeepsIndexDigest(t *testing.T) {
 
 func TestImportSubsetIndex(t *testing.T) {
 	e := newEnv(t)
-	cat := fmt.Sprintf("schemaVersion: 1\narches: [amd64, arm64]\nversions:\n  - version: v1.31.4\n    kubeletHashEra: name-image\n    upgradeFrom: [v1.30]\n    downgradeTo: []\n    removedKubeletFlags: []\n    removedAPIs: []\n    files: []\n    images: [%s/coredns/coredns:v1.11.3]\n", e.world.Registry)
+	cat := fmt.Sprintf("schemaVersion: 1\narches: [amd64, arm64]\nkubeletHashEras: [{era: name-image, from: v1.31.0}]\nversions:\n  - version: v1.31.4\n    kubeletHashEra: name-image\n    upgradeFrom: [v1.30]\n    downgradeTo: []\n    removedKubeletFlags: []\n    removedAPIs: []\n    files: []\n    images: [%s/coredns/coredns:v1.11.3]\n", e.world.Registry)
 	c, err := catalog.Parse("dns.yaml", []byte(cat))
 	if err != nil {
 		t.Fatal(err)

@@ -70,7 +70,7 @@ func run(ctx context.Context) error {
 		refs = append(refs, reg.Host+"/"+r)
 	}
 	catalogFile := filepath.Join(work, "catalog.yaml")
-	cat := "schemaVersion: 1\narches: [amd64]\nversions:\n  - version: v1.31.4\n    kubeletHashEra: name-image\n    upgradeFrom: [v1.30]\n    downgradeTo: []\n    removedKubeletFlags: []\n    removedAPIs: []\n    files: []\n    images:\n"
+	cat := "schemaVersion: 1\narches: [amd64]\nkubeletHashEras: [{era: name-image, from: v1.31.0}]\nversions:\n  - version: v1.31.4\n    kubeletHashEra: name-image\n    upgradeFrom: [v1.30]\n    downgradeTo: []\n    removedKubeletFlags: []\n    removedAPIs: []\n    files: []\n    images:\n"
 	for _, r := range refs {
 		cat += "      - " + r + "\n"
 	}
