@@ -8,7 +8,7 @@ DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time 
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 
-.PHONY: all build deps tools lint test demo bench kubernetes clean
+.PHONY: all build deps tools lint test demo bench kubernetes hash-vectors clean
 
 all: build
 
@@ -45,6 +45,11 @@ bench: deps build tools
 # (the tests build what they need through the same script).
 kubernetes:
 	hack/build-kubernetes.sh $(or $(KUBE_VERSION),v1.31.4) kube-apiserver
+
+# kubeletcompat's vectors from the real kubelet code at each tag (slow:
+# builds k8s.io/kubernetes/pkg/kubelet/container; not run by make test).
+hash-vectors:
+	hack/kubelet-hash-vectors.sh v1.28.15 v1.30.14 v1.31.4
 
 clean:
 	rm -rf bin .demo
