@@ -8,7 +8,7 @@ DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time 
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 
-.PHONY: all build deps tools lint test demo bench kubernetes hash-vectors clean
+.PHONY: all build deps tools lint test demo bench kubernetes kubelet hash-vectors clean
 
 all: build
 
@@ -31,9 +31,11 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd pkg/hashskip && $(GO) vet ./...
 
 test: deps lint
-	$(GO) test -count=1 -timeout 40m ./...
+	cd pkg/hashskip && $(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 45m ./...
 
 demo: deps build
 	$(GO) run ./test/demo
@@ -44,7 +46,14 @@ bench: deps build tools
 # Real Kubernetes binaries from the Go module proxy, cached by version
 # (the tests build what they need through the same script).
 kubernetes:
-	hack/build-kubernetes.sh $(or $(KUBE_VERSION),v1.31.4) kube-apiserver
+	hack/build-kubernetes.sh $(KUBE_VERSION) kube-apiserver
+
+# The real kubelet with kubelift's hash-skip patch (hack/kubelet/v1.MINOR/),
+# built from the Go module proxy; KUBELET_TEST=1 also runs upstream's
+# pkg/kubelet/kuberuntime tests on the patched copy.
+KUBE_VERSION ?= v1.31.4
+kubelet:
+	hack/build-kubelet.sh $(KUBE_VERSION) $(if $(KUBELET_TEST),--test)
 
 # kubeletcompat's vectors from the real kubelet code at each tag (slow:
 # builds k8s.io/kubernetes/pkg/kubelet/container; not run by make test).

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds the real kubelet of a release with kubelift's hash-skip patch, from
+# the Go module proxy. No fork is kept: k8s.io/kubernetes at the tag is
+# copied out of the module cache, hack/kubelet/v1.MINOR/containerChanged.patch
+# is applied (the build fails if upstream's file no longer matches), and
+# kubelift_hashskip.go (+ its test) is added to pkg/kubelet/kuberuntime,
+# importing the rule from github.com/kubelift/kubelift/pkg/hashskip (a
+# standard-library-only module, so the kubelet's dependencies stay
+# upstream's). Staging modules are replaced by v0.MINOR.PATCH as for
+# hack/build-kubernetes.sh.
+#
+#   hack/build-kubelet.sh v1.31.4 [--test]
+#
+# Writes $KUBELIFT_K8S_CACHE/VERSION-kubelift/kubelet (default cache
+# ~/.cache/kubelift/kubernetes) and prints its path. --test also runs
+# upstream's pkg/kubelet/kuberuntime tests, and kubelift's, on the patched
+# copy.
+set -euo pipefail
+version=${1:?usage: $0 VERSION [--test]}
+runtests=${2:-}
+root=$(cd "$(dirname "$0")/.." && pwd)
+minor=${version#v1.}; minor=${minor%%.*}
+patch=${version##*.}
+series=v1.$minor
+patchdir=$root/hack/kubelet/$series
+if [ ! -d "$patchdir" ]; then
+	echo "no kubelift kubelet patch for $series (have: $(ls "$root/hack/kubelet" | tr '\n' ' '))" >&2
+	exit 1
+fi
+cache=${KUBELIFT_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/kubernetes}
+out=$cache/$version-kubelift
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+cd "$work"
+go mod init kubelift.local/kubelet >/dev/null 2>&1
+info=$(go mod download -json "k8s.io/kubernetes@$version")
+src=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+gomod=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+[ -d "$src" ] || { echo "cannot download k8s.io/kubernetes@$version" >&2; exit 1; }
+cp -r "$src" kubernetes
+chmod -R u+w kubernetes
+if ! (cd kubernetes && patch -p1 --forward --dry-run --quiet <"$patchdir/containerChanged.patch" >/dev/null); then
+	echo "k8s.io/kubernetes@$version: pkg/kubelet/kuberuntime/kuberuntime_manager.go no longer matches hack/kubelet/$series/containerChanged.patch" >&2
+	(cd kubernetes && patch -p1 --forward --dry-run <"$patchdir/containerChanged.patch") >&2 || true
+	exit 1
+fi
+(cd kubernetes && patch -p1 --forward --quiet <"$patchdir/containerChanged.patch")
+# The files carry "//go:build ignore" so that kubelift's own module skips them.
+for f in kubelift_hashskip.go kubelift_hashskip_test.go; do
+	sed '/^\/\/go:build ignore$/d' "$patchdir/$f" >"kubernetes/pkg/kubelet/kuberuntime/$f"
+done
+(cd kubernetes && go mod edit -require github.com/kubelift/kubelift/pkg/hashskip@v0.0.0)
+
+go mod edit -require "k8s.io/kubernetes@$version" -replace "k8s.io/kubernetes=./kubernetes"
+for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/.*#\1#p' "$gomod"); do
+	go mod edit -replace "$m=$m@v0.$minor.$patch"
+done
+go mod edit -require github.com/kubelift/kubelift/pkg/hashskip@v0.0.0 -replace "github.com/kubelift/kubelift/pkg/hashskip=$root/pkg/hashskip"
+export GOFLAGS=-mod=mod
+go get k8s.io/kubernetes/cmd/kubelet >/dev/null 2>&1 || go get k8s.io/kubernetes/cmd/kubelet
+ld="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+echo "building kubelet $version with kubelift's hash-skip patch" >&2
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ld" -o "$out/.kubelet.partial" k8s.io/kubernetes/cmd/kubelet
+mv "$out/.kubelet.partial" "$out/kubelet"
+if [ "$runtests" = "--test" ]; then
+	echo "running upstream's pkg/kubelet/kuberuntime tests on the patched copy" >&2
+	go test -count=1 -ldflags "$ld" k8s.io/kubernetes/pkg/kubelet/kuberuntime >&2
+	go test -count=1 -v -run 'TestKubeliftHashSkip|TestComputePodActions' -ldflags "$ld" k8s.io/kubernetes/pkg/kubelet/kuberuntime 2>&1 | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' | grep -v '=== RUN' >&2
+fi
+echo "$out/kubelet"

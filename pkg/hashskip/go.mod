@@ -1,0 +1,3 @@
+module github.com/kubelift/kubelift/pkg/hashskip
+
+go 1.22
