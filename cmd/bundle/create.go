@@ -39,6 +39,7 @@ type createOptions struct {
 	Quiet             bool
 	Installer         string
 	AllPlatforms      bool
+	KubeletBinary     string
 }
 
 func newCmdCreate(s *cli.IO, runF func(context.Context, *createOptions) error) *cobra.Command {
@@ -99,6 +100,7 @@ rewriting; with '-o json' as JSON, for your proxy's allow-list:
 	f.StringVar(&opts.CacheDir, "cache-dir", defaultCacheDir(), "download cache")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would be fetched and fetch nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
+	f.StringVar(&opts.KubeletBinary, "kubelet-binary", "", "bundle this kubelet instead of upstream's (the hash-skip kubelet from 'make kubelet'; one --arch)")
 	f.BoolVar(&opts.AllPlatforms, "all-platforms", false, "bundle every platform of multi-arch images, so import keeps their index digests (larger)")
 	f.StringVar(&opts.Installer, "installer", "", "upgrade program to embed in a .run file (default: 'upgrade' next to this program)")
 	return cmd
@@ -125,6 +127,7 @@ func createRun(ctx context.Context, opts *createOptions) error {
 		Arches:            opts.Arches,
 		ExtraImages:       opts.Images,
 		AllPlatforms:      opts.AllPlatforms,
+		KubeletBinary:     opts.KubeletBinary,
 		Access:            registry.Access{Insecure: opts.InsecureRegistry},
 		HTTPClient:        httpClient(),
 		Jobs:              opts.Jobs,

@@ -462,3 +462,32 @@ func TestOpenReadsEntriesInPlace(t *testing.T) {
 		v.Close()
 	}
 }
+
+func TestKubeletBinaryReplacesUpstream(t *testing.T) {
+	f := newFixture(t)
+	kubelet := filepath.Join(f.dir, "kubelet-hashskip")
+	os.WriteFile(kubelet, []byte("patched kubelet"), 0o755)
+	opts := f.options(filepath.Join(f.dir, "k.tar"))
+	opts.KubeletBinary = kubelet
+	m, err := Create(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("patched kubelet"))
+	found := false
+	for _, fl := range m.Files {
+		if fl.Name == "kubelet" {
+			found = true
+			if fl.SHA256 != hex.EncodeToString(sum[:]) || fl.URL != "file://"+kubelet || fl.Path != "bin/linux/amd64/kubelet" {
+				t.Errorf("kubelet entry %+v", fl)
+			}
+		}
+	}
+	if !found || f.Hits("/v1.31.4/amd64/kubelet") != 0 {
+		t.Errorf("upstream kubelet fetched (%d) or missing (%v)", f.Hits("/v1.31.4/amd64/kubelet"), found)
+	}
+	opts.Arches = []string{"amd64", "arm64"}
+	if _, err := Create(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "single --arch") {
+		t.Errorf("two arches: %v", err)
+	}
+}

@@ -56,8 +56,11 @@ type CreateOptions struct {
 	// AllPlatforms bundles every platform of multi-arch images, so import
 	// can push their indexes with the upstream digest.
 	AllPlatforms bool
-	Access       registry.Access
-	HTTPClient   *http.Client
+	// KubeletBinary replaces the catalog's kubelet with a local build (the
+	// kubelet with kubelift's hash-skip patch: make kubelet).
+	KubeletBinary string
+	Access        registry.Access
+	HTTPClient    *http.Client
 	// Jobs bounds parallel downloads.
 	Jobs int
 	// CacheDir holds downloads between runs.

@@ -1,9 +1,11 @@
 package bundle
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"path"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -114,18 +116,33 @@ func MakePlan(opts *CreateOptions) (*Plan, error) {
 		p.Images = append(p.Images, PlannedImage{Ref: norm, PullFrom: rewrite(norm, opts.RegistryMirrors)})
 	}
 	paths := map[string]string{}
+	if opts.KubeletBinary != "" && len(arches) != 1 {
+		return nil, errors.New("--kubelet-binary is built for one arch: pass a single --arch")
+	}
+	replacedKubelet := false
 	for _, arch := range arches {
 		for _, f := range rel.Files {
 			u := f.URLFor(arch)
 			base := path.Base(mustPath(u))
 			pf := PlannedFile{Name: f.Name, Arch: arch, URL: rewrite(u, opts.URLMirrors), SHA256: f.SHA256[arch],
 				Path: path.Join("bin", "linux", arch, base), source: u}
+			if f.Name == "kubelet" && opts.KubeletBinary != "" {
+				abs, err := filepath.Abs(opts.KubeletBinary)
+				if err != nil {
+					return nil, err
+				}
+				pf.URL, pf.source, pf.SHA256 = "file://"+abs, "file://"+abs, ""
+				replacedKubelet = true
+			}
 			if prev, dup := paths[pf.Path]; dup {
 				return nil, fmt.Errorf("files %s and %s would both be stored as %s", prev, f.Name, pf.Path)
 			}
 			paths[pf.Path] = f.Name
 			p.Files = append(p.Files, pf)
 		}
+	}
+	if opts.KubeletBinary != "" && !replacedKubelet {
+		return nil, fmt.Errorf("--kubelet-binary: the catalog lists no kubelet for %s", rel.Version)
 	}
 	for _, f := range opts.ExtraFiles {
 		pf := PlannedFile{Name: f.Name, URL: rewrite(f.URL, opts.URLMirrors), SHA256: f.SHA256, Path: path.Join("files", f.Name), source: f.URL}

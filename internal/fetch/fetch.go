@@ -5,10 +5,13 @@ package fetch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -112,7 +115,20 @@ func statStore(s *cas.Store, d digest.Digest) (int64, error) {
 }
 
 // checksum reads URL.sha256: either the bare hex digest or "hex  filename".
+// A local file (file://) is hashed instead.
 func (f *Fetcher) checksum(ctx context.Context, url string) (string, error) {
+	if path, ok := strings.CutPrefix(url, "file://"); ok {
+		file, err := os.Open(path)
+		if err != nil {
+			return "", permanent{err}
+		}
+		defer file.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, file); err != nil {
+			return "", permanent{fmt.Errorf("%s: %w", path, err)}
+		}
+		return hex.EncodeToString(h.Sum(nil)), nil
+	}
 	var sum string
 	err := f.retry(ctx, url+".sha256", func() error {
 		resp, err := f.get(ctx, url+".sha256")
@@ -135,6 +151,18 @@ func (f *Fetcher) checksum(ctx context.Context, url string) (string, error) {
 }
 
 func (f *Fetcher) get(ctx context.Context, url string) (*http.Response, error) {
+	if path, ok := strings.CutPrefix(url, "file://"); ok {
+		file, err := os.Open(path)
+		if err != nil {
+			return nil, permanent{err}
+		}
+		fi, err := file.Stat()
+		if err != nil {
+			file.Close()
+			return nil, permanent{err}
+		}
+		return &http.Response{StatusCode: http.StatusOK, Body: file, ContentLength: fi.Size()}, nil
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, permanent{err}
