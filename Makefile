@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/kubelift/kubelift/internal/buildinfo.Version=$(VERSION)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests, the demo and the benchmarks run for real.
-DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time etcd-server
+DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time etcd-server iproute2 patch util-linux
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 

@@ -64,13 +64,32 @@ type APIServer struct {
 	URL        string
 	Kubeconfig string
 	Dir        string
-	procs      []*exec.Cmd
+	// NetNS is the namespace it runs in (nil: the test's own, on loopback).
+	NetNS *NetNS
+	procs []*exec.Cmd
+}
+
+// APIServerOptions tune StartAPIServer.
+type APIServerOptions struct {
+	// NetNS runs etcd and the apiserver inside this namespace, serving on
+	// its address (reach it with NetNS.DialContext).
+	NetNS *NetNS
+	// ExtraArgs are added to kube-apiserver's flags.
+	ExtraArgs []string
 }
 
 // StartAPIServer starts etcd and the kube-apiserver found in binDir, and
 // waits until /readyz answers. Stop it with Stop.
-func StartAPIServer(ctx context.Context, dir, binDir string) (*APIServer, error) {
-	s := &APIServer{Dir: dir}
+func StartAPIServer(ctx context.Context, dir, binDir string, opts ...APIServerOptions) (*APIServer, error) {
+	var o APIServerOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	s := &APIServer{Dir: dir, NetNS: o.NetNS}
+	host := "127.0.0.1"
+	if o.NetNS != nil {
+		host = o.NetNS.Addr
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -90,7 +109,7 @@ func StartAPIServer(ctx context.Context, dir, binDir string) (*APIServer, error)
 		s.Stop()
 		return nil, err
 	}
-	cert, key, err := ca.Issue(pki, "apiserver", []string{"localhost", "kubernetes", "kubernetes.default.svc"}, []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")})
+	cert, key, err := ca.Issue(pki, "apiserver", []string{"localhost", "kubernetes", "kubernetes.default.svc"}, []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(host), net.ParseIP("10.96.0.1")})
 	if err != nil {
 		s.Stop()
 		return nil, err
@@ -107,17 +126,17 @@ func StartAPIServer(ctx context.Context, dir, binDir string) (*APIServer, error)
 		return nil, err
 	}
 	port, _ := internet.FreePort()
-	s.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
-	if err := s.start(filepath.Join(dir, "kube-apiserver.log"), filepath.Join(binDir, "kube-apiserver"),
+	s.URL = fmt.Sprintf("https://%s:%d", host, port)
+	if err := s.start(filepath.Join(dir, "kube-apiserver.log"), filepath.Join(binDir, "kube-apiserver"), append([]string{
 		"--etcd-servers", etcdURL,
-		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(port), "--advertise-address", "127.0.0.1",
+		"--bind-address", host, "--secure-port", fmt.Sprint(port), "--advertise-address", host,
 		"--endpoint-reconciler-type", "none",
 		"--tls-cert-file", cert, "--tls-private-key-file", key, "--client-ca-file", ca.CertFile,
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-cluster-ip-range", "10.96.0.0/16",
 		"--authorization-mode", "Node,RBAC",
-		"--cert-dir", filepath.Join(dir, "certs")); err != nil {
+		"--cert-dir", filepath.Join(dir, "certs")}, o.ExtraArgs...)...); err != nil {
 		s.Stop()
 		return nil, err
 	}
@@ -161,6 +180,10 @@ func (s *APIServer) start(logPath, bin string, args ...string) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(bin, args...)
+	if s.NetNS != nil {
+		cmd = s.NetNS.Command(bin, args...)
+	}
+	cmd.Dir = s.Dir // never the caller's directory (the repository)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -179,7 +202,11 @@ func (s *APIServer) waitReady(ctx context.Context, caFile, certFile, keyFile str
 	if err != nil {
 		return err
 	}
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}
+	if s.NetNS != nil {
+		tr.DialContext = s.NetNS.DialContext
+	}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: tr}
 	deadline := time.Now().Add(90 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
