@@ -282,7 +282,7 @@ func TestKubeletSwapAndHashSkip(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := &node{t: t, name: "worker-1", dir: filepath.Join(dir, "worker-1"), ns: ns, api: api, client: client, cri: cri,
-		skipFile: filepath.Join(dir, "worker-1", "kubelift-hash-skip.json")}
+		skipFile: filepath.Join(dir, "worker-1", "root", "kubelift-hash-skip.json")} // where /var/lib/kubelet/kubelift-hash-skip.json is on a node
 	t.Cleanup(func() {
 		if n.kubelet != nil {
 			n.kubelet.Stop()
@@ -326,9 +326,22 @@ func TestKubeletSwapAndHashSkip(t *testing.T) {
 	}
 	predB := n.predict("v1.31.4", cache)
 	n.swap(patched, "v1.31.4")
+	if _, err := os.Stat(n.skipFile); err != nil {
+		t.Fatalf("the hash-skip file is gone after the kubelet started: %v", err)
+	}
 	n.waitEvaluated(podsB)
 	if n.kubelet.LogContains("kubelift: container started by kubelet v1.30.14 keeps running") == 0 {
-		t.Error("the hash-skip kubelet logged no skipped comparison")
+		log, _ := os.ReadFile(n.kubelet.LogPath)
+		var lines []string
+		for _, l := range strings.Split(string(log), "\n") {
+			if strings.Contains(l, "kubelift") || strings.Contains(l, "definition changed") || strings.Contains(l, "computePodActions got for pod") && strings.Contains(l, "b-0") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) > 12 {
+			lines = lines[:12]
+		}
+		t.Errorf("the hash-skip kubelet logged no skipped comparison; its log says:\n%s", strings.Join(lines, "\n"))
 	}
 	counts = n.restartCounts(podsB)
 	if len(predB) != 4 {

@@ -42,10 +42,21 @@ type Kubelet struct {
 // StartKubelet starts the real kubelet with the flags that work without
 // cgroup management, logging at -v=3 (computePodActions is logged there).
 func StartKubelet(o KubeletOptions) (*Kubelet, error) {
-	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
+	for _, d := range []string{"logs", "cwd", "pod-logs"} {
+		if err := os.MkdirAll(filepath.Join(o.Dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	// A configuration file, as real nodes have: with flags alone podLogsDir
+	// is empty, and the kubelet's cleanup of orphaned pod logs then deletes
+	// entries of its working directory (seen with 1.30.14 and 1.31.4).
+	config := filepath.Join(o.Dir, "kubelet-config.yaml")
+	cfg := fmt.Sprintf("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: %s\n", filepath.Join(o.Dir, "pod-logs"))
+	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}
 	args := []string{
+		"--config", config,
 		"--kubeconfig", o.Kubeconfig,
 		"--container-runtime-endpoint", o.CRIEndpoint,
 		"--root-dir", filepath.Join(o.Dir, "root"),
@@ -71,7 +82,7 @@ func StartKubelet(o KubeletOptions) (*Kubelet, error) {
 	// all of it goes away with the process.
 	k.cmd = o.NetNS.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", o.Binary}, args...)...)
 	k.cmd.Env = append(os.Environ(), o.Env...)
-	k.cmd.Dir = o.Dir // never the caller's directory (the repository)
+	k.cmd.Dir = filepath.Join(o.Dir, "cwd") // empty; never the caller's directory (the repository)
 	k.cmd.Stdout, k.cmd.Stderr = logf, logf
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := k.cmd.Start(); err != nil {
