@@ -20,7 +20,6 @@ version=${1:?usage: $0 VERSION [--test]}
 runtests=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 minor=${version#v1.}; minor=${minor%%.*}
-patch=${version##*.}
 series=v1.$minor
 patchdir=$root/hack/kubelet/$series
 if [ ! -d "$patchdir" ]; then
@@ -33,12 +32,9 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work"
-go mod init kubelift.local/kubelet >/dev/null 2>&1
-info=$(go mod download -json "k8s.io/kubernetes@$version")
-src=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-gomod=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-[ -d "$src" ] || { echo "cannot download k8s.io/kubernetes@$version" >&2; exit 1; }
-cp -r "$src" kubernetes
+. "$root/hack/lib.sh"
+kube_module "$version"
+cp -r "$KUBE_SRC" kubernetes
 chmod -R u+w kubernetes
 if ! (cd kubernetes && patch -p1 --forward --dry-run --quiet <"$patchdir/containerChanged.patch" >/dev/null); then
 	echo "k8s.io/kubernetes@$version: pkg/kubelet/kuberuntime/kuberuntime_manager.go no longer matches hack/kubelet/$series/containerChanged.patch" >&2
@@ -52,14 +48,11 @@ for f in kubelift_hashskip.go kubelift_hashskip_test.go; do
 done
 (cd kubernetes && go mod edit -require github.com/kubelift/kubelift/pkg/hashskip@v0.0.0)
 
-go mod edit -require "k8s.io/kubernetes@$version" -replace "k8s.io/kubernetes=./kubernetes"
-for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/.*#\1#p' "$gomod"); do
-	go mod edit -replace "$m=$m@v0.$minor.$patch"
-done
+go mod edit -replace "k8s.io/kubernetes=./kubernetes"
 go mod edit -require github.com/kubelift/kubelift/pkg/hashskip@v0.0.0 -replace "github.com/kubelift/kubelift/pkg/hashskip=$root/pkg/hashskip"
 export GOFLAGS=-mod=mod
 go get k8s.io/kubernetes/cmd/kubelet >/dev/null 2>&1 || go get k8s.io/kubernetes/cmd/kubelet
-ld="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+ld=$KUBE_LDFLAGS
 echo "building kubelet $version with kubelift's hash-skip patch" >&2
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ld" -o "$out/.kubelet.partial" k8s.io/kubernetes/cmd/kubelet
 mv "$out/.kubelet.partial" "$out/kubelet"

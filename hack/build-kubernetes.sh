@@ -21,25 +21,16 @@ missing=()
 for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
 
-minor=${version#v1.}; minor=${minor%%.*}
-patch=${version##*.}
-staging=v0.$minor.$patch
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib.sh"
 cd "$work"
-go mod init kubelift.local/k8sbuild >/dev/null 2>&1
-gomod=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-[ -f "$gomod" ] || { echo "cannot download k8s.io/kubernetes@$version from the module proxy" >&2; exit 1; }
-# Every "k8s.io/X => ./staging/..." replace becomes "k8s.io/X => k8s.io/X v0.M.P".
-for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/.*#\1#p' "$gomod"); do
-	go mod edit -replace "$m=$m@$staging"
-done
-go mod edit -require "k8s.io/kubernetes@$version"
+kube_module "$version"
 pkgs=()
 for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-echo "building ${missing[*]} $version (staging modules $staging)" >&2
+echo "building ${missing[*]} $version (staging modules $KUBE_STAGING)" >&2
 GOFLAGS=-mod=mod go get "${pkgs[@]/%/@$version}" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "${pkgs[@]/%/@$version}"
-ld="-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+ld="-s -w $KUBE_LDFLAGS"
 for c in "${missing[@]}"; do
 	CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$out/.$c.partial" "k8s.io/kubernetes/cmd/$c"
 	mv "$out/.$c.partial" "$out/$c"

@@ -8,23 +8,16 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 testdata=$root/internal/kubeletcompat/testdata
+. "$root/hack/lib.sh"
 for version in "$@"; do
-	minor=${version#v1.}; minor=${minor%%.*}
-	patch=${version##*.}
-	staging=v0.$minor.$patch
 	work=$(mktemp -d)
 	trap 'rm -rf "$work"' EXIT
 	(
 		cd "$work"
-		go mod init kubelift.local/hashvectors >/dev/null 2>&1
-		gomod=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-		for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/.*#\1#p' "$gomod"); do
-			go mod edit -replace "$m=$m@$staging"
-		done
-		go mod edit -require "k8s.io/kubernetes@$version"
+		kube_module "$version"
 		cp "$root/hack/hashvectors/main.go" main.go
 		sed -i 's#^//go:build ignore$##' main.go
-		if [ "$minor" -lt 31 ]; then
+		if [ "$KUBE_MINOR" -lt 31 ]; then
 			printf 'package main\n\nimport kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"\n\nvar hashWithoutResources = kubecontainer.HashContainerWithoutResources\n' > shim.go
 		else
 			printf 'package main\n\nimport v1 "k8s.io/api/core/v1"\n\nvar hashWithoutResources func(*v1.Container) uint64\n' > shim.go

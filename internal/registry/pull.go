@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -58,8 +57,7 @@ type Puller struct {
 	Attempts int
 	Backoff  func(attempt int) time.Duration
 
-	mu         sync.Mutex
-	transports map[string]http.RoundTripper
+	transports transports
 }
 
 // Resolve fetches ref's manifests (from pullFrom) into the cache and lists
@@ -339,20 +337,9 @@ func (p *Puller) getBlob(ctx context.Context, client *http.Client, u string, des
 	return err
 }
 
-// transport returns the authenticated transport for repo, made once.
+// transport returns the authenticated, retrying pull transport for repo.
 func (p *Puller) transport(ctx context.Context, repo name.Repository) (http.RoundTripper, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if t, ok := p.transports[repo.String()]; ok {
-		return t, nil
-	}
-	t, err := p.Access.authTransport(ctx, repo, transport.PullScope)
-	if err != nil {
-		return nil, err
-	}
-	if p.transports == nil {
-		p.transports = map[string]http.RoundTripper{}
-	}
-	p.transports[repo.String()] = t
-	return t, nil
+	return p.transports.get(repo, func() (http.RoundTripper, error) {
+		return p.Access.authTransport(ctx, repo, true, []string{repo.Scope(transport.PullScope)})
+	})
 }

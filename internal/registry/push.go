@@ -90,8 +90,7 @@ type Pusher struct {
 	Attempts int
 	Backoff  func(attempt int) time.Duration
 
-	mu         sync.Mutex
-	transports map[string]http.RoundTripper
+	transports transports
 	repos      []name.Repository // every target repository, for mount scopes
 }
 
@@ -437,32 +436,13 @@ func (p *Pusher) do(ctx context.Context, repo name.Repository, method, u string,
 // It does not retry by itself: requests with bodies are retried whole by
 // pushBlob.
 func (p *Pusher) transport(ctx context.Context, repo name.Repository) (http.RoundTripper, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if t, ok := p.transports[repo.String()]; ok {
-		return t, nil
-	}
-	auth, err := resolveAuth(ctx, p.Access, repo)
-	if err != nil {
-		return nil, err
-	}
-	scopes := []string{repo.Scope(transport.PushScope)}
-	for _, r := range p.repos {
-		if r.String() != repo.String() {
-			scopes = append(scopes, r.Scope(transport.PullScope))
+	return p.transports.get(repo, func() (http.RoundTripper, error) {
+		scopes := []string{repo.Scope(transport.PushScope)}
+		for _, r := range p.repos {
+			if r.String() != repo.String() {
+				scopes = append(scopes, r.Scope(transport.PullScope))
+			}
 		}
-	}
-	base := p.Access.baseTransport(repo.RegistryStr())
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	t, err := transport.NewWithContext(ctx, repo.Registry, auth, base, scopes)
-	if err != nil {
-		return nil, err
-	}
-	if p.transports == nil {
-		p.transports = map[string]http.RoundTripper{}
-	}
-	p.transports[repo.String()] = t
-	return t, nil
+		return p.Access.authTransport(ctx, repo, false, scopes)
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -89,9 +90,10 @@ func resolveAuth(ctx context.Context, a Access, repo name.Repository) (authn.Aut
 	return authn.Resolve(ctx, a.keychain(), repo.Registry)
 }
 
-// authTransport returns an authenticated, retrying transport for repo with
-// the given scope actions (transport.PullScope, transport.PushScope).
-func (a Access) authTransport(ctx context.Context, repo name.Repository, actions ...string) (http.RoundTripper, error) {
+// authTransport returns a transport authenticated for repo with scopes.
+// With retry, round trips failing with 5xx, 429 or a dropped connection
+// are retried; without it (requests with bodies), callers retry whole.
+func (a Access) authTransport(ctx context.Context, repo name.Repository, retry bool, scopes []string) (http.RoundTripper, error) {
 	auth, err := resolveAuth(ctx, a, repo)
 	if err != nil {
 		return nil, err
@@ -100,13 +102,35 @@ func (a Access) authTransport(ctx context.Context, repo name.Repository, actions
 	if base == nil {
 		base = remote.DefaultTransport
 	}
-	retrying := transport.NewRetry(base, transport.WithRetryStatusCodes(http.StatusInternalServerError, http.StatusBadGateway,
-		http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests))
-	scopes := make([]string, 0, len(actions))
-	for _, act := range actions {
-		scopes = append(scopes, repo.Scope(act))
+	if retry {
+		base = transport.NewRetry(base, transport.WithRetryStatusCodes(http.StatusInternalServerError, http.StatusBadGateway,
+			http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests))
 	}
-	return transport.NewWithContext(ctx, repo.Registry, auth, retrying, scopes)
+	return transport.NewWithContext(ctx, repo.Registry, auth, base, scopes)
+}
+
+// transports keeps one authenticated transport per repository: making one
+// costs a ping and, on token registries, a token exchange.
+type transports struct {
+	mu sync.Mutex
+	m  map[string]http.RoundTripper
+}
+
+func (c *transports) get(repo name.Repository, make func() (http.RoundTripper, error)) (http.RoundTripper, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t, ok := c.m[repo.String()]; ok {
+		return t, nil
+	}
+	t, err := make()
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = map[string]http.RoundTripper{}
+	}
+	c.m[repo.String()] = t
+	return t, nil
 }
 
 // Platform is an os/arch pair images are pulled for.

@@ -173,19 +173,10 @@ func run(ctx context.Context) error {
 	fmt.Printf("kubelift bench: %d images sharing a base layer, %.1f MB of unique blobs, docker-registry on loopback, %d rounds (medians)\n\n",
 		len(repos), mb, *rounds)
 	fmt.Printf("%-44s %9s %9s %10s %s\n", "bundling (registry -> one file)", "time", "MB/s", "peak RSS", "kubelift / peer")
-	k := median(kl)
-	row := func(name string, ms []measure, ratio bool) {
-		m := median(ms)
-		r := ""
-		if ratio {
-			r = fmt.Sprintf("%.2fx", k.wall.Seconds()/m.wall.Seconds())
-		}
-		fmt.Printf("%-44s %8.2fs %9.0f %8d MB %s\n", name, m.wall.Seconds(), mb/m.wall.Seconds(), maxRSS(ms)/1024, r)
-	}
-	row("kubelift bundle create (signed, cold cache)", kl, false)
-	row("crane pull --format=oci", cr, true)
-	row("skopeo copy --all (each; converts, new digests)", sk, true)
-	row("kubelift bundle create (warm cache re-run)", warm, false)
+	row("kubelift bundle create (signed, cold cache)", kl, nil, mb)
+	row("crane pull --format=oci", cr, kl, mb)
+	row("skopeo copy --all (each; converts, new digests)", sk, kl, mb)
+	row("kubelift bundle create (warm cache re-run)", warm, nil, mb)
 	fmt.Printf("\nbundle size %.1f MB = unique blobs %.1f MB + %.3f %% (tar headers, manifest, signature)\n",
 		float64(fi.Size())/1e6, mb, 100*float64(fi.Size()-entries.Bytes)/float64(entries.Bytes))
 	size := float64(fi.Size()) / 1e6
@@ -273,19 +264,10 @@ func benchImport(ctx context.Context, work, bin, key, bundleFile, craneLayout st
 		}
 		cr = append(cr, m)
 	}
-	k := median(kl)
 	fmt.Printf("\n%-44s %9s %9s %10s %s\n", "importing (bundle -> empty registry)", "time", "MB/s", "peak RSS", "kubelift / peer")
-	row := func(name string, ms []measure, ratio bool) {
-		m := median(ms)
-		r := ""
-		if ratio {
-			r = fmt.Sprintf("%.2fx", k.wall.Seconds()/m.wall.Seconds())
-		}
-		fmt.Printf("%-44s %8.2fs %9.0f %8d MB %s\n", name, m.wall.Seconds(), mb/m.wall.Seconds(), maxRSS(ms)/1024, r)
-	}
-	row("kubelift upgrade import (verify + push)", kl, false)
-	row("skopeo copy --all (each; converts, new digests)", sk, true)
-	row("crane push --index (crane's layout, same images)", cr, true)
+	row("kubelift upgrade import (verify + push)", kl, nil, mb)
+	row("skopeo copy --all (each; converts, new digests)", sk, kl, mb)
+	row("crane push --index (crane's layout, same images)", cr, kl, mb)
 	a := median(again)
 	fmt.Printf("%-44s %8.2fs (%d images, everything present)\n", "kubelift re-import", a.wall.Seconds(), len(refs))
 	return nil
@@ -317,6 +299,17 @@ func runCmd(name string, args ...string) (measure, error) {
 		}
 	}
 	return m, nil
+}
+
+// row prints a tool's median time, throughput and peak RSS, and with
+// kubelift's measures the ratio kubelift / tool.
+func row(name string, ms, kubelift []measure, mb float64) {
+	m := median(ms)
+	r := ""
+	if kubelift != nil {
+		r = fmt.Sprintf("%.2fx", median(kubelift).wall.Seconds()/m.wall.Seconds())
+	}
+	fmt.Printf("%-44s %8.2fs %9.0f %8d MB %s\n", name, m.wall.Seconds(), mb/m.wall.Seconds(), maxRSS(ms)/1024, r)
 }
 
 func median(ms []measure) measure {

@@ -53,6 +53,26 @@ func NewCA(dir string) (*CA, error) {
 
 // Issue writes a server certificate and key for the given names into dir.
 func (ca *CA) Issue(dir, name string, dns []string, ips []net.IP) (certFile, keyFile string, err error) {
+	return ca.issue(dir, name, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		DNSNames:    dns,
+		IPAddresses: ips,
+	})
+}
+
+// IssueClient writes a client certificate for user in groups (its
+// organizations), as the API server reads them.
+func (ca *CA) IssueClient(dir, user string, groups []string) (certFile, keyFile string, err error) {
+	return ca.issue(dir, user, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: user, Organization: groups},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+}
+
+// issue signs tmpl (subject, usages, names) with a new key and writes
+// dir/name.crt and dir/name.key.
+func (ca *CA) issue(dir, name string, tmpl *x509.Certificate) (certFile, keyFile string, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", "", err
 	}
@@ -60,17 +80,10 @@ func (ca *CA) Issue(dir, name string, dns []string, ips []net.IP) (certFile, key
 	if err != nil {
 		return "", "", err
 	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(7 * 24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:     dns,
-		IPAddresses:  ips,
-	}
+	tmpl.SerialNumber, _ = rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl.NotBefore = time.Now().Add(-time.Hour)
+	tmpl.NotAfter = time.Now().Add(7 * 24 * time.Hour)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		return "", "", err
@@ -80,40 +93,6 @@ func (ca *CA) Issue(dir, name string, dns []string, ips []net.IP) (certFile, key
 		return "", "", err
 	}
 	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		return "", "", err
-	}
-	return certFile, keyFile, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600)
-}
-
-// IssueClient writes a client certificate for user in groups (its
-// organizations), as the API server reads them.
-func (ca *CA) IssueClient(dir, user string, groups []string) (certFile, keyFile string, err error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", "", err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return "", "", err
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: user, Organization: groups},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(7 * 24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		return "", "", err
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return "", "", err
-	}
-	certFile, keyFile = filepath.Join(dir, user+".crt"), filepath.Join(dir, user+".key")
 	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		return "", "", err
 	}
