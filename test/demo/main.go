@@ -159,6 +159,19 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("a wrong password was accepted")
 	}
 
+	step("Why in-place kubelet upgrades restart containers: the same pod, hashed by two kubelets")
+	pod := filepath.Join(work, "pod.yaml")
+	if err := os.WriteFile(pod, []byte(demoPod), 0o644); err != nil {
+		return err
+	}
+	for _, v := range []string{"v1.30.14", "v1.31.4"} {
+		if err := sh(filepath.Join(bin, "upgrade"), "compat", "hash", "--kubelet-version", v, "-f", pod); err != nil {
+			return err
+		}
+	}
+	fmt.Println("(every recorded hash differs after a 1.30 -> 1.31 swap: the kubelet restarts every container;")
+	fmt.Println(" kubelift's hash-skip kubelet keeps them running: see README, \"Kubelet upgrades without container restarts\")")
+
 	step("Done. Files are in %s; the registries were stopped.", work)
 	return nil
 }
@@ -172,3 +185,17 @@ func shIn(stdin, name string, args ...string) error {
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	return cmd.Run()
 }
+
+const demoPod = `apiVersion: v1
+kind: Pod
+metadata: {name: web-0, namespace: shop}
+spec:
+  containers:
+  - name: web
+    image: registry.corp:5000/library/nginx:1.27
+    ports: [{containerPort: 80}]
+    resources: {requests: {cpu: 100m, memory: 128Mi}}
+  - name: metrics
+    image: registry.corp:5000/library/exporter:v2
+    args: [--listen=:9100]
+`
