@@ -111,7 +111,10 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &registry.Pusher{Access: opts.Access, Source: blobSource{v}, Jobs: opts.Jobs, Progress: opts.Progress}
+	p := &registry.Pusher{Access: opts.Access, Source: blobSource{v}, Jobs: opts.Jobs, Progress: opts.Progress,
+		ImageDone: func(ip *registry.ImagePlan) {
+			log.Info("image done", "target", ip.Image.Target.String(), "uploaded", ip.Uploaded, "mounted", ip.Mounted, "present", ip.Present)
+		}}
 	log.Info("asking the registry what it has", "registry", opts.Domain, "images", len(imgs))
 	plan, err := p.Plan(ctx, imgs)
 	if err != nil {

@@ -1,12 +1,14 @@
 package importer
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"errors"
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
@@ -139,6 +141,21 @@ func TestImportPushesKeepingDigests(t *testing.T) {
 	}
 	if res.UploadBytes != 0 {
 		t.Errorf("re-import uploads %d bytes", res.UploadBytes)
+	}
+}
+
+func TestImportReportsEveryImage(t *testing.T) {
+	e := newEnv(t)
+	file := e.bundle(t, "b.tar", nil)
+	var buf bytes.Buffer
+	res, err := e.imp(t, file, func(o *Options) { o.Log = slog.New(slog.NewTextHandler(&buf, nil)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Images {
+		if n := strings.Count(buf.String(), "target="+r.Target+" "); n != 1 {
+			t.Errorf("%s reported done %d times:\n%s", r.Target, n, buf.String())
+		}
 	}
 }
 

@@ -89,6 +89,9 @@ type Pusher struct {
 	// Attempts per blob (default 3), waiting Backoff(attempt) between.
 	Attempts int
 	Backoff  func(attempt int) time.Duration
+	// ImageDone, if set, is called (from any goroutine) as each image is
+	// complete in the registry.
+	ImageDone func(*ImagePlan)
 
 	transports transports
 	repos      []name.Repository // every target repository, for mount scopes
@@ -226,6 +229,9 @@ func (p *Pusher) Push(ctx context.Context, plan *PushPlan) error {
 	return parallel.ForEach(ctx, p.Jobs, len(plan.Images), func(ctx context.Context, i int) error {
 		ip := plan.Images[i]
 		if ip.ManifestPresent {
+			if p.ImageDone != nil {
+				p.ImageDone(ip)
+			}
 			return nil
 		}
 		im := ip.Image
@@ -237,6 +243,9 @@ func (p *Pusher) Push(ctx context.Context, plan *PushPlan) error {
 			if err := p.putManifest(ctx, ref, m); err != nil {
 				return fmt.Errorf("image %s: %w", im.Ref, err)
 			}
+		}
+		if p.ImageDone != nil {
+			p.ImageDone(ip)
 		}
 		return nil
 	})
