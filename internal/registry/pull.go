@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"sort"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -53,9 +52,8 @@ type Puller struct {
 	// soon as it is in the cache, so a consumer can start on it while the
 	// rest still downloads.
 	Ready func(v1.Hash)
-	// Attempts per blob (default 3), waiting Backoff(attempt) between.
-	Attempts int
-	Backoff  func(attempt int) time.Duration
+	// Retry governs broken blob downloads.
+	Retry
 
 	transports transports
 }
@@ -293,26 +291,11 @@ func (p *Puller) fetchBlob(ctx context.Context, repo name.Repository, desc v1.De
 	}
 	client := &http.Client{Transport: tr}
 	u := fmt.Sprintf("https://%s/v2/%s/blobs/%s", repo.RegistryStr(), repo.RepositoryStr(), desc.Digest)
-	attempts := p.Attempts
-	if attempts < 1 {
-		attempts = 3
-	}
-	backoff := p.Backoff
-	if backoff == nil {
-		backoff = func(a int) time.Duration { return time.Duration(1<<a) * time.Second }
-	}
-	for a := 0; ; a++ {
-		err = p.getBlob(ctx, client, u, desc, sink)
+	err = p.Retry.run(ctx, func() error { return p.getBlob(ctx, client, u, desc, sink) }, func(err error) bool {
+		// An HTTP answer, or content that is not what was asked, is final.
 		var terr *transport.Error
-		if err == nil || ctx.Err() != nil || errors.As(err, &terr) || errors.Is(err, cas.ErrDigestMismatch) || a+1 >= attempts {
-			break
-		}
-		select {
-		case <-time.After(backoff(a)):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+		return errors.As(err, &terr) || errors.Is(err, cas.ErrDigestMismatch)
+	})
 	if err != nil {
 		return Explain(ref, err)
 	}

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -86,9 +85,8 @@ type Pusher struct {
 	Source   BlobSource
 	Jobs     int
 	Progress progress.Sink
-	// Attempts per blob (default 3), waiting Backoff(attempt) between.
-	Attempts int
-	Backoff  func(attempt int) time.Duration
+	// Retry governs broken uploads.
+	Retry
 	// ImageDone, if set, is called (from any goroutine) as each image is
 	// complete in the registry.
 	ImageDone func(*ImagePlan)
@@ -324,29 +322,11 @@ func (p *Pusher) blobExists(ctx context.Context, repo name.Repository, d v1.Hash
 // pushBlob mounts or uploads one blob, retrying transfers that break.
 func (p *Pusher) pushBlob(ctx context.Context, s blobStep, sink progress.Sink) error {
 	ref := s.repo.Digest(s.desc.Digest.String()).String()
-	attempts := p.Attempts
-	if attempts < 1 {
-		attempts = 3
-	}
-	backoff := p.Backoff
-	if backoff == nil {
-		backoff = func(a int) time.Duration { return time.Duration(1<<a) * time.Second }
-	}
-	var err error
-	for a := 0; a < attempts; a++ {
-		if a > 0 {
-			select {
-			case <-time.After(backoff(a - 1)):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		err = p.tryPushBlob(ctx, s, sink)
+	err := p.Retry.run(ctx, func() error { return p.tryPushBlob(ctx, s, sink) }, func(err error) bool {
+		// A 4xx answer (but 429) is final; 5xx, 429 and broken connections are not.
 		var terr *transport.Error
-		if err == nil || ctx.Err() != nil || (errors.As(err, &terr) && terr.StatusCode < 500 && terr.StatusCode != http.StatusTooManyRequests) {
-			break
-		}
-	}
+		return errors.As(err, &terr) && terr.StatusCode < 500 && terr.StatusCode != http.StatusTooManyRequests
+	})
 	if err != nil {
 		return Explain(ref, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -107,6 +108,40 @@ func (a Access) authTransport(ctx context.Context, repo name.Repository, retry b
 			http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests))
 	}
 	return transport.NewWithContext(ctx, repo.Registry, auth, base, scopes)
+}
+
+// Retry says how often a broken transfer is tried, and how long to wait
+// between tries (default 3 tries, 1 s then 2 s apart).
+type Retry struct {
+	Attempts int
+	Backoff  func(attempt int) time.Duration
+}
+
+// run calls try until it succeeds, the context ends, the attempts are used
+// up, or final says the error cannot be cured by trying again.
+func (r Retry) run(ctx context.Context, try func() error, final func(error) bool) error {
+	attempts := r.Attempts
+	if attempts < 1 {
+		attempts = 3
+	}
+	backoff := r.Backoff
+	if backoff == nil {
+		backoff = func(a int) time.Duration { return time.Duration(1<<a) * time.Second }
+	}
+	var err error
+	for a := 0; a < attempts; a++ {
+		if a > 0 {
+			select {
+			case <-time.After(backoff(a - 1)):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err = try(); err == nil || ctx.Err() != nil || final(err) {
+			return err
+		}
+	}
+	return err
 }
 
 // transports keeps one authenticated transport per repository: making one
