@@ -5,7 +5,6 @@ package progress
 
 import (
 	"io"
-	"sync/atomic"
 )
 
 // Sink receives byte counts. Implementations must be safe for concurrent use.
@@ -46,14 +45,3 @@ func (r *Reader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// Counter is a Sink that only counts; useful for tests and summaries.
-type Counter struct {
-	Total, Finished atomic.Int64
-}
-
-// Expect implements Sink.
-func (c *Counter) Expect(n int64) { c.Total.Add(n) }
-
-// Done implements Sink.
-func (c *Counter) Done(n int64) { c.Finished.Add(n) }

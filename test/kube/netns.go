@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -88,5 +87,3 @@ func (n *NetNS) DialContext(ctx context.Context, network, address string) (net.C
 	r := <-ch
 	return r.c, r.err
 }
-
-func (n *NetNS) String() string { return strings.TrimSpace(n.Name) }
