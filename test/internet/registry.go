@@ -115,7 +115,7 @@ http:
 	}
 	if o.User != "" {
 		hp := filepath.Join(dir, "htpasswd")
-		if err := writeHtpasswd(hp, o.User, o.Password); err != nil {
+		if err := WriteHtpasswd(hp, o.User, o.Password); err != nil {
 			return nil, err
 		}
 		cfg += fmt.Sprintf("auth:\n  htpasswd:\n    realm: kubelift\n    path: %s\n", hp)
@@ -289,7 +289,8 @@ func FreePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-func writeHtpasswd(path, user, password string) error {
+// WriteHtpasswd writes a bcrypt htpasswd file for user with htpasswd(1).
+func WriteHtpasswd(path, user, password string) error {
 	out, err := exec.Command("htpasswd", "-Bbn", user, password).Output()
 	if err != nil {
 		return fmt.Errorf("htpasswd (Debian apache2-utils): %w", err)

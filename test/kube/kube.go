@@ -121,7 +121,7 @@ func StartAPIServer(ctx context.Context, dir, binDir string, opts ...APIServerOp
 	}
 	saKey := filepath.Join(pki, "sa.key")
 	saPub := filepath.Join(pki, "sa.pub")
-	if err := writeServiceAccountKey(saKey, saPub); err != nil {
+	if err := WriteServiceAccountKey(saKey, saPub); err != nil {
 		s.Stop()
 		return nil, err
 	}
@@ -241,7 +241,9 @@ func (s *APIServer) Stop() {
 	s.procs = nil
 }
 
-func writeServiceAccountKey(keyFile, pubFile string) error {
+// WriteServiceAccountKey writes an RSA key pair for signing service account
+// tokens (PKCS#8 private key, PKIX public key, PEM).
+func WriteServiceAccountKey(keyFile, pubFile string) error {
 	k, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		return err

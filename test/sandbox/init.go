@@ -1,0 +1,47 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/kubelift/kubelift/test/sandbox/systemd"
+)
+
+// RunInit is a machine's init, started by boot inside the machine's
+// namespaces: it sets the host name, bind-mounts the machine's own
+// directories from root over the host's (BindPaths, where root has them,
+// plus the systemctl stand-in over /usr/bin/systemctl), then runs the
+// service manager until ctx ends (SIGTERM), stopping every service.
+func RunInit(ctx context.Context, root, hostname string) error {
+	if err := syscall.Sethostname([]byte(hostname)); err != nil {
+		return fmt.Errorf("sethostname: %w", err)
+	}
+	// The mount namespace is a private copy; make sure nothing propagates
+	// back to the host.
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	for _, p := range BindPaths {
+		src := filepath.Join(root, p)
+		if _, err := os.Stat(src); err != nil {
+			continue
+		}
+		if err := syscall.Mount(src, p, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s over %s: %w", src, p, err)
+		}
+	}
+	if _, err := os.Stat("/usr/bin/systemctl"); err == nil {
+		// The machine's own /usr/local is mounted by now.
+		if err := syscall.Mount(toolPath, "/usr/bin/systemctl", "", syscall.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind systemctl: %w", err)
+		}
+	}
+	if err := os.Chdir("/"); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "init: %s up, %s bound\n", hostname, root)
+	return systemd.NewManager().Boot(ctx, systemd.Socket)
+}

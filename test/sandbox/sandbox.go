@@ -1,0 +1,428 @@
+// Package sandbox brings up, on one Linux machine with root, a small
+// binary-deployed Kubernetes cluster whose parts are real wherever they
+// can be: etcd from Debian, kube-apiserver, kube-controller-manager,
+// kube-scheduler and kubelet built from the Go module proxy, a real sshd and
+// a service manager per node, and Debian's docker-registry as the air gap's
+// private registry. Only the container runtime is a stand-in (a CRI server
+// that keeps records instead of processes).
+//
+// Every node is a network namespace on a bridge plus a mount namespace in
+// which the node's own directories are bind-mounted over /usr/local,
+// /etc/kubernetes, /etc/systemd/system, /var/lib/kubelet, /run and friends.
+// The bridge lives in the "admin" namespace, the bastion inside the air
+// gap: it holds the private registry and is where kubelift runs. Nothing
+// routes out of the sandbox. State lives in one directory (Config.Dir); Up
+// is idempotent and Down removes everything it made, by pid and by name.
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kubelift/kubelift/internal/atomicfile"
+)
+
+// Config describes the sandbox to bring up.
+type Config struct {
+	// Dir holds all state (kubeconfig, inventory.yaml, ssh/, registry/,
+	// nodes/, env.sh).
+	Dir string
+	// Name prefixes the network namespaces ("kl" gives kl-admin, kl-cp-1).
+	Name string
+	// Subnet is the first three octets of the sandbox's /24 ("10.77.0").
+	Subnet string
+	// ControlPlanes (1 or 3) and Workers count the nodes.
+	ControlPlanes, Workers int
+	// OldVersion runs at first; NewVersion is built for upgrades.
+	OldVersion, NewVersion string
+	// Tool is the kubelift-sandbox program (node init, systemctl, CRI).
+	Tool string
+	// Workloads creates the demo workloads (Deployments, a DaemonSet, bare
+	// pods with and without tolerations, a pod whose nodeSelector no
+	// longer matches).
+	Workloads bool
+	// Log reports progress (nil: silent).
+	Log func(format string, args ...any)
+}
+
+// Defaults fills unset fields.
+func (c *Config) Defaults() {
+	if c.Name == "" {
+		c.Name = "kl"
+	}
+	if c.Subnet == "" {
+		c.Subnet = "10.77.0"
+	}
+	if c.ControlPlanes == 0 {
+		c.ControlPlanes = 1
+	}
+	if c.OldVersion == "" {
+		c.OldVersion = "v1.30.14"
+	}
+	if c.NewVersion == "" {
+		c.NewVersion = "v1.31.4"
+	}
+	if c.Log == nil {
+		c.Log = func(string, ...any) {}
+	}
+}
+
+// Machine is one namespace-backed host of the sandbox.
+type Machine struct {
+	Name    string `json:"name"`
+	Role    string `json:"role"` // admin, control-plane, worker
+	Address string `json:"address"`
+	NetNS   string `json:"netns"`
+	// Root is the machine's own file tree (bind-mounted inside it).
+	Root string `json:"root"`
+	// Pid is its init (the service manager), whose namespaces are the
+	// machine's.
+	Pid int `json:"pid"`
+}
+
+// State is what Up made, saved as state.json for Down and for tests.
+type State struct {
+	Dir         string    `json:"dir"`
+	Name        string    `json:"name"`
+	Subnet      string    `json:"subnet"`
+	OldVersion  string    `json:"oldVersion"`
+	NewVersion  string    `json:"newVersion"`
+	Binaries    Binaries  `json:"binaries"`
+	Machines    []Machine `json:"machines"`
+	MountPoints []string  `json:"mountPoints"` // created on the host; removed by Down when empty
+	Registry    Registry  `json:"registry"`
+	APIServer   string    `json:"apiServer"`
+	Complete    bool      `json:"complete"`
+}
+
+// Binaries are the directories of the built Kubernetes components.
+type Binaries struct {
+	Old string `json:"old"`
+	New string `json:"new"`
+}
+
+// Registry is the air gap's private registry.
+type Registry struct {
+	Address  string `json:"address"` // host:port
+	CAFile   string `json:"caFile"`
+	User     string `json:"user"`
+	Password string `json:"password"`
+}
+
+func (s *State) path() string { return filepath.Join(s.Dir, "state.json") }
+
+func (s *State) save() error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(s.path(), append(data, '\n'), 0o644)
+}
+
+// Load reads the state of a sandbox in dir.
+func Load(dir string) (*State, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return nil, fmt.Errorf("no sandbox in %s: %w", dir, err)
+	}
+	var s State
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "state.json"), err)
+	}
+	return &s, nil
+}
+
+// Machine returns the machine called name.
+func (s *State) Machine(name string) (*Machine, error) {
+	for i := range s.Machines {
+		if s.Machines[i].Name == name {
+			return &s.Machines[i], nil
+		}
+	}
+	return nil, fmt.Errorf("sandbox: no machine %q", name)
+}
+
+// Nodes returns the Kubernetes nodes (control planes first).
+func (s *State) Nodes() []Machine {
+	var out []Machine
+	for _, m := range s.Machines {
+		if m.Role == "control-plane" {
+			out = append(out, m)
+		}
+	}
+	for _, m := range s.Machines {
+		if m.Role == "worker" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Admin returns the admin machine (bridge, registry, where tools run).
+func (s *State) Admin() Machine {
+	m, _ := s.Machine("admin")
+	return *m
+}
+
+// alive says whether every machine's init still runs.
+func (s *State) alive() bool {
+	for _, m := range s.Machines {
+		if m.Pid == 0 || syscall.Kill(m.Pid, 0) != nil {
+			return false
+		}
+	}
+	return len(s.Machines) > 0
+}
+
+// Up brings the sandbox up, or makes sure the one in cfg.Dir is up, and
+// waits until every node is Ready.
+func Up(ctx context.Context, cfg Config) (*State, error) {
+	cfg.Defaults()
+	if cfg.Workers < 0 || (cfg.ControlPlanes != 1 && cfg.ControlPlanes != 3) {
+		return nil, fmt.Errorf("sandbox: control planes must be 1 or 3 and workers >= 0 (got %d and %d)", cfg.ControlPlanes, cfg.Workers)
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("sandbox: needs root (network and mount namespaces, bind mounts)")
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Dir = dir
+	if s, err := Load(dir); err == nil {
+		if s.Complete && s.alive() && s.matches(cfg) {
+			cfg.Log("sandbox in %s is up; checking that its nodes are Ready", dir)
+			if err := s.waitNodesReady(ctx, cfg.Log); err != nil {
+				return nil, err
+			}
+			return s, nil
+		}
+		cfg.Log("sandbox in %s is incomplete or different; removing it first", dir)
+		if err := Down(ctx, dir, cfg.Log); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion}
+	if err := s.up(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the logs under nodes/)", err, dir)
+	}
+	return s, nil
+}
+
+func (s *State) matches(cfg Config) bool {
+	cps, workers := 0, 0
+	for _, m := range s.Machines {
+		switch m.Role {
+		case "control-plane":
+			cps++
+		case "worker":
+			workers++
+		}
+	}
+	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion &&
+		cps == cfg.ControlPlanes && workers == cfg.Workers
+}
+
+func (s *State) up(ctx context.Context, cfg Config) error {
+	start := time.Now()
+	cfg.Log("building (or finding cached) Kubernetes %s and %s", cfg.OldVersion, cfg.NewVersion)
+	var err error
+	if s.Binaries.Old, err = buildKubernetes(ctx, cfg.OldVersion, oldComponents...); err != nil {
+		return err
+	}
+	if s.Binaries.New, err = buildKubernetes(ctx, cfg.NewVersion, newComponents...); err != nil {
+		return err
+	}
+	cfg.Log("binaries ready (%s)", time.Since(start).Round(time.Second))
+
+	s.Machines = append(s.Machines, Machine{Name: "admin", Role: "admin", Address: cfg.Subnet + ".1", NetNS: cfg.Name + "-admin"})
+	for i := 1; i <= cfg.ControlPlanes; i++ {
+		s.Machines = append(s.Machines, Machine{Name: fmt.Sprintf("cp-%d", i), Role: "control-plane", Address: fmt.Sprintf("%s.%d", cfg.Subnet, 10+i)})
+	}
+	for i := 1; i <= cfg.Workers; i++ {
+		s.Machines = append(s.Machines, Machine{Name: fmt.Sprintf("worker-%d", i), Role: "worker", Address: fmt.Sprintf("%s.%d", cfg.Subnet, 20+i)})
+	}
+	for i := range s.Machines {
+		m := &s.Machines[i]
+		if m.NetNS == "" {
+			m.NetNS = cfg.Name + "-" + m.Name
+		}
+		m.Root = filepath.Join(s.Dir, "machines", m.Name)
+	}
+	s.APIServer = fmt.Sprintf("https://%s:6443", s.Machines[1].Address)
+	if err := s.save(); err != nil { // from here on, Down can clean up
+		return err
+	}
+
+	cfg.Log("network: bridge in %s (%s.1/24), one namespace per node", s.Admin().NetNS, cfg.Subnet)
+	if err := s.makeNetwork(); err != nil {
+		return err
+	}
+	cfg.Log("certificates, ssh keys, unit files and node file trees")
+	if err := s.makeFiles(ctx, cfg); err != nil {
+		return err
+	}
+	if err := s.save(); err != nil {
+		return err
+	}
+	cfg.Log("booting %d machines (service manager, sshd, CRI stand-in, kubelet %s; etcd and the control plane on cp nodes)", len(s.Machines), cfg.OldVersion)
+	for i := range s.Machines {
+		if err := s.boot(&s.Machines[i], cfg.Tool); err != nil {
+			return err
+		}
+		if err := s.save(); err != nil {
+			return err
+		}
+	}
+	if err := s.waitAPIServer(ctx); err != nil {
+		return err
+	}
+	cfg.Log("kube-apiserver %s ready (%s)", s.APIServer, time.Since(start).Round(time.Second))
+	if err := s.waitNodesReady(ctx, cfg.Log); err != nil {
+		return err
+	}
+	if err := s.labelNodes(ctx); err != nil {
+		return err
+	}
+	if err := s.waitRegistry(ctx); err != nil {
+		return err
+	}
+	if cfg.Workloads {
+		cfg.Log("workloads: Deployments, a DaemonSet and bare pods (some without tolerations, one with a nodeSelector its node no longer matches)")
+		if err := s.createWorkloads(ctx); err != nil {
+			return err
+		}
+	}
+	s.Complete = true
+	if err := s.save(); err != nil {
+		return err
+	}
+	cfg.Log("sandbox up in %s: %d nodes Ready at %s", time.Since(start).Round(time.Second), len(s.Nodes()), cfg.OldVersion)
+	return nil
+}
+
+// Down stops every process the sandbox in dir started (by pid), deletes
+// its namespaces (killing whatever still runs in them) and removes dir.
+// It is safe on a half-made or already removed sandbox.
+func Down(ctx context.Context, dir string, log func(string, ...any)) error {
+	if log == nil {
+		log = func(string, ...any) {}
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	s, err := Load(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			log("no sandbox in %s", dir)
+			return os.RemoveAll(dir)
+		}
+		return err
+	}
+	var errs []error
+	// Machines stop their services themselves on SIGTERM (kubelets first,
+	// as listed last); then anything left in a machine is killed.
+	for i := len(s.Machines) - 1; i >= 0; i-- {
+		m := s.Machines[i]
+		if m.Pid > 0 && isInit(m.Pid, m.Root) {
+			_ = syscall.Kill(m.Pid, syscall.SIGTERM)
+		}
+	}
+	for _, m := range s.Machines {
+		if m.Pid > 0 && isInit(m.Pid, m.Root) {
+			waitGone(m.Pid, 30*time.Second)
+			if syscall.Kill(m.Pid, 0) == nil {
+				_ = syscall.Kill(m.Pid, syscall.SIGKILL)
+				waitGone(m.Pid, 5*time.Second)
+			}
+		}
+		for _, pid := range unitPids(m.Root) {
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	for i := len(s.Machines) - 1; i >= 0; i-- {
+		m := s.Machines[i]
+		if m.NetNS == "" {
+			continue
+		}
+		if err := deleteNetNS(m.NetNS); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for i := len(s.MountPoints) - 1; i >= 0; i-- {
+		_ = os.Remove(s.MountPoints[i]) // only if still empty
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	log("sandbox in %s removed: %d machines stopped, namespaces deleted", dir, len(s.Machines))
+	return nil
+}
+
+// isInit says whether pid is still this machine's init (pids are reused).
+func isInit(pid int, root string) bool {
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(cmdline), "node-init") && strings.Contains(string(cmdline), root)
+}
+
+func waitGone(pid int, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) && syscall.Kill(pid, 0) == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// unitPids reads the pid files the machine's service manager keeps.
+func unitPids(root string) []int {
+	files, _ := filepath.Glob(filepath.Join(root, "run", "kubelift-units", "*.pid"))
+	var out []int
+	for _, f := range files {
+		var pid int
+		data, _ := os.ReadFile(f)
+		if _, err := fmt.Sscan(string(data), &pid); err == nil && pid > 1 {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// deleteNetNS kills every process still in the namespace, then deletes it.
+func deleteNetNS(name string) error {
+	if _, err := os.Stat("/run/netns/" + name); err != nil {
+		return nil
+	}
+	for i := 0; i < 3; i++ {
+		out, _ := exec.Command("ip", "netns", "pids", name).Output()
+		pids := strings.Fields(string(out))
+		if len(pids) == 0 {
+			break
+		}
+		for _, p := range pids {
+			var pid int
+			if _, err := fmt.Sscan(p, &pid); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del %s: %v: %s", name, err, out)
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// WorkloadNamespace holds the sandbox's workloads.
+const WorkloadNamespace = "shop"
+
+// PinnedLabel is the node label the "pinned" pod's nodeSelector needs;
+// the sandbox removes it from the node after the pod runs, so the pod
+// runs on a node it no longer matches (the kubelet fails it with reason
+// NodeAffinity when it restarts and re-admits it).
+const PinnedLabel = "kubelift.io/disk"
+
+// NotReadyTolerations are what DefaultTolerationSeconds would add.
+func NotReadyTolerations() []corev1.Toleration {
+	secs := int64(300)
+	return []corev1.Toleration{
+		{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &secs},
+		{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &secs},
+	}
+}
+
+// PodSpec is a small pod: two containers (an app and a sidecar) whose
+// images come from the private registry.
+func (s *State) PodSpec(tolerations []corev1.Toleration) corev1.PodSpec {
+	reg := s.Registry.Address + "/library/"
+	req := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}
+	return corev1.PodSpec{
+		Tolerations: tolerations,
+		Containers: []corev1.Container{
+			{Name: "app", Image: reg + "shop-app:1.4.2", Args: []string{"serve", "--port=8080"},
+				Ports: []corev1.ContainerPort{{ContainerPort: 8080}}, Resources: corev1.ResourceRequirements{Requests: req}},
+			{Name: "proxy", Image: reg + "envoy:v1.31", Env: []corev1.EnvVar{{Name: "UPSTREAM", Value: "127.0.0.1:8080"}}},
+		},
+	}
+}
+
+func (s *State) createWorkloads(ctx context.Context) error {
+	client, err := s.Client()
+	if err != nil {
+		return err
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: WorkloadNamespace}}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	// Pods need the namespace's default ServiceAccount, which the
+	// controller manager creates.
+	if err := poll(ctx, time.Minute, func() (bool, error) {
+		_, err := client.CoreV1().ServiceAccounts(WorkloadNamespace).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return fmt.Errorf("no default ServiceAccount in %s: %w", WorkloadNamespace, err)
+	}
+	workers := []Machine{}
+	for _, m := range s.Nodes() {
+		if m.Role == "worker" {
+			workers = append(workers, m)
+		}
+	}
+	deploy := func(name string, replicas int32, tol []corev1.Toleration) *appsv1.Deployment {
+		labels := map[string]string{"app": name}
+		return &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: WorkloadNamespace},
+			Spec: appsv1.DeploymentSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: s.PodSpec(tol)}},
+		}
+	}
+	for _, d := range []*appsv1.Deployment{deploy("web", 3, NotReadyTolerations()), deploy("api", 2, nil)} {
+		if _, err := client.AppsV1().Deployments(WorkloadNamespace).Create(ctx, d, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("deployment %s: %w", d.Name, err)
+		}
+	}
+	agent := map[string]string{"app": "node-agent"}
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-agent", Namespace: WorkloadNamespace},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: agent},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: agent}, Spec: s.PodSpec(nil)}},
+	}
+	if _, err := client.AppsV1().DaemonSets(WorkloadNamespace).Create(ctx, ds, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("daemonset: %w", err)
+	}
+	bare := []*corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Name: "batch-legacy", Namespace: WorkloadNamespace}, Spec: s.PodSpec(nil)},
+		{ObjectMeta: metav1.ObjectMeta{Name: "batch-tolerant", Namespace: WorkloadNamespace}, Spec: s.PodSpec(NotReadyTolerations())},
+	}
+	var pinnedNode string
+	if len(workers) > 0 {
+		pinnedNode = workers[len(workers)-1].Name
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"ssd"}}}`, PinnedLabel)
+		if _, err := client.CoreV1().Nodes().Patch(ctx, pinnedNode, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return err
+		}
+		pinned := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pinned-ssd", Namespace: WorkloadNamespace}, Spec: s.PodSpec(nil)}
+		pinned.Spec.NodeSelector = map[string]string{PinnedLabel: "ssd"}
+		bare = append(bare, pinned)
+	}
+	for _, p := range bare {
+		if _, err := client.CoreV1().Pods(WorkloadNamespace).Create(ctx, p, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("pod %s: %w", p.Name, err)
+		}
+	}
+	if err := WaitPodsRunning(ctx, client, WorkloadNamespace, 3*time.Minute); err != nil {
+		return err
+	}
+	if pinnedNode != "" {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, PinnedLabel)
+		if _, err := client.CoreV1().Nodes().Patch(ctx, pinnedNode, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitPodsRunning waits until every pod in namespace has all containers
+// running (and there is at least one pod).
+func WaitPodsRunning(ctx context.Context, client kubernetes.Interface, namespace string, limit time.Duration) error {
+	var waiting []string
+	err := poll(ctx, limit, func() (bool, error) {
+		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		waiting = waiting[:0]
+		for _, p := range pods.Items {
+			running := 0
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.State.Running != nil {
+					running++
+				}
+			}
+			if running != len(p.Spec.Containers) {
+				waiting = append(waiting, fmt.Sprintf("%s (%s on %q)", p.Name, p.Status.Phase, p.Spec.NodeName))
+			}
+		}
+		return len(pods.Items) > 0 && len(waiting) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("pods in %s not running: %v: %w", namespace, waiting, err)
+	}
+	return nil
+}
