@@ -323,7 +323,7 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 	if m.Role == "worker" {
 		labels += ",kubelift.io/pool=blue"
 	}
-	flags := fmt.Sprintf("KUBELET_ARGS=\"--hostname-override=%s --node-ip=%s --volume-plugin-dir=/var/lib/kubelet/volume-plugins --node-labels=%s --v=2\"\n",
+	flags := fmt.Sprintf("KUBELET_ARGS=\"--hostname-override=%s --node-ip=%s --volume-plugin-dir=/var/lib/kubelet/volume-plugins --node-labels=%s --v=3\"\n",
 		m.Name, m.Address, labels)
 	if err := os.WriteFile(m.fsPath("var/lib/kubelet/kubelet-flags.env"), []byte(flags), 0o644); err != nil {
 		return err

@@ -1,0 +1,328 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/test/sandbox"
+)
+
+// One sandbox for the package: 1 control plane and 4 workers, each test
+// on a worker of its own. Its names and subnet differ from make
+// sandbox-up's, so both can run at once.
+var (
+	sb     *sandbox.State
+	client kubernetes.Interface
+	cfg    sandbox.Config
+)
+
+func TestMain(m *testing.M) {
+	code, err := run(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	ctx := context.Background()
+	tmp, err := os.MkdirTemp("", "kubelift-sandbox-test-")
+	if err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(tmp)
+	tool := filepath.Join(tmp, "kubelift-sandbox")
+	if out, err := exec.Command("go", "build", "-o", tool, "github.com/kubelift/kubelift/test/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
+		return 1, fmt.Errorf("build kubelift-sandbox: %v\n%s", err, out)
+	}
+	// The machines share the host's root file system below their own
+	// directories: nothing they do may change what is at the top of it.
+	rootBefore, err := topLevel()
+	if err != nil {
+		return 1, err
+	}
+	cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("klt%d", os.Getpid()%1000), Subnet: "10.78.0",
+		Workers: 4, Tool: tool, Workloads: true,
+		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
+	cfg.Defaults()
+	sb, err = sandbox.Up(ctx, cfg)
+	if err != nil {
+		_ = sandbox.Down(ctx, cfg.Dir, nil)
+		return 1, err
+	}
+	if client, err = sb.Client(); err != nil {
+		_ = sandbox.Down(ctx, cfg.Dir, nil)
+		return 1, err
+	}
+	code := m.Run()
+	state := *sb
+	if err := sandbox.Down(ctx, cfg.Dir, cfg.Log); err != nil {
+		return 1, err
+	}
+	// Down leaves nothing behind: no process, no namespace, no directory.
+	for _, mc := range state.Machines {
+		if syscall.Kill(mc.Pid, 0) == nil {
+			return 1, fmt.Errorf("after Down, init of %s (pid %d) still runs", mc.Name, mc.Pid)
+		}
+		if _, err := os.Stat("/run/netns/" + mc.NetNS); err == nil {
+			return 1, fmt.Errorf("after Down, namespace %s still exists", mc.NetNS)
+		}
+	}
+	if _, err := os.Stat(cfg.Dir); err == nil {
+		return 1, fmt.Errorf("after Down, %s still exists", cfg.Dir)
+	}
+	rootAfter, err := topLevel()
+	if err != nil {
+		return 1, err
+	}
+	if rootAfter != rootBefore {
+		return 1, fmt.Errorf("the host's / changed while the sandbox ran:\nbefore %s\nafter  %s", rootBefore, rootAfter)
+	}
+	return code, nil
+}
+
+// topLevel lists the entries of the host's / with their types.
+func topLevel() (string, error) {
+	entries, err := os.ReadDir("/")
+	if err != nil {
+		return "", err
+	}
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name()+":"+e.Type().String())
+	}
+	return strings.Join(out, " "), nil
+}
+
+func node(t *testing.T, name string) sandbox.Machine {
+	t.Helper()
+	m, err := sb.Machine(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *m
+}
+
+// ssh runs a command on node over SSH (strict host key checking) and
+// returns its output; stdin may be nil.
+func ssh(t *testing.T, nodeName, command string, stdin io.Reader) string {
+	t.Helper()
+	c, err := sb.SSH(context.Background(), nodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	var out, errb bytes.Buffer
+	sess.Stdout, sess.Stderr, sess.Stdin = &out, &errb, stdin
+	if err := sess.Run(command); err != nil {
+		t.Fatalf("ssh %s %q: %v\n%s%s", nodeName, command, err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+// sshOutput runs a command on a node over SSH and returns its standard
+// output and error (a non-zero exit is an error).
+func sshOutput(nodeName, command string) (string, error) {
+	c, err := sb.SSH(context.Background(), nodeName)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	sess, err := c.NewSession()
+	if err != nil {
+		return "", err
+	}
+	defer sess.Close()
+	out, err := sess.Output(command)
+	return string(out), err
+}
+
+// waitFor polls cond (bounded: 3 minutes), failing with what describe says.
+func waitFor(t *testing.T, what string, cond func() (bool, error), describe ...func() string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			var more string
+			for _, d := range describe {
+				more += "\n" + d()
+			}
+			t.Fatalf("gave up waiting for %s%s", what, more)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func getNode(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func kubeletLog(m sandbox.Machine) func() string {
+	return func() string { return "kubelet log tail:\n" + sb.UnitLog(m, "kubelet", 3000) }
+}
+
+func TestNodesReadyAtOldVersion(t *testing.T) {
+	nodes, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Items) != 5 {
+		t.Fatalf("%d nodes, want 5", len(nodes.Items))
+	}
+	for _, n := range nodes.Items {
+		if !sandbox.NodeReady(&n) {
+			t.Errorf("%s not Ready", n.Name)
+		}
+		if n.Status.NodeInfo.KubeletVersion != cfg.OldVersion {
+			t.Errorf("%s kubelet %s, want %s", n.Name, n.Status.NodeInfo.KubeletVersion, cfg.OldVersion)
+		}
+		m := node(t, n.Name)
+		if len(n.Status.Addresses) == 0 || n.Status.Addresses[0].Address != m.Address {
+			t.Errorf("%s addresses %v, want %s", n.Name, n.Status.Addresses, m.Address)
+		}
+	}
+	v, err := client.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.GitVersion != cfg.OldVersion {
+		t.Errorf("kube-apiserver %s, want %s", v.GitVersion, cfg.OldVersion)
+	}
+	// The controller manager and scheduler run the old version too.
+	cp := node(t, "cp-1")
+	for _, c := range []string{"kube-controller-manager", "kube-scheduler"} {
+		out := ssh(t, "cp-1", "/usr/local/bin/"+c+" --version; systemctl is-active "+c, nil)
+		if !strings.Contains(out, "Kubernetes "+cfg.OldVersion) || !strings.Contains(out, "\nactive") {
+			t.Errorf("%s on %s: %q", c, cp.Name, out)
+		}
+	}
+}
+
+func TestUpIsIdempotent(t *testing.T) {
+	again, err := sandbox.Up(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range again.Machines {
+		if m.Pid != sb.Machines[i].Pid {
+			t.Errorf("%s rebooted by a second Up: pid %d, was %d", m.Name, m.Pid, sb.Machines[i].Pid)
+		}
+	}
+}
+
+// Every node answers ssh with the sandbox's key only after its host key
+// matched known_hosts; a node presenting another key is refused.
+func TestSSHStrictHostKeyChecking(t *testing.T) {
+	for _, m := range sb.Nodes() {
+		if got := strings.TrimSpace(ssh(t, m.Name, "hostname; systemctl is-active kubelet fake-cri", nil)); got != m.Name+"\nactive\nactive" {
+			t.Errorf("ssh %s: %q", m.Name, got)
+		}
+	}
+	// OpenSSH's client, from the admin machine, with strict checking.
+	w1 := node(t, "worker-1")
+	args := []string{"--net=/run/netns/" + sb.Admin().NetNS, "--", "ssh", "-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"),
+		"-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "UserKnownHostsFile=" + filepath.Join(sb.Dir, "ssh", "known_hosts"),
+		"root@" + w1.Address, "cat /etc/kubernetes/kubelet.conf | grep -c system:node:worker-1"}
+	out, err := exec.Command("nsenter", args...).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) == "0" {
+		t.Errorf("OpenSSH to worker-1: %v: %s", err, out)
+	}
+	// worker-1's address with worker-2's host key pinned: refused.
+	known, err := os.ReadFile(filepath.Join(sb.Dir, "ssh", "known_hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var forged string
+	for _, line := range strings.Split(string(known), "\n") {
+		if strings.HasPrefix(line, "worker-2,") {
+			forged = w1.Address + " " + strings.SplitN(line, " ", 2)[1] + "\n"
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "known_hosts")
+	if err := os.WriteFile(bad, []byte(forged), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args[len(args)-3] = "UserKnownHostsFile=" + bad
+	out, err = exec.Command("nsenter", args...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "HOST IDENTIFICATION HAS CHANGED") {
+		t.Errorf("a node with an unexpected host key was accepted: %v: %s", err, out)
+	}
+}
+
+// The sandbox's workloads give the engine's checks real work.
+func TestWorkloads(t *testing.T) {
+	ctx := context.Background()
+	pods, err := client.CoreV1().Pods(sandbox.WorkloadNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]bool{}
+	var without, with, mismatched int
+	for _, p := range pods.Items {
+		if len(p.OwnerReferences) > 0 {
+			kinds[p.OwnerReferences[0].Kind] = true
+		} else {
+			kinds["bare"] = true
+		}
+		tolerates := 0
+		for _, tol := range p.Spec.Tolerations {
+			if tol.Effect == corev1.TaintEffectNoExecute && (tol.Key == corev1.TaintNodeNotReady || tol.Key == corev1.TaintNodeUnreachable) {
+				tolerates++
+			}
+		}
+		switch tolerates {
+		case 0:
+			without++
+		case 2:
+			with++
+		}
+		if len(p.Spec.NodeSelector) > 0 {
+			n := getNode(t, p.Spec.NodeName)
+			for k, v := range p.Spec.NodeSelector {
+				if n.Labels[k] != v {
+					mismatched++
+				}
+			}
+		}
+	}
+	for _, k := range []string{"ReplicaSet", "DaemonSet", "bare"} {
+		if !kinds[k] {
+			t.Errorf("no %s pods in %s", k, sandbox.WorkloadNamespace)
+		}
+	}
+	if without == 0 || with == 0 || mismatched != 1 {
+		t.Errorf("pods without the NoExecute tolerations %d, with %d, nodeSelector mismatches %d (want >0, >0, 1)", without, with, mismatched)
+	}
+}
+
