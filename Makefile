@@ -4,11 +4,12 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/kubelift/kubelift/internal/buildinfo.Version=$(VERSION)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests, the demo and the benchmarks run for real.
-DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time etcd-server iproute2 patch util-linux
+DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time etcd-server iproute2 patch util-linux \
+	openssh-server openssh-client
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 
-.PHONY: all build deps tools lint test demo bench kubernetes kubelet hash-vectors clean
+.PHONY: all build deps tools lint test demo bench kubernetes kubelet hash-vectors clean sandbox-up sandbox-down sandbox-status
 
 all: build
 
@@ -37,8 +38,25 @@ test: deps lint
 	cd pkg/hashskip && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -timeout 45m ./...
 
-demo: deps build
-	$(GO) run ./test/demo
+demo: deps build sandbox-up
+	$(GO) run ./test/demo --sandbox $(SANDBOX_DIR)
+
+# The sandbox cluster (test/sandbox): state in $(SANDBOX_DIR); flags via
+# SANDBOX_FLAGS, e.g. SANDBOX_FLAGS="--control-planes 3 --workers 2".
+SANDBOX_DIR   ?= $(CURDIR)/.sandbox
+SANDBOX_FLAGS ?=
+bin/kubelift-sandbox: FORCE
+	$(GO) build -o $@ ./test/sandbox/cmd/kubelift-sandbox
+FORCE:
+
+sandbox-up: deps bin/kubelift-sandbox
+	$(SUDO) bin/kubelift-sandbox up --dir $(SANDBOX_DIR) $(SANDBOX_FLAGS)
+
+sandbox-down: bin/kubelift-sandbox
+	$(SUDO) bin/kubelift-sandbox down --dir $(SANDBOX_DIR)
+
+sandbox-status: bin/kubelift-sandbox
+	bin/kubelift-sandbox status --dir $(SANDBOX_DIR)
 
 bench: deps build tools
 	$(GO) run ./test/bench
@@ -60,5 +78,5 @@ kubelet:
 hash-vectors:
 	hack/kubelet-hash-vectors.sh v1.28.15 v1.30.14 v1.31.4
 
-clean:
+clean: sandbox-down
 	rm -rf bin .demo

@@ -3,11 +3,13 @@
 // registry (Debian's docker-registry) and a file server on loopback stand in
 // for registry.k8s.io and dl.k8s.io; then the real bundle and upgrade
 // programs from bin/ make, inspect, verify and unpack a signed .run bundle,
-// and import it into a second registry playing the air gap's private one.
+// and, on the admin machine of the sandbox cluster (make sandbox-up), import
+// it into the air gap's private registry and record it in the cluster.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,14 +19,24 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/test/internet"
+	"github.com/kubelift/kubelift/test/kube"
+	"github.com/kubelift/kubelift/test/sandbox"
+	"sigs.k8s.io/yaml"
 )
 
 const version = "v1.31.4"
 
 func main() {
+	sandboxDir := flag.String("sandbox", ".sandbox", "state directory of the sandbox cluster (make sandbox-up)")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx); err != nil {
+	sb, err := sandbox.Load(*sandboxDir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err, "(run 'make sandbox-up' first; 'make demo' does)")
+		os.Exit(1)
+	}
+	if err := run(ctx, sb); err != nil {
 		fmt.Fprintln(os.Stderr, "demo failed:", err)
 		os.Exit(1)
 	}
@@ -40,7 +52,13 @@ func sh(name string, args ...string) error {
 	return cmd.Run()
 }
 
-func run(ctx context.Context) error {
+// inAdmin runs a command on the sandbox's admin machine (inside the air
+// gap: only there are the registry and the nodes reachable).
+func inAdmin(sb *sandbox.State, name string, args ...string) (string, []string) {
+	return "nsenter", append([]string{"--net=/run/netns/" + sb.Admin().NetNS, "--", name}, args...)
+}
+
+func run(ctx context.Context, sb *sandbox.State) error {
 	work, err := filepath.Abs(".demo")
 	if err != nil {
 		return err
@@ -136,44 +154,82 @@ func run(ctx context.Context) error {
 	}
 	fmt.Println("(refused, as it should be)")
 
-	step("Inside the air gap: the private registry (TLS from its own CA, htpasswd)")
-	priv, err := internet.StartRegistry(ctx, filepath.Join(work, "private-registry"), internet.RegistryOptions{TLS: true, User: "admin", Password: "demo-password"})
-	if err != nil {
+	kubectl := filepath.Join(sb.Binaries.Old, "kubectl")
+	kc := filepath.Join(sb.Dir, "kubeconfig")
+	step("Inside the air gap: the cluster to upgrade (make sandbox-up: real etcd, control plane and kubelets %s)", sb.OldVersion)
+	fmt.Println("(commands below marked [admin] run on the sandbox's admin machine, the bastion inside the air gap)")
+	if err := shAdmin(sb, "", kubectl, "--kubeconfig", kc, "get", "nodes", "-o", "wide"); err != nil {
 		return err
 	}
-	defer priv.Stop()
-	fmt.Printf("registry %s (pid %d), CA %s\n", priv.Host, priv.Pid(), priv.CAFile)
+	if err := shAdmin(sb, "", kubectl, "--kubeconfig", kc, "-n", sandbox.WorkloadNamespace, "get", "pods", "-o", "wide"); err != nil {
+		return err
+	}
+	priv := sb.Registry
+	fmt.Printf("private registry %s (docker-registry, TLS from the sandbox CA %s, htpasswd user %s)\n", priv.Address, priv.CAFile, priv.User)
 
-	step("Importing: ./%s --upgrade ...", filepath.Base(out))
-	importArgs := []string{"--upgrade", "--key", key + ".pub", "--domain", priv.Host, "--namespace", "library",
-		"--username", "admin", "--password-stdin", "--ca-file", priv.CAFile}
-	if err := shIn("demo-password\n", out, importArgs...); err != nil {
+	step("Importing: ./%s --upgrade ... (pushes images, records the version in the cluster)", filepath.Base(out))
+	importArgs := []string{"--upgrade", "--key", key + ".pub", "--domain", priv.Address, "--namespace", "library",
+		"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile, "--kubeconfig", kc}
+	if err := shAdmin(sb, priv.Password+"\n", out, importArgs...); err != nil {
 		return err
 	}
 	step("Importing again: everything is there, nothing is sent")
-	if err := shIn("demo-password\n", out, append(importArgs, "-q")...); err != nil {
+	if err := shAdmin(sb, priv.Password+"\n", out, append(importArgs, "-q")...); err != nil {
 		return err
 	}
 	step("A wrong password is a clear error")
-	if err := shIn("not-the-password\n", out, append(importArgs, "-q")...); err == nil {
+	if err := shAdmin(sb, "not-the-password\n", out, append(importArgs, "-q")...); err == nil {
 		return fmt.Errorf("a wrong password was accepted")
 	}
-
-	step("Why in-place kubelet upgrades restart containers: the same pod, hashed by two kubelets")
-	pod := filepath.Join(work, "pod.yaml")
-	if err := os.WriteFile(pod, []byte(demoPod), 0o644); err != nil {
+	step("The cluster now knows %s is available", version)
+	if err := shAdmin(sb, "", kubectl, "--kubeconfig", kc, "-n", "kube-system", "get", "configmaps", "-l", "app.kubernetes.io/managed-by=kubelift", "-L", "kubelift.dev/kubernetes-version"); err != nil {
 		return err
 	}
-	for _, v := range []string{"v1.30.14", "v1.31.4"} {
+
+	step("Why in-place kubelet upgrades restart containers: a running pod, hashed as two kubelets hash it")
+	pod := filepath.Join(work, "pod.yaml")
+	fmt.Printf("[admin]$ kubectl -n %s get pod batch-legacy -o yaml > pod.yaml\n", sandbox.WorkloadNamespace)
+	bin0, argv := inAdmin(sb, kubectl, "--kubeconfig", kc, "-n", sandbox.WorkloadNamespace, "get", "pod", "batch-legacy", "-o", "yaml")
+	podYAML, err := exec.Command(bin0, argv...).Output()
+	if err != nil {
+		return fmt.Errorf("kubectl get pod: %w", err)
+	}
+	if err := os.WriteFile(pod, podYAML, 0o644); err != nil {
+		return err
+	}
+	for _, v := range []string{sb.OldVersion, sb.NewVersion} {
 		if err := sh(filepath.Join(bin, "upgrade"), "compat", "hash", "--kubelet-version", v, "-f", pod); err != nil {
 			return err
 		}
 	}
-	fmt.Println("(every recorded hash differs after a 1.30 -> 1.31 swap: the kubelet restarts every container;")
+	if err := showRecordedHashes(ctx, sb, podYAML); err != nil {
+		return err
+	}
+	fmt.Printf("(the runtime holds the %s kubelet's hashes; a %s kubelet computes others and restarts every container;\n", sb.OldVersion, sb.NewVersion)
 	fmt.Println(" kubelift's hash-skip kubelet keeps them running: see README, \"Kubelet upgrades without container restarts\")")
 
-	step("Done. Files are in %s; the registries were stopped.", work)
+	step("Done. Files are in %s; the stand-in internet was stopped; the sandbox runs on (make sandbox-down).", work)
 	return nil
+}
+
+// shAdmin is sh on the sandbox's admin machine, with standard input.
+func shAdmin(sb *sandbox.State, stdin, name string, args ...string) error {
+	shown := append([]string{filepath.Base(name)}, args...)
+	for i, a := range shown {
+		if strings.HasPrefix(a, sb.Dir+"/") {
+			shown[i] = "$SANDBOX" + strings.TrimPrefix(a, sb.Dir)
+		}
+	}
+	if stdin != "" {
+		fmt.Printf("[admin]$ echo ... | %s\n", strings.Join(shown, " "))
+	} else {
+		fmt.Printf("[admin]$ %s\n", strings.Join(shown, " "))
+	}
+	bin, argv := inAdmin(sb, name, args...)
+	cmd := exec.Command(bin, argv...)
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	return cmd.Run()
 }
 
 // shIn is sh with standard input.
@@ -186,16 +242,30 @@ func shIn(stdin, name string, args ...string) error {
 	return cmd.Run()
 }
 
-const demoPod = `apiVersion: v1
-kind: Pod
-metadata: {name: web-0, namespace: shop}
-spec:
-  containers:
-  - name: web
-    image: registry.corp:5000/library/nginx:1.27
-    ports: [{containerPort: 80}]
-    resources: {requests: {cpu: 100m, memory: 128Mi}}
-  - name: metrics
-    image: registry.corp:5000/library/exporter:v2
-    args: [--listen=:9100]
-`
+// showRecordedHashes prints the hashes the running kubelet recorded for
+// the pod's containers, read from its node's container runtime.
+func showRecordedHashes(ctx context.Context, sb *sandbox.State, podYAML []byte) error {
+	var p struct {
+		Metadata struct{ Name string }
+		Spec     struct {
+			NodeName string `json:"nodeName"`
+		}
+	}
+	if err := yaml.Unmarshal(podYAML, &p); err != nil {
+		return err
+	}
+	m, err := sb.Machine(p.Spec.NodeName)
+	if err != nil {
+		return err
+	}
+	rcs, err := kube.RuntimeContainers(ctx, "unix://"+filepath.Join(m.Root, "run/fake-cri/cri.sock"))
+	if err != nil {
+		return err
+	}
+	for _, rc := range rcs {
+		if rc.Pod == p.Metadata.Name && rc.Running {
+			fmt.Printf("recorded by the running kubelet on %s: %s/%s hash %s\n", m.Name, rc.Pod, rc.Name, rc.Hash)
+		}
+	}
+	return nil
+}
