@@ -94,7 +94,18 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	}
 	defer files.Close()
 	mirrors := files.AddRelease(rel, []string{"amd64"}, 4<<20)
-	fmt.Printf("registry %s (pid %d) plays registry.k8s.io; %s plays dl.k8s.io and github.com\n", reg.Host, reg.Pid(), files.URL)
+	// The kubelet and kubectl are the real ones, built for the sandbox.
+	for _, f := range rel.Files {
+		if f.Name == "kubelet" || f.Name == "kubectl" {
+			data, err := os.ReadFile(filepath.Join(sb.Binaries.New, f.Name))
+			if err != nil {
+				return err
+			}
+			files.Add(f.URLFor("amd64"), data)
+		}
+	}
+	fmt.Printf("registry %s (pid %d) plays registry.k8s.io; %s plays dl.k8s.io and github.com (kubelet and kubectl %s are real builds)\n",
+		reg.Host, reg.Pid(), files.URL, version)
 
 	step("Making the team's signing key")
 	key := filepath.Join(work, "team")

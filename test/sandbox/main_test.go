@@ -325,4 +325,3 @@ func TestWorkloads(t *testing.T) {
 		t.Errorf("pods without the NoExecute tolerations %d, with %d, nodeSelector mismatches %d (want >0, >0, 1)", without, with, mismatched)
 	}
 }
-

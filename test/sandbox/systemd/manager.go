@@ -142,10 +142,15 @@ func (e codeError) Error() string { return fmt.Sprintf("exit %d: %s", e.code, e.
 // Do runs one systemctl command line and returns what it prints.
 func (m *Manager) Do(ctx context.Context, args []string) (string, error) {
 	var flags, words []string
-	for _, a := range args {
-		if strings.HasPrefix(a, "-") {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case (a == "-p" || a == "--property") && i+1 < len(args):
+			flags = append(flags, "-p"+args[i+1]) // -p VALUE takes the next word
+			i++
+		case strings.HasPrefix(a, "-"):
 			flags = append(flags, a)
-		} else {
+		default:
 			words = append(words, a)
 		}
 	}
