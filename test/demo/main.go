@@ -1,10 +1,11 @@
 // Command demo is `make demo`: it plays the whole kubelift story as far as
-// it exists, on this machine, with the progress a user sees. A real
-// registry (Debian's docker-registry) and a file server on loopback stand in
-// for registry.k8s.io and dl.k8s.io; then the real bundle and upgrade
-// programs from bin/ make, inspect, verify and unpack a signed .run bundle,
-// and, on the admin machine of the sandbox cluster (make sandbox-up), import
-// it into the air gap's private registry and record it in the cluster.
+// it exists, on this machine, with the progress a user sees, on the
+// sandbox (make sandbox-up): the real bundle program makes a signed .run
+// bundle from the sandbox's stand-in internet (Debian's docker-registry and
+// a file server, in a namespace with no link to the air gap); the bundle
+// is inspected, verified and unpacked; then, on the sandbox's admin
+// machine, it is imported into the air gap's private registry and recorded
+// in the cluster, and a running pod's kubelet hashes are explained.
 package main
 
 import (
@@ -17,8 +18,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kubelift/kubelift/internal/catalog"
-	"github.com/kubelift/kubelift/test/internet"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/sandbox"
 	"sigs.k8s.io/yaml"
@@ -71,41 +70,10 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	}
 	bin, _ := filepath.Abs("bin")
 
-	step("Starting the stand-in internet: docker-registry and a file server on loopback")
-	reg, err := internet.StartRegistry(ctx, filepath.Join(work, "source-registry"), internet.RegistryOptions{})
-	if err != nil {
-		return err
-	}
-	defer reg.Stop()
-	cat, err := catalog.Default()
-	if err != nil {
-		return err
-	}
-	rel, err := cat.Lookup(version)
-	if err != nil {
-		return err
-	}
-	if _, err := internet.Seed(ctx, reg.Host, internet.ReleaseRepos(rel), internet.ImageShape{Arches: []string{"amd64", "arm64"}, BaseBytes: 8 << 20, UniqueBytes: 2 << 20}); err != nil {
-		return err
-	}
-	files, err := internet.StartFileServer()
-	if err != nil {
-		return err
-	}
-	defer files.Close()
-	mirrors := files.AddRelease(rel, []string{"amd64"}, 4<<20)
-	// The kubelet and kubectl are the real ones, built for the sandbox.
-	for _, f := range rel.Files {
-		if f.Name == "kubelet" || f.Name == "kubectl" {
-			data, err := os.ReadFile(filepath.Join(sb.Binaries.New, f.Name))
-			if err != nil {
-				return err
-			}
-			files.Add(f.URLFor("amd64"), data)
-		}
-	}
-	fmt.Printf("registry %s (pid %d) plays registry.k8s.io; %s plays dl.k8s.io and github.com (kubelet and kubectl %s are real builds)\n",
-		reg.Host, reg.Pid(), files.URL, version)
+	step("Outside the air gap: the stand-in internet (make sandbox-up; a namespace with no link to the air gap)")
+	fmt.Printf("%s plays registry.k8s.io (docker-registry, seeded with %s's images); %s plays dl.k8s.io and github.com (kubelet and kubectl are real builds)\n",
+		sb.Internet.Registry, version, sb.Internet.Files)
+	fmt.Println("(commands below marked [internet] run there)")
 
 	step("Making the team's signing key")
 	key := filepath.Join(work, "team")
@@ -114,11 +82,8 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	}
 
 	step("What would be fetched (hand this to the proxy allow-list)")
-	flags := []string{"--registry-mirror", "registry.k8s.io=" + reg.Host, "--insecure-registry", reg.Host}
-	for _, m := range mirrors {
-		flags = append(flags, "--url-mirror", m)
-	}
-	if err := sh(filepath.Join(bin, "bundle"), append([]string{"create", "--kubernetes-version", version, "--dry-run"}, flags...)...); err != nil {
+	flags := sb.Internet.BundleFlags
+	if err := shIn(sb, sb.Internet.NetNS, "", filepath.Join(bin, "bundle"), append([]string{"create", "--kubernetes-version", version, "--dry-run"}, flags...)...); err != nil {
 		return err
 	}
 
@@ -126,7 +91,7 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	out := filepath.Join(work, "k8s-"+version+"-linux-amd64.run")
 	args := append([]string{"create", "--kubernetes-version", version, "--sign-key", key + ".key", "--format", "run", "-o", out,
 		"--all-platforms", "--cache-dir", filepath.Join(work, "cache")}, flags...)
-	if err := sh(filepath.Join(bin, "bundle"), args...); err != nil {
+	if err := shIn(sb, sb.Internet.NetNS, "", filepath.Join(bin, "bundle"), args...); err != nil {
 		return err
 	}
 
@@ -219,35 +184,34 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	fmt.Printf("(the runtime holds the %s kubelet's hashes; a %s kubelet computes others and restarts every container;\n", sb.OldVersion, sb.NewVersion)
 	fmt.Println(" kubelift's hash-skip kubelet keeps them running: see README, \"Kubelet upgrades without container restarts\")")
 
-	step("Done. Files are in %s; the stand-in internet was stopped; the sandbox runs on (make sandbox-down).", work)
+	step("Done. Files are in %s; the sandbox runs on (make sandbox-down removes it).", work)
 	return nil
 }
 
 // shAdmin is sh on the sandbox's admin machine, with standard input.
 func shAdmin(sb *sandbox.State, stdin, name string, args ...string) error {
+	return shIn(sb, sb.Admin().NetNS, stdin, name, args...)
+}
+
+// shIn is sh in one of the sandbox's network namespaces (the admin
+// machine inside the air gap, or the stand-in internet outside it).
+func shIn(sb *sandbox.State, netns, stdin, name string, args ...string) error {
 	shown := append([]string{filepath.Base(name)}, args...)
 	for i, a := range shown {
 		if strings.HasPrefix(a, sb.Dir+"/") {
 			shown[i] = "$SANDBOX" + strings.TrimPrefix(a, sb.Dir)
 		}
 	}
-	if stdin != "" {
-		fmt.Printf("[admin]$ echo ... | %s\n", strings.Join(shown, " "))
-	} else {
-		fmt.Printf("[admin]$ %s\n", strings.Join(shown, " "))
+	where := "admin"
+	if netns == sb.Internet.NetNS {
+		where = "internet"
 	}
-	bin, argv := inAdmin(sb, name, args...)
-	cmd := exec.Command(bin, argv...)
-	cmd.Stdin = strings.NewReader(stdin)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	return cmd.Run()
-}
-
-// shIn is sh with standard input.
-func shIn(stdin, name string, args ...string) error {
-	shown := append([]string{filepath.Base(name)}, args...)
-	fmt.Printf("$ echo ... | %s\n", strings.Join(shown, " "))
-	cmd := exec.Command(name, args...)
+	if stdin != "" {
+		fmt.Printf("[%s]$ echo ... | %s\n", where, strings.Join(shown, " "))
+	} else {
+		fmt.Printf("[%s]$ %s\n", where, strings.Join(shown, " "))
+	}
+	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + netns, "--", name}, args...)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	return cmd.Run()

@@ -38,8 +38,9 @@ type ImageShape struct {
 // Seed pushes an image for every reference (as multi-arch indexes, the way
 // registry.k8s.io serves them) to host, which is reached over plain HTTP.
 // It returns the upstream digest of each reference, keyed by the reference
-// as written after the registry host.
-func Seed(ctx context.Context, host string, repos []string, shape ImageShape) (map[string]string, error) {
+// as written after the registry host. opts are added to every push (a
+// transport that dials into a namespace, say).
+func Seed(ctx context.Context, host string, repos []string, shape ImageShape, opts ...remote.Option) (map[string]string, error) {
 	if len(shape.Arches) == 0 {
 		shape.Arches = []string{"amd64"}
 	}
@@ -81,7 +82,7 @@ func Seed(ctx context.Context, host string, repos []string, shape ImageShape) (m
 				errs <- err
 				return
 			}
-			if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx)); err != nil {
+			if err := remote.WriteIndex(ref, idx, append([]remote.Option{remote.WithContext(ctx)}, opts...)...); err != nil {
 				errs <- fmt.Errorf("seed %s: %w", ref, err)
 				return
 			}

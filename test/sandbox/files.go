@@ -44,7 +44,7 @@ const (
 // may live below them).
 var BindPaths = []string{
 	"/usr/local", "/etc/kubernetes", "/etc/systemd/system", "/etc/ssh", "/etc/docker/registry",
-	"/var/lib/kubelet", "/var/lib/etcd", "/var/lib/docker-registry", "/var/log", "/opt", "/run", "/root", "/tmp",
+	"/var/lib/kubelet", "/var/lib/etcd", "/var/lib/docker-registry", "/var/log", "/opt", "/srv", "/run", "/root", "/tmp",
 }
 
 // fsPath is where a machine's path lives on the host.
@@ -168,6 +168,12 @@ func (s *State) makeFiles(ctx context.Context, cfg Config) error {
 		}
 		if m.Role == "admin" {
 			if err := s.adminFiles(m, issued["registry"]); err != nil {
+				return err
+			}
+			continue
+		}
+		if m.Role == "internet" {
+			if err := s.internetFiles(m); err != nil {
 				return err
 			}
 			continue
@@ -413,9 +419,12 @@ export KUBELIFT_OLD_VERSION=%[5]s
 export KUBELIFT_NEW_VERSION=%[6]s
 export PATH=%[7]s:$PATH
 sandbox() { nsenter --net=/run/netns/%[8]s -- "$@"; }
+# The stand-in internet (outside the air gap): 'internet bundle create ... $KUBELIFT_BUNDLE_FLAGS'.
+internet() { nsenter --net=/run/netns/%[10]s -- "$@"; }
+export KUBELIFT_BUNDLE_FLAGS="%[11]s"
 sandbox-ssh() { local n=$1 a; shift; case $n in %[9]s *) a=$n;; esac
   sandbox ssh -i %[1]s/ssh/id_ed25519 -o UserKnownHostsFile=%[1]s/ssh/known_hosts -o StrictHostKeyChecking=yes -o BatchMode=yes root@"$a" "$@"; }
-`, s.Dir, s.Registry.Address, s.Registry.User, s.Registry.CAFile, s.OldVersion, s.NewVersion, s.Binaries.Old, admin.NetNS, cases.String())
+`, s.Dir, s.Registry.Address, s.Registry.User, s.Registry.CAFile, s.OldVersion, s.NewVersion, s.Binaries.Old, admin.NetNS, cases.String(), s.Internet.NetNS, strings.Join(s.Internet.BundleFlags, " "))
 	return os.WriteFile(filepath.Join(s.Dir, "env.sh"), []byte(env), 0o644)
 }
 

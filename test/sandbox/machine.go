@@ -76,10 +76,9 @@ func (s *State) Command(m Machine, name string, args ...string) *exec.Cmd {
 
 // NetNS is the admin machine's namespace, from which every sandbox
 // address is reachable.
-func (s *State) NetNS() *kube.NetNS {
-	a := s.Admin()
-	return &kube.NetNS{Name: a.NetNS, Addr: a.Address}
-}
+func (s *State) NetNS() *kube.NetNS { return s.netNS(s.Admin()) }
+
+func (s *State) netNS(m Machine) *kube.NetNS { return &kube.NetNS{Name: m.NetNS, Addr: m.Address} }
 
 // RESTConfig is the admin kubeconfig, dialing from the admin namespace.
 func (s *State) RESTConfig() (*rest.Config, error) {

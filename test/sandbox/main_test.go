@@ -325,3 +325,34 @@ func TestWorkloads(t *testing.T) {
 		t.Errorf("pods without the NoExecute tolerations %d, with %d, nodeSelector mismatches %d (want >0, >0, 1)", without, with, mismatched)
 	}
 }
+
+// The stand-in internet serves the new version's images and files (the
+// kubelet is the real build, with its checksum beside it) and has no route
+// into the air gap; the admin machine has none out to it.
+func TestInternetOutsideTheAirGap(t *testing.T) {
+	inet := node(t, "internet")
+	get := func(url string) string {
+		out, err := sb.Command(inet, "curl", "-sf", "-m", "5", url).Output()
+		if err != nil {
+			t.Fatalf("curl %s in the internet namespace: %v", url, err)
+		}
+		return string(out)
+	}
+	if cat := get("http://" + sb.Internet.Registry + "/v2/_catalog"); !strings.Contains(cat, `"kube-apiserver"`) || !strings.Contains(cat, `"coredns/coredns"`) {
+		t.Errorf("source registry catalog: %s", cat)
+	}
+	sum := get(sb.Internet.Files + "/dl.k8s.io/release/" + cfg.NewVersion + "/bin/linux/amd64/kubelet.sha256")
+	want, err := exec.Command("sha256sum", filepath.Join(sb.Binaries.New, "kubelet")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Fields(sum)[0] != strings.Fields(string(want))[0] {
+		t.Errorf("kubelet.sha256 %q, built kubelet %q", sum, want)
+	}
+	if out, err := sb.Command(inet, "curl", "-s", "-m", "3", "-k", "https://"+sb.Registry.Address+"/v2/").CombinedOutput(); err == nil {
+		t.Errorf("the internet reached the private registry: %s", out)
+	}
+	if out, err := exec.Command("nsenter", "--net=/run/netns/"+sb.Admin().NetNS, "--", "curl", "-s", "-m", "3", "http://"+sb.Internet.Registry+"/v2/").CombinedOutput(); err == nil {
+		t.Errorf("the admin machine reached the internet's registry: %s", out)
+	}
+}

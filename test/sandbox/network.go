@@ -27,7 +27,7 @@ func (s *State) makeNetwork() error {
 		return err
 	}
 	for _, m := range s.Machines {
-		if m.Role == "admin" {
+		if m.Role == "admin" || m.Role == "internet" { // the internet has no link to the air gap
 			continue
 		}
 		peer := vethName(m.Name)

@@ -99,6 +99,7 @@ type State struct {
 	Machines    []Machine `json:"machines"`
 	MountPoints []string  `json:"mountPoints"` // created on the host; removed by Down when empty
 	Registry    Registry  `json:"registry"`
+	Internet    Internet  `json:"internet"`
 	APIServer   string    `json:"apiServer"`
 	Complete    bool      `json:"complete"`
 }
@@ -115,6 +116,17 @@ type Registry struct {
 	CAFile   string `json:"caFile"`
 	User     string `json:"user"`
 	Password string `json:"password"`
+}
+
+// Internet is the stand-in for registry.k8s.io, dl.k8s.io and github.com
+// that bundle create reads from: a namespace of its own with no link to
+// the air gap (bundles cross by file, as they do on removable media).
+type Internet struct {
+	NetNS    string `json:"netns"`
+	Registry string `json:"registry"` // plain HTTP, inside NetNS
+	Files    string `json:"files"`    // http://..., inside NetNS
+	// BundleFlags are bundle create's flags that read from here.
+	BundleFlags []string `json:"bundleFlags"`
 }
 
 func (s *State) path() string { return filepath.Join(s.Dir, "state.json") }
@@ -246,7 +258,8 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	}
 	cfg.Log("binaries ready (%s)", time.Since(start).Round(time.Second))
 
-	s.Machines = append(s.Machines, Machine{Name: "admin", Role: "admin", Address: cfg.Subnet + ".1", NetNS: cfg.Name + "-admin"})
+	s.Machines = append(s.Machines, Machine{Name: "admin", Role: "admin", Address: cfg.Subnet + ".1", NetNS: cfg.Name + "-admin"},
+		Machine{Name: "internet", Role: "internet", Address: "127.0.0.1", NetNS: cfg.Name + "-internet"})
 	for i := 1; i <= cfg.ControlPlanes; i++ {
 		s.Machines = append(s.Machines, Machine{Name: fmt.Sprintf("cp-%d", i), Role: "control-plane", Address: fmt.Sprintf("%s.%d", cfg.Subnet, 10+i)})
 	}
@@ -260,7 +273,7 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 		}
 		m.Root = filepath.Join(s.Dir, "machines", m.Name)
 	}
-	s.APIServer = fmt.Sprintf("https://%s:6443", s.Machines[1].Address)
+	s.APIServer = fmt.Sprintf("https://%s:6443", s.Nodes()[0].Address)
 	if err := s.save(); err != nil { // from here on, Down can clean up
 		return err
 	}
@@ -296,6 +309,10 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if err := s.waitRegistry(ctx); err != nil {
+		return err
+	}
+	cfg.Log("the stand-in internet: seeding %s's images and serving its files (real kubelet and kubectl)", cfg.NewVersion)
+	if err := s.seedInternet(ctx); err != nil {
 		return err
 	}
 	if cfg.Workloads {

@@ -169,6 +169,19 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	cri.Flags().StringVar(&endpoint, "endpoint", "unix:///run/fake-cri/cri.sock", "CRI endpoint")
 	cri.Flags().Uint64Var(&imageSize, "image-size", 1<<20, "size reported for every image (the kubelet rejects 0)")
 
-	root.AddCommand(up, down, status, execCmd, nodeInit, cri)
+	var filesDir, listen string
+	serveFiles := &cobra.Command{
+		Use:    "serve-files",
+		Short:  "Serve a directory over HTTP (the stand-in internet's file server)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return sandbox.ServeFiles(cmd.Context(), filesDir, listen)
+		},
+	}
+	serveFiles.Flags().StringVar(&filesDir, "dir", "/srv/files", "directory to serve")
+	serveFiles.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
+
+	root.AddCommand(up, down, status, execCmd, nodeInit, cri, serveFiles)
 	return root
 }

@@ -1,0 +1,173 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/test/internet"
+)
+
+// Where the stand-in internet serves, inside its own namespace.
+const (
+	internetRegistry = "127.0.0.1:5000"
+	internetFiles    = "127.0.0.1:8080"
+)
+
+const sourceRegistryConfig = `version: 0.1
+log:
+  level: info
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: /var/lib/docker-registry
+http:
+  addr: ` + internetRegistry + `
+  secret: kubelift-sandbox-internet
+`
+
+const sourceRegistryUnit = `[Unit]
+Description=Docker Registry (Debian docker-registry) playing registry.k8s.io
+
+[Service]
+ExecStart=/usr/bin/docker-registry serve /etc/docker/registry/config.yml
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+`
+
+const filesUnit = `[Unit]
+Description=HTTP file server playing dl.k8s.io and github.com (each file with its .sha256)
+
+[Service]
+ExecStart=` + toolPath + ` serve-files --dir /srv/files --listen ` + internetFiles + `
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// internetFiles writes the stand-in internet's tree: the source registry,
+// and every file of the new version's catalog entry for amd64 at its
+// upstream path (/srv/files/HOST/PATH, with PATH.sha256). The kubelet and
+// kubectl are the real builds; the other files are labelled stand-ins.
+func (s *State) internetFiles(m *Machine) error {
+	for _, d := range []string{"etc/docker/registry", "var/lib/docker-registry", "srv/files"} {
+		if err := os.MkdirAll(m.fsPath(d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(m.fsPath("etc/docker/registry/config.yml"), []byte(sourceRegistryConfig), 0o644); err != nil {
+		return err
+	}
+	cat, err := catalog.Default()
+	if err != nil {
+		return err
+	}
+	rel, err := cat.Lookup(s.NewVersion)
+	if err != nil {
+		return fmt.Errorf("stand-in internet: %w", err)
+	}
+	hosts := map[string]bool{}
+	for _, f := range rel.Files {
+		u, err := url.Parse(f.URLFor("amd64"))
+		if err != nil {
+			return err
+		}
+		hosts[u.Host] = true
+		dst := m.fsPath(filepath.Join("srv/files", u.Host, u.Path))
+		var content []byte
+		if f.Name == "kubelet" || f.Name == "kubectl" {
+			if content, err = os.ReadFile(filepath.Join(s.Binaries.New, f.Name)); err != nil {
+				return err
+			}
+		} else {
+			content = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, s.NewVersion, u))
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(dst, content, 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(dst+".sha256", []byte(fmt.Sprintf("%x\n", sha256.Sum256(content))), 0o644); err != nil {
+			return err
+		}
+	}
+	s.Internet = Internet{NetNS: m.NetNS, Registry: internetRegistry, Files: "http://" + internetFiles,
+		BundleFlags: []string{"--registry-mirror", "registry.k8s.io=" + internetRegistry, "--insecure-registry", internetRegistry}}
+	var hs []string
+	for h := range hosts {
+		hs = append(hs, h)
+	}
+	sort.Strings(hs)
+	for _, h := range hs {
+		s.Internet.BundleFlags = append(s.Internet.BundleFlags, "--url-mirror", "https://"+h+"=http://"+internetFiles+"/"+h)
+	}
+	if err := writeUnit(m, "source-registry.service", sourceRegistryUnit, true); err != nil {
+		return err
+	}
+	return writeUnit(m, "files.service", filesUnit, true)
+}
+
+// seedInternet pushes an image for every image of the new version's
+// catalog entry (amd64 and arm64, as multi-arch indexes) into the source
+// registry, from inside the internet's namespace.
+func (s *State) seedInternet(ctx context.Context) error {
+	m, err := s.Machine("internet")
+	if err != nil {
+		return err
+	}
+	ns := s.netNS(*m)
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: ns.DialContext}}
+	for _, u := range []string{"http://" + internetRegistry + "/v2/", "http://" + internetFiles + "/"} {
+		if err := poll(ctx, time.Minute, func() (bool, error) {
+			resp, err := hc.Get(u)
+			if err != nil {
+				return false, nil
+			}
+			resp.Body.Close()
+			return resp.StatusCode < 500, nil
+		}); err != nil {
+			return fmt.Errorf("stand-in internet %s: %w\n%s", u, err, s.UnitLog(*m, "source-registry", 2000))
+		}
+	}
+	cat, err := catalog.Default()
+	if err != nil {
+		return err
+	}
+	rel, err := cat.Lookup(s.NewVersion)
+	if err != nil {
+		return err
+	}
+	_, err = internet.Seed(ctx, internetRegistry, internet.ReleaseRepos(rel),
+		internet.ImageShape{Arches: []string{"amd64", "arm64"}, BaseBytes: 8 << 20, UniqueBytes: 2 << 20},
+		remote.WithTransport(&http.Transport{DialContext: ns.DialContext}))
+	return err
+}
+
+// ServeFiles serves dir over HTTP on addr until ctx ends (the stand-in
+// for dl.k8s.io and github.com releases).
+func ServeFiles(ctx context.Context, dir, addr string) error {
+	srv := &http.Server{Addr: addr, Handler: http.FileServer(http.Dir(dir)), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.ListenAndServe(); err != nil && !strings.Contains(err.Error(), "Server closed") {
+		return err
+	}
+	return nil
+}
