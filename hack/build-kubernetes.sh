@@ -31,8 +31,11 @@ for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
 echo "building ${missing[*]} $version (staging modules $KUBE_STAGING)" >&2
 GOFLAGS=-mod=mod go get "${pkgs[@]/%/@$version}" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "${pkgs[@]/%/@$version}"
 ld="-s -w $KUBE_LDFLAGS"
-for c in "${missing[@]}"; do
-	CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$out/.$c.partial" "k8s.io/kubernetes/cmd/$c"
-	mv "$out/.$c.partial" "$out/$c"
-done
+# One go build for all of them: shared packages compile once and the links
+# run in parallel. Each binary is moved into place only when all are built.
+partial="$out/.partial.$$"
+mkdir -p "$partial"
+trap 'rm -rf "$work" "$partial"' EXIT
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$partial/" "${pkgs[@]}"
+for c in "${missing[@]}"; do mv "$partial/$c" "$out/$c"; done
 echo "$out"
