@@ -85,6 +85,11 @@ func run(m *testing.M) (int, error) {
 	if _, err := os.Stat(cfg.Dir); err == nil {
 		return 1, fmt.Errorf("after Down, %s still exists", cfg.Dir)
 	}
+	for _, p := range state.MountPoints {
+		if _, err := os.Stat(p); err == nil {
+			return 1, fmt.Errorf("after Down, mount point %s (made by Up) still exists", p)
+		}
+	}
 	rootAfter, err := topLevel()
 	if err != nil {
 		return 1, err
@@ -354,5 +359,84 @@ func TestInternetOutsideTheAirGap(t *testing.T) {
 	}
 	if out, err := exec.Command("nsenter", "--net=/run/netns/"+sb.Admin().NetNS, "--", "curl", "-s", "-m", "3", "http://"+sb.Internet.Registry+"/v2/").CombinedOutput(); err == nil {
 		t.Errorf("the admin machine reached the internet's registry: %s", out)
+	}
+}
+
+// A second sandbox under a name in use is refused before it touches
+// anything, and taking it down leaves the first one alone.
+func TestSameNameRefused(t *testing.T) {
+	ctx := context.Background()
+	other := cfg
+	other.Dir = filepath.Join(t.TempDir(), "other")
+	other.Subnet = "10.80.0"
+	_, err := sandbox.Up(ctx, other)
+	if err == nil || !strings.Contains(err.Error(), "exists already") {
+		t.Fatalf("Up under a used name: %v", err)
+	}
+	if err := sandbox.Down(ctx, other.Dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range sb.Machines {
+		if _, err := os.Stat("/run/netns/" + m.NetNS); err != nil {
+			t.Errorf("Down of the refused sandbox removed %s: %v", m.NetNS, err)
+		}
+		if syscall.Kill(m.Pid, 0) != nil {
+			t.Errorf("Down of the refused sandbox stopped %s", m.Name)
+		}
+	}
+	if n := getNode(t, "worker-1"); !sandbox.NodeReady(n) {
+		t.Error("worker-1 not Ready after the refused sandbox went down")
+	}
+}
+
+// Three control planes: one etcd, an API server on each, and the
+// controller manager and scheduler elect leaders.
+func TestHAControlPlanes(t *testing.T) {
+	ctx := context.Background()
+	ha := cfg
+	ha.Dir = filepath.Join(t.TempDir(), "ha")
+	ha.Name = cfg.Name + "h"
+	ha.Subnet = "10.79.0"
+	ha.ControlPlanes, ha.Workers, ha.Workloads = 3, 1, false
+	s, err := sandbox.Up(ctx, ha)
+	t.Cleanup(func() {
+		if err := sandbox.Down(ctx, ha.Dir, nil); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.RESTConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range s.Nodes() {
+		if m.Role != "control-plane" {
+			continue
+		}
+		c := *rc
+		c.Host = "https://" + m.Address + ":6443"
+		cs, err := kubernetes.NewForConfig(&c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("API server on %s: %v", m.Name, err)
+		}
+		if len(nodes.Items) != 4 {
+			t.Errorf("API server on %s lists %d nodes, want 4", m.Name, len(nodes.Items))
+		}
+	}
+	cs, err := s.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lease := range []string{"kube-controller-manager", "kube-scheduler"} {
+		waitFor(t, lease+" leader", func() (bool, error) {
+			l, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, lease, metav1.GetOptions{})
+			return err == nil && l.Spec.HolderIdentity != nil && strings.HasPrefix(*l.Spec.HolderIdentity, "cp-"), nil
+		})
 	}
 }

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 )
@@ -11,11 +12,16 @@ import (
 // bridge by a veth pair. There is no uplink: nothing routes out.
 func (s *State) makeNetwork() error {
 	admin := s.Admin()
-	for _, m := range s.Machines {
-		_ = deleteNetNS(m.NetNS) // a leftover of a killed run
+	for i := range s.Machines {
+		m := &s.Machines[i]
+		if _, err := os.Stat("/run/netns/" + m.NetNS); err == nil {
+			return fmt.Errorf("network namespace %s exists already: another sandbox uses the name %q (pick another with --name, or take that one down in its own directory; a leftover goes with 'ip netns del %s')",
+				m.NetNS, s.Name, m.NetNS)
+		}
 		if err := ip("netns", "add", m.NetNS); err != nil {
 			return err
 		}
+		m.NetNSMade = true
 		if err := ip("-n", m.NetNS, "link", "set", "lo", "up"); err != nil {
 			return err
 		}

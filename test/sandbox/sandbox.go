@@ -81,6 +81,8 @@ type Machine struct {
 	Role    string `json:"role"` // admin, control-plane, worker
 	Address string `json:"address"`
 	NetNS   string `json:"netns"`
+	// NetNSMade says this sandbox created NetNS (Down deletes only those).
+	NetNSMade bool `json:"netnsMade"`
 	// Root is the machine's own file tree (bind-mounted inside it).
 	Root string `json:"root"`
 	// Pid is its init (the service manager), whose namespaces are the
@@ -279,7 +281,11 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	}
 
 	cfg.Log("network: bridge in %s (%s.1/24), one namespace per node", s.Admin().NetNS, cfg.Subnet)
-	if err := s.makeNetwork(); err != nil {
+	err = s.makeNetwork()
+	if serr := s.save(); serr != nil { // what was made, for Down
+		return errors.Join(err, serr)
+	}
+	if err != nil {
 		return err
 	}
 	cfg.Log("certificates, ssh keys, unit files and node file trees")
@@ -372,7 +378,7 @@ func Down(ctx context.Context, dir string, log func(string, ...any)) error {
 	}
 	for i := len(s.Machines) - 1; i >= 0; i-- {
 		m := s.Machines[i]
-		if m.NetNS == "" {
+		if m.NetNS == "" || !m.NetNSMade {
 			continue
 		}
 		if err := deleteNetNS(m.NetNS); err != nil {
