@@ -440,3 +440,65 @@ func TestHAControlPlanes(t *testing.T) {
 		})
 	}
 }
+
+// A sandbox with a dead machine is not "up": Up takes the rest down (the
+// dead init's orphaned services too, by their pid files) and brings a
+// fresh one up.
+func TestUpRecoversFromDeadMachine(t *testing.T) {
+	ctx := context.Background()
+	small := cfg
+	small.Dir = filepath.Join(t.TempDir(), "small")
+	small.Name = cfg.Name + "s"
+	small.Subnet = "10.81.0"
+	small.Workers, small.Workloads = 0, false
+	s, err := sandbox.Up(ctx, small)
+	t.Cleanup(func() {
+		if err := sandbox.Down(ctx, small.Dir, nil); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inet, err := s.Machine("internet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(inet.Root, "run/kubelift-units/source-registry.service.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var orphan int
+	if _, err := fmt.Sscan(string(data), &orphan); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(inet.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the internet's init gone", func() (bool, error) { return !alive(inet.Pid), nil })
+	if !alive(orphan) {
+		t.Fatalf("the source registry (pid %d) died with its init; the test needs an orphan", orphan)
+	}
+	again, err := sandbox.Up(ctx, small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alive(orphan) {
+		t.Errorf("the orphaned source registry (pid %d) still runs", orphan)
+	}
+	for i, m := range again.Machines {
+		if m.Pid == s.Machines[i].Pid || !alive(m.Pid) {
+			t.Errorf("%s: init pid %d (was %d), want a new, running one", m.Name, m.Pid, s.Machines[i].Pid)
+		}
+	}
+}
+
+// alive says whether pid runs (a zombie does not count).
+func alive(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(data))
+	return len(f) > 2 && f[2] != "Z"
+}

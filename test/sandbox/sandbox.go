@@ -189,11 +189,23 @@ func (s *State) Admin() Machine {
 // alive says whether every machine's init still runs.
 func (s *State) alive() bool {
 	for _, m := range s.Machines {
-		if m.Pid == 0 || syscall.Kill(m.Pid, 0) != nil {
+		if m.Pid == 0 || !running(m.Pid) {
 			return false
 		}
 	}
 	return len(s.Machines) > 0
+}
+
+// running says whether pid runs; a zombie (dead, not yet reaped by its
+// parent) does not.
+func running(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name.
+	i := strings.LastIndexByte(string(data), ')')
+	return i > 0 && i+2 < len(data) && data[i+2] != 'Z'
 }
 
 // Up brings the sandbox up, or makes sure the one in cfg.Dir is up, and
@@ -366,7 +378,7 @@ func Down(ctx context.Context, dir string, log func(string, ...any)) error {
 	for _, m := range s.Machines {
 		if m.Pid > 0 && isInit(m.Pid, m.Root) {
 			waitGone(m.Pid, 30*time.Second)
-			if syscall.Kill(m.Pid, 0) == nil {
+			if running(m.Pid) {
 				_ = syscall.Kill(m.Pid, syscall.SIGKILL)
 				waitGone(m.Pid, 5*time.Second)
 			}
@@ -406,7 +418,7 @@ func isInit(pid int, root string) bool {
 
 func waitGone(pid int, d time.Duration) {
 	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) && syscall.Kill(pid, 0) == nil {
+	for time.Now().Before(deadline) && running(pid) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
