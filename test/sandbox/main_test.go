@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -244,6 +245,30 @@ func TestUpIsIdempotent(t *testing.T) {
 			t.Errorf("%s rebooted by a second Up: pid %d, was %d", m.Name, m.Pid, sb.Machines[i].Pid)
 		}
 	}
+	// kubelift-sandbox status -o json says the same.
+	out, err := exec.Command(cfg.Tool, "status", "--dir", cfg.Dir, "-o", "json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Complete bool
+		Machines []struct {
+			Name  string
+			Pid   int
+			State string
+		}
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("status -o json: %v\n%s", err, out)
+	}
+	if !st.Complete || len(st.Machines) != len(sb.Machines) {
+		t.Fatalf("status: %s", out)
+	}
+	for i, m := range st.Machines {
+		if m.Name != sb.Machines[i].Name || m.Pid != sb.Machines[i].Pid || m.State != "running" {
+			t.Errorf("status machine %d: %+v", i, m)
+		}
+	}
 }
 
 // Every node answers ssh with the sandbox's key only after its host key
@@ -475,30 +500,20 @@ func TestUpRecoversFromDeadMachine(t *testing.T) {
 	if err := syscall.Kill(inet.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the internet's init gone", func() (bool, error) { return !alive(inet.Pid), nil })
-	if !alive(orphan) {
+	waitFor(t, "the internet's init gone", func() (bool, error) { return !sandbox.Running(inet.Pid), nil })
+	if !sandbox.Running(orphan) {
 		t.Fatalf("the source registry (pid %d) died with its init; the test needs an orphan", orphan)
 	}
 	again, err := sandbox.Up(ctx, small)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if alive(orphan) {
+	if sandbox.Running(orphan) {
 		t.Errorf("the orphaned source registry (pid %d) still runs", orphan)
 	}
 	for i, m := range again.Machines {
-		if m.Pid == s.Machines[i].Pid || !alive(m.Pid) {
+		if m.Pid == s.Machines[i].Pid || !sandbox.Running(m.Pid) {
 			t.Errorf("%s: init pid %d (was %d), want a new, running one", m.Name, m.Pid, s.Machines[i].Pid)
 		}
 	}
-}
-
-// alive says whether pid runs (a zombie does not count).
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	f := strings.Fields(string(data))
-	return len(f) > 2 && f[2] != "Z"
 }

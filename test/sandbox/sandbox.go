@@ -189,16 +189,16 @@ func (s *State) Admin() Machine {
 // alive says whether every machine's init still runs.
 func (s *State) alive() bool {
 	for _, m := range s.Machines {
-		if m.Pid == 0 || !running(m.Pid) {
+		if m.Pid == 0 || !Running(m.Pid) {
 			return false
 		}
 	}
 	return len(s.Machines) > 0
 }
 
-// running says whether pid runs; a zombie (dead, not yet reaped by its
+// Running says whether pid runs; a zombie (dead, not yet reaped by its
 // parent) does not.
-func running(pid int) bool {
+func Running(pid int) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return false
@@ -378,7 +378,7 @@ func Down(ctx context.Context, dir string, log func(string, ...any)) error {
 	for _, m := range s.Machines {
 		if m.Pid > 0 && isInit(m.Pid, m.Root) {
 			waitGone(m.Pid, 30*time.Second)
-			if running(m.Pid) {
+			if Running(m.Pid) {
 				_ = syscall.Kill(m.Pid, syscall.SIGKILL)
 				waitGone(m.Pid, 5*time.Second)
 			}
@@ -418,7 +418,7 @@ func isInit(pid int, root string) bool {
 
 func waitGone(pid int, d time.Duration) {
 	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) && running(pid) {
+	for time.Now().Before(deadline) && Running(pid) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }

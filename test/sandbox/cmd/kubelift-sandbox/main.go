@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -102,6 +103,7 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 		},
 	}
 
+	var output string
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "List the sandbox's machines and whether they run",
@@ -111,18 +113,36 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 			if err != nil {
 				return err
 			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "MACHINE\tROLE\tADDRESS\tNETNS\tINIT PID\tSTATE")
+			type row struct {
+				sandbox.Machine
+				State string `json:"state"`
+			}
+			var rows []row
 			for _, m := range s.Machines {
 				state := "stopped"
-				if m.Pid > 0 && syscall.Kill(m.Pid, 0) == nil {
+				if m.Pid > 0 && sandbox.Running(m.Pid) {
 					state = "running"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", m.Name, m.Role, m.Address, m.NetNS, m.Pid, state)
+				rows = append(rows, row{m, state})
+			}
+			switch output {
+			case "json":
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(map[string]any{"dir": s.Dir, "complete": s.Complete, "apiServer": s.APIServer, "machines": rows})
+			case "", "text":
+			default:
+				return fmt.Errorf("--output %q: want text or json", output)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "MACHINE\tROLE\tADDRESS\tNETNS\tINIT PID\tSTATE")
+			for _, r := range rows {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.Name, r.Role, r.Address, r.NetNS, r.Pid, r.State)
 			}
 			return w.Flush()
 		},
 	}
+	status.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 
 	execCmd := &cobra.Command{
 		Use:   "exec MACHINE -- COMMAND [ARG...]",
