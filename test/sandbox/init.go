@@ -14,8 +14,9 @@ import (
 // namespaces: it sets the host name, bind-mounts the machine's own
 // directories from root over the host's (BindPaths, where root has them,
 // plus the systemctl stand-in over /usr/bin/systemctl), then runs the
-// service manager until ctx ends (SIGTERM), stopping every service.
-func RunInit(ctx context.Context, root, hostname string) error {
+// service manager until ctx ends (SIGTERM), stopping every service. log
+// receives what goes wrong while booting units.
+func RunInit(ctx context.Context, root, hostname string, log func(format string, args ...any)) error {
 	if err := syscall.Sethostname([]byte(hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
@@ -42,6 +43,7 @@ func RunInit(ctx context.Context, root, hostname string) error {
 	if err := os.Chdir("/"); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "init: %s up, %s bound\n", hostname, root)
-	return systemd.NewManager().Boot(ctx, systemd.Socket)
+	m := systemd.NewManager()
+	m.Log = log
+	return m.Boot(ctx, systemd.Socket)
 }

@@ -24,6 +24,9 @@ type Manager struct {
 	// this package. PidDir holds NAME.pid for every running service, so
 	// that whoever tears the node down can kill by pid what is left.
 	UnitDir, WantsDir, LogDir, PidDir string
+	// Log reports what goes wrong at boot (a unit that cannot be read or
+	// started); nil discards it.
+	Log func(format string, args ...any)
 
 	mu       sync.Mutex
 	services map[string]*service
@@ -65,7 +68,7 @@ func (m *Manager) Boot(ctx context.Context, socket string) error {
 	for _, n := range enabled {
 		u, err := ParseUnit(filepath.Join(m.UnitDir, n))
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "systemd:", err)
+			m.logf("%v", err)
 			continue
 		}
 		units[n] = u
@@ -73,7 +76,7 @@ func (m *Manager) Boot(ctx context.Context, socket string) error {
 	order := bootOrder(units, enabled)
 	for _, n := range order {
 		if _, err := m.Do(ctx, []string{"start", n}); err != nil {
-			fmt.Fprintf(os.Stderr, "systemd: start %s: %v\n", n, err)
+			m.logf("start %s: %v", n, err)
 		}
 	}
 	go func() {
@@ -100,6 +103,12 @@ func (m *Manager) Boot(ctx context.Context, socket string) error {
 		m.stop(n)
 	}
 	return nil
+}
+
+func (m *Manager) logf(format string, args ...any) {
+	if m.Log != nil {
+		m.Log(format, args...)
+	}
 }
 
 // request and response are systemctl's messages on the socket.

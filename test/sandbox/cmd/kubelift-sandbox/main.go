@@ -170,7 +170,10 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return sandbox.RunInit(cmd.Context(), root_, hostname)
+			fmt.Fprintf(os.Stderr, "init: %s, tree %s\n", hostname, root_)
+			return sandbox.RunInit(cmd.Context(), root_, hostname, func(format string, args ...any) {
+				fmt.Fprintf(os.Stderr, "systemd: "+format+"\n", args...)
+			})
 		},
 	}
 	nodeInit.Flags().StringVar(&root_, "root", "", "the machine's file tree")
