@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -213,19 +212,6 @@ func (n *node) waitEvaluated(names []string) {
 	})
 }
 
-func runningIDs(rcs []kubeletcompat.RuntimeContainer, pods []string) string {
-	var ids []string
-	for _, rc := range rcs {
-		for _, p := range pods {
-			if rc.Pod == p && rc.Running {
-				ids = append(ids, rc.Pod+"/"+rc.Name+"="+rc.ID)
-			}
-		}
-	}
-	sort.Strings(ids)
-	return strings.Join(ids, " ")
-}
-
 // TestKubeletSwapAndHashSkip is kubernetes#129385 reproduced with upstream
 // kubelets, and removed: swapping v1.30.14 for v1.31.4 in place restarts
 // every container; with the hash-skip kubelet and the cache written it
@@ -356,8 +342,8 @@ func TestKubeletSwapAndHashSkip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if runningIDs(before, podsB) != runningIDs(after, podsB) {
-		t.Errorf("containers were replaced:\nbefore %s\nafter  %s", runningIDs(before, podsB), runningIDs(after, podsB))
+	if kube.RunningIDs(before, podsB) != kube.RunningIDs(after, podsB) {
+		t.Errorf("containers were replaced:\nbefore %s\nafter  %s", kube.RunningIDs(before, podsB), kube.RunningIDs(after, podsB))
 	}
 
 	// 3. Convergence: while containers of the 1.30 kubelet run, the cache
@@ -383,7 +369,7 @@ func TestKubeletSwapAndHashSkip(t *testing.T) {
 		}
 	}
 	after, _ = kube.RuntimeContainers(ctx, cri)
-	if runningIDs(before, podsC) != runningIDs(after, podsC) {
+	if kube.RunningIDs(before, podsC) != kube.RunningIDs(after, podsC) {
 		t.Errorf("same-version restart replaced containers")
 	}
 }

@@ -141,23 +141,7 @@ func StartAPIServer(ctx context.Context, dir, binDir string, opts ...APIServerOp
 		return nil, err
 	}
 	s.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: kubelift
-  cluster:
-    server: %s
-    certificate-authority: %s
-users:
-- name: admin
-  user:
-    client-certificate: %s
-    client-key: %s
-contexts:
-- name: kubelift
-  context: {cluster: kubelift, user: admin}
-current-context: kubelift
-`, s.URL, ca.CertFile, adminCert, adminKey)
+	kc := Kubeconfig(s.URL, ca.CertFile, adminCert, adminKey, "admin")
 	if err := os.WriteFile(s.Kubeconfig, []byte(kc), 0o600); err != nil {
 		s.Stop()
 		return nil, err
@@ -260,4 +244,27 @@ func WriteServiceAccountKey(keyFile, pubFile string) error {
 		return err
 	}
 	return os.WriteFile(pubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644)
+}
+
+// Kubeconfig is a kubeconfig for user, authenticated by a client
+// certificate, of the API server at server (CA, certificate and key are
+// file paths).
+func Kubeconfig(server, caFile, certFile, keyFile, user string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: kubelift
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: %s
+  user:
+    client-certificate: %s
+    client-key: %s
+contexts:
+- name: %s@kubelift
+  context: {cluster: kubelift, user: %s}
+current-context: %s@kubelift
+`, server, caFile, user, certFile, keyFile, user, user, user)
 }

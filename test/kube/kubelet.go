@@ -191,3 +191,18 @@ func RuntimeContainers(ctx context.Context, endpoint string) ([]kubeletcompat.Ru
 	}
 	return out, nil
 }
+
+// RunningIDs lists "pod/container=ID" of the running containers of pods,
+// sorted: equal before and after a kubelet restart when none restarted.
+func RunningIDs(rcs []kubeletcompat.RuntimeContainer, pods []string) string {
+	var ids []string
+	for _, rc := range rcs {
+		for _, p := range pods {
+			if rc.Pod == p && rc.Running {
+				ids = append(ids, rc.Pod+"/"+rc.Name+"="+rc.ID)
+			}
+		}
+	}
+	sort.Strings(ids)
+	return strings.Join(ids, " ")
+}

@@ -50,7 +50,7 @@ var BindPaths = []string{
 // fsPath is where a machine's path lives on the host.
 func (m *Machine) fsPath(p string) string { return filepath.Join(m.Root, p) }
 
-func (s *State) makeFiles(ctx context.Context, cfg Config) error {
+func (s *State) makeFiles(cfg Config) error {
 	pki := filepath.Join(s.Dir, "pki")
 	ca, err := internet.NewCA(pki)
 	if err != nil {
@@ -62,47 +62,38 @@ func (s *State) makeFiles(ctx context.Context, cfg Config) error {
 			cpIPs = append(cpIPs, net.ParseIP(m.Address))
 		}
 	}
-	issued := map[string][2]string{}
-	issue := func(name string, f func() (string, string, error)) error {
-		c, k, err := f()
-		if err != nil {
-			return fmt.Errorf("certificate %s: %w", name, err)
-		}
-		issued[name] = [2]string{c, k}
-		return nil
+	// Every certificate, by the name the node files use: servers with their
+	// names and addresses, clients with their user and groups.
+	type cert struct {
+		name, user string
+		groups     []string
+		dns        []string
+		ips        []net.IP
 	}
-	steps := []struct {
-		name string
-		f    func() (string, string, error)
-	}{
-		{"apiserver", func() (string, string, error) {
-			return ca.Issue(pki, "apiserver", []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"},
-				append([]net.IP{net.ParseIP("10.96.0.1"), net.ParseIP("127.0.0.1")}, cpIPs...))
-		}},
-		{"admin", func() (string, string, error) { return ca.IssueClient(pki, "admin", []string{"system:masters"}) }},
-		{"apiserver-kubelet-client", func() (string, string, error) {
-			return ca.IssueClient(pki, "apiserver-kubelet-client", []string{"kubeadm:cluster-admins", "system:masters"})
-		}},
-		{"controller-manager", func() (string, string, error) {
-			return ca.IssueClient(pki, "system:kube-controller-manager", nil)
-		}},
-		{"scheduler", func() (string, string, error) { return ca.IssueClient(pki, "system:kube-scheduler", nil) }},
-		{"registry", func() (string, string, error) {
-			return ca.Issue(pki, "registry", []string{"registry.sandbox"}, []net.IP{net.ParseIP(s.Admin().Address)})
-		}},
-	}
-	for _, st := range steps {
-		if err := issue(st.name, st.f); err != nil {
-			return err
-		}
+	certs := []cert{
+		{name: "apiserver", dns: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"},
+			ips: append([]net.IP{net.ParseIP("10.96.0.1"), net.ParseIP("127.0.0.1")}, cpIPs...)},
+		{name: "registry", dns: []string{"registry.sandbox"}, ips: []net.IP{net.ParseIP(s.Admin().Address)}},
+		{name: "admin", user: "admin", groups: []string{"system:masters"}},
+		{name: "apiserver-kubelet-client", user: "apiserver-kubelet-client", groups: []string{"kubeadm:cluster-admins", "system:masters"}},
+		{name: "controller-manager", user: "system:kube-controller-manager"},
+		{name: "scheduler", user: "system:kube-scheduler"},
 	}
 	for _, m := range s.Nodes() {
-		name := m.Name
-		if err := issue("node-"+name, func() (string, string, error) {
-			return ca.IssueClient(pki, "system:node:"+name, []string{"system:nodes"})
-		}); err != nil {
-			return err
+		certs = append(certs, cert{name: "node-" + m.Name, user: "system:node:" + m.Name, groups: []string{"system:nodes"}})
+	}
+	issued := map[string][2]string{}
+	for _, c := range certs {
+		var crt, key string
+		if c.user == "" {
+			crt, key, err = ca.Issue(pki, c.name, c.dns, c.ips)
+		} else {
+			crt, key, err = ca.IssueClient(pki, c.user, c.groups)
 		}
+		if err != nil {
+			return fmt.Errorf("certificate %s: %w", c.name, err)
+		}
+		issued[c.name] = [2]string{crt, key}
 	}
 	if err := kube.WriteServiceAccountKey(filepath.Join(pki, "sa.key"), filepath.Join(pki, "sa.pub")); err != nil {
 		return err
@@ -110,7 +101,7 @@ func (s *State) makeFiles(ctx context.Context, cfg Config) error {
 
 	// The operator's view: an admin kubeconfig and the registry's details.
 	if err := os.WriteFile(filepath.Join(s.Dir, "kubeconfig"),
-		[]byte(kubeconfig(s.APIServer, ca.CertFile, issued["admin"][0], issued["admin"][1], "kubelift-admin")), 0o600); err != nil {
+		[]byte(kube.Kubeconfig(s.APIServer, ca.CertFile, issued["admin"][0], issued["admin"][1], "kubelift-admin")), 0o600); err != nil {
 		return err
 	}
 	password, err := randomHex(12)
@@ -311,11 +302,11 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 	if m.Role == "control-plane" {
 		server = local
 	}
-	confs := map[string]string{"kubelet.conf": kubeconfig(server, pkiDir+"/ca.crt", pkiDir+"/kubelet-client.crt", pkiDir+"/kubelet-client.key", "system:node:"+m.Name)}
+	confs := map[string]string{"kubelet.conf": kube.Kubeconfig(server, pkiDir+"/ca.crt", pkiDir+"/kubelet-client.crt", pkiDir+"/kubelet-client.key", "system:node:"+m.Name)}
 	if m.Role == "control-plane" {
-		confs["admin.conf"] = kubeconfig(local, pkiDir+"/ca.crt", pkiDir+"/admin.crt", pkiDir+"/admin.key", "kubernetes-admin")
-		confs["controller-manager.conf"] = kubeconfig(local, pkiDir+"/ca.crt", pkiDir+"/controller-manager.crt", pkiDir+"/controller-manager.key", "system:kube-controller-manager")
-		confs["scheduler.conf"] = kubeconfig(local, pkiDir+"/ca.crt", pkiDir+"/scheduler.crt", pkiDir+"/scheduler.key", "system:kube-scheduler")
+		confs["admin.conf"] = kube.Kubeconfig(local, pkiDir+"/ca.crt", pkiDir+"/admin.crt", pkiDir+"/admin.key", "kubernetes-admin")
+		confs["controller-manager.conf"] = kube.Kubeconfig(local, pkiDir+"/ca.crt", pkiDir+"/controller-manager.crt", pkiDir+"/controller-manager.key", "system:kube-controller-manager")
+		confs["scheduler.conf"] = kube.Kubeconfig(local, pkiDir+"/ca.crt", pkiDir+"/scheduler.crt", pkiDir+"/scheduler.key", "system:kube-scheduler")
 	}
 	for name, c := range confs {
 		if err := os.WriteFile(m.fsPath("etc/kubernetes/"+name), []byte(c), 0o600); err != nil {
@@ -352,10 +343,7 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 			return err
 		}
 	}
-	leader := "false"
-	if len(s.Nodes()) > 0 && s.controlPlanes() > 1 {
-		leader = "true"
-	}
+	leader := fmt.Sprint(s.controlPlanes() > 1)
 	if err := writeUnit(m, "kube-apiserver.service", fmt.Sprintf(apiserverUnit, m.Address, etcd), true); err != nil {
 		return err
 	}
@@ -426,26 +414,6 @@ sandbox-ssh() { local n=$1 a; shift; case $n in %[9]s *) a=$n;; esac
   sandbox ssh -i %[1]s/ssh/id_ed25519 -o UserKnownHostsFile=%[1]s/ssh/known_hosts -o StrictHostKeyChecking=yes -o BatchMode=yes root@"$a" "$@"; }
 `, s.Dir, s.Registry.Address, s.Registry.User, s.Registry.CAFile, s.OldVersion, s.NewVersion, s.Binaries.Old, admin.NetNS, cases.String(), s.Internet.NetNS, strings.Join(s.Internet.BundleFlags, " "))
 	return os.WriteFile(filepath.Join(s.Dir, "env.sh"), []byte(env), 0o644)
-}
-
-func kubeconfig(server, ca, cert, key, user string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: kubelift-sandbox
-  cluster:
-    server: %s
-    certificate-authority: %s
-users:
-- name: %s
-  user:
-    client-certificate: %s
-    client-key: %s
-contexts:
-- name: %s@kubelift-sandbox
-  context: {cluster: kubelift-sandbox, user: %s}
-current-context: %s@kubelift-sandbox
-`, server, ca, user, cert, key, user, user, user)
 }
 
 func sshKeygen(path, comment string) error {

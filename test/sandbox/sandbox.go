@@ -301,7 +301,7 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 		return err
 	}
 	cfg.Log("certificates, ssh keys, unit files and node file trees")
-	if err := s.makeFiles(ctx, cfg); err != nil {
+	if err := s.makeFiles(cfg); err != nil {
 		return err
 	}
 	if err := s.save(); err != nil {

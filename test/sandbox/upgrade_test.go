@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -88,16 +87,7 @@ func runningContainers(t *testing.T, m sandbox.Machine, pods []string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ids []string
-	for _, rc := range rcs {
-		for _, p := range pods {
-			if rc.Pod == p && rc.Running {
-				ids = append(ids, rc.Pod+"/"+rc.Name+"="+rc.ID)
-			}
-		}
-	}
-	sort.Strings(ids)
-	return strings.Join(ids, " ")
+	return kube.RunningIDs(rcs, pods)
 }
 
 func kubeletLogSize(m sandbox.Machine) int64 {
