@@ -51,12 +51,6 @@ func sh(name string, args ...string) error {
 	return cmd.Run()
 }
 
-// inAdmin runs a command on the sandbox's admin machine (inside the air
-// gap: only there are the registry and the nodes reachable).
-func inAdmin(sb *sandbox.State, name string, args ...string) (string, []string) {
-	return "nsenter", append([]string{"--net=/run/netns/" + sb.Admin().NetNS, "--", name}, args...)
-}
-
 func run(ctx context.Context, sb *sandbox.State) error {
 	work, err := filepath.Abs(".demo")
 	if err != nil {
@@ -165,8 +159,7 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	step("Why in-place kubelet upgrades restart containers: a running pod, hashed as two kubelets hash it")
 	pod := filepath.Join(work, "pod.yaml")
 	fmt.Printf("[admin]$ kubectl -n %s get pod batch-legacy -o yaml > pod.yaml\n", sandbox.WorkloadNamespace)
-	bin0, argv := inAdmin(sb, kubectl, "--kubeconfig", kc, "-n", sandbox.WorkloadNamespace, "get", "pod", "batch-legacy", "-o", "yaml")
-	podYAML, err := exec.Command(bin0, argv...).Output()
+	podYAML, err := sb.NetNS().Command(kubectl, "--kubeconfig", kc, "-n", sandbox.WorkloadNamespace, "get", "pod", "batch-legacy", "-o", "yaml").Output()
 	if err != nil {
 		return fmt.Errorf("kubectl get pod: %w", err)
 	}
@@ -211,7 +204,7 @@ func shIn(sb *sandbox.State, netns, stdin, name string, args ...string) error {
 	} else {
 		fmt.Printf("[%s]$ %s\n", where, strings.Join(shown, " "))
 	}
-	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + netns, "--", name}, args...)...)
+	cmd := (&kube.NetNS{Name: netns}).Command(name, args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	return cmd.Run()

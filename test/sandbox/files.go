@@ -259,10 +259,10 @@ func (s *State) adminFiles(m *Machine, tls [2]string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(m.fsPath("etc/docker/registry/config.yml"), []byte(fmt.Sprintf(registryConfig, s.Registry.Address, secret)), 0o600); err != nil {
+	if err := os.WriteFile(m.fsPath("etc/docker/registry/config.yml"), []byte(registryConfig(s.Registry.Address, secret, true)), 0o600); err != nil {
 		return err
 	}
-	return writeUnit(m, "docker-registry.service", registryUnit, true)
+	return writeUnit(m, "docker-registry.service", fmt.Sprintf(registryUnit, "the air gap's private registry"), true)
 }
 
 func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]string) error {

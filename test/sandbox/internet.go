@@ -24,30 +24,6 @@ const (
 	internetFiles    = "127.0.0.1:8080"
 )
 
-const sourceRegistryConfig = `version: 0.1
-log:
-  level: info
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: /var/lib/docker-registry
-http:
-  addr: ` + internetRegistry + `
-  secret: kubelift-sandbox-internet
-`
-
-const sourceRegistryUnit = `[Unit]
-Description=Docker Registry (Debian docker-registry) playing registry.k8s.io
-
-[Service]
-ExecStart=/usr/bin/docker-registry serve /etc/docker/registry/config.yml
-Restart=on-failure
-
-[Install]
-WantedBy=multi-user.target
-`
-
 const filesUnit = `[Unit]
 Description=HTTP file server playing dl.k8s.io and github.com (each file with its .sha256)
 
@@ -69,7 +45,7 @@ func (s *State) internetFiles(m *Machine) error {
 			return err
 		}
 	}
-	if err := os.WriteFile(m.fsPath("etc/docker/registry/config.yml"), []byte(sourceRegistryConfig), 0o644); err != nil {
+	if err := os.WriteFile(m.fsPath("etc/docker/registry/config.yml"), []byte(registryConfig(internetRegistry, "kubelift-sandbox-internet", false)), 0o644); err != nil {
 		return err
 	}
 	cat, err := catalog.Default()
@@ -116,7 +92,7 @@ func (s *State) internetFiles(m *Machine) error {
 	for _, h := range hs {
 		s.Internet.BundleFlags = append(s.Internet.BundleFlags, "--url-mirror", "https://"+h+"=http://"+internetFiles+"/"+h)
 	}
-	if err := writeUnit(m, "source-registry.service", sourceRegistryUnit, true); err != nil {
+	if err := writeUnit(m, "source-registry.service", fmt.Sprintf(registryUnit, "playing registry.k8s.io"), true); err != nil {
 		return err
 	}
 	return writeUnit(m, "files.service", filesUnit, true)
@@ -130,7 +106,7 @@ func (s *State) seedInternet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ns := s.netNS(*m)
+	ns := m.Net()
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: ns.DialContext}}
 	for _, u := range []string{"http://" + internetRegistry + "/v2/", "http://" + internetFiles + "/"} {
 		if err := poll(ctx, time.Minute, func() (bool, error) {

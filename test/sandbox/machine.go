@@ -37,8 +37,7 @@ func (s *State) boot(m *Machine, tool string) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+m.NetNS, "--",
-		"unshare", "--mount", "--uts", "--propagation", "private", "--",
+	cmd := m.Net().Command("unshare", "--mount", "--uts", "--propagation", "private", "--",
 		tool, "node-init", "--root", m.Root, "--hostname", m.Name)
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -76,9 +75,11 @@ func (s *State) Command(m Machine, name string, args ...string) *exec.Cmd {
 
 // NetNS is the admin machine's namespace, from which every sandbox
 // address is reachable.
-func (s *State) NetNS() *kube.NetNS { return s.netNS(s.Admin()) }
+func (s *State) NetNS() *kube.NetNS { return s.Admin().Net() }
 
-func (s *State) netNS(m Machine) *kube.NetNS { return &kube.NetNS{Name: m.NetNS, Addr: m.Address} }
+// Net is the machine's network namespace (to dial from, or run a command
+// in with its Command).
+func (m Machine) Net() *kube.NetNS { return &kube.NetNS{Name: m.NetNS, Addr: m.Address} }
 
 // RESTConfig is the admin kubeconfig, dialing from the admin namespace.
 func (s *State) RESTConfig() (*rest.Config, error) {

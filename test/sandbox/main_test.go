@@ -124,42 +124,38 @@ func node(t *testing.T, name string) sandbox.Machine {
 }
 
 // ssh runs a command on node over SSH (strict host key checking) and
-// returns its output; stdin may be nil.
+// returns its output; stdin may be nil. A failure fails the test.
 func ssh(t *testing.T, nodeName, command string, stdin io.Reader) string {
 	t.Helper()
-	c, err := sb.SSH(context.Background(), nodeName)
+	out, errOut, err := sshRun(nodeName, command, stdin)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("ssh %s %q: %v\n%s%s", nodeName, command, err, out, errOut)
 	}
-	defer c.Close()
-	sess, err := c.NewSession()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	var out, errb bytes.Buffer
-	sess.Stdout, sess.Stderr, sess.Stdin = &out, &errb, stdin
-	if err := sess.Run(command); err != nil {
-		t.Fatalf("ssh %s %q: %v\n%s%s", nodeName, command, err, out.String(), errb.String())
-	}
-	return out.String()
+	return out
 }
 
 // sshOutput runs a command on a node over SSH and returns its standard
 // output and error (a non-zero exit is an error).
 func sshOutput(nodeName, command string) (string, error) {
+	out, _, err := sshRun(nodeName, command, nil)
+	return out, err
+}
+
+func sshRun(nodeName, command string, stdin io.Reader) (stdout, stderr string, err error) {
 	c, err := sb.SSH(context.Background(), nodeName)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer c.Close()
 	sess, err := c.NewSession()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer sess.Close()
-	out, err := sess.Output(command)
-	return string(out), err
+	var out, errb bytes.Buffer
+	sess.Stdout, sess.Stderr, sess.Stdin = &out, &errb, stdin
+	err = sess.Run(command)
+	return out.String(), errb.String(), err
 }
 
 // waitFor polls cond (bounded: 3 minutes), failing with what describe says.
@@ -281,10 +277,12 @@ func TestSSHStrictHostKeyChecking(t *testing.T) {
 	}
 	// OpenSSH's client, from the admin machine, with strict checking.
 	w1 := node(t, "worker-1")
-	args := []string{"--net=/run/netns/" + sb.Admin().NetNS, "--", "ssh", "-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"),
-		"-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "UserKnownHostsFile=" + filepath.Join(sb.Dir, "ssh", "known_hosts"),
-		"root@" + w1.Address, "cat /etc/kubernetes/kubelet.conf | grep -c system:node:worker-1"}
-	out, err := exec.Command("nsenter", args...).CombinedOutput()
+	openssh := func(knownHosts string) ([]byte, error) {
+		return sb.NetNS().Command("ssh", "-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"),
+			"-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "UserKnownHostsFile="+knownHosts,
+			"root@"+w1.Address, "cat /etc/kubernetes/kubelet.conf | grep -c system:node:worker-1").CombinedOutput()
+	}
+	out, err := openssh(filepath.Join(sb.Dir, "ssh", "known_hosts"))
 	if err != nil || strings.TrimSpace(string(out)) == "0" {
 		t.Errorf("OpenSSH to worker-1: %v: %s", err, out)
 	}
@@ -303,8 +301,7 @@ func TestSSHStrictHostKeyChecking(t *testing.T) {
 	if err := os.WriteFile(bad, []byte(forged), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args[len(args)-3] = "UserKnownHostsFile=" + bad
-	out, err = exec.Command("nsenter", args...).CombinedOutput()
+	out, err = openssh(bad)
 	if err == nil || !strings.Contains(string(out), "HOST IDENTIFICATION HAS CHANGED") {
 		t.Errorf("a node with an unexpected host key was accepted: %v: %s", err, out)
 	}
@@ -382,7 +379,7 @@ func TestInternetOutsideTheAirGap(t *testing.T) {
 	if out, err := sb.Command(inet, "curl", "-s", "-m", "3", "-k", "https://"+sb.Registry.Address+"/v2/").CombinedOutput(); err == nil {
 		t.Errorf("the internet reached the private registry: %s", out)
 	}
-	if out, err := exec.Command("nsenter", "--net=/run/netns/"+sb.Admin().NetNS, "--", "curl", "-s", "-m", "3", "http://"+sb.Internet.Registry+"/v2/").CombinedOutput(); err == nil {
+	if out, err := sb.NetNS().Command("curl", "-s", "-m", "3", "http://"+sb.Internet.Registry+"/v2/").CombinedOutput(); err == nil {
 		t.Errorf("the admin machine reached the internet's registry: %s", out)
 	}
 }
@@ -414,24 +411,32 @@ func TestSameNameRefused(t *testing.T) {
 	}
 }
 
-// Three control planes: one etcd, an API server on each, and the
-// controller manager and scheduler elect leaders.
-func TestHAControlPlanes(t *testing.T) {
-	ctx := context.Background()
-	ha := cfg
-	ha.Dir = filepath.Join(t.TempDir(), "ha")
-	ha.Name = cfg.Name + "h"
-	ha.Subnet = "10.79.0"
-	ha.ControlPlanes, ha.Workers, ha.Workloads = 3, 1, false
-	s, err := sandbox.Up(ctx, ha)
+// extraSandbox brings up a second sandbox, without workloads, for one
+// test (its name is the package sandbox's plus suffix) and takes it down
+// when the test ends.
+func extraSandbox(t *testing.T, suffix, subnet string, controlPlanes, workers int) (sandbox.Config, *sandbox.State) {
+	t.Helper()
+	c := cfg
+	c.Dir = filepath.Join(t.TempDir(), "sandbox-"+suffix)
+	c.Name, c.Subnet = cfg.Name+suffix, subnet
+	c.ControlPlanes, c.Workers, c.Workloads = controlPlanes, workers, false
+	s, err := sandbox.Up(context.Background(), c)
 	t.Cleanup(func() {
-		if err := sandbox.Down(ctx, ha.Dir, nil); err != nil {
+		if err := sandbox.Down(context.Background(), c.Dir, nil); err != nil {
 			t.Error(err)
 		}
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, s
+}
+
+// Three control planes: one etcd, an API server on each, and the
+// controller manager and scheduler elect leaders.
+func TestHAControlPlanes(t *testing.T) {
+	ctx := context.Background()
+	_, s := extraSandbox(t, "h", "10.79.0", 3, 1)
 	rc, err := s.RESTConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -471,20 +476,7 @@ func TestHAControlPlanes(t *testing.T) {
 // fresh one up.
 func TestUpRecoversFromDeadMachine(t *testing.T) {
 	ctx := context.Background()
-	small := cfg
-	small.Dir = filepath.Join(t.TempDir(), "small")
-	small.Name = cfg.Name + "s"
-	small.Subnet = "10.81.0"
-	small.Workers, small.Workloads = 0, false
-	s, err := sandbox.Up(ctx, small)
-	t.Cleanup(func() {
-		if err := sandbox.Down(ctx, small.Dir, nil); err != nil {
-			t.Error(err)
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	small, s := extraSandbox(t, "s", "10.81.0", 1, 0)
 	inet, err := s.Machine("internet")
 	if err != nil {
 		t.Fatal(err)

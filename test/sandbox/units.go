@@ -1,5 +1,7 @@
 package sandbox
 
+import "fmt"
+
 // Unit files and configuration the machines run from, in the shape
 // kubeadm and Debian give them.
 
@@ -172,7 +174,10 @@ RestartSec=2
 WantedBy=multi-user.target
 `
 
-const registryConfig = `version: 0.1
+// registryConfig configures docker-registry on addr; the private one
+// serves TLS and asks for the htpasswd user.
+func registryConfig(addr, secret string, private bool) string {
+	c := fmt.Sprintf(`version: 0.1
 log:
   level: info
   accesslog:
@@ -185,7 +190,9 @@ storage:
 http:
   addr: %s
   secret: %s
-  tls:
+`, addr, secret)
+	if private {
+		c += `  tls:
     certificate: /etc/docker/registry/tls.crt
     key: /etc/docker/registry/tls.key
 auth:
@@ -193,9 +200,13 @@ auth:
     realm: kubelift-sandbox
     path: /etc/docker/registry/htpasswd
 `
+	}
+	return c
+}
 
+// registryUnit runs docker-registry; %s says what it plays.
 const registryUnit = `[Unit]
-Description=Docker Registry (Debian docker-registry): the air gap's private registry
+Description=Docker Registry (Debian docker-registry): %s
 
 [Service]
 ExecStart=/usr/bin/docker-registry serve /etc/docker/registry/config.yml

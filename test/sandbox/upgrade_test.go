@@ -26,13 +26,9 @@ import (
 func pinnedPods(t *testing.T, m sandbox.Machine, ns, prefix string, count int, tol []corev1.Toleration) []string {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := sandbox.EnsureNamespace(ctx, client, ns); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "default ServiceAccount in "+ns, func() (bool, error) {
-		_, err := client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
 	var names []string
 	for i := 0; i < count; i++ {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, i), Namespace: ns}, Spec: sb.PodSpec(tol)}
@@ -42,24 +38,9 @@ func pinnedPods(t *testing.T, m sandbox.Machine, ns, prefix string, count int, t
 		}
 		names = append(names, p.Name)
 	}
-	waitFor(t, prefix+" pods running on "+m.Name, func() (bool, error) {
-		for _, n := range names {
-			p, err := client.CoreV1().Pods(ns).Get(ctx, n, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			running := 0
-			for _, cs := range p.Status.ContainerStatuses {
-				if cs.State.Running != nil {
-					running++
-				}
-			}
-			if running != len(p.Spec.Containers) {
-				return false, nil
-			}
-		}
-		return true, nil
-	}, kubeletLog(m))
+	if err := sandbox.WaitPodsRunning(ctx, client, ns, 3*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, kubeletLog(m)())
+	}
 	return names
 }
 
@@ -109,12 +90,7 @@ func installKubelet(t *testing.T, m sandbox.Machine, binary, version, ns string,
 	if binary == "" {
 		ssh(t, m.Name, "systemctl restart kubelet", nil)
 	} else {
-		f, err := os.Open(binary)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		ssh(t, m.Name, "cat > /usr/local/bin/.kubelet.new && chmod 755 /usr/local/bin/.kubelet.new && mv -f /usr/local/bin/.kubelet.new /usr/local/bin/kubelet && systemctl restart kubelet", f)
+		installComponent(t, m, "kubelet", binary)
 	}
 	if after := strings.TrimSpace(ssh(t, m.Name, "systemctl show kubelet -p MainPID", nil)); after == before {
 		t.Fatalf("kubelet on %s not restarted (%s)", m.Name, after)
@@ -373,13 +349,9 @@ func TestNodeAffinityAfterLabelRemoval(t *testing.T) {
 	patch(`"gold"`)
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gold-only", Namespace: ns}, Spec: sb.PodSpec(nil)}
 	p.Spec.NodeSelector = map[string]string{"kubelift.io/tier": "gold"}
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	if err := sandbox.EnsureNamespace(ctx, client, ns); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "default ServiceAccount in "+ns, func() (bool, error) {
-		_, err := client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
 	if _, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

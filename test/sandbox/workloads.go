@@ -52,17 +52,8 @@ func (s *State) createWorkloads(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: WorkloadNamespace}}
-	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := EnsureNamespace(ctx, client, WorkloadNamespace); err != nil {
 		return err
-	}
-	// Pods need the namespace's default ServiceAccount, which the
-	// controller manager creates.
-	if err := poll(ctx, time.Minute, func() (bool, error) {
-		_, err := client.CoreV1().ServiceAccounts(WorkloadNamespace).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	}); err != nil {
-		return fmt.Errorf("no default ServiceAccount in %s: %w", WorkloadNamespace, err)
 	}
 	workers := []Machine{}
 	for _, m := range s.Nodes() {
@@ -120,6 +111,23 @@ func (s *State) createWorkloads(ctx context.Context) error {
 		if _, err := client.CoreV1().Nodes().Patch(ctx, pinnedNode, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// EnsureNamespace creates namespace unless it exists, and waits (up to a
+// minute) for its default ServiceAccount, which the controller manager
+// creates and pods need.
+func EnsureNamespace(ctx context.Context, client kubernetes.Interface, namespace string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("namespace %s: %w", namespace, err)
+	}
+	if err := poll(ctx, time.Minute, func() (bool, error) {
+		_, err := client.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return fmt.Errorf("no default ServiceAccount in %s: %w", namespace, err)
 	}
 	return nil
 }
