@@ -148,8 +148,8 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 		return res, err
 	}
 	log.Info("checking every image resolves by digest")
-	if errs := p.Check(ctx, imgs); len(errs) > 0 {
-		return res, fmt.Errorf("%w: %w", ErrUnresolved, errors.Join(errs...))
+	if err := p.Check(ctx, imgs); err != nil {
+		return res, fmt.Errorf("%w: %w", ErrUnresolved, err)
 	}
 	if opts.Recorder != nil {
 		log.Info("recording the version as available in the cluster")

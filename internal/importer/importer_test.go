@@ -264,3 +264,44 @@ func TestTargetFor(t *testing.T) {
 		}
 	}
 }
+
+// cancelOn is a slog handler that cancels a context when a message is logged.
+type cancelOn struct {
+	slog.Handler
+	msg    string
+	cancel context.CancelFunc
+}
+
+func (h cancelOn) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h cancelOn) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.cancel()
+	}
+	return nil
+}
+
+// An import whose check is cut short has not checked its images: it must
+// fail, naming them, never report success. Before the fix the check's
+// worker pool error was dropped and an unchecked image counted as good
+// (about half the runs of each iteration here passed as a success).
+func TestImportFailsWhenCheckIsCutShort(t *testing.T) {
+	e := newEnv(t)
+	file := e.bundle(t, "b.tar", nil)
+	if _, err := e.imp(t, file, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		opts := Options{Bundle: file, Trust: bundle.Trust{Key: e.pub}, Domain: e.target, Namespace: "library", Jobs: 3,
+			Log: slog.New(cancelOn{Handler: slog.DiscardHandler, msg: "checking every image resolves by digest", cancel: cancel})}
+		_, err := Import(ctx, opts)
+		cancel()
+		if !errors.Is(err, ErrUnresolved) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("run %d: import with its check cancelled returned %v, want ErrUnresolved and context.Canceled", i, err)
+		}
+		if !strings.Contains(err.Error(), e.target+"/library/kube-apiserver:v1.31.4") {
+			t.Fatalf("run %d: the error does not name the unchecked image: %v", i, err)
+		}
+	}
+}

@@ -249,34 +249,52 @@ func (p *Pusher) Push(ctx context.Context, plan *PushPlan) error {
 	})
 }
 
-// Check resolves every image's Target and its digest in the registry and
-// returns one error per image that does not resolve to the expected digest.
-func (p *Pusher) Check(ctx context.Context, imgs []*PushImage) []error {
+// Check resolves every image's Target, and its digest, in the registry. It
+// returns nil only when every image was checked and resolves to the expected
+// digest; otherwise one error per image, each naming it, joined. An image
+// left unchecked because the check was cut short (cancelled, or the pool
+// stopped) counts as failed.
+func (p *Pusher) Check(ctx context.Context, imgs []*PushImage) error {
 	errs := make([]error, len(imgs))
-	_ = parallel.ForEach(ctx, p.Jobs, len(imgs), func(ctx context.Context, i int) error {
-		im := imgs[i]
-		want := im.Root().Digest
-		got, err := p.ManifestDigest(ctx, im.Target)
-		switch {
-		case err != nil:
-			errs[i] = fmt.Errorf("%s: %w", im.Target, err)
-		case got != want:
-			errs[i] = fmt.Errorf("%s resolves to %s, want %s", im.Target, got, want)
-		default:
-			byDigest := im.Target.Context().Digest(want.String())
-			if d, err := p.ManifestDigest(ctx, byDigest); err != nil || d != want {
-				errs[i] = fmt.Errorf("%s does not resolve (%v)", byDigest, err)
-			}
-		}
+	for i, im := range imgs {
+		errs[i] = fmt.Errorf("%s: %w", im.Target, errNotChecked)
+	}
+	stopped := parallel.ForEach(ctx, p.Jobs, len(imgs), func(ctx context.Context, i int) error {
+		errs[i] = p.checkOne(ctx, imgs[i])
 		return nil
 	})
-	var out []error
-	for _, e := range errs {
-		if e != nil {
-			out = append(out, e)
+	if stopped != nil {
+		for i := range errs {
+			if errors.Is(errs[i], errNotChecked) {
+				errs[i] = fmt.Errorf("%w (%w)", errs[i], stopped)
+			}
 		}
 	}
-	return out
+	return errors.Join(errs...)
+}
+
+// errNotChecked marks an image the check did not reach.
+var errNotChecked = errors.New("not checked")
+
+func (p *Pusher) checkOne(ctx context.Context, im *PushImage) error {
+	want := im.Root().Digest
+	got, err := p.ManifestDigest(ctx, im.Target)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: %w", im.Target, err)
+	case got == v1.Hash{}:
+		return fmt.Errorf("%s: not in the registry", im.Target)
+	case got != want:
+		return fmt.Errorf("%s resolves to %s, want %s", im.Target, got, want)
+	}
+	byDigest := im.Target.Context().Digest(want.String())
+	switch d, err := p.ManifestDigest(ctx, byDigest); {
+	case err != nil:
+		return fmt.Errorf("%s: %w", byDigest, err)
+	case d != want:
+		return fmt.Errorf("%s does not resolve", byDigest)
+	}
+	return nil
 }
 
 // ManifestDigest returns the digest ref resolves to, or a zero Hash when
