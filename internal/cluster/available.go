@@ -13,6 +13,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/catalog"
 )
 
 // Namespace holds kubelift's records.
@@ -122,8 +124,22 @@ func ListAvailable(ctx context.Context, c kubernetes.Interface) ([]*Available, e
 		}
 		out = append(out, a)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].KubernetesVersion < out[j].KubernetesVersion })
+	sort.SliceStable(out, func(i, j int) bool { return versionLess(out[i].KubernetesVersion, out[j].KubernetesVersion) })
 	return out, nil
+}
+
+// versionLess orders release versions numerically (v1.31.4 before
+// v1.31.10); a version that does not parse sorts after those that do.
+func versionLess(a, b string) bool {
+	va, erra := catalog.ParseVersion(a)
+	vb, errb := catalog.ParseVersion(b)
+	switch {
+	case erra != nil && errb != nil:
+		return a < b
+	case erra != nil || errb != nil:
+		return errb != nil
+	}
+	return va.Compare(vb) < 0
 }
 
 func (a *Available) configMap() (*corev1.ConfigMap, error) {
