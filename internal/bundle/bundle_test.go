@@ -7,6 +7,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +16,9 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/kubelift/kubelift/internal/bundletest"
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -93,8 +96,9 @@ func TestCreateVerifyExtract(t *testing.T) {
 			blobs++
 		}
 	}
-	// 3 images: apiserver+proxy = 2x(manifest, config, top) ; coredns = index + amd64 (manifest, config, top); + base once.
-	if want := 2*3 + 1 + 3 + 1; blobs != want {
+	// 3 images: apiserver+proxy = 2x(manifest, config, top) ; coredns = index + amd64 (manifest, config, top); + base once;
+	// + the OCI index standing in for each of the two Docker schema 2 roots.
+	if want := 2*3 + 1 + 3 + 1 + 2; blobs != want {
 		t.Errorf("%d blobs, want %d (shared layer once)", blobs, want)
 	}
 
@@ -117,23 +121,46 @@ func TestCreateVerifyExtract(t *testing.T) {
 	}
 	for _, d := range im.Manifests {
 		ref := d.Annotations["org.opencontainers.image.ref.name"]
-		if d.Digest.String() != f.digests[ref] {
-			t.Errorf("layout %s: %s", ref, d.Digest)
+		// Every descriptor tells the truth: the blob's own media type is
+		// the descriptor's.
+		raw, err := lp.Bytes(d.Digest)
+		if err != nil {
+			t.Fatalf("%s: %v", ref, err)
 		}
-		if d.MediaType.IsImage() {
-			img, err := ii.Image(d.Digest)
+		var own struct{ MediaType types.MediaType }
+		if err := json.Unmarshal(raw, &own); err != nil || own.MediaType != d.MediaType {
+			t.Errorf("%s: index.json says %s, the blob says %s", ref, d.MediaType, own.MediaType)
+		}
+		img := v1.Image(nil)
+		if d.Digest.String() == f.digests[ref] {
+			// An OCI root (coredns' index) is named as it is.
+			if d.MediaType != types.OCIImageIndex {
+				t.Errorf("%s: upstream root named with %s", ref, d.MediaType)
+			}
+			continue
+		}
+		// A Docker schema 2 root is reached through a small OCI index
+		// listing upstream's manifest, by its digest, type and platform.
+		child, err := ii.ImageIndex(d.Digest)
+		if err != nil {
+			t.Fatalf("%s: %v", ref, err)
+		}
+		cm, _ := child.IndexManifest()
+		if len(cm.Manifests) != 1 || cm.Manifests[0].Digest.String() != f.digests[ref] ||
+			cm.Manifests[0].MediaType != types.DockerManifestSchema2 || cm.Manifests[0].Platform == nil || cm.Manifests[0].Platform.Architecture != "amd64" {
+			t.Fatalf("%s: stand-in index %s, want upstream %s (docker schema 2, linux/amd64)", ref, raw, f.digests[ref])
+		}
+		if img, err = child.Image(cm.Manifests[0].Digest); err != nil {
+			t.Fatal(err)
+		}
+		layers, _ := img.Layers()
+		for _, l := range layers {
+			rc, err := l.Compressed()
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s layer: %v", ref, err)
 			}
-			layers, _ := img.Layers()
-			for _, l := range layers {
-				rc, err := l.Compressed()
-				if err != nil {
-					t.Fatalf("%s layer: %v", ref, err)
-				}
-				io.Copy(io.Discard, rc)
-				rc.Close()
-			}
+			io.Copy(io.Discard, rc)
+			rc.Close()
 		}
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "bin/linux/amd64/kubelet")); string(b) != "kubelet amd64 binary" {

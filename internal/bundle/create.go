@@ -201,40 +201,47 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 	return m, nil
 }
 
-// layoutEntries adds the OCI layout to m: oci-layout and index.json (kept in
-// memory, returned by path) and every blob once.
+// layoutEntries adds the OCI layout to m: oci-layout and index.json, the
+// small indexes that stand in for Docker-typed roots (kept in memory,
+// returned by path), and every blob once.
 func layoutEntries(m *Manifest, imgs []*registry.Image) (map[string][]byte, error) {
-	idx := v1.IndexManifest{SchemaVersion: 2, MediaType: "application/vnd.oci.image.index.v1+json"}
+	idx := v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex}
+	mem := map[string][]byte{path.Join(LayoutDir, "oci-layout"): []byte(`{"imageLayoutVersion":"1.0.0"}`)}
 	seen := map[v1.Hash]bool{}
 	var blobs []Entry
+	addBlob := func(d v1.Hash, size int64) {
+		if !seen[d] {
+			seen[d] = true
+			blobs = append(blobs, Entry{Path: BlobPath(d.String()), Size: size, SHA256: d.Hex})
+		}
+	}
 	for _, img := range imgs {
 		rec := Image{Ref: img.Ref, PullFrom: img.PullFrom, Digest: img.Root.Digest.String(), MediaType: string(img.Root.MediaType),
 			Size: img.Root.Size, Platforms: img.Platforms, Blobs: len(img.Blobs)}
 		for _, b := range img.Blobs {
 			rec.Bytes += b.Size
-			if seen[b.Digest] {
-				continue
-			}
-			seen[b.Digest] = true
-			blobs = append(blobs, Entry{Path: path.Join(LayoutDir, "blobs", b.Digest.Algorithm, b.Digest.Hex), Size: b.Size, SHA256: b.Digest.Hex})
+			addBlob(b.Digest, b.Size)
 		}
 		m.Images = append(m.Images, rec)
-		idx.Manifests = append(idx.Manifests, v1.Descriptor{
-			MediaType: ociMediaType(img.Root.MediaType), Size: img.Root.Size, Digest: img.Root.Digest,
-			Annotations: map[string]string{
-				"org.opencontainers.image.ref.name": img.Ref,
-				"io.containerd.image.name":          img.Ref,
-			},
-		})
+		desc, stand, err := layoutDescriptor(img)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", img.Ref, err)
+		}
+		if stand != nil {
+			mem[BlobPath(desc.Digest.String())] = stand
+			addBlob(desc.Digest, desc.Size)
+		}
+		desc.Annotations = map[string]string{
+			"org.opencontainers.image.ref.name": img.Ref,
+			"io.containerd.image.name":          img.Ref,
+		}
+		idx.Manifests = append(idx.Manifests, desc)
 	}
 	indexJSON, err := json.Marshal(idx)
 	if err != nil {
 		return nil, err
 	}
-	mem := map[string][]byte{
-		path.Join(LayoutDir, "oci-layout"): []byte(`{"imageLayoutVersion":"1.0.0"}`),
-		path.Join(LayoutDir, "index.json"): indexJSON,
-	}
+	mem[path.Join(LayoutDir, "index.json")] = indexJSON
 	for _, p := range []string{path.Join(LayoutDir, "oci-layout"), path.Join(LayoutDir, "index.json")} {
 		sum := sha256.Sum256(mem[p])
 		m.Entries = append(m.Entries, Entry{Path: p, Size: int64(len(mem[p])), SHA256: hex.EncodeToString(sum[:])})
@@ -244,18 +251,29 @@ func layoutEntries(m *Manifest, imgs []*registry.Image) (map[string][]byte, erro
 	return mem, nil
 }
 
-// ociMediaType names a root descriptor in index.json with the OCI type of
-// the same shape: skopeo (1.9, Debian 12) skips descriptors of Docker types
-// when it looks a reference up. The blob it points to is upstream's, byte
-// for byte (so the digest holds); bundle.json records its real media type.
-func ociMediaType(mt types.MediaType) types.MediaType {
-	switch mt {
-	case types.DockerManifestList:
-		return types.OCIImageIndex
-	case types.DockerManifestSchema2:
-		return types.OCIManifestSchema1
+// layoutDescriptor is what index.json says of an image. A descriptor tells
+// the truth about the bytes it points to, and skopeo (1.9, Debian 12)
+// skips descriptors of Docker types in index.json. So an OCI root is named
+// as it is; a Docker-typed root (a manifest list, or a single schema 2
+// manifest) is reached through a small OCI index, stand, that lists the
+// bundled platform manifests with their real media types and platforms.
+// Upstream's own bytes stay in the layout, and bundle.json records their
+// digests, which import pushes.
+func layoutDescriptor(img *registry.Image) (desc v1.Descriptor, stand []byte, err error) {
+	switch img.Root.MediaType {
+	case types.OCIImageIndex, types.OCIManifestSchema1:
+		return v1.Descriptor{MediaType: img.Root.MediaType, Size: img.Root.Size, Digest: img.Root.Digest}, nil, nil
 	}
-	return mt
+	if len(img.Manifests) == 0 {
+		return v1.Descriptor{}, nil, fmt.Errorf("no platform manifest of %s %s is bundled", img.Root.MediaType, img.Root.Digest)
+	}
+	stand, err = json.Marshal(v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex, Manifests: img.Manifests})
+	if err != nil {
+		return v1.Descriptor{}, nil, err
+	}
+	sum := sha256.Sum256(stand)
+	return v1.Descriptor{MediaType: types.OCIImageIndex, Size: int64(len(stand)),
+		Digest: v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sum[:])}}, stand, nil
 }
 
 // pipe delivers blobs as they arrive in the cache.

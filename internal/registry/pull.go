@@ -31,6 +31,10 @@ type Image struct {
 	Root v1.Descriptor
 	// Platforms lists the os/arch variants included.
 	Platforms []string
+	// Manifests lists the platform manifests included, each with its real
+	// media type and, where known, its platform: the children of Root that
+	// were taken, or Root itself for a single-platform image.
+	Manifests []v1.Descriptor
 	// Blobs lists every blob of the image, Root included, each once.
 	Blobs []v1.Descriptor
 	repo  name.Repository
@@ -137,6 +141,7 @@ func (p *Puller) Resolve(ctx context.Context, ref, pullFrom string) (*Image, err
 			return nil, err
 		}
 		add(m)
+		img.Manifests = append(img.Manifests, v1.Descriptor{MediaType: m.MediaType, Size: m.Size, Digest: m.Digest, Platform: m.Platform})
 		if err := p.addImageBlobs(raw, add); err != nil {
 			return nil, fmt.Errorf("image %s@%s: %w", pullFrom, m.Digest, err)
 		}
@@ -154,9 +159,12 @@ func (p *Puller) Resolve(ctx context.Context, ref, pullFrom string) (*Image, err
 				return nil, fmt.Errorf("image %s has no %s variant (it is a single %s/%s image)", pullFrom, want, plat.OS, plat.Architecture)
 			}
 		}
+		root := v1.Descriptor{MediaType: desc.MediaType, Size: desc.Size, Digest: desc.Digest}
 		if plat.Architecture != "" {
 			img.Platforms = []string{plat.OS + "/" + plat.Architecture}
+			root.Platform = &v1.Platform{OS: plat.OS, Architecture: plat.Architecture, Variant: plat.Variant}
 		}
+		img.Manifests = []v1.Descriptor{root}
 	}
 	sort.Strings(img.Platforms)
 	return img, nil

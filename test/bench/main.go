@@ -192,8 +192,9 @@ func run(ctx context.Context) error {
 // the same images from the extracted layout with skopeo and crane.
 //
 // crane pushes its own layout of the same images (from crane pull above):
-// crane push sends index.json's descriptor media types as Content-Type, and
-// kubelift's index.json names Docker lists by their OCI type (for skopeo).
+// kubelift's index.json reaches Docker-typed roots through small OCI
+// indexes (for skopeo), so crane pushing it would tag those, not upstream's
+// digests.
 func benchImport(ctx context.Context, work, bin, key, bundleFile, craneLayout string, mb float64) error {
 	layout := filepath.Join(work, "extracted")
 	if _, err := runCmd(filepath.Join(bin, "bundle"), "extract", "--key", key+".pub", bundleFile, layout); err != nil {
