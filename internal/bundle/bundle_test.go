@@ -22,6 +22,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundletest"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/pkg/hashskip"
 )
 
 // fixture is the outside world (bundletest) plus the team's keys.
@@ -493,14 +494,19 @@ func TestOpenReadsEntriesInPlace(t *testing.T) {
 func TestKubeletBinaryReplacesUpstream(t *testing.T) {
 	f := newFixture(t)
 	kubelet := filepath.Join(f.dir, "kubelet-hashskip")
-	os.WriteFile(kubelet, []byte("patched kubelet"), 0o755)
+	// A kubelet built by make kubelet links pkg/hashskip: its PathEnv is in it.
+	content := "patched kubelet " + hashskip.PathEnv
+	os.WriteFile(kubelet, []byte(content), 0o755)
 	opts := f.options(filepath.Join(f.dir, "k.tar"))
 	opts.KubeletBinary = kubelet
 	m, err := Create(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := sha256.Sum256([]byte("patched kubelet"))
+	if !m.KubeletHashSkip("amd64") {
+		t.Error("the bundle does not record that its kubelet honours the hash-skip file")
+	}
+	sum := sha256.Sum256([]byte(content))
 	found := false
 	for _, fl := range m.Files {
 		if fl.Name == "kubelet" {
@@ -516,5 +522,12 @@ func TestKubeletBinaryReplacesUpstream(t *testing.T) {
 	opts.Arches = []string{"amd64", "arm64"}
 	if _, err := Create(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "single --arch") {
 		t.Errorf("two arches: %v", err)
+	}
+	up, err := Create(context.Background(), f.options(filepath.Join(f.dir, "upstream.tar")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if up.KubeletHashSkip("amd64") {
+		t.Error("the bundle says upstream's kubelet honours the hash-skip file")
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/fetch"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/parallel"
 	"github.com/kubelift/kubelift/internal/progress"
 	"github.com/kubelift/kubelift/internal/registry"
@@ -192,13 +193,30 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 		return fail(err)
 	}
 	for i, f := range plan.Files {
-		m.Files = append(m.Files, File{Name: f.Name, Arch: f.Arch, Path: f.Path, URL: f.source, SHA256: files[i].SHA256, Size: files[i].Size})
+		bf := File{Name: f.Name, Arch: f.Arch, Path: f.Path, URL: f.source, SHA256: files[i].SHA256, Size: files[i].Size}
+		if f.Name == "kubelet" {
+			if bf.HashSkip, err = kubeletHashSkip(store, bf.SHA256); err != nil {
+				return fail(fmt.Errorf("file %s: %w", f.Path, err))
+			}
+		}
+		m.Files = append(m.Files, bf)
 		m.Entries = append(m.Entries, Entry{Path: f.Path, Size: files[i].Size, SHA256: files[i].SHA256})
 	}
 	if err := write(ctx, opts, m, layout, store, format, pipe{ready: ready, done: blobsDone, n: len(unique)}, log); err != nil {
 		return fail(err)
 	}
 	return m, nil
+}
+
+// kubeletHashSkip reads a cached kubelet and says whether it honours the
+// hash-skip file.
+func kubeletHashSkip(store *cas.Store, sha256Hex string) (bool, error) {
+	f, err := store.Open(digest.NewDigestFromEncoded(digest.SHA256, sha256Hex))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	return kubeletcompat.HonoursHashSkip(f)
 }
 
 // layoutEntries adds the OCI layout to m: oci-layout and index.json, the

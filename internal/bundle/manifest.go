@@ -94,6 +94,21 @@ type File struct {
 	URL    string `json:"url"`
 	SHA256 string `json:"sha256"`
 	Size   int64  `json:"size"`
+	// HashSkip, on a kubelet, says it honours kubelift's hash-skip file
+	// (kubelift's kubelet build; upstream's does not), decided when the
+	// bundle was made, so a plan can say which restarts it avoids.
+	HashSkip bool `json:"hashSkip,omitempty"`
+}
+
+// KubeletHashSkip reports whether the bundle's kubelet for arch honours
+// the hash-skip file; false when the bundle has no kubelet for arch.
+func (m *Manifest) KubeletHashSkip(arch string) bool {
+	for _, f := range m.Files {
+		if f.Name == "kubelet" && f.Arch == arch {
+			return f.HashSkip
+		}
+	}
+	return false
 }
 
 // Entry is one tar entry after the signature.
