@@ -23,6 +23,11 @@ import (
 // SchemaVersion is the catalog schema this build reads.
 const SchemaVersion = 1
 
+// ServerComponents are the programs besides the kubelet that a
+// binary-deployed node runs from /usr/local/bin, each as a systemd unit of
+// the same name.
+var ServerComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"}
+
 // Hash eras of the kubelet's container hash (upgrade-facts.md section 2).
 // Which versions belong to which era is data: Catalog.HashEras.
 const (
@@ -62,6 +67,10 @@ type Release struct {
 	UpgradeFrom         []string `json:"upgradeFrom"`
 	DowngradeTo         []string `json:"downgradeTo"`
 	RemovedKubeletFlags []string `json:"removedKubeletFlags"`
+	// RemovedFlags lists, per control-plane component (kube-apiserver,
+	// kube-controller-manager, kube-scheduler, kube-proxy), the flags this
+	// minor removed: a component refuses to start with one.
+	RemovedFlags map[string][]string `json:"removedFlags,omitempty"`
 	RemovedAPIs         []string `json:"removedAPIs"`
 	Images              []string `json:"images"`
 	Files               []File   `json:"files"`
@@ -181,6 +190,20 @@ func Parse(source string, data []byte) (*Catalog, error) {
 	return &c, nil
 }
 
+// Check validates a release read on its own (the copy a bundle's signed
+// manifest carries) and prepares its version and ranges, as Parse does for
+// every release of a catalog. source names where it came from.
+func (r *Release) Check(source string, arches []string) error {
+	if err := r.validate(arches); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) {
+			ce.Source = source
+		}
+		return err
+	}
+	return nil
+}
+
 func (r *Release) validate(arches []string) error {
 	fail := func(field string, format string, args ...any) error {
 		return &Error{Version: r.Version, Field: field, Err: fmt.Errorf(format, args...)}
@@ -222,6 +245,16 @@ func (r *Release) validate(arches []string) error {
 	for i, f := range r.RemovedKubeletFlags {
 		if !strings.HasPrefix(f, "--") {
 			return fail(fmt.Sprintf("removedKubeletFlags[%d]", i), "%q: write flags with their leading --", f)
+		}
+	}
+	for comp, flags := range r.RemovedFlags {
+		if !contains(ServerComponents, comp) {
+			return fail("removedFlags."+comp, "not a component: want one of %s", strings.Join(ServerComponents, ", "))
+		}
+		for i, f := range flags {
+			if !strings.HasPrefix(f, "--") {
+				return fail(fmt.Sprintf("removedFlags.%s[%d]", comp, i), "%q: write flags with their leading --", f)
+			}
 		}
 	}
 	for i, a := range r.RemovedAPIs {

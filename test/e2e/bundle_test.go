@@ -81,7 +81,7 @@ func TestBundleEndToEnd(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("create: exit %d: %s", r.code, r.stderr)
 	}
-	if !strings.Contains(r.stdout, "7 images, 5 files") {
+	if !strings.Contains(r.stdout, "7 images, 9 files") {
 		t.Errorf("summary: %s", r.stdout)
 	}
 
@@ -104,7 +104,7 @@ func TestBundleEndToEnd(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
 			t.Fatal(err)
 		}
-		if len(s.Images) != 7 || len(s.Files) != 5 {
+		if len(s.Images) != 7 || len(s.Files) != 9 {
 			t.Fatalf("%d images, %d files", len(s.Images), len(s.Files))
 		}
 		for _, im := range s.Images {
@@ -300,7 +300,7 @@ func TestCreateDryRunJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &plan); err != nil {
 		t.Fatalf("%v\n%s", err, r.stdout)
 	}
-	if len(plan.Images) != 8 || len(plan.Files) != 6 {
+	if len(plan.Images) != 8 || len(plan.Files) != 10 {
 		t.Fatalf("%d images, %d files", len(plan.Images), len(plan.Files))
 	}
 	if plan.Images[0].PullFrom != "mirror.corp:5000/k8s/kube-apiserver:v1.31.4" {

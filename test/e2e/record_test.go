@@ -68,7 +68,7 @@ func TestImportRecordsVersionInCluster(t *testing.T) {
 		t.Fatalf("ListAvailable: %v, %d", err, len(list))
 	}
 	a := list[0]
-	if len(a.Images) != 7 || len(a.Files) != 5 || len(a.Signature) == 0 || !strings.Contains(string(a.Manifest), `"kubernetesVersion": "v1.31.4"`) {
+	if len(a.Images) != 7 || len(a.Files) != 9 || len(a.Signature) == 0 || !strings.Contains(string(a.Manifest), `"kubernetesVersion": "v1.31.4"`) {
 		t.Errorf("record: %d images, %d files, sig %d bytes", len(a.Images), len(a.Files), len(a.Signature))
 	}
 	for i, im := range a.Images {

@@ -3,7 +3,9 @@ package sandbox
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -64,13 +66,14 @@ func (s *State) internetFiles(m *Machine) error {
 		}
 		hosts[u.Host] = true
 		dst := m.fsPath(filepath.Join("srv/files", u.Host, u.Path))
-		var content []byte
-		if f.Name == "kubelet" || f.Name == "kubectl" {
-			if content, err = os.ReadFile(filepath.Join(s.Binaries.New, f.Name)); err != nil {
-				return err
-			}
-		} else {
-			content = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, s.NewVersion, u))
+		// The programs the sandbox builds are served for real; the rest
+		// (kubeadm, kube-proxy, crictl and CNI archives) are stand-ins.
+		content, err := os.ReadFile(filepath.Join(s.Binaries.New, f.Name))
+		if errors.Is(err, fs.ErrNotExist) {
+			content, err = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, s.NewVersion, u)), nil
+		}
+		if err != nil {
+			return err
 		}
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return err
