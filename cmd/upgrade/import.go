@@ -1,48 +1,34 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/spf13/cobra"
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/importer"
-	"github.com/kubelift/kubelift/internal/registry"
 )
 
-// passwordEnv may hold the registry password.
-const passwordEnv = "KUBELIFT_REGISTRY_PASSWORD"
-
 type importOptions struct {
-	IO            *cli.IO
-	Bundle        string
-	Trust         cli.TrustOptions
-	Domain        string
-	Namespace     string
-	KeepPath      bool
-	Username      string
-	Password      string
-	PasswordStdin bool
-	CAFile        string
-	SkipTLSVerify bool
-	PlainHTTP     bool
-	Jobs          int
-	DryRun        bool
-	Output        string
-	Quiet         bool
-	Kubeconfig    string
+	IO         *cli.IO
+	Bundle     string
+	Trust      cli.TrustOptions
+	Registry   cli.RegistryFlags
+	Namespace  string
+	KeepPath   bool
+	Jobs       int
+	DryRun     bool
+	Output     string
+	Quiet      bool
+	Kubeconfig string
 }
 
 func newCmdImport(s *cli.IO, runF func(context.Context, *importOptions) error) *cobra.Command {
@@ -79,14 +65,8 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Bundle = args[0]
-			if opts.Domain == "" {
-				return cli.Usagef("--domain HOST[:PORT] is required: the private registry")
-			}
-			if opts.PasswordStdin && opts.Password != "" {
-				return cli.Usagef("--password and --password-stdin exclude each other")
-			}
-			if (opts.PasswordStdin || opts.Password != "") && opts.Username == "" {
-				return cli.Usagef("a password needs --username")
+			if err := opts.Registry.Validate(); err != nil {
+				return err
 			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
@@ -96,15 +76,9 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 	}
 	f := cmd.Flags()
 	opts.Trust.AddFlags(cmd)
-	f.StringVar(&opts.Domain, "domain", "", "private registry host[:port]")
+	opts.Registry.AddFlags(cmd)
 	f.StringVar(&opts.Namespace, "namespace", "", "path below the domain, e.g. library")
 	f.BoolVar(&opts.KeepPath, "keep-path", false, "keep the upstream repository path (coredns/coredns) instead of its last element")
-	f.StringVar(&opts.Username, "username", "", "registry user (default: credentials from the docker config)")
-	f.StringVar(&opts.Password, "password", "", "registry password (visible to other users in ps: prefer --password-stdin or "+passwordEnv+")")
-	f.BoolVar(&opts.PasswordStdin, "password-stdin", false, "read the password from standard input")
-	f.StringVar(&opts.CAFile, "ca-file", "", "PEM CA bundle that signed the registry's certificate")
-	f.BoolVar(&opts.SkipTLSVerify, "insecure-skip-tls-verify", false, "do not verify the registry's certificate")
-	f.BoolVar(&opts.PlainHTTP, "plain-http", false, "the registry speaks plain HTTP")
 	f.IntVar(&opts.Jobs, "jobs", 4, "parallel transfers")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "check credentials and say what would be pushed; change nothing")
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
@@ -122,7 +96,7 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	if err != nil {
 		return err
 	}
-	access, err := opts.access()
+	access, err := opts.Registry.Access(opts.IO.In)
 	if err != nil {
 		return err
 	}
@@ -138,7 +112,7 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	sink, finish := opts.IO.Progress(opts.Quiet, "pushing")
 	start := time.Now()
 	res, err := importer.Import(ctx, importer.Options{
-		Bundle: opts.Bundle, Trust: trust, Domain: opts.Domain, Namespace: opts.Namespace, KeepPath: opts.KeepPath,
+		Bundle: opts.Bundle, Trust: trust, Domain: opts.Registry.Domain, Namespace: opts.Namespace, KeepPath: opts.KeepPath,
 		Access: access, Jobs: opts.Jobs, DryRun: opts.DryRun, Progress: sink, Log: opts.IO.Logger(opts.Quiet),
 		Recorder: recorder,
 	})
@@ -153,59 +127,6 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		}
 	}
 	return err
-}
-
-func (opts *importOptions) access() (registry.Access, error) {
-	a := registry.Access{}
-	if opts.PlainHTTP || opts.SkipTLSVerify {
-		a.Insecure = []string{opts.Domain}
-	}
-	if opts.CAFile != "" {
-		pem, err := os.ReadFile(opts.CAFile)
-		if err != nil {
-			return a, fmt.Errorf("--ca-file: %w", err)
-		}
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return a, fmt.Errorf("--ca-file %s: no PEM certificates in it", opts.CAFile)
-		}
-		a.RootCAs = pool
-	}
-	if opts.Username == "" {
-		return a, nil
-	}
-	password := opts.Password
-	switch {
-	case opts.PasswordStdin:
-		line, err := bufio.NewReader(opts.IO.In).ReadString('\n')
-		if err != nil && err != io.EOF {
-			return a, fmt.Errorf("--password-stdin: %w", err)
-		}
-		password = strings.TrimRight(line, "\r\n")
-	case password == "":
-		password = os.Getenv(passwordEnv)
-	}
-	if password == "" {
-		return a, cli.Usagef("--username %s needs a password: --password-stdin, --password or %s", opts.Username, passwordEnv)
-	}
-	a.Keychain = authn.NewMultiKeychain(hostKeychain{host: opts.Domain, auth: authn.FromConfig(authn.AuthConfig{Username: opts.Username, Password: password})}, authn.DefaultKeychain)
-	return a, nil
-}
-
-// hostKeychain answers with auth for one registry host only.
-type hostKeychain struct {
-	host string
-	auth authn.Authenticator
-}
-
-func (k hostKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
-	if r.RegistryStr() == k.host {
-		return k.auth, nil
-	}
-	return authn.Anonymous, nil
 }
 
 func printImport(w io.Writer, res *importer.Result, took time.Duration) {

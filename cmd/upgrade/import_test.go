@@ -27,9 +27,17 @@ func TestImportFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Bundle != "b.run" || o.Trust.KeyFile != "k.pub" || o.Domain != "registry.corp:5000" || o.Namespace != "library" ||
-		o.Username != "admin" || !o.PasswordStdin || o.CAFile != "ca.pem" || o.Jobs != 8 || !o.KeepPath || !o.DryRun || o.Output != "json" {
+	want := cli.RegistryFlags{Domain: "registry.corp:5000", Username: "admin", PasswordStdin: true, CAFile: "ca.pem"}
+	if o.Bundle != "b.run" || o.Trust.KeyFile != "k.pub" || o.Registry != want || o.Namespace != "library" ||
+		o.Jobs != 8 || !o.KeepPath || !o.DryRun || o.Output != "json" {
 		t.Errorf("parsed %+v", o)
+	}
+	o, err = parseImport(t, "", "b.run", "--domain", "r", "--insecure-skip-tls-verify", "--plain-http", "--username", "u", "--password", "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (cli.RegistryFlags{Domain: "r", Username: "u", Password: "p", SkipTLSVerify: true, PlainHTTP: true}); o.Registry != want {
+		t.Errorf("parsed %+v", o.Registry)
 	}
 	for _, tc := range []struct {
 		args []string
@@ -45,29 +53,5 @@ func TestImportFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || (!errors.As(err, &ue) && !strings.Contains(tc.want, "arg")) {
 			t.Errorf("%v: %v; want usage error %q", tc.args, err, tc.want)
 		}
-	}
-}
-
-func TestImportCredentials(t *testing.T) {
-	o := &importOptions{IO: &cli.IO{In: strings.NewReader("s3cret\nignored\n")}, Domain: "registry.corp", Username: "admin", PasswordStdin: true}
-	a, err := o.access()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.Keychain == nil {
-		t.Fatal("no keychain")
-	}
-	t.Setenv(passwordEnv, "")
-	o = &importOptions{IO: &cli.IO{In: strings.NewReader("")}, Domain: "registry.corp", Username: "admin"}
-	if _, err := o.access(); err == nil || !strings.Contains(err.Error(), passwordEnv) {
-		t.Errorf("no password: %v", err)
-	}
-	t.Setenv(passwordEnv, "from-env")
-	if _, err := o.access(); err != nil {
-		t.Errorf("password from %s: %v", passwordEnv, err)
-	}
-	o = &importOptions{IO: &cli.IO{}, Domain: "r", CAFile: "/nonexistent/ca.pem"}
-	if _, err := o.access(); err == nil || !strings.Contains(err.Error(), "--ca-file") {
-		t.Errorf("missing CA file: %v", err)
 	}
 }

@@ -71,10 +71,10 @@ type Release struct {
 	// kube-controller-manager, kube-scheduler, kube-proxy), the flags this
 	// minor removed: a component refuses to start with one.
 	RemovedFlags map[string][]string `json:"removedFlags,omitempty"`
-	RemovedAPIs         []string `json:"removedAPIs"`
-	Images              []string `json:"images"`
-	Files               []File   `json:"files"`
-	Withdrawn           bool     `json:"withdrawn,omitempty"`
+	RemovedAPIs  []string            `json:"removedAPIs"`
+	Images       []string            `json:"images"`
+	Files        []File              `json:"files"`
+	Withdrawn    bool                `json:"withdrawn,omitempty"`
 
 	parsed    Version
 	upgrade   []Range

@@ -281,7 +281,7 @@ func (p *Pusher) checkOne(ctx context.Context, im *PushImage) error {
 	got, err := p.ManifestDigest(ctx, im.Target)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%s: %w", im.Target, err)
+		return err // names the reference
 	case got == v1.Hash{}:
 		return fmt.Errorf("%s: not in the registry", im.Target)
 	case got != want:
@@ -290,7 +290,7 @@ func (p *Pusher) checkOne(ctx context.Context, im *PushImage) error {
 	byDigest := im.Target.Context().Digest(want.String())
 	switch d, err := p.ManifestDigest(ctx, byDigest); {
 	case err != nil:
-		return fmt.Errorf("%s: %w", byDigest, err)
+		return err
 	case d != want:
 		return fmt.Errorf("%s does not resolve", byDigest)
 	}
@@ -360,7 +360,7 @@ func (p *Pusher) tryPushBlob(ctx context.Context, s blobStep, sink progress.Sink
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
+	defer resp.Body.Close() // CheckError reads a refusal's body
 	if resp.StatusCode == http.StatusCreated && s.action == ActionMount {
 		return nil // mounted
 	}

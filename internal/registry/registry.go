@@ -107,7 +107,16 @@ func (a Access) authTransport(ctx context.Context, repo name.Repository, retry b
 		base = transport.NewRetry(base, transport.WithRetryStatusCodes(http.StatusInternalServerError, http.StatusBadGateway,
 			http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests))
 	}
-	return transport.NewWithContext(ctx, repo.Registry, auth, base, scopes)
+	reg := repo.Registry
+	if a.insecure(reg.RegistryStr()) {
+		// The transport tries plain HTTP only for registries marked
+		// insecure (or local-looking names); references made without
+		// Access.parse, such as the pusher's targets, are not marked.
+		if reg, err = name.NewRegistry(reg.RegistryStr(), name.Insecure); err != nil {
+			return nil, err
+		}
+	}
+	return transport.NewWithContext(ctx, reg, auth, base, scopes)
 }
 
 // Retry says how often a broken transfer is tried, and how long to wait
