@@ -1,0 +1,171 @@
+package nodeaccess
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// stderrTail is how much of a failed command's standard error ExitError keeps.
+const stderrTail = 4 << 10
+
+// sshNode is a Node reached over SSH.
+type sshNode struct {
+	target Target
+	addr   string
+	client *ssh.Client
+	jump   *ssh.Client // nil when dialed directly
+}
+
+func (n *sshNode) fail(op string, err error) error {
+	return &Error{Node: n.target.Name, Address: n.addr, Op: op, Err: err}
+}
+
+func (n *sshNode) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
+	out, err := n.run(ctx, cmd, stdin)
+	if err != nil {
+		return out, n.fail(fmt.Sprintf("run %q", cmd), err)
+	}
+	return out, nil
+}
+
+func (n *sshNode) Upload(ctx context.Context, p string, mode os.FileMode, r io.Reader) (int64, error) {
+	sent, err := n.upload(ctx, p, mode, r)
+	if err != nil {
+		return sent, n.fail("upload "+p, err)
+	}
+	return sent, nil
+}
+
+// upload writes r to a private temporary file next to p, then, in a second
+// session and only if the file holds every byte read from r, syncs it,
+// sets its mode and renames it over p. One session cannot tell a complete
+// stream from one cut short by a failing reader: both end in EOF.
+func (n *sshNode) upload(ctx context.Context, p string, mode os.FileMode, r io.Reader) (int64, error) {
+	if !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
+		return 0, fmt.Errorf("%q is not a clean absolute path", p)
+	}
+	var random [8]byte
+	if _, err := rand.Read(random[:]); err != nil {
+		return 0, err
+	}
+	tmp := Quote(path.Join(path.Dir(p), "."+path.Base(p)+".tmp."+hex.EncodeToString(random[:])))
+	cr := &countingReader{r: r}
+	_, err := n.run(ctx, fmt.Sprintf("mkdir -p -- %s && umask 077 && cat >%s", Quote(path.Dir(p)), tmp), cr)
+	if err == nil {
+		_, err = n.run(ctx, fmt.Sprintf(commitScript, tmp, cr.n.Load(), uint32(mode.Perm()), Quote(p)), nil)
+	}
+	if err != nil {
+		// Even when ctx is done: else the temporary file stays for good.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		_, _ = n.run(ctx, "rm -f -- "+tmp, nil)
+	}
+	return cr.n.Load(), err
+}
+
+// commitScript installs the temporary file %[1]s of %[2]d bytes as %[4]s
+// with mode %[3]o, or removes it.
+const commitScript = `tmp=%[1]s
+trap 'rm -f -- "$tmp"' EXIT
+set -e
+size=$(wc -c <"$tmp")
+[ $size -eq %[2]d ] || { echo "received $size bytes of %[2]d" >&2; exit 1; }
+chmod %04[3]o "$tmp"
+sync -- "$tmp" 2>/dev/null || sync
+[ ! -d %[4]s ] || { echo "destination is a directory" >&2; exit 1; }
+mv -f -- "$tmp" %[4]s`
+
+// cleanupTimeout bounds removing a failed upload's temporary file.
+const cleanupTimeout = 10 * time.Second
+
+func (n *sshNode) Close() error {
+	var errs []error
+	for _, c := range []*ssh.Client{n.client, n.jump} {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// run runs cmd in a new session. When ctx is done it returns at once, without
+// waiting for a host that may not answer: the session goroutine ends when the
+// connection does, and until then may still read stdin.
+func (n *sshNode) run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s, err := n.client.NewSession()
+	if err != nil {
+		return nil, fmt.Errorf("open session: %w", err)
+	}
+	defer s.Close()
+	var stdout bytes.Buffer
+	stderr := &tail{max: stderrTail}
+	s.Stdin, s.Stdout, s.Stderr = stdin, &stdout, stderr
+	if err := s.Start(n.command(cmd)); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = s.Signal(ssh.SIGKILL)
+		_ = s.Close()
+		return nil, ctx.Err()
+	}
+	var exit *ssh.ExitError
+	if errors.As(err, &exit) {
+		err = &ExitError{Code: exit.ExitStatus(), Signal: exit.Signal(), Stderr: string(bytes.TrimSpace(stderr.b))}
+	}
+	return stdout.Bytes(), err
+}
+
+// command is cmd as sent to the node: through `sudo -n` for users other
+// than root, so that a missing sudoers rule fails at once rather than
+// waiting on a password prompt nobody will answer.
+func (n *sshNode) command(cmd string) string {
+	if n.target.user() == "root" {
+		return cmd
+	}
+	return "sudo -n -- sh -c " + Quote(cmd)
+}
+
+// tail keeps the last max bytes written to it.
+type tail struct {
+	max int
+	b   []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if over := len(t.b) - t.max; over > 0 {
+		t.b = append(t.b[:0], t.b[over:]...)
+	}
+	return len(p), nil
+}
+
+// countingReader counts what it reads, atomically: after a failure the
+// session may still be reading it.
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}

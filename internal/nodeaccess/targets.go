@@ -1,0 +1,94 @@
+package nodeaccess
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+const roleLabelPrefix = "node-role.kubernetes.io/"
+
+// Targets says where and as whom to reach each of the cluster's nodes, in
+// their order. A node's address is its InternalIP, else its ExternalIP,
+// else its Hostname; its role comes from its node-role.kubernetes.io/
+// labels: "control-plane" (for control-plane or master), else the first
+// other role, else "worker". The inventory (which may be nil) overrides
+// these per node; the port and user come from the inventory's node entry,
+// else its role entry, else its ssh section, else 22 and root. A node in
+// the inventory but not in the cluster is an error, and so is a node with
+// no address.
+func Targets(nodes []corev1.Node, inv *Inventory) ([]Target, error) {
+	if inv == nil {
+		inv = &Inventory{}
+	}
+	byName := make(map[string]NodeConfig, len(inv.Nodes))
+	for _, n := range inv.Nodes {
+		byName[n.Name] = n
+	}
+	var errs []error
+	targets := make([]Target, 0, len(nodes))
+	for _, n := range nodes {
+		o, inInventory := byName[n.Name]
+		delete(byName, n.Name)
+		t := Target{
+			Name:    n.Name,
+			Role:    cmp.Or(o.Role, nodeRole(n.Labels)),
+			Address: cmp.Or(o.Address, nodeAddress(n.Status.Addresses)),
+		}
+		if t.Address == "" {
+			where := "its status"
+			if inInventory {
+				where += " nor the inventory"
+			}
+			errs = append(errs, fmt.Errorf("node %s: no address in %s", n.Name, where))
+			continue
+		}
+		r := inv.Roles[t.Role]
+		t.Port = cmp.Or(o.Port, r.Port, inv.SSH.Port, 22)
+		t.User = cmp.Or(o.User, r.User, inv.SSH.User, "root")
+		targets = append(targets, t)
+	}
+	invName := strings.TrimSpace("the inventory " + inv.file)
+	for _, n := range inv.Nodes {
+		if _, missing := byName[n.Name]; missing {
+			errs = append(errs, fmt.Errorf("node %s: in %s but not in the cluster", n.Name, invName))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return targets, nil
+}
+
+func nodeRole(labels map[string]string) string {
+	var roles []string
+	for k := range labels {
+		r, ok := strings.CutPrefix(k, roleLabelPrefix)
+		switch {
+		case !ok || r == "":
+		case r == "control-plane" || r == "master":
+			return "control-plane"
+		default:
+			roles = append(roles, r)
+		}
+	}
+	if len(roles) == 0 {
+		return "worker"
+	}
+	return slices.Min(roles)
+}
+
+func nodeAddress(addrs []corev1.NodeAddress) string {
+	for _, typ := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP, corev1.NodeHostName} {
+		for _, a := range addrs {
+			if a.Type == typ && a.Address != "" {
+				return a.Address
+			}
+		}
+	}
+	return ""
+}
