@@ -18,17 +18,18 @@ import (
 )
 
 type importOptions struct {
-	IO         *cli.IO
-	Bundle     string
-	Trust      cli.TrustOptions
-	Registry   cli.RegistryFlags
-	Namespace  string
-	KeepPath   bool
-	Jobs       int
-	DryRun     bool
-	Output     string
-	Quiet      bool
-	Kubeconfig string
+	IO           *cli.IO
+	Bundle       string
+	Trust        cli.TrustOptions
+	Registry     cli.RegistryFlags
+	Namespace    string
+	KeepPath     bool
+	Jobs         int
+	DryRun       bool
+	Output       string
+	Quiet        bool
+	Kubeconfig   string
+	SkipBinaries bool
 }
 
 func newCmdImport(s *cli.IO, runF func(context.Context, *importOptions) error) *cobra.Command {
@@ -83,6 +84,7 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 	f.BoolVar(&opts.DryRun, "dry-run", false, "check credentials and say what would be pushed; change nothing")
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
+	f.BoolVar(&opts.SkipBinaries, "skip-binaries", false, "do not push the binaries as OCI artifacts (for registries that refuse them; stage from the bundle file instead)")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "record the version as available in this cluster (default: KUBECONFIG, or in-cluster; none: not recorded)")
 	return cmd
 }
@@ -114,7 +116,7 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	res, err := importer.Import(ctx, importer.Options{
 		Bundle: opts.Bundle, Trust: trust, Domain: opts.Registry.Domain, Namespace: opts.Namespace, KeepPath: opts.KeepPath,
 		Access: access, Jobs: opts.Jobs, DryRun: opts.DryRun, Progress: sink, Log: opts.IO.Logger(opts.Quiet),
-		Recorder: recorder,
+		Recorder: recorder, SkipFiles: opts.SkipBinaries,
 	})
 	finish()
 	if res != nil {
@@ -127,6 +129,13 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		}
 	}
 	return err
+}
+
+func archSuffix(arch string) string {
+	if arch == "" {
+		return ""
+	}
+	return " (" + arch + ")"
 }
 
 func printImport(w io.Writer, res *importer.Result, took time.Duration) {
@@ -146,6 +155,9 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d/%d\t%s\n", r.Ref, r.Target, digest, r.Action, r.Uploaded, r.Mounted, r.Present, bundle.HumanBytes(r.UploadBytes))
 	}
+	for _, f := range res.Files {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\t%s\n", f.Name+archSuffix(f.Arch), f.Target, "sha256:"+f.SHA256[:12]+"…", f.Action, bundle.HumanBytes(f.UploadBytes))
+	}
 	tw.Flush()
 	for _, n := range notes {
 		fmt.Fprintf(w, "%s %s (upstream index digests: -o json)\n", mark[n], n)
@@ -154,7 +166,7 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 	if res.DryRun {
 		verb = "would push"
 	}
-	fmt.Fprintf(w, "Kubernetes %s: %d images, %s %s to %s (%.1fs)\n", res.KubernetesVersion, len(res.Images), verb, bundle.HumanBytes(res.UploadBytes), res.Registry, took.Seconds())
+	fmt.Fprintf(w, "Kubernetes %s: %d images, %d binaries, %s %s to %s (%.1fs)\n", res.KubernetesVersion, len(res.Images), len(res.Files), verb, bundle.HumanBytes(res.UploadBytes), res.Registry, took.Seconds())
 	switch {
 	case res.Recorded != "":
 		fmt.Fprintf(w, "recorded as available in the cluster: configmap %s/%s\n", cluster.Namespace, res.Recorded)

@@ -531,3 +531,36 @@ func TestKubeletBinaryReplacesUpstream(t *testing.T) {
 		t.Error("the bundle says upstream's kubelet honours the hash-skip file")
 	}
 }
+
+func TestVerifyManifestApart(t *testing.T) {
+	f := newFixture(t)
+	v, err := Open(context.Background(), f.create(t, FormatTar), Trust{Key: f.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	raw, sig := v.Manifest.Raw, v.Manifest.Signature
+	m, err := VerifyManifest(raw, sig, Trust{Key: f.pub})
+	if err != nil || m.KubernetesVersion != "v1.31.4" {
+		t.Fatalf("genuine manifest: %v", err)
+	}
+	if _, err := GenerateKey(filepath.Join(f.dir, "other")); err != nil {
+		t.Fatal(err)
+	}
+	otherPub, _ := LoadPublicKey(filepath.Join(f.dir, "other.pub"))
+	tampered := bytes.Replace(raw, []byte(`"v1.31.4"`), []byte(`"v1.31.5"`), 1)
+	for name, tc := range map[string]struct {
+		raw, sig []byte
+		trust    Trust
+		want     error
+	}{
+		"tampered":     {tampered, sig, Trust{Key: f.pub}, ErrBadSignature},
+		"other key":    {raw, sig, Trust{Key: otherPub}, ErrWrongKey},
+		"no signature": {raw, nil, Trust{Key: f.pub}, ErrUnsigned},
+	} {
+		var ve *VerifyError
+		if _, err := VerifyManifest(tc.raw, tc.sig, tc.trust); !errors.Is(err, tc.want) || !errors.As(err, &ve) {
+			t.Errorf("%s: %v, want %v as a VerifyError", name, err, tc.want)
+		}
+	}
+}

@@ -437,3 +437,18 @@ func regularFile(r io.Reader) (io.ReaderAt, int64) {
 	}
 	return f, fi.Size()
 }
+
+// VerifyManifest checks a bundle.json kept apart from its bundle (the copy
+// a cluster record holds) against its signature and the trusted key, and
+// parses it. Nothing in it is trusted otherwise.
+func VerifyManifest(manifest, sig []byte, trust Trust) (*Manifest, error) {
+	if err := checkSignature(manifest, sig, trust); err != nil {
+		return nil, err
+	}
+	m, err := parseManifest(manifest)
+	if err != nil {
+		return nil, &VerifyError{Entry: ManifestName, Err: err}
+	}
+	m.Signature = sig
+	return m, nil
+}

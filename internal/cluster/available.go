@@ -58,6 +58,10 @@ type BinaryRecord struct {
 	Path   string `json:"path"`
 	SHA256 string `json:"sha256"`
 	Size   int64  `json:"size"`
+	// Artifact is the OCI artifact holding the file in the private
+	// registry (REPOSITORY@sha256:MANIFEST; its one layer is the file, by
+	// SHA256); empty when the binaries were not pushed.
+	Artifact string `json:"artifact,omitempty"`
 }
 
 // ErrRecordConflict means a record of that name exists with other content.

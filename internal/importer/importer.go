@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -41,6 +42,10 @@ type Options struct {
 	// Recorder, when set, records the version as available in the cluster
 	// after a successful push.
 	Recorder Recorder
+	// SkipFiles leaves the bundle's binaries out of the registry (for
+	// registries that refuse OCI artifacts); they are then staged from the
+	// bundle file.
+	SkipFiles bool
 }
 
 // Recorder keeps the record of an imported version (internal/cluster
@@ -56,7 +61,9 @@ type Result struct {
 	Registry          string        `json:"registry"`
 	DryRun            bool          `json:"dryRun"`
 	Images            []ImageResult `json:"images"`
-	UploadBytes       int64         `json:"uploadBytes"`
+	// Files are the bundle's binaries, pushed as OCI artifacts.
+	Files       []FileResult `json:"files,omitempty"`
+	UploadBytes int64        `json:"uploadBytes"`
 	// BundleDigest is the sha256 of the signed bundle.json.
 	BundleDigest string `json:"bundleDigest"`
 	// Recorded names the cluster record of the version ("" when none).
@@ -81,6 +88,20 @@ type ImageResult struct {
 	Uploaded    int    `json:"blobsUploaded"`
 	Mounted     int    `json:"blobsMounted"`
 	Present     int    `json:"blobsPresent"`
+	UploadBytes int64  `json:"uploadBytes"`
+}
+
+// FileResult is one binary's outcome: pushed as an OCI artifact whose one
+// layer is the file, by its signed sha256.
+type FileResult struct {
+	Name string `json:"name"`
+	Arch string `json:"arch,omitempty"`
+	// Target is the artifact's tag; Artifact names it by digest.
+	Target      string `json:"target"`
+	Artifact    string `json:"artifact"`
+	SHA256      string `json:"sha256"`
+	Size        int64  `json:"size"`
+	Action      string `json:"action"`
 	UploadBytes int64  `json:"uploadBytes"`
 }
 
@@ -111,16 +132,36 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &registry.Pusher{Access: opts.Access, Source: blobSource{v}, Jobs: opts.Jobs, Progress: opts.Progress,
+	src := newBundleSource(v)
+	var files []*registry.PushImage
+	if !opts.SkipFiles {
+		for _, f := range m.Files {
+			im, mem, err := fileArtifact(opts.Domain, opts.Namespace, m.KubernetesVersion, f)
+			if err != nil {
+				return nil, err
+			}
+			files = append(files, im)
+			maps.Copy(src.mem, mem)
+		}
+	}
+	p := &registry.Pusher{Access: opts.Access, Source: src, Jobs: opts.Jobs, Progress: opts.Progress,
 		ImageDone: func(ip *registry.ImagePlan) {
 			log.Info("image done", "target", ip.Image.Target.String(), "uploaded", ip.Uploaded, "mounted", ip.Mounted, "present", ip.Present)
 		}}
-	log.Info("asking the registry what it has", "registry", opts.Domain, "images", len(imgs))
-	plan, err := p.Plan(ctx, imgs)
+	log.Info("asking the registry what it has", "registry", opts.Domain, "images", len(imgs), "files", len(files))
+	all := append(append([]*registry.PushImage{}, imgs...), files...)
+	plan, err := p.Plan(ctx, all)
 	if err != nil {
 		return nil, err
 	}
-	for i, ip := range plan.Images {
+	for i, ip := range plan.Images[len(imgs):] {
+		f := m.Files[i]
+		r := FileResult{Name: f.Name, Arch: f.Arch, Target: ip.Image.Target.String(), Artifact: ip.Image.Target.Context().Digest(ip.Image.Root().Digest.String()).String(),
+			SHA256: f.SHA256, Size: f.Size, UploadBytes: ip.UploadBytes, Action: action(ip, opts.DryRun)}
+		res.UploadBytes += ip.UploadBytes
+		res.Files = append(res.Files, r)
+	}
+	for i, ip := range plan.Images[:len(imgs)] {
 		im := ip.Image
 		r := ImageResult{Ref: im.Ref, Target: im.Target.String(), Digest: im.Root().Digest.String(), UpstreamDigest: m.Images[i].Digest,
 			Uploaded: ip.Uploaded, Mounted: ip.Mounted, Present: ip.Present, UploadBytes: ip.UploadBytes}
@@ -129,14 +170,7 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 			r.Note = PartialNote(p, len(p) == 1)
 		}
 		r.DigestKept = r.Digest == r.UpstreamDigest
-		switch {
-		case ip.ManifestPresent && ip.Uploaded+ip.Mounted == 0:
-			r.Action = "present"
-		case opts.DryRun:
-			r.Action = "would push"
-		default:
-			r.Action = "pushed"
-		}
+		r.Action = action(ip, opts.DryRun)
 		res.UploadBytes += ip.UploadBytes
 		res.Images = append(res.Images, r)
 	}
@@ -148,7 +182,7 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 		return res, err
 	}
 	log.Info("checking every image resolves by digest")
-	if err := p.Check(ctx, imgs); err != nil {
+	if err := p.Check(ctx, all); err != nil {
 		return res, fmt.Errorf("%w: %w", ErrUnresolved, err)
 	}
 	if opts.Recorder != nil {
@@ -162,6 +196,17 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	return res, nil
 }
 
+// action says what pushing one image or file did (or, dry, would do).
+func action(ip *registry.ImagePlan, dry bool) string {
+	switch {
+	case ip.ManifestPresent && ip.Uploaded+ip.Mounted == 0:
+		return "present"
+	case dry:
+		return "would push"
+	}
+	return "pushed"
+}
+
 // availableRecord is what the cluster keeps about an import.
 func availableRecord(res *Result, m *bundle.Manifest) *cluster.Available {
 	a := &cluster.Available{KubernetesVersion: m.KubernetesVersion, BundleDigest: res.BundleDigest, Registry: res.Registry,
@@ -169,8 +214,13 @@ func availableRecord(res *Result, m *bundle.Manifest) *cluster.Available {
 	for _, im := range res.Images {
 		a.Images = append(a.Images, cluster.ImageRecord{Ref: im.Ref, Target: im.Target, Digest: im.Digest})
 	}
+	artifacts := map[string]string{}
+	for _, f := range res.Files {
+		artifacts[f.SHA256] = f.Artifact
+	}
 	for _, f := range m.Files {
-		a.Files = append(a.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, Path: f.Path, SHA256: f.SHA256, Size: f.Size})
+		a.Files = append(a.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, Path: f.Path, SHA256: f.SHA256, Size: f.Size,
+			Artifact: artifacts[f.SHA256]})
 	}
 	return a
 }
@@ -370,12 +420,6 @@ func imageBlobs(raw []byte) ([]v1.Descriptor, error) {
 		return nil, err
 	}
 	return append([]v1.Descriptor{m.Config}, m.Layers...), nil
-}
-
-type blobSource struct{ v *bundle.Verified }
-
-func (b blobSource) OpenBlob(d v1.Hash) (io.Reader, error) {
-	return b.v.OpenEntry(bundle.BlobPath(d.String()))
 }
 
 func digestOf(b []byte) string {

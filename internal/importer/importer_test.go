@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/ecdsa"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -303,5 +305,57 @@ func TestImportFailsWhenCheckIsCutShort(t *testing.T) {
 		if !strings.Contains(err.Error(), e.target+"/library/kube-apiserver:v1.31.4") {
 			t.Fatalf("run %d: the error does not name the unchecked image: %v", i, err)
 		}
+	}
+}
+
+// Every binary lands in the registry as an OCI artifact whose one layer is
+// the file, by its signed sha256, so nodes can be staged from there.
+func TestImportPushesBinariesAsArtifacts(t *testing.T) {
+	e := newEnv(t)
+	file := e.bundle(t, "b.tar", nil)
+	res, err := e.imp(t, file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Files) != 2 { // the catalog's kubelet and kubeadm (amd64)
+		t.Fatalf("%d files pushed: %+v", len(res.Files), res.Files)
+	}
+	for _, f := range res.Files {
+		want := e.target + "/library/" + FileRepository + "/" + f.Name + ":" + bundletest.Version
+		if f.Arch != "" {
+			want += "-linux-" + f.Arch
+		}
+		if f.Target != want || f.Action != "pushed" {
+			t.Errorf("%s: %+v, want target %s", f.Name, f, want)
+		}
+		art, err := name.NewDigest(f.Artifact)
+		if err != nil {
+			t.Fatalf("%s: artifact %q: %v", f.Name, f.Artifact, err)
+		}
+		layer, err := remote.Layer(art.Context().Digest("sha256:" + f.SHA256))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := layer.Compressed()
+		if err != nil {
+			t.Fatalf("%s: %v", f.Name, err)
+		}
+		h := sha256.New()
+		n, _ := io.Copy(h, rc)
+		rc.Close()
+		if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 || n != f.Size {
+			t.Errorf("%s: the registry serves %d bytes, sha256 %s; signed %d bytes, %s", f.Name, n, got, f.Size, f.SHA256)
+		}
+		m, err := remote.Get(art)
+		if err != nil || !strings.Contains(string(m.Manifest), `"artifactType":"`+FileArtifactType+`"`) {
+			t.Errorf("%s: artifact manifest %s (%v)", f.Name, m.Manifest, err)
+		}
+	}
+	// Again: nothing is sent; without binaries: none are pushed.
+	if res, err = e.imp(t, file, nil); err != nil || res.UploadBytes != 0 || res.Files[0].Action != "present" {
+		t.Fatalf("re-import: %v, %+v", err, res)
+	}
+	if res, err = e.imp(t, file, func(o *Options) { o.SkipFiles = true }); err != nil || len(res.Files) != 0 {
+		t.Fatalf("SkipFiles: %v, %+v", err, res)
 	}
 }

@@ -1,0 +1,104 @@
+package importer
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// Media types of a file pushed as an OCI artifact (one file per artifact,
+// the way Hauler stores files): an empty config and one layer whose digest
+// is the file's signed sha256.
+const (
+	FileArtifactType = "application/vnd.kubelift.file.v1"
+	FileLayerType    = "application/octet-stream"
+	emptyConfigType  = "application/vnd.oci.empty.v1+json"
+	// FileRepository is the repository, below the namespace, that holds a
+	// file NAME as FileRepository/NAME.
+	FileRepository = "kubelift-files"
+)
+
+var emptyConfig = []byte("{}")
+
+// FileTarget is where a bundle file goes: DOMAIN/NAMESPACE/kubelift-files/
+// NAME:VERSION-linux-ARCH (VERSION alone for files without an arch).
+func FileTarget(domain, namespace, version string, f bundle.File) (name.Tag, error) {
+	repo := strings.TrimSuffix(domain, "/") + "/"
+	if ns := strings.Trim(namespace, "/"); ns != "" {
+		repo += ns + "/"
+	}
+	tag := version
+	if f.Arch != "" {
+		tag += "-linux-" + f.Arch
+	}
+	return name.NewTag(repo+FileRepository+"/"+f.Name+":"+tag, name.WeakValidation)
+}
+
+// fileArtifact is one bundle file as a push job, and the blobs only it has
+// (its manifest's config).
+func fileArtifact(domain, namespace, version string, f bundle.File) (*registry.PushImage, map[v1.Hash][]byte, error) {
+	target, err := FileTarget(domain, namespace, version, f)
+	if err != nil {
+		return nil, nil, fmt.Errorf("file %s: target in %s: %w", f.Path, domain, err)
+	}
+	layer, err := v1.NewHash("sha256:" + f.SHA256)
+	if err != nil {
+		return nil, nil, fmt.Errorf("file %s: %w", f.Path, err)
+	}
+	cfgHash, _, _ := v1.SHA256(bytes.NewReader(emptyConfig))
+	cfg := v1.Descriptor{MediaType: emptyConfigType, Size: int64(len(emptyConfig)), Digest: cfgHash}
+	lay := v1.Descriptor{MediaType: FileLayerType, Size: f.Size, Digest: layer,
+		Annotations: map[string]string{"org.opencontainers.image.title": f.Name}}
+	raw, err := json.Marshal(struct {
+		SchemaVersion int               `json:"schemaVersion"`
+		MediaType     types.MediaType   `json:"mediaType"`
+		ArtifactType  string            `json:"artifactType"`
+		Config        v1.Descriptor     `json:"config"`
+		Layers        []v1.Descriptor   `json:"layers"`
+		Annotations   map[string]string `json:"annotations"`
+	}{2, types.OCIManifestSchema1, FileArtifactType, cfg, []v1.Descriptor{lay},
+		map[string]string{"dev.kubelift.kubernetes-version": version, "dev.kubelift.bundle-path": f.Path}})
+	if err != nil {
+		return nil, nil, err
+	}
+	mh, _, _ := v1.SHA256(bytes.NewReader(raw))
+	im := &registry.PushImage{Ref: f.Path, Target: target,
+		Manifests: []registry.RawManifest{{Digest: mh, MediaType: types.OCIManifestSchema1, Raw: raw}},
+		Blobs:     []v1.Descriptor{cfg, lay}}
+	return im, map[v1.Hash][]byte{cfgHash: emptyConfig}, nil
+}
+
+// bundleSource serves blobs to the pusher: small ones made here, the
+// bundle's files by their sha256, and the image layout's blobs.
+type bundleSource struct {
+	v     *bundle.Verified
+	mem   map[v1.Hash][]byte
+	files map[string]string // sha256 hex -> entry path
+}
+
+func newBundleSource(v *bundle.Verified) *bundleSource {
+	s := &bundleSource{v: v, mem: map[v1.Hash][]byte{}, files: map[string]string{}}
+	for _, f := range v.Manifest.Files {
+		s.files[f.SHA256] = f.Path
+	}
+	return s
+}
+
+func (s *bundleSource) OpenBlob(d v1.Hash) (io.Reader, error) {
+	if b, ok := s.mem[d]; ok {
+		return bytes.NewReader(b), nil
+	}
+	if p, ok := s.files[d.Hex]; ok {
+		return s.v.OpenEntry(p)
+	}
+	return s.v.OpenEntry(bundle.BlobPath(d.String()))
+}
