@@ -21,6 +21,7 @@ require golang.org/x/crypto v0.24.0
 require (
 	github.com/pkg/errors v0.9.1 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.12.0 // indirect
+	k8s.io/component-helpers v0.31.4 // indirect
 )
 
 require (

@@ -15,6 +15,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/importer"
+	"github.com/kubelift/kubelift/internal/inplace"
 )
 
 type importOptions struct {
@@ -30,6 +31,11 @@ type importOptions struct {
 	Quiet        bool
 	Kubeconfig   string
 	SkipBinaries bool
+	// Stage: SSH flags were given, so the binaries are staged on the nodes.
+	Nodes    cli.NodeFlags
+	Stage    bool
+	StageDir string
+	CacheDir string
 }
 
 func newCmdImport(s *cli.IO, runF func(context.Context, *importOptions) error) *cobra.Command {
@@ -66,6 +72,9 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Bundle = args[0]
+			for _, f := range []string{"inventory", "ssh-key", "known-hosts", "ssh-jump"} {
+				opts.Stage = opts.Stage || cmd.Flags().Changed(f)
+			}
 			if err := opts.Registry.Validate(); err != nil {
 				return err
 			}
@@ -78,6 +87,8 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 	f := cmd.Flags()
 	opts.Trust.AddFlags(cmd)
 	opts.Registry.AddFlags(cmd)
+	opts.Nodes.AddFlags(cmd)
+	addStageFlags(cmd, &opts.StageDir, &opts.CacheDir)
 	f.StringVar(&opts.Namespace, "namespace", "", "path below the domain, e.g. library")
 	f.BoolVar(&opts.KeepPath, "keep-path", false, "keep the upstream repository path (coredns/coredns) instead of its last element")
 	f.IntVar(&opts.Jobs, "jobs", 4, "parallel transfers")
@@ -103,8 +114,9 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		return err
 	}
 	var recorder importer.Recorder
-	switch client, err := cluster.Client(opts.Kubeconfig); {
-	case errors.Is(err, cluster.ErrNoKubeconfig):
+	client, err := cluster.Client(opts.Kubeconfig)
+	switch {
+	case errors.Is(err, cluster.ErrNoKubeconfig) && !opts.Stage:
 		// Not recorded: said in the summary.
 	case err != nil:
 		return err
@@ -127,6 +139,23 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		} else {
 			printImport(opts.IO.Out, res, time.Since(start))
 		}
+	}
+	if err != nil || !opts.Stage || opts.DryRun {
+		return err
+	}
+	// SSH flags given: stage the binaries on every node, from this file.
+	v, err := bundle.Open(ctx, opts.Bundle, trust)
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	target, err := inplace.TargetFromBundle(v.Manifest)
+	if err != nil {
+		return err
+	}
+	sres, err := stage(ctx, opts.IO, client, &opts.Nodes, target, inplace.BundleSource{Bundle: v}, opts.StageDir, opts.CacheDir, opts.Quiet)
+	if sres != nil && !asJSON {
+		printStage(opts.IO.Out, sres)
 	}
 	return err
 }

@@ -192,9 +192,10 @@ func Parse(source string, data []byte) (*Catalog, error) {
 
 // Check validates a release read on its own (the copy a bundle's signed
 // manifest carries) and prepares its version and ranges, as Parse does for
-// every release of a catalog. source names where it came from.
-func (r *Release) Check(source string, arches []string) error {
-	if err := r.validate(arches); err != nil {
+// every release of a catalog. source names where it came from. The
+// catalog's arches are not known there, so pinned sums of any arch pass.
+func (r *Release) Check(source string) error {
+	if err := r.validate(nil); err != nil {
 		var ce *Error
 		if errors.As(err, &ce) {
 			ce.Source = source
@@ -285,7 +286,7 @@ func (r *Release) validate(arches []string) error {
 			return fail(field+".url", "%q is not an http(s) URL", f.URL)
 		}
 		for arch, sum := range f.SHA256 {
-			if !contains(arches, arch) {
+			if arches != nil && !contains(arches, arch) {
 				return fail(field+".sha256", "arch %q is not in the catalog's arches", arch)
 			}
 			if !hexRE.MatchString(sum) {

@@ -28,6 +28,7 @@ const (
 	ExitError       = 1
 	ExitUsage       = 2
 	ExitRejected    = 3 // a bundle failed verification
+	ExitBlocked     = 4 // the upgrade plan has blocking findings
 	ExitInterrupted = 130
 )
 
@@ -54,13 +55,25 @@ func (e *UsageError) Unwrap() error { return e.Err }
 // Usagef returns a UsageError.
 func Usagef(format string, args ...any) error { return &UsageError{fmt.Errorf(format, args...)} }
 
+// CodeError carries a documented exit code with its error.
+type CodeError struct {
+	Code int
+	Err  error
+}
+
+func (e *CodeError) Error() string { return e.Err.Error() }
+func (e *CodeError) Unwrap() error { return e.Err }
+
 // ExitCode maps an error to the documented exit code.
 func ExitCode(err error) int {
 	var ue *UsageError
 	var ve *bundle.VerifyError
+	var ee *CodeError
 	switch {
 	case err == nil:
 		return ExitOK
+	case errors.As(err, &ee):
+		return ee.Code
 	case errors.Is(err, context.Canceled):
 		return ExitInterrupted
 	case errors.As(err, &ue):

@@ -29,7 +29,7 @@ func buildKubernetes(ctx context.Context, version string, components ...string) 
 // Paths inside every machine (its own, bind-mounted over the host's).
 const (
 	toolPath    = "/usr/local/lib/kubelift-sandbox/kubelift-sandbox"
-	criEndpoint = "unix:///run/fake-cri/cri.sock"
+	criEndpoint = CRIEndpoint
 	pkiDir      = "/etc/kubernetes/pki"
 	// NodeMonitorGracePeriod is how long the node lifecycle controller
 	// waits for a silent kubelet before marking its node NotReady
@@ -38,6 +38,10 @@ const (
 	// RegistryUser is the private registry's htpasswd user.
 	RegistryUser = "kubelift"
 )
+
+// CRIEndpoint is where every node's CRI stand-in listens (crictl's
+// default endpoint there).
+const CRIEndpoint = "unix:///run/fake-cri/cri.sock"
 
 // BindPaths are the directories every machine has of its own, in the
 // order they are mounted (/root and /tmp last: the sandbox's directory
@@ -157,6 +161,9 @@ func (s *State) makeFiles(cfg Config) error {
 		if err := os.Symlink(toolPath, m.fsPath("usr/local/sbin/systemctl")); err != nil {
 			return err
 		}
+		if err := os.Symlink(toolPath, m.fsPath("usr/local/bin/crictl")); err != nil {
+			return err
+		}
 		if m.Role == "admin" {
 			if err := s.adminFiles(m, issued["registry"]); err != nil {
 				return err
@@ -205,37 +212,6 @@ func (s *State) makeFiles(cfg Config) error {
 	}
 	if err := s.writeEnv(); err != nil {
 		return err
-	}
-	return s.makeMountPoints()
-}
-
-// makeMountPoints creates (empty) the host directories that machines
-// mount over and the host lacks; Down removes them again.
-func (s *State) makeMountPoints() error {
-	for _, p := range BindPaths {
-		if _, err := os.Stat(p); err == nil {
-			continue
-		}
-		needed := false
-		for _, m := range s.Machines {
-			if _, err := os.Stat(m.fsPath(p)); err == nil {
-				needed = true
-			}
-		}
-		if !needed {
-			continue
-		}
-		// Record first, so a failure half-way is still cleaned up.
-		missing := []string{}
-		for d := p; d != "/"; d = filepath.Dir(d) {
-			if _, err := os.Stat(d); err != nil {
-				missing = append([]string{d}, missing...)
-			}
-		}
-		s.MountPoints = append(s.MountPoints, missing...)
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			return fmt.Errorf("mount point %s: %w", p, err)
-		}
 	}
 	return nil
 }

@@ -31,6 +31,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if filepath.Base(os.Args[0]) == "crictl" {
+		if err := sandbox.Crictl(ctx, sandbox.CRIEndpoint, os.Args[1:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "crictl:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := newRoot().ExecuteContext(ctx); err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace"
+)
+
+type planOptions struct {
+	IO             *cli.IO
+	Cluster        clusterFlags
+	Nodes          cli.NodeFlags
+	Registry       cli.RegistryFlags
+	CatalogFile    string
+	StageDir       string
+	MaxUnavailable string
+	Canary         bool
+	AllowRestarts  bool
+	Output         string
+	Quiet          bool
+}
+
+func newCmdPlan(s *cli.IO, runF func(context.Context, *planOptions) error) *cobra.Command {
+	opts := &planOptions{IO: s}
+	cmd := &cobra.Command{
+		Use:   "plan --to VERSION --key PUB [flags]",
+		Short: "Say exactly what an in-place upgrade would do, and what stands in its way; change nothing",
+		Long: `Plan reads the cluster (the API, and every node over SSH) and changes
+nothing. It prints the current state of every node (role, kubelet version,
+and the versions of the control-plane binaries actually running there), the
+ordered plan (control-plane nodes one at a time, the pods' tolerations,
+then kubelets: control-plane nodes one at a time, then workers in batches
+of --max-unavailable, growing 1, 2, 4 ... with --canary), and findings.
+
+Each finding has a severity (blocking, warning, info), the object it is
+about, why, and the fix. Checks:
+
+  path, skew      the catalog's upgrade sources and patch downgrades; no minor
+                  skipped; kubelets never newer than the API server
+  imported        the version's cluster record, its signed bundle.json verified
+  images          every image of the version in the private registry by digest
+  ssh             every node reachable, host key checked
+  health          every node Ready; each API server's /readyz; controller
+                  manager and scheduler leading (or running)
+  staged, disk    binaries staged with the right sha256; room for the rest
+  removed-flags   flags the target removed, in the kubelet's and the control
+                  plane's units, drop-ins, environment files and command lines
+  removed-apis    objects served under group-versions the target removes
+  readmission     pods the restarted kubelet would reject (NodeAffinity): their
+                  nodeSelector or required affinity no longer matches the node
+  eviction        pods without not-ready/unreachable NoExecute tolerations
+  restarts        running containers the bundled kubelet would restart (from
+                  each node's runtime, crictl ps), and those the hash-skip
+                  file keeps running
+
+Exit codes: 0 nothing blocks, 4 a blocking finding, 1 the plan could not be
+made, 2 bad flags.`,
+		Example: `  upgrade plan --to v1.31.4 --key team.pub --ssh-key ~/.ssh/id_ed25519 --known-hosts known_hosts
+  upgrade plan --to v1.31.4 --key team.pub --inventory nodes.yaml --max-unavailable 10% --canary -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return planRun(cmd.Context(), opts)
+		},
+	}
+	opts.Cluster.addFlags(cmd)
+	opts.Nodes.AddFlags(cmd)
+	opts.Registry.AddFlags(cmd)
+	f := cmd.Flags()
+	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
+	f.StringVar(&opts.StageDir, "stage-dir", inplace.DefaultStageDir, "where binaries are staged on the nodes")
+	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
+	f.BoolVar(&opts.Canary, "canary", false, "grow worker batches 1, 2, 4 ... up to --max-unavailable")
+	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "predicted container restarts are a warning, not blocking")
+	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
+	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
+	return cmd
+}
+
+func planRun(ctx context.Context, opts *planOptions) error {
+	asJSON, err := cli.OutputFlag(opts.Output)
+	if err != nil {
+		return err
+	}
+	if _, err := inplace.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	cat, err := catalog.Load(opts.CatalogFile)
+	if err != nil {
+		return err
+	}
+	cfg, err := cluster.Config(opts.Cluster.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.UserAgent = "kubelift"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	target, err := opts.Cluster.target(ctx, client)
+	if err != nil {
+		return err
+	}
+	access, err := registryAccess(opts.IO.In, &opts.Registry, target)
+	if err != nil {
+		return err
+	}
+	inv, dialer, err := opts.Nodes.Access()
+	if err != nil {
+		return err
+	}
+	plan, err := inplace.BuildPlan(ctx, inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat,
+		Access: access, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
+		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, Log: opts.IO.Logger(opts.Quiet)})
+	if plan != nil {
+		if asJSON {
+			if perr := cli.PrintJSON(opts.IO.Out, plan); perr != nil {
+				return perr
+			}
+		} else {
+			printPlan(opts.IO.Out, plan)
+		}
+	}
+	if errors.Is(err, inplace.ErrBlocked) {
+		n := 0
+		for _, f := range plan.Findings {
+			if f.Severity == inplace.Blocking {
+				n++
+			}
+		}
+		return &cli.CodeError{Code: cli.ExitBlocked, Err: fmt.Errorf("%w: %d blocking findings", err, n)}
+	}
+	return err
+}
+
+func printPlan(w io.Writer, p *inplace.Plan) {
+	fmt.Fprintf(w, "Upgrade to %s (from %s)\n\n", p.To, strings.Join(p.From, ", "))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tROLE\tREADY\tKUBELET\tAPISERVER\tCONTROLLER-MANAGER\tSCHEDULER\tSTAGED\tCONTAINERS\tWOULD RESTART\tKEPT BY HASH-SKIP")
+	for _, n := range p.Nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%d\n", n.Name, n.Role, n.Ready, n.Kubelet, orDash(n.Components["kube-apiserver"]),
+			orDash(n.Components["kube-controller-manager"]), orDash(n.Components["kube-scheduler"]), n.Staged, n.Containers, n.Restarts, n.Protected)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nPlan:")
+	for i, s := range p.Steps {
+		switch s.Phase {
+		case inplace.PhaseControlPlane:
+			fmt.Fprintf(w, "  %2d. control plane on %s: %s\n", i+1, strings.Join(s.Nodes, ", "), strings.Join(s.Components, ", "))
+		case inplace.PhaseTolerations:
+			fmt.Fprintf(w, "  %2d. add the missing not-ready/unreachable tolerations to running pods\n", i+1)
+		default:
+			fmt.Fprintf(w, "  %2d. kubelet on %s\n", i+1, strings.Join(s.Nodes, ", "))
+		}
+	}
+	fmt.Fprintln(w, "\nFindings:")
+	if len(p.Findings) == 0 {
+		fmt.Fprintln(w, "  none")
+	}
+	for _, f := range p.Findings {
+		fmt.Fprintf(w, "  %-8s %-13s %s: %s\n", strings.ToUpper(string(f.Severity)), f.Check, f.Object, f.Message)
+		if f.Fix != "" {
+			fmt.Fprintf(w, "  %-8s %-13s fix: %s\n", "", "", f.Fix)
+		}
+	}
+	verdict := "nothing blocks the upgrade"
+	if p.Blocked {
+		verdict = "BLOCKED: fix the blocking findings and plan again"
+	}
+	fmt.Fprintf(w, "\n%s (bundled kubelet honours the hash-skip file: %v)\n", verdict, p.HashSkipKubelet)
+}

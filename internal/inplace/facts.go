@@ -1,0 +1,237 @@
+package inplace
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+)
+
+// Runner runs a shell command on a node (nodeaccess.Node does).
+type Runner interface {
+	Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error)
+}
+
+// NodeFacts is what a node says of itself over SSH, read in one command.
+type NodeFacts struct {
+	Name string `json:"name"`
+	// Components maps each program the node runs as a unit (kubelet and
+	// the catalog's server components) to the version of its running
+	// binary (/proc/PID/exe --version): what runs, not what is installed.
+	Components map[string]string `json:"components"`
+	// Flags maps each component to the flags it is started with: its
+	// running command line, its unit's ExecStart lines (drop-ins
+	// included) and the EnvironmentFiles they read, so a flag written
+	// there but not yet in effect counts too. FlagSources says where.
+	Flags       map[string][]string `json:"-"`
+	FlagSources map[string]string   `json:"-"`
+	// Values maps "COMPONENT --flag" to its value, the running command
+	// line's first.
+	Values map[string]string `json:"-"`
+	// Staged maps the files of StageDir/VERSION to their sha256.
+	Staged map[string]string `json:"staged,omitempty"`
+	// FreeBytes is free space on the file system of the stage directory.
+	FreeBytes int64 `json:"freeBytes"`
+	// Containers are the runtime's containers (crictl ps -o json);
+	// ContainersErr says why they could not be read.
+	Containers    []kubeletcompat.RuntimeContainer `json:"-"`
+	ContainersErr string                           `json:"containersError,omitempty"`
+}
+
+// Components are the programs read on every node, kubelet first.
+func components() []string { return append([]string{"kubelet"}, catalog.ServerComponents...) }
+
+// factsScript prints, in sections, everything ReadFacts parses.
+func factsScript(stageDir, version string) string {
+	q := nodeaccess.Quote
+	var b strings.Builder
+	b.WriteString("export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
+	fmt.Fprintf(&b, "for c in %s; do\n", strings.Join(components(), " "))
+	b.WriteString(`  pid=$(systemctl show "$c" -p MainPID 2>/dev/null | sed -n 's/^MainPID=//p')
+  if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then
+    echo "### version $c"; "/proc/$pid/exe" --version 2>&1 | head -n 1
+    echo "### cmdline $c"; tr '\0' '\n' <"/proc/$pid/cmdline"; echo
+  fi
+  for f in /etc/systemd/system/$c.service /run/systemd/system/$c.service /lib/systemd/system/$c.service /usr/lib/systemd/system/$c.service \
+      /etc/systemd/system/$c.service.d/*.conf /run/systemd/system/$c.service.d/*.conf /lib/systemd/system/$c.service.d/*.conf /usr/lib/systemd/system/$c.service.d/*.conf; do
+    [ -f "$f" ] || continue
+    echo "### unit $c $f"; cat "$f"; echo
+    for e in $(sed -n 's/^[[:space:]]*EnvironmentFile=-\{0,1\}//p' "$f"); do
+      [ -f "$e" ] && { echo "### env $c $e"; cat "$e"; echo; }
+    done
+  done
+done
+`)
+	dir := q(stageDir + "/" + version)
+	fmt.Fprintf(&b, "echo '### staged'; [ -d %[1]s ] && (cd %[1]s && sha256sum -- * 2>/dev/null)\n", dir)
+	fmt.Fprintf(&b, "d=%s; while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; echo '### df'; df -Pk \"$d\" | tail -n 1\n", q(stageDir))
+	b.WriteString("echo '### crictl'; crictl ps -o json 2>&1 || echo '### crictl-failed'\n")
+	return b.String()
+}
+
+var versionRE = regexp.MustCompile(`v\d+\.\d+\.\d+`)
+
+// ReadFacts reads a node's facts in one command.
+func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*NodeFacts, error) {
+	out, err := r.Run(ctx, factsScript(stageDir, version), nil)
+	if err != nil {
+		return nil, fmt.Errorf("read node %s: %w", node, err)
+	}
+	f := &NodeFacts{Name: node, Components: map[string]string{}, Flags: map[string][]string{}, FlagSources: map[string]string{}, Values: map[string]string{},
+		Staged: map[string]string{}}
+	sections := splitSections(string(out))
+	for _, s := range sections {
+		fields := strings.Fields(s.head)
+		switch {
+		case len(fields) == 2 && fields[0] == "version":
+			f.Components[fields[1]] = versionRE.FindString(s.body)
+		case len(fields) == 2 && fields[0] == "cmdline":
+			args := strings.Split(strings.TrimSpace(s.body), "\n")
+			if len(args) > 0 {
+				args = args[1:] // the program
+			}
+			f.addFlags(fields[1], "running command line", args)
+		case len(fields) == 3 && fields[0] == "unit":
+			f.addFlags(fields[1], fields[2], unitExecArgs(s.body))
+		case len(fields) == 3 && fields[0] == "env":
+			f.addFlags(fields[1], fields[2], envArgs(s.body))
+		case s.head == "staged":
+			for _, line := range strings.Split(s.body, "\n") {
+				if sum, name, ok := strings.Cut(strings.TrimSpace(line), "  "); ok {
+					f.Staged[name] = sum
+				}
+			}
+		case s.head == "df":
+			if cols := strings.Fields(s.body); len(cols) >= 4 {
+				if kb, err := strconv.ParseInt(cols[3], 10, 64); err == nil {
+					f.FreeBytes = kb << 10
+				}
+			}
+		case s.head == "crictl":
+			if sectionsHave(sections, "crictl-failed") {
+				f.ContainersErr = strings.TrimSpace(lastLines(s.body, 3))
+				break
+			}
+			cs, err := kubeletcompat.ParseCrictl([]byte(s.body))
+			if err != nil {
+				f.ContainersErr = err.Error()
+				break
+			}
+			f.Containers = cs
+		}
+	}
+	for c := range f.Flags {
+		sort.Strings(f.Flags[c])
+	}
+	return f, nil
+}
+
+type section struct{ head, body string }
+
+func splitSections(out string) []section {
+	var ss []section
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	var body strings.Builder
+	for sc.Scan() {
+		line := sc.Text()
+		if h, ok := strings.CutPrefix(line, "### "); ok {
+			if len(ss) > 0 {
+				ss[len(ss)-1].body = body.String()
+			}
+			body.Reset()
+			ss = append(ss, section{head: h})
+			continue
+		}
+		body.WriteString(line)
+		body.WriteByte('\n')
+	}
+	if len(ss) > 0 {
+		ss[len(ss)-1].body = body.String()
+	}
+	return ss
+}
+
+func sectionsHave(ss []section, head string) bool {
+	for _, s := range ss {
+		if s.head == head {
+			return true
+		}
+	}
+	return false
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// addFlags records the --flag names in args (values dropped).
+func (f *NodeFacts) addFlags(comp, source string, args []string) {
+	seen := map[string]bool{}
+	for _, fl := range f.Flags[comp] {
+		seen[fl] = true
+	}
+	for _, a := range args {
+		if !strings.HasPrefix(a, "--") || len(a) < 3 {
+			continue
+		}
+		name, value, _ := strings.Cut(a, "=")
+		if _, ok := f.FlagSources[comp+" "+name]; !ok {
+			f.FlagSources[comp+" "+name] = source
+			f.Values[comp+" "+name] = value
+		}
+		if !seen[name] {
+			seen[name] = true
+			f.Flags[comp] = append(f.Flags[comp], name)
+		}
+	}
+}
+
+// unitExecArgs returns the words of a unit file's ExecStart lines
+// (continuation lines joined).
+func unitExecArgs(unit string) []string {
+	unit = strings.ReplaceAll(unit, "\\\n", " ")
+	var args []string
+	for _, line := range strings.Split(unit, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "ExecStart="); ok {
+			args = append(args, shellWords(v)...)
+		}
+	}
+	return args
+}
+
+// envArgs returns the words of every value of an EnvironmentFile.
+func envArgs(env string) []string {
+	var args []string
+	for _, line := range strings.Split(env, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if _, v, ok := strings.Cut(line, "="); ok {
+			args = append(args, shellWords(v)...)
+		}
+	}
+	return args
+}
+
+// shellWords splits on blanks, dropping the quotes systemd and env files use.
+func shellWords(s string) []string {
+	var words []string
+	for _, w := range strings.Fields(s) {
+		words = append(words, strings.Trim(w, `"'`))
+	}
+	return words
+}

@@ -1,0 +1,53 @@
+// Package inplace is kubelift's upgrade engine: it reads a cluster (the
+// API and, over SSH, every node), stages a version's binaries on the
+// nodes, and works out, before anything is touched, what an in-place
+// upgrade will do: the ordered plan (control plane first, then kubelets in
+// batches) and the findings that block or qualify it (skew and path,
+// staging, health, removed flags and APIs, pods the restarted kubelet
+// would reject, pods that could be evicted, containers that would
+// restart).
+//
+// It never prints: progress goes through an injected logger, and results
+// are values the commands render.
+package inplace
+
+import (
+	"path"
+	"time"
+)
+
+// Where kubelift keeps its files on a node.
+const (
+	// DefaultStageDir holds VERSION/NAME, the binaries staged for an
+	// upgrade; a swap is a rename from there.
+	DefaultStageDir = "/var/lib/kubelift/staged"
+	// DefaultBackupDir holds VERSION/NAME, the binaries an upgrade replaced.
+	DefaultBackupDir = "/var/lib/kubelift/backup"
+)
+
+// StagePath is where a file of a version is staged below dir.
+func StagePath(dir, version, file string) string { return path.Join(dir, version, file) }
+
+// Roles of nodes, from node-role.kubernetes.io labels.
+const (
+	RoleControlPlane = "control-plane"
+	RoleWorker       = "worker"
+)
+
+// nodeFiles are the binaries each node runs from /usr/local/bin and so
+// gets staged: every node its kubelet, kube-proxy and kubectl, control-plane
+// nodes the control plane too.
+var nodeFiles = []string{"kubelet", "kube-proxy", "kubectl"}
+
+var controlPlaneFiles = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// FilesFor lists the binaries a node of role needs.
+func FilesFor(role string) []string {
+	if role == RoleControlPlane {
+		return append(append([]string{}, controlPlaneFiles...), nodeFiles...)
+	}
+	return append([]string{}, nodeFiles...)
+}
+
+// defaultTimeout bounds one command on a node.
+const defaultTimeout = 2 * time.Minute

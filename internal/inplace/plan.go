@@ -1,0 +1,314 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// Severity of a finding.
+type Severity string
+
+// Severities: a blocking finding stops apply; a warning qualifies the
+// plan; info says what apply will do about something.
+const (
+	Blocking Severity = "blocking"
+	Warning  Severity = "warning"
+	Info     Severity = "info"
+)
+
+// Finding is one thing the plan found, about one object.
+type Finding struct {
+	Severity Severity `json:"severity"`
+	// Check names the check that found it (see Checks).
+	Check string `json:"check"`
+	// Object is what it is about: node/NAME, pod/NS/NAME, apiserver/NODE,
+	// version/V, image/REF, api/GROUP/VERSION.
+	Object  string `json:"object"`
+	Message string `json:"message"`
+	Fix     string `json:"fix,omitempty"`
+}
+
+// Checks the plan runs, in the order findings are listed.
+var Checks = []string{"path", "skew", "imported", "images", "ssh", "health", "staged", "disk",
+	"removed-flags", "removed-apis", "readmission", "eviction", "restarts"}
+
+// NodeState is a node as the plan found it.
+type NodeState struct {
+	Name  string `json:"name"`
+	Role  string `json:"role"`
+	Ready bool   `json:"ready"`
+	Arch  string `json:"arch"`
+	// Kubelet is the version the Node reports; Components the versions of
+	// the running binaries read on the node ("" when not running there).
+	Kubelet    string            `json:"kubelet"`
+	Components map[string]string `json:"components,omitempty"`
+	// Staged says every file the node needs is staged with the right sha256.
+	Staged bool `json:"staged"`
+	// Containers running; Restarts the target kubelet would restart;
+	// Protected those the hash-skip file keeps running.
+	Containers int `json:"containers"`
+	Restarts   int `json:"restarts"`
+	Protected  int `json:"protected"`
+}
+
+// Step is one step of the ordered plan: a phase and the nodes it works on
+// at once.
+type Step struct {
+	Phase string   `json:"phase"`
+	Nodes []string `json:"nodes,omitempty"`
+	// Components are swapped on each node, in order.
+	Components []string `json:"components,omitempty"`
+}
+
+// Phases of an upgrade, in order.
+const (
+	PhaseControlPlane = "control-plane"
+	PhaseTolerations  = "patch-tolerations"
+	PhaseKubelets     = "kubelets"
+)
+
+// Plan is what an upgrade would do and what stands in its way.
+type Plan struct {
+	To       string      `json:"to"`
+	From     []string    `json:"from"`
+	Nodes    []NodeState `json:"nodes"`
+	Steps    []Step      `json:"steps"`
+	Findings []Finding   `json:"findings"`
+	// HashSkipKubelet says the bundled kubelet honours the hash-skip file.
+	HashSkipKubelet bool `json:"hashSkipKubelet"`
+	Blocked         bool `json:"blocked"`
+}
+
+// ErrBlocked means the plan has blocking findings.
+var ErrBlocked = errors.New("the upgrade is blocked")
+
+// PlanOptions configure BuildPlan.
+type PlanOptions struct {
+	Client kubernetes.Interface
+	// Dynamic lists objects of removed API versions (nil: not counted).
+	Dynamic dynamic.Interface
+	// REST reaches the API server; each control-plane node's /readyz is
+	// read at that node's address with it (nil: not checked).
+	REST   *rest.Config
+	Target *Target
+	// Catalog knows the source versions (their downgrade rules and hash
+	// eras); the embedded one by default.
+	Catalog *catalog.Catalog
+	// Access reaches the private registry to check images.
+	Access    registry.Access
+	Connector nodeaccess.Connector
+	// Inventory overrides where nodes are reached (nil: none).
+	Inventory *nodeaccess.Inventory
+	Parallel  int
+	StageDir  string
+	// MaxUnavailable bounds the workers upgraded at once: N or P%.
+	MaxUnavailable string
+	// Canary grows worker batches 1, 2, 4 ... up to MaxUnavailable.
+	Canary bool
+	// AllowRestarts makes predicted container restarts a warning.
+	AllowRestarts bool
+	Now           func() time.Time
+	Log           *slog.Logger
+}
+
+// cluster is what BuildPlan read.
+type clusterView struct {
+	nodes []corev1.Node
+	pods  []corev1.Pod
+	facts map[string]*NodeFacts
+	ssh   map[string]error
+	tgts  []nodeaccess.Target
+}
+
+// BuildPlan reads the cluster and its nodes and returns the plan. It
+// changes nothing. A plan with blocking findings is returned with
+// ErrBlocked.
+func BuildPlan(ctx context.Context, opts PlanOptions) (*Plan, error) {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.StageDir == "" {
+		opts.StageDir = DefaultStageDir
+	}
+	if opts.Catalog == nil {
+		c, err := catalog.Default()
+		if err != nil {
+			return nil, err
+		}
+		opts.Catalog = c
+	}
+	t := opts.Target
+	v, err := readCluster(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{To: t.Version.String(), HashSkipKubelet: t.Manifest.KubeletHashSkip("amd64")}
+	pc := &planCheck{opts: opts, view: v, plan: p, target: t}
+	pc.nodeStates()
+	steps, err := pc.steps()
+	if err != nil {
+		return nil, err
+	}
+	p.Steps = steps
+	pc.path()
+	pc.imported()
+	pc.images(ctx)
+	pc.sshReach()
+	pc.health(ctx)
+	pc.staged()
+	pc.removedFlags()
+	pc.removedAPIs(ctx)
+	pc.readmission()
+	pc.eviction()
+	pc.restarts()
+	sort.SliceStable(p.Findings, func(i, j int) bool {
+		return checkOrder(p.Findings[i].Check) < checkOrder(p.Findings[j].Check)
+	})
+	for _, f := range p.Findings {
+		if f.Severity == Blocking {
+			p.Blocked = true
+		}
+	}
+	if p.Blocked {
+		return p, ErrBlocked
+	}
+	return p, nil
+}
+
+func checkOrder(c string) int {
+	for i, x := range Checks {
+		if x == c {
+			return i
+		}
+	}
+	return len(Checks)
+}
+
+// readCluster lists nodes and pods (paged) and reads every node over SSH,
+// a bounded number at once.
+func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
+	nodes, err := ListNodes(ctx, opts.Client)
+	if err != nil {
+		return nil, err
+	}
+	pods, err := listPods(ctx, opts.Client)
+	if err != nil {
+		return nil, err
+	}
+	tgts, err := nodeaccess.Targets(nodes, opts.Inventory)
+	if err != nil {
+		return nil, err
+	}
+	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*NodeFacts{}, tgts: tgts}
+	var mu sync.Mutex
+	opts.Log.Info("reading nodes over SSH", "nodes", len(tgts))
+	v.ssh = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+		f, err := ReadFacts(ctx, n, t.Name, opts.StageDir, opts.Target.Version.String())
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		v.facts[t.Name] = f
+		mu.Unlock()
+		return nil
+	})
+	return v, nil
+}
+
+// ListNodes lists every Node, a page at a time.
+func ListNodes(ctx context.Context, c kubernetes.Interface) ([]corev1.Node, error) {
+	var out []corev1.Node
+	opts := listOptions()
+	for {
+		l, err := c.CoreV1().Nodes().List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list nodes: %w", err)
+		}
+		out = append(out, l.Items...)
+		if l.Continue == "" {
+			break
+		}
+		opts.Continue = l.Continue
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func listPods(ctx context.Context, c kubernetes.Interface) ([]corev1.Pod, error) {
+	var out []corev1.Pod
+	opts := listOptions()
+	opts.FieldSelector = "status.phase!=Succeeded,status.phase!=Failed"
+	for {
+		l, err := c.CoreV1().Pods("").List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list pods: %w", err)
+		}
+		out = append(out, l.Items...)
+		if l.Continue == "" {
+			break
+		}
+		opts.Continue = l.Continue
+	}
+	return out, nil
+}
+
+// Batches splits workers into the batches apply upgrades at once: at most
+// max nodes each, or, with canary, 1, 2, 4 ... up to max.
+func Batches(workers []string, max int, canary bool) [][]string {
+	if max < 1 {
+		max = 1
+	}
+	var out [][]string
+	size := max
+	if canary {
+		size = 1
+	}
+	for len(workers) > 0 {
+		n := min(size, len(workers))
+		out = append(out, workers[:n])
+		workers = workers[n:]
+		if canary {
+			size = min(size*2, max)
+		}
+	}
+	return out
+}
+
+// ParseMaxUnavailable reads N or P% of total nodes (rounded down, at
+// least 1).
+func ParseMaxUnavailable(s string, total int) (int, error) {
+	if s == "" {
+		return 1, nil
+	}
+	if p, ok := strings.CutSuffix(s, "%"); ok {
+		n, err := strconv.Atoi(p)
+		if err != nil || n <= 0 || n > 100 {
+			return 0, fmt.Errorf("--max-unavailable %q: want N or a percentage from 1%% to 100%%", s)
+		}
+		return max(1, total*n/100), nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--max-unavailable %q: want a positive number N or P%%", s)
+	}
+	return n, nil
+}

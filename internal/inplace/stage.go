@@ -1,0 +1,325 @@
+package inplace
+
+import (
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kubelift/kubelift/internal/atomicfile"
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/cas"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// Source supplies the content of a target's files. What it returns is
+// checked against the signed sha256 before any of it reaches a node.
+type Source interface {
+	Open(ctx context.Context, f bundle.File, artifact string) (io.ReadCloser, error)
+}
+
+// BundleSource reads files from a verified bundle file.
+type BundleSource struct{ Bundle *bundle.Verified }
+
+// Open returns the file's entry.
+func (s BundleSource) Open(_ context.Context, f bundle.File, _ string) (io.ReadCloser, error) {
+	r, err := s.Bundle.OpenEntry(f.Path)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(r), nil
+}
+
+// RegistrySource reads files from the OCI artifacts import pushed.
+type RegistrySource struct{ Access registry.Access }
+
+// ErrNoArtifact means the record names no artifact for a file: the
+// bundle was imported with --skip-binaries.
+var ErrNoArtifact = errors.New("not in the private registry (imported with --skip-binaries?): stage from the bundle file")
+
+// Open streams the artifact's layer, whose digest is the file's sha256.
+func (s RegistrySource) Open(ctx context.Context, f bundle.File, artifact string) (io.ReadCloser, error) {
+	if artifact == "" {
+		return nil, fmt.Errorf("file %s: %w", f.Path, ErrNoArtifact)
+	}
+	repo, _, _ := strings.Cut(artifact, "@")
+	return s.Access.OpenBlob(ctx, repo, v1.Hash{Algorithm: "sha256", Hex: f.SHA256})
+}
+
+// StageOptions configure Stage.
+type StageOptions struct {
+	Target *Target
+	Source Source
+	// Nodes are the cluster's nodes (their architecture picks the files);
+	// Targets say how to reach each.
+	Nodes     []corev1.Node
+	Targets   []nodeaccess.Target
+	Connector nodeaccess.Connector
+	// Parallel bounds the nodes staged at once.
+	Parallel int
+	// StageDir is where files go on the nodes (DefaultStageDir).
+	StageDir string
+	// CacheDir keeps verified files and their compressed form on this
+	// machine, so each is fetched and compressed once for every node.
+	CacheDir string
+	Log      *slog.Logger
+}
+
+// NodeStage is what staging did on one node.
+type NodeStage struct {
+	Node string `json:"node"`
+	// Sent lists the files sent; Present those already there, unchanged.
+	Sent    []string `json:"sent"`
+	Present []string `json:"present"`
+	// BytesSent is what crossed the wire (compressed); Bytes the files'
+	// size.
+	BytesSent int64  `json:"bytesSent"`
+	Bytes     int64  `json:"bytes"`
+	Error     string `json:"error,omitempty"`
+}
+
+// StageResult reports Stage.
+type StageResult struct {
+	Version string      `json:"version"`
+	Dir     string      `json:"dir"`
+	Nodes   []NodeStage `json:"nodes"`
+	// Took is the wall time, set by the caller.
+	Took string `json:"took,omitempty"`
+}
+
+// BytesSent is the total sent to every node.
+func (r *StageResult) BytesSent() (sent, size int64) {
+	for _, n := range r.Nodes {
+		sent += n.BytesSent
+		size += n.Bytes
+	}
+	return sent, size
+}
+
+// ErrStage means some nodes were not staged; the result names them.
+var ErrStage = errors.New("staging failed")
+
+// Stage puts every node's files of the target under StageDir/VERSION on
+// it: compressed in transit, the sha256 checked on the node, placed
+// atomically, and skipped where the right file is already there (a re-run
+// sends nothing). One unreachable node is reported and the others staged.
+func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	dir := opts.StageDir
+	if dir == "" {
+		dir = DefaultStageDir
+	}
+	version := opts.Target.Version.String()
+	arch := map[string]string{}
+	for _, n := range opts.Nodes {
+		arch[n.Name] = n.Status.NodeInfo.Architecture
+	}
+	c := &compressedCache{store: &cas.Store{Dir: filepath.Join(opts.CacheDir, "files")}, dir: filepath.Join(opts.CacheDir, "gzip"),
+		source: opts.Source, target: opts.Target}
+	res := &StageResult{Version: version, Dir: dir}
+	var mu sync.Mutex
+	byNode := map[string]*NodeStage{}
+	for _, t := range opts.Targets {
+		byNode[t.Name] = &NodeStage{Node: t.Name}
+	}
+	failed := nodeaccess.ForEach(ctx, opts.Connector, opts.Targets, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+		ns, err := stageNode(ctx, n, t, arch[t.Name], dir, version, c)
+		mu.Lock()
+		defer mu.Unlock()
+		if ns != nil {
+			byNode[t.Name] = ns
+		}
+		if err == nil {
+			log.Info("staged", "node", t.Name, "sent", len(ns.Sent), "present", len(ns.Present), "bytes", ns.BytesSent)
+		}
+		return err
+	})
+	var errs []error
+	for _, t := range opts.Targets {
+		ns := byNode[t.Name]
+		if err := failed[t.Name]; err != nil {
+			ns.Error = err.Error()
+			errs = append(errs, err)
+			log.Error("not staged", "node", t.Name, "err", err)
+		}
+		res.Nodes = append(res.Nodes, *ns)
+	}
+	if len(errs) > 0 {
+		return res, fmt.Errorf("%w on %d of %d nodes: %w", ErrStage, len(errs), len(opts.Targets), errors.Join(errs...))
+	}
+	return res, nil
+}
+
+// stageNode sends the node's missing files.
+func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch, dir, version string, c *compressedCache) (*NodeStage, error) {
+	ns := &NodeStage{Node: t.Name}
+	if arch == "" {
+		arch = "amd64"
+	}
+	var files []bundle.File
+	var artifacts []string
+	for _, name := range FilesFor(t.Role) {
+		f, artifact, ok := c.target.File(name, arch)
+		if !ok {
+			if name == "kube-proxy" || name == "kubectl" {
+				continue // optional: not every bundle carries them
+			}
+			return ns, fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", t.Name, version, name, arch)
+		}
+		files = append(files, f)
+		artifacts = append(artifacts, artifact)
+	}
+	vdir := dir + "/" + version
+	out, err := n.Run(ctx, fmt.Sprintf("[ -d %[1]s ] && cd %[1]s && sha256sum -- * 2>/dev/null; true", nodeaccess.Quote(vdir)), nil)
+	if err != nil {
+		return ns, fmt.Errorf("node %s: read %s: %w", t.Name, vdir, err)
+	}
+	have := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if sum, name, ok := strings.Cut(strings.TrimSpace(line), "  "); ok {
+			have[name] = sum
+		}
+	}
+	for i, f := range files {
+		ns.Bytes += f.Size
+		if have[f.Name] == f.SHA256 {
+			ns.Present = append(ns.Present, f.Name)
+			continue
+		}
+		gz, err := c.compressed(ctx, f, artifacts[i])
+		if err != nil {
+			return ns, err
+		}
+		sent, err := sendFile(ctx, n, vdir, f, gz)
+		ns.BytesSent += sent
+		if err != nil {
+			return ns, fmt.Errorf("node %s: stage %s: %w", t.Name, f.Name, err)
+		}
+		ns.Sent = append(ns.Sent, f.Name)
+	}
+	sort.Strings(ns.Sent)
+	sort.Strings(ns.Present)
+	return ns, nil
+}
+
+// sendFile streams a compressed file to the node, which decompresses it
+// to a temporary name, checks its sha256 and renames it into place.
+func sendFile(ctx context.Context, n nodeaccess.Node, vdir string, f bundle.File, gzPath string) (int64, error) {
+	in, err := os.Open(gzPath)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	q := nodeaccess.Quote
+	dst := q(vdir + "/" + f.Name)
+	tmp := q(vdir + "/." + f.Name + ".kubelift-partial")
+	script := fmt.Sprintf(`set -e
+umask 022
+mkdir -p %[1]s
+trap 'rm -f %[3]s' EXIT
+gzip -dc > %[3]s
+sum=$(sha256sum %[3]s | cut -d ' ' -f 1)
+if [ "$sum" != %[4]s ]; then echo "sha256 $sum on the node, signed %[4]s" >&2; exit 65; fi
+chmod 0755 %[3]s
+mv -f %[3]s %[2]s
+trap - EXIT
+`, q(vdir), dst, tmp, q(f.SHA256))
+	cr := &countingReader{r: in}
+	_, err = n.Run(ctx, script, cr)
+	return cr.n, err
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// compressedCache fetches each file once, checks it, and keeps it gzipped
+// for every node that needs it.
+type compressedCache struct {
+	store  *cas.Store
+	dir    string
+	source Source
+	target *Target
+	mu     sync.Mutex
+	locks  map[string]*sync.Mutex
+}
+
+func (c *compressedCache) lock(sum string) *sync.Mutex {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.locks == nil {
+		c.locks = map[string]*sync.Mutex{}
+	}
+	if c.locks[sum] == nil {
+		c.locks[sum] = &sync.Mutex{}
+	}
+	return c.locks[sum]
+}
+
+func (c *compressedCache) compressed(ctx context.Context, f bundle.File, artifact string) (string, error) {
+	l := c.lock(f.SHA256)
+	l.Lock()
+	defer l.Unlock()
+	gzPath := filepath.Join(c.dir, f.SHA256+".gz")
+	if _, err := os.Stat(gzPath); err == nil {
+		return gzPath, nil
+	}
+	d := digest.NewDigestFromEncoded(digest.SHA256, f.SHA256)
+	if !c.store.Has(d, f.Size) {
+		rc, err := c.source.Open(ctx, f, artifact)
+		if err != nil {
+			return "", fmt.Errorf("file %s: %w", f.Path, err)
+		}
+		_, err = c.store.Put(d, f.Size, rc)
+		rc.Close()
+		if err != nil {
+			return "", fmt.Errorf("file %s: %w", f.Path, err)
+		}
+	}
+	raw, err := c.store.Open(d)
+	if err != nil {
+		return "", err
+	}
+	defer raw.Close()
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		return "", err
+	}
+	out, err := atomicfile.Create(gzPath, 0o644)
+	if err != nil {
+		return "", err
+	}
+	defer out.Abort()
+	zw, _ := gzip.NewWriterLevel(out.File, gzip.DefaultCompression)
+	if _, err := io.Copy(zw, raw); err != nil {
+		return "", err
+	}
+	if err := zw.Close(); err != nil {
+		return "", err
+	}
+	if err := out.Commit(); err != nil {
+		return "", err
+	}
+	return gzPath, nil
+}

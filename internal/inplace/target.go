@@ -1,0 +1,117 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
+)
+
+// Target is a version to upgrade to, as imported into the cluster: its
+// record, trusted only after its signed bundle.json verified against the
+// operator's key.
+type Target struct {
+	Version  catalog.Version
+	Record   *cluster.Available
+	Manifest *bundle.Manifest
+	// Release is the catalog entry the signed manifest carries.
+	Release *catalog.Release
+}
+
+// ErrNotImported means the cluster holds no record of the version.
+var ErrNotImported = errors.New("not imported into this cluster")
+
+// LoadTarget finds the cluster's record of version and verifies it. Of
+// several records of one version (imports of different bundles), the last
+// one that verifies wins.
+func LoadTarget(ctx context.Context, c kubernetes.Interface, version string, trust bundle.Trust) (*Target, error) {
+	v, err := catalog.ParseVersion(version)
+	if err != nil {
+		return nil, err
+	}
+	records, err := cluster.ListAvailable(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	var found *Target
+	for _, r := range records {
+		if r.KubernetesVersion != v.String() {
+			continue
+		}
+		t, err := verifyRecord(r, trust)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		found = t
+	}
+	switch {
+	case found != nil:
+		return found, nil
+	case len(errs) > 0:
+		return nil, errors.Join(errs...)
+	}
+	return nil, fmt.Errorf("%s: %w: import its bundle first (./k8s-%s-linux-ARCH.run --upgrade ...)", v, ErrNotImported, v)
+}
+
+func verifyRecord(r *cluster.Available, trust bundle.Trust) (*Target, error) {
+	name := cluster.Namespace + "/" + cluster.RecordName(r.KubernetesVersion, r.BundleDigest)
+	m, err := bundle.VerifyManifest(r.Manifest, r.Signature, trust)
+	if err != nil {
+		return nil, fmt.Errorf("record configmap %s: %w", name, err)
+	}
+	if m.KubernetesVersion != r.KubernetesVersion {
+		return nil, fmt.Errorf("record configmap %s: says %s, its signed bundle.json %s", name, r.KubernetesVersion, m.KubernetesVersion)
+	}
+	// The record's file list is not signed: every file must be the signed
+	// manifest's, byte for byte.
+	signed := map[string]bundle.File{}
+	for _, f := range m.Files {
+		signed[f.Path] = f
+	}
+	for _, f := range r.Files {
+		if s, ok := signed[f.Path]; !ok || s.SHA256 != f.SHA256 || s.Size != f.Size {
+			return nil, fmt.Errorf("record configmap %s: file %s (sha256 %s) is not the signed bundle's", name, f.Path, f.SHA256)
+		}
+	}
+	rel := m.Release
+	if err := rel.Check("record configmap " + name); err != nil {
+		return nil, err
+	}
+	return &Target{Version: rel.Parsed(), Record: r, Manifest: m, Release: &rel}, nil
+}
+
+// TargetFromBundle is the target a verified bundle file holds (staging
+// from the file, without the registry).
+func TargetFromBundle(m *bundle.Manifest) (*Target, error) {
+	rel := m.Release
+	if err := rel.Check("bundle " + bundle.ManifestName); err != nil {
+		return nil, err
+	}
+	return &Target{Version: rel.Parsed(), Manifest: m, Release: &rel}, nil
+}
+
+// File returns the signed file name for arch, and its artifact in the
+// private registry ("" when binaries were not pushed there).
+func (t *Target) File(name, arch string) (bundle.File, string, bool) {
+	for _, f := range t.Manifest.Files {
+		if f.Name == name && f.Arch == arch {
+			artifact := ""
+			if t.Record != nil {
+				for _, r := range t.Record.Files {
+					if r.Path == f.Path {
+						artifact = r.Artifact
+					}
+				}
+			}
+			return f, artifact, true
+		}
+	}
+	return bundle.File{}, "", false
+}
