@@ -230,4 +230,3 @@ func orDash(s string) string {
 	}
 	return s
 }
-

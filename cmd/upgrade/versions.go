@@ -83,4 +83,3 @@ func printVersions(w io.Writer, list []inplace.VersionState) {
 	}
 	tw.Flush()
 }
-
