@@ -79,8 +79,12 @@ func StartKubelet(o KubeletOptions) (*Kubelet, error) {
 	defer logf.Close()
 	// Its own mount namespace (a copy of the host's, so /sys/fs/cgroup is
 	// there): the kubelet bind-mounts its root dir and mounts volumes, and
-	// all of it goes away with the process.
-	k.cmd = o.NetNS.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", o.Binary}, args...)...)
+	// all of it goes away with the process. Some of its paths are constants,
+	// not under --root-dir (/var/lib/kubelet/device-plugins, pod-resources,
+	// plugins_registry; /var/log/containers): an overlay over their parents
+	// sends those writes to the node's directory, never the host's.
+	script := HostOverlays(filepath.Join(o.Dir, "overlay"), PrivateHostDirs...) + `exec "$0" "$@"`
+	k.cmd = o.NetNS.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", script, o.Binary}, args...)...)
 	k.cmd.Env = append(os.Environ(), o.Env...)
 	k.cmd.Dir = filepath.Join(o.Dir, "cwd") // empty; never the caller's directory (the repository)
 	k.cmd.Stdout, k.cmd.Stderr = logf, logf
@@ -95,6 +99,23 @@ func StartKubelet(o KubeletOptions) (*Kubelet, error) {
 		close(k.exited)
 	}()
 	return k, nil
+}
+
+// PrivateHostDirs are the host directories a node process may write below
+// on its own: the kubelet's constant paths (/var/lib/kubelet/...,
+// /var/log/containers) and the node trees' mount points (/etc/kubernetes).
+var PrivateHostDirs = []string{"/etc", "/var/lib", "/var/log"}
+
+// HostOverlays returns a shell prologue, for a private mount namespace,
+// that lays an overlay over each dir with its upper layer below work: the
+// host's files stay visible, and whatever is written there lands in work.
+func HostOverlays(work string, dirs ...string) string {
+	var b strings.Builder
+	for _, d := range dirs {
+		up := filepath.Join(work, strings.ReplaceAll(strings.Trim(d, "/"), "/", "_"))
+		fmt.Fprintf(&b, "mkdir -p '%[1]s/upper' '%[1]s/work' && mount -t overlay overlay -o 'lowerdir=%[2]s,upperdir=%[1]s/upper,workdir=%[1]s/work' '%[2]s'\n", up, d)
+	}
+	return b.String()
 }
 
 // State says whether the process still runs, for failure messages.

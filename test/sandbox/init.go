@@ -5,14 +5,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
+	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/sandbox/systemd"
 )
 
 // RunInit is a machine's init, started by boot inside the machine's
 // namespaces: it sets the host name, bind-mounts the machine's own
 // directories from root over the host's (BindPaths, where root has them,
+// their mount points made inside overlays of PrivateHostDirs,
 // plus the systemctl stand-in over /usr/bin/systemctl), then runs the
 // service manager until ctx ends (SIGTERM), stopping every service. log
 // receives what goes wrong while booting units.
@@ -25,10 +28,29 @@ func RunInit(ctx context.Context, root, hostname string, log func(format string,
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
+	// Mount points the host lacks (/etc/kubernetes, /var/lib/kubelet on a
+	// fresh machine) are made inside an overlay of their parents, so the
+	// host's directories are never written.
+	for _, d := range kube.PrivateHostDirs {
+		up := filepath.Join(root, ".overlay", strings.ReplaceAll(strings.Trim(d, "/"), "/", "_"))
+		if err := os.MkdirAll(filepath.Join(up, "upper"), 0o755); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Join(up, "work"), 0o755); err != nil {
+			return err
+		}
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", d, up, up)
+		if err := syscall.Mount("overlay", d, "overlay", 0, opts); err != nil {
+			return fmt.Errorf("overlay over %s: %w", d, err)
+		}
+	}
 	for _, p := range BindPaths {
 		src := filepath.Join(root, p)
 		if _, err := os.Stat(src); err != nil {
 			continue
+		}
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return fmt.Errorf("mount point %s: %w", p, err)
 		}
 		if err := syscall.Mount(src, p, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind %s over %s: %w", src, p, err)

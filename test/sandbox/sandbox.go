@@ -92,18 +92,20 @@ type Machine struct {
 
 // State is what Up made, saved as state.json for Down and for tests.
 type State struct {
-	Dir         string    `json:"dir"`
-	Name        string    `json:"name"`
-	Subnet      string    `json:"subnet"`
-	OldVersion  string    `json:"oldVersion"`
-	NewVersion  string    `json:"newVersion"`
-	Binaries    Binaries  `json:"binaries"`
-	Machines    []Machine `json:"machines"`
-	MountPoints []string  `json:"mountPoints"` // created on the host; removed by Down when empty
-	Registry    Registry  `json:"registry"`
-	Internet    Internet  `json:"internet"`
-	APIServer   string    `json:"apiServer"`
-	Complete    bool      `json:"complete"`
+	Dir        string    `json:"dir"`
+	Name       string    `json:"name"`
+	Subnet     string    `json:"subnet"`
+	OldVersion string    `json:"oldVersion"`
+	NewVersion string    `json:"newVersion"`
+	Binaries   Binaries  `json:"binaries"`
+	Machines   []Machine `json:"machines"`
+	// MountPoints were created on the host by older sandboxes (mount points
+	// are now made inside overlays); Down removes them when empty.
+	MountPoints []string `json:"mountPoints,omitempty"`
+	Registry    Registry `json:"registry"`
+	Internet    Internet `json:"internet"`
+	APIServer   string   `json:"apiServer"`
+	Complete    bool     `json:"complete"`
 }
 
 // Binaries are the directories of the built Kubernetes components.
