@@ -43,9 +43,14 @@ func boot(t *testing.T, units map[string]string, enabled ...string) (string, str
 			t.Error(err)
 		}
 	})
-	for i := 0; i < 200; i++ {
+	// The socket appears once the manager listens; on a loaded machine
+	// (every test package at once) that can take seconds.
+	for i := 0; ; i++ {
 		if _, err := os.Stat(sock); err == nil {
 			break
+		}
+		if i == 3000 {
+			t.Fatalf("the manager did not listen on %s within 30s", sock)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
