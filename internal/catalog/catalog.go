@@ -209,6 +209,7 @@ func (r *Release) validate(arches []string) error {
 	fail := func(field string, format string, args ...any) error {
 		return &Error{Version: r.Version, Field: field, Err: fmt.Errorf(format, args...)}
 	}
+	r.upgrade, r.downgrade = nil, nil // prepared anew: Check may run again after a change
 	v, err := ParseVersion(r.Version)
 	if err != nil {
 		return fail("version", "%v", err)

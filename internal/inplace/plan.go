@@ -156,11 +156,16 @@ func BuildPlan(ctx context.Context, opts PlanOptions) (*Plan, error) {
 		}
 		opts.Catalog = c
 	}
-	t := opts.Target
 	v, err := readCluster(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
+	return evaluate(ctx, opts, v)
+}
+
+// evaluate runs every check over what was read.
+func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, error) {
+	t := opts.Target
 	p := &Plan{To: t.Version.String(), HashSkipKubelet: t.Manifest.KubeletHashSkip("amd64")}
 	pc := &planCheck{opts: opts, view: v, plan: p, target: t}
 	pc.nodeStates()

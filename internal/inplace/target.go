@@ -27,8 +27,8 @@ type Target struct {
 var ErrNotImported = errors.New("not imported into this cluster")
 
 // LoadTarget finds the cluster's record of version and verifies it. Of
-// several records of one version (imports of different bundles), the last
-// one that verifies wins.
+// several records of one version (imports of different bundles), the most
+// recently made bundle that verifies wins.
 func LoadTarget(ctx context.Context, c kubernetes.Interface, version string, trust bundle.Trust) (*Target, error) {
 	v, err := catalog.ParseVersion(version)
 	if err != nil {
@@ -49,7 +49,9 @@ func LoadTarget(ctx context.Context, c kubernetes.Interface, version string, tru
 			errs = append(errs, err)
 			continue
 		}
-		found = t
+		if found == nil || t.Manifest.Created.After(found.Manifest.Created) {
+			found = t
+		}
 	}
 	switch {
 	case found != nil:

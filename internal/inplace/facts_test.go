@@ -1,0 +1,77 @@
+package inplace
+
+import (
+	"context"
+	"io"
+	"os"
+	"testing"
+)
+
+// replay answers every command with a node's recorded output (testdata).
+type replay struct{ out []byte }
+
+func (r replay) Run(context.Context, string, io.Reader) ([]byte, error) { return r.out, nil }
+
+func readFixture(t *testing.T, node string) *NodeFacts {
+	t.Helper()
+	out, err := os.ReadFile("testdata/facts-" + node + ".txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ReadFacts(context.Background(), replay{out}, node, DefaultStageDir, "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestReadFactsWorker(t *testing.T) {
+	f := readFixture(t, "worker-3")
+	if f.Components["kubelet"] != "v1.30.14" || f.Components["kube-apiserver"] != "" {
+		t.Errorf("components %v", f.Components)
+	}
+	if f.FlagSources["kubelet --node-ip"] != "running command line" || f.FlagSources["kubelet --config"] != "running command line" {
+		t.Errorf("flag sources %v", f.FlagSources)
+	}
+	if f.Values["kubelet --node-labels"] != "kubelift.io/sandbox=true,kubelift.io/pool=blue" {
+		t.Errorf("--node-labels = %q", f.Values["kubelet --node-labels"])
+	}
+	if len(f.Staged) != 3 || f.Staged["kubelet"] == "" || f.FreeBytes < 1<<30 {
+		t.Errorf("staged %v, free %d", f.Staged, f.FreeBytes)
+	}
+	if f.ContainersErr != "" || len(f.Containers) != 10 {
+		t.Fatalf("%d containers (%s)", len(f.Containers), f.ContainersErr)
+	}
+	for _, c := range f.Containers {
+		if !c.Running || c.Hash == "" || c.PodUID == "" || c.StartedAt.IsZero() {
+			t.Errorf("container %+v", c)
+		}
+	}
+}
+
+func TestReadFactsControlPlane(t *testing.T) {
+	f := readFixture(t, "cp-1")
+	for _, c := range []string{"kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		if f.Components[c] != "v1.30.14" {
+			t.Errorf("%s: %q", c, f.Components[c])
+		}
+	}
+	if f.Values["kube-apiserver --disable-admission-plugins"] != "DefaultTolerationSeconds" {
+		t.Errorf("--disable-admission-plugins = %q", f.Values["kube-apiserver --disable-admission-plugins"])
+	}
+	// Flags of a unit's continued ExecStart lines count too.
+	if f.FlagSources["kube-apiserver --etcd-servers"] == "" {
+		t.Errorf("apiserver flags %v", f.Flags["kube-apiserver"])
+	}
+}
+
+func TestUnitAndEnvArgs(t *testing.T) {
+	unit := "[Service]\nExecStart=/usr/local/bin/kubelet \\\n  --a=1 \\\n  --b\nEnvironment=\"X=--not-here\"\n"
+	if got := unitExecArgs(unit); len(got) != 3 || got[1] != "--a=1" || got[2] != "--b" {
+		t.Errorf("ExecStart words %q", got)
+	}
+	env := "# comment\nKUBELET_ARGS=\"--c=2 --keep-terminated-pod-volumes=false\"\nOTHER='--d'\n"
+	if got := envArgs(env); len(got) != 3 || got[1] != "--keep-terminated-pod-volumes=false" || got[2] != "--d" {
+		t.Errorf("env words %q", got)
+	}
+}

@@ -1,0 +1,190 @@
+package inplace
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+)
+
+// shellNodes are nodes whose commands run in /bin/sh on this machine (the
+// stage directory is the test's), so Stage's node-side script runs for
+// real; nodeaccess and the engine tests cover SSH itself. A node named in
+// down cannot be reached.
+type shellNodes struct {
+	down map[string]bool
+	mu   sync.Mutex
+	cmds map[string]int
+}
+
+func (c *shellNodes) Dial(_ context.Context, t nodeaccess.Target) (nodeaccess.Node, error) {
+	if c.down[t.Name] {
+		return nil, &nodeaccess.Error{Node: t.Name, Address: t.Addr(), Op: "dial", Err: errors.New("connection refused")}
+	}
+	return &shellNode{c: c, name: t.Name}, nil
+}
+
+type shellNode struct {
+	c    *shellNodes
+	name string
+}
+
+func (n *shellNode) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
+	n.c.mu.Lock()
+	n.c.cmds[n.name]++
+	n.c.mu.Unlock()
+	c := exec.CommandContext(ctx, "/bin/sh", "-c", cmd)
+	c.Stdin = stdin
+	var errb bytes.Buffer
+	c.Stderr = &errb
+	out, err := c.Output()
+	if err != nil {
+		return out, &nodeaccess.ExitError{Code: c.ProcessState.ExitCode(), Stderr: errb.String()}
+	}
+	return out, nil
+}
+
+func (n *shellNode) Upload(context.Context, string, os.FileMode, io.Reader) (int64, error) {
+	return 0, errors.New("not used")
+}
+func (n *shellNode) Close() error { return nil }
+
+// memSource serves files from memory, counting opens.
+type memSource struct {
+	content map[string][]byte
+	opens   int
+}
+
+func (s *memSource) Open(_ context.Context, f bundle.File, _ string) (io.ReadCloser, error) {
+	s.opens++
+	return io.NopCloser(bytes.NewReader(s.content[f.Name])), nil
+}
+
+func stageWorld(t *testing.T) (*Target, *memSource, []corev1.Node, []nodeaccess.Target) {
+	w := newWorld(t)
+	src := &memSource{content: map[string][]byte{}}
+	m := w.opts.Target.Manifest
+	for i := range m.Files {
+		content := bytes.Repeat([]byte(m.Files[i].Name+" binary "), 20000)
+		sum := sha256.Sum256(content)
+		m.Files[i].SHA256, m.Files[i].Size = hex.EncodeToString(sum[:]), int64(len(content))
+		src.content[m.Files[i].Name] = content
+	}
+	return w.opts.Target, src, w.view.nodes, w.view.tgts
+}
+
+func TestStageSendsOnceChecksAndSkips(t *testing.T) {
+	target, src, nodes, tgts := stageWorld(t)
+	dirs := t.TempDir()
+	// Each node's stage directory is its own below dirs: the same path for
+	// every node would be one directory here.
+	conn := &shellNodes{cmds: map[string]int{}}
+	opts := StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[:1], Connector: conn, Parallel: 2,
+		StageDir: filepath.Join(dirs, "cp-1"), CacheDir: t.TempDir()}
+	res, err := Stage(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := res.Nodes[0]
+	if strings.Join(n.Sent, ",") != "kube-apiserver,kube-controller-manager,kube-proxy,kube-scheduler,kubectl,kubelet" || n.BytesSent == 0 || n.BytesSent*10 > n.Bytes {
+		t.Errorf("first stage: %+v (sent compressed)", n)
+	}
+	for name, content := range src.content {
+		got, err := os.ReadFile(filepath.Join(dirs, "cp-1", "v1.31.4", name))
+		if err != nil || !bytes.Equal(got, content) {
+			t.Errorf("%s staged wrong (%v)", name, err)
+		}
+		if fi, _ := os.Stat(filepath.Join(dirs, "cp-1", "v1.31.4", name)); fi == nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s mode %v", name, fi)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dirs, "cp-1", "v1.31.4", ".*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+	opens := src.opens
+	// Again: nothing is sent, nothing fetched.
+	res, err = Stage(context.Background(), opts)
+	if err != nil || res.Nodes[0].BytesSent != 0 || len(res.Nodes[0].Sent) != 0 || len(res.Nodes[0].Present) != 6 || src.opens != opens {
+		t.Errorf("second stage: %+v, %v; opened %d more", res.Nodes[0], err, src.opens-opens)
+	}
+	// A worker gets its role's files; each file is fetched once, however
+	// many nodes need it.
+	opts.Targets, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")
+	res, err = Stage(context.Background(), opts)
+	if err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kube-proxy,kubectl,kubelet" || src.opens != opens {
+		t.Errorf("worker: %+v, %v; fetched %d more", res.Nodes[0], err, src.opens-opens)
+	}
+}
+
+// Content that does not match the signed sha256 never reaches a node, and
+// a file corrupted on the way is refused by the node's own check.
+func TestStageRefusesWrongContent(t *testing.T) {
+	target, src, nodes, tgts := stageWorld(t)
+	src.content["kubelet"] = []byte("tampered")
+	dir := t.TempDir()
+	_, err := Stage(context.Background(), StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[1:2],
+		Connector: &shellNodes{cmds: map[string]int{}}, StageDir: dir, CacheDir: t.TempDir()})
+	if !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "bin/linux/amd64/kubelet") {
+		t.Fatalf("tampered source: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "v1.31.4", "kubelet")); err == nil {
+		t.Error("a tampered kubelet was staged")
+	}
+	// The node-side check: a compressed file whose content is not the
+	// signed one is refused, and nothing is left.
+	f := target.Manifest.Files[0]
+	gz := filepath.Join(t.TempDir(), "x.gz")
+	if err := os.WriteFile(gz, gzipped(t, []byte("other")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = sendFile(context.Background(), &shellNode{c: &shellNodes{cmds: map[string]int{}}}, dir+"/v1.31.4", f, gz)
+	var ee *nodeaccess.ExitError
+	if !errors.As(err, &ee) || ee.Code != 65 || !strings.Contains(ee.Stderr, "signed "+f.SHA256) {
+		t.Fatalf("node-side check: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "v1.31.4", "*")); len(left) != 0 {
+		t.Errorf("left on the node: %v", left)
+	}
+	hidden, _ := filepath.Glob(filepath.Join(dir, "v1.31.4", ".*"))
+	if len(hidden) != 0 {
+		t.Errorf("temporary file left on the node: %v", hidden)
+	}
+}
+
+// One unreachable node is named; the others are staged.
+func TestStageUnreachableNode(t *testing.T) {
+	target, src, nodes, tgts := stageWorld(t)
+	res, err := Stage(context.Background(), StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[1:],
+		Connector: &shellNodes{cmds: map[string]int{}, down: map[string]bool{"worker-2": true}}, StageDir: t.TempDir(), CacheDir: t.TempDir()})
+	if !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "worker-2") || !strings.Contains(err.Error(), "1 of 2 nodes") {
+		t.Fatalf("err %v", err)
+	}
+	for _, n := range res.Nodes {
+		if (n.Node == "worker-2") != (n.Error != "") || (n.Node == "worker-1" && len(n.Sent) != 3) {
+			t.Errorf("%+v", n)
+		}
+	}
+}
+
+func gzipped(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write(b)
+	zw.Close()
+	return buf.Bytes()
+}

@@ -1,0 +1,467 @@
+package engine
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/test/kube"
+	"github.com/kubelift/kubelift/test/sandbox"
+)
+
+const stageDir = "/var/lib/kubelift/staged"
+
+// signedFiles reads a bundle's files (name -> sha256) with the upgrade
+// program's inspect.
+func signedFiles(t *testing.T, file string) map[string]string {
+	t.Helper()
+	out, err := programOut(nil, "", filepath.Join(bin, "upgrade"), "inspect", "-o", "json", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct{ Files []struct{ Name, Arch, SHA256 string } }
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string]string{}
+	for _, f := range m.Files {
+		sums[f.Name] = f.SHA256
+	}
+	return sums
+}
+
+func parseStage(t *testing.T, r result) *inplace.StageResult {
+	t.Helper()
+	var res inplace.StageResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("stage -o json: %v\n%s\n%s", err, r.stdout, r.stderr)
+	}
+	return &res
+}
+
+func stageArgs(extra ...string) ([]string, string) {
+	reg, pw := registryFlags()
+	args := append([]string{"stage", "--to", sb.NewVersion, "--key", filepath.Join(work, "team.pub"), "-o", "json", "-q"}, reg...)
+	return append(append(args, sshFlags()...), extra...), pw
+}
+
+// Stage on 1+3 nodes: each node gets exactly its role's files with the
+// signed sha256 (read back over SSH), from the private registry; a second
+// stage sends nothing.
+func TestStage(t *testing.T) {
+	importBundle(t, hashSkipBundle)
+	sums := signedFiles(t, hashSkipBundle)
+	args, pw := stageArgs()
+	r := upgrade(t, pw, args...)
+	if r.code != 0 {
+		t.Fatalf("stage: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	res := parseStage(t, r)
+	for _, n := range res.Nodes {
+		want := inplace.FilesFor(roleOf(n.Node))
+		if strings.Join(n.Sent, ",") != strings.Join(sorted(want), ",") || n.BytesSent == 0 || n.BytesSent >= n.Bytes {
+			t.Errorf("%s: sent %v (%d bytes compressed of %d), want %v", n.Node, n.Sent, n.BytesSent, n.Bytes, sorted(want))
+		}
+		got := ssh(t, n.Node, fmt.Sprintf("cd %s/%s && sha256sum *", stageDir, sb.NewVersion))
+		for _, name := range want {
+			if !strings.Contains(got, sums[name]+"  "+name+"\n") {
+				t.Errorf("%s: %s not staged with the signed sha256 %s:\n%s", n.Node, name, sums[name], got)
+			}
+		}
+		if strings.Count(got, "\n") != len(want) {
+			t.Errorf("%s: staged files other than its role's:\n%s", n.Node, got)
+		}
+	}
+	again := parseStage(t, upgrade(t, pw, args...))
+	for _, n := range again.Nodes {
+		if n.BytesSent != 0 || len(n.Sent) != 0 {
+			t.Errorf("second stage sent %d bytes (%v) to %s", n.BytesSent, n.Sent, n.Node)
+		}
+	}
+}
+
+func roleOf(node string) string {
+	if strings.HasPrefix(node, "cp-") {
+		return inplace.RoleControlPlane
+	}
+	return inplace.RoleWorker
+}
+
+func sorted(s []string) []string {
+	out := append([]string{}, s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+// A node presenting another host key than known_hosts pins is refused
+// before any byte is sent; an unreachable node is named; the others are
+// staged all the same, and stage exits non-zero.
+func TestStageRefusesWrongHostKeyAndNamesUnreachableNode(t *testing.T) {
+	importBundle(t, hashSkipBundle)
+	w1, _ := sb.Machine("worker-1")
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	signer, _ := gossh.NewSignerFromKey(priv)
+	known, err := os.ReadFile(filepath.Join(sb.Dir, "ssh", "known_hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var forged []string
+	for _, line := range strings.Split(strings.TrimSpace(string(known)), "\n") {
+		if hosts, _, _ := strings.Cut(line, " "); strings.Contains(","+hosts+",", ","+w1.Address+",") {
+			line = hosts + " " + strings.TrimSpace(string(gossh.MarshalAuthorizedKey(signer.PublicKey())))
+		}
+		forged = append(forged, line)
+	}
+	dir := t.TempDir()
+	knownHosts := filepath.Join(dir, "known_hosts")
+	inventory := filepath.Join(dir, "inventory.yaml")
+	os.WriteFile(knownHosts, []byte(strings.Join(forged, "\n")+"\n"), 0o644)
+	// worker-2's sshd is not on port 2222: unreachable.
+	os.WriteFile(inventory, []byte("apiVersion: kubelift.io/v1alpha1\nkind: Inventory\nnodes:\n- name: worker-2\n  port: 2222\n"), 0o644)
+	faults := "/var/lib/kubelift/staged-faults"
+	args, pw := stageArgs("--known-hosts", knownHosts, "--inventory", inventory, "--stage-dir", faults)
+	r := upgrade(t, pw, args...)
+	if r.code != 1 {
+		t.Fatalf("stage with a forged host key and an unreachable node: exit %d, want 1\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	res := parseStage(t, r)
+	for _, n := range res.Nodes {
+		switch n.Node {
+		case "worker-1":
+			if !strings.Contains(n.Error, "host key mismatch") || !strings.Contains(n.Error, w1.Address) || n.BytesSent != 0 {
+				t.Errorf("worker-1: %+v, want a host key mismatch naming %s, nothing sent", n, w1.Address)
+			}
+		case "worker-2":
+			if !strings.Contains(n.Error, "worker-2") || !strings.Contains(n.Error, ":2222") {
+				t.Errorf("worker-2: %+v, want an error naming it and its port", n)
+			}
+		default:
+			if n.Error != "" || len(n.Sent) == 0 {
+				t.Errorf("%s not staged: %+v", n.Node, n)
+			}
+		}
+	}
+	if !strings.Contains(r.stderr, "worker-1") || !strings.Contains(r.stderr, "worker-2") {
+		t.Errorf("the error does not name both nodes:\n%s", r.stderr)
+	}
+	if out := ssh(t, "worker-1", "test -e "+faults+" && echo present || echo absent"); out != "absent\n" {
+		t.Errorf("worker-1 got %s although its host key was refused", faults)
+	}
+}
+
+func parsePlan(t *testing.T, r result) *inplace.Plan {
+	t.Helper()
+	var p inplace.Plan
+	if err := json.Unmarshal([]byte(r.stdout), &p); err != nil {
+		t.Fatalf("plan -o json: %v\n%s\n%s", err, r.stdout, r.stderr)
+	}
+	return &p
+}
+
+func plan(t *testing.T, version string, extra ...string) (result, *inplace.Plan) {
+	t.Helper()
+	reg, pw := registryFlags()
+	args := append(append([]string{"plan", "--to", version, "--key", filepath.Join(work, "team.pub"), "-o", "json", "-q"}, reg...), sshFlags()...)
+	r := upgrade(t, pw, append(args, extra...)...)
+	return r, parsePlan(t, r)
+}
+
+func findings(p *inplace.Plan, check string, sev inplace.Severity) []inplace.Finding {
+	var out []inplace.Finding
+	for _, f := range p.Findings {
+		if f.Check == check && f.Severity == sev {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func hasFinding(p *inplace.Plan, check string, sev inplace.Severity, object string, parts ...string) bool {
+	for _, f := range findings(p, check, sev) {
+		if f.Object != object {
+			continue
+		}
+		all := true
+		for _, s := range parts {
+			all = all && strings.Contains(f.Message, s)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+// The plan on the sandbox's workloads, with the hash-skip kubelet bundled:
+// pinned-ssd would fail re-admission (blocking, naming the label), the pods
+// without tolerations are named, and every running container is predicted
+// to keep running under the hash-skip file.
+func TestPlanHashSkipKubelet(t *testing.T) {
+	importBundle(t, hashSkipBundle)
+	r, p := plan(t, sb.NewVersion)
+	if r.code != 4 || !p.Blocked {
+		t.Fatalf("plan: exit %d (blocked %v), want 4\n%s", r.code, p.Blocked, r.stderr)
+	}
+	if !hasFinding(p, "readmission", inplace.Blocking, "pod/"+sandbox.WorkloadNamespace+"/pinned-ssd", "NodeAffinity", sandbox.PinnedLabel+"=ssd") {
+		t.Errorf("no blocking NodeAffinity finding naming pinned-ssd and %s: %+v", sandbox.PinnedLabel, findings(p, "readmission", inplace.Blocking))
+	}
+	if n := len(findings(p, "readmission", inplace.Blocking)); n != 1 {
+		t.Errorf("%d re-admission findings, want 1 (pinned-ssd)", n)
+	}
+	evict := map[string]bool{}
+	for _, f := range findings(p, "eviction", inplace.Warning) {
+		evict[f.Object] = true
+	}
+	pods, err := client.CoreV1().Pods(sandbox.WorkloadNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range pods.Items {
+		lacks := !tolerated(pod.Spec.Tolerations) && !ownedBy(&pod, "DaemonSet")
+		if evict["pod/"+pod.Namespace+"/"+pod.Name] != lacks {
+			t.Errorf("pod %s: eviction finding %v, lacks tolerations %v", pod.Name, evict["pod/"+pod.Namespace+"/"+pod.Name], lacks)
+		}
+	}
+	if !evict["pod/"+sandbox.WorkloadNamespace+"/batch-legacy"] {
+		t.Error("batch-legacy (no tolerations) is not named")
+	}
+	if !p.HashSkipKubelet {
+		t.Error("the plan does not know the bundled kubelet honours the hash-skip file")
+	}
+	for _, n := range p.Nodes {
+		if n.Role == inplace.RoleWorker && (n.Containers == 0 || n.Protected != n.Containers || n.Restarts != 0) {
+			t.Errorf("%s: %d containers, %d kept by the hash-skip file, %d restarts; want all kept", n.Name, n.Containers, n.Protected, n.Restarts)
+		}
+		if n.Kubelet != sb.OldVersion || (n.Role == inplace.RoleControlPlane && n.Components["kube-apiserver"] != sb.OldVersion) {
+			t.Errorf("%s: kubelet %s, components %v; want %s, read from the node", n.Name, n.Kubelet, n.Components, sb.OldVersion)
+		}
+	}
+	if len(findings(p, "restarts", inplace.Blocking)) != 0 {
+		t.Errorf("restarts blocking with the hash-skip kubelet: %+v", findings(p, "restarts", inplace.Blocking))
+	}
+	// The order: control plane first, tolerations, then kubelets, workers
+	// in canary batches 1, 2.
+	_, p = plan(t, sb.NewVersion, "--max-unavailable", "2", "--canary")
+	var order []string
+	for _, s := range p.Steps {
+		order = append(order, s.Phase+":"+strings.Join(s.Nodes, ","))
+	}
+	want := "control-plane:cp-1 patch-tolerations: kubelets:cp-1 kubelets:worker-1 kubelets:worker-2,worker-3"
+	if got := strings.Join(order, " "); got != want {
+		t.Errorf("steps %s\nwant  %s", got, want)
+	}
+}
+
+func tolerated(ts []corev1.Toleration) bool {
+	n := 0
+	for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
+		for _, t := range ts {
+			if (t.Key == key || (t.Key == "" && t.Operator == corev1.TolerationOpExists)) && (t.Effect == "" || t.Effect == corev1.TaintEffectNoExecute) {
+				n++
+				break
+			}
+		}
+	}
+	return n == 2
+}
+
+func ownedBy(p *corev1.Pod, kind string) bool {
+	for _, o := range p.OwnerReferences {
+		if o.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// A kubelet flag the target removed, written into one node's flags
+// environment file (not yet in effect), blocks the plan, naming the node,
+// the flag and the file.
+func TestPlanBlocksRemovedKubeletFlag(t *testing.T) {
+	importBundle(t, hashSkipBundle)
+	const env = "/var/lib/kubelet/kubelet-flags.env"
+	old := ssh(t, "worker-1", "cat "+env+" 2>/dev/null || true")
+	t.Cleanup(func() { ssh(t, "worker-1", fmt.Sprintf("printf %%s %s > %s", shellQuote(old), env)) })
+	ssh(t, "worker-1", `echo 'KUBELET_ARGS="--v=3 --keep-terminated-pod-volumes=false"' > `+env)
+	r, p := plan(t, sb.NewVersion)
+	if r.code != 4 {
+		t.Fatalf("exit %d, want 4", r.code)
+	}
+	if !hasFinding(p, "removed-flags", inplace.Blocking, "node/worker-1", "kubelet", "--keep-terminated-pod-volumes", env) {
+		t.Errorf("no blocking removed-flags finding for worker-1: %+v", findings(p, "removed-flags", inplace.Blocking))
+	}
+	if n := len(findings(p, "removed-flags", inplace.Blocking)); n != 1 {
+		t.Errorf("%d removed-flags findings, want 1", n)
+	}
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// A bundle whose version skips a minor (v1.32 on a v1.30 control plane) is
+// blocking, naming each control-plane component on its node.
+func TestPlanBlocksSkippedMinor(t *testing.T) {
+	cat := filepath.Join(t.TempDir(), "catalog.yaml")
+	// v1.32.0 made of v1.31.4's artifacts: only its version number matters here.
+	os.WriteFile(cat, []byte(`schemaVersion: 1
+arches: [amd64, arm64]
+kubeletHashEras: [{era: json-without-resources, from: v1.27.0}, {era: name-image, from: v1.31.0}]
+versions:
+  - version: v1.32.0
+    kubeletHashEra: name-image
+    upgradeFrom: [v1.31]
+    downgradeTo: []
+    removedKubeletFlags: []
+    removedAPIs: []
+    images: [registry.k8s.io/kube-apiserver:v1.31.4, registry.k8s.io/pause:3.10]
+    files:
+      - {name: kubelet, url: "https://dl.k8s.io/release/v1.31.4/bin/linux/{arch}/kubelet"}
+      - {name: kube-apiserver, url: "https://dl.k8s.io/release/v1.31.4/bin/linux/{arch}/kube-apiserver"}
+`), 0o644)
+	out := filepath.Join(t.TempDir(), "skip.tar")
+	args := append([]string{"create", "--kubernetes-version", "v1.32.0", "--catalog", cat, "--sign-key", filepath.Join(work, "team.key"), "-o", out,
+		"--cache-dir", filepath.Join(work, "cache"), "-q"}, sb.Internet.BundleFlags...)
+	if _, err := programOut(&kube.NetNS{Name: sb.Internet.NetNS}, "", filepath.Join(bin, "bundle"), args...); err != nil {
+		t.Fatal(err)
+	}
+	importBundle(t, out)
+	r, p := plan(t, "v1.32.0")
+	if r.code != 4 {
+		t.Fatalf("exit %d, want 4\n%s", r.code, r.stderr)
+	}
+	if !hasFinding(p, "path", inplace.Blocking, "node/cp-1", "kube-apiserver runs "+sb.OldVersion, "skips a minor") {
+		t.Errorf("no blocking path finding: %+v", findings(p, "path", inplace.Blocking))
+	}
+}
+
+// With upstream's kubelet bundled, the plan predicts that every running
+// container restarts; swapping a node's kubelet by hand (control plane
+// first, as the skew policy wants) restarts exactly those containers. The
+// hash-skip kubelet with the file written restarts none. This test changes
+// the sandbox: it runs last.
+func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
+	importBundle(t, upstreamBundle) // the most recently made: now the target
+	r, p := plan(t, sb.NewVersion)
+	if r.code != 4 {
+		t.Fatalf("exit %d, want 4", r.code)
+	}
+	if p.HashSkipKubelet {
+		t.Fatal("the plan says upstream's kubelet honours the hash-skip file")
+	}
+	predicted := map[string]inplace.NodeState{}
+	for _, n := range p.Nodes {
+		predicted[n.Name] = n
+		if n.Role == inplace.RoleWorker && (n.Containers == 0 || n.Restarts != n.Containers || n.Protected != 0) {
+			t.Errorf("%s: %d containers, %d restarts, %d kept; want every one restarted", n.Name, n.Containers, n.Restarts, n.Protected)
+		}
+		if n.Role == inplace.RoleWorker && !hasFinding(p, "restarts", inplace.Blocking, "node/"+n.Name, fmt.Sprintf("%d of %d running containers would restart", n.Restarts, n.Containers)) {
+			t.Errorf("%s: no blocking restarts finding", n.Name)
+		}
+	}
+	// Stage upstream's binaries beside the hash-skip ones.
+	upstreamDir := "/var/lib/kubelift/staged-upstream"
+	args, pw := stageArgs("--stage-dir", upstreamDir)
+	if r := upgrade(t, pw, args...); r.code != 0 {
+		t.Fatalf("stage: %s", r.stderr)
+	}
+	// The control plane first, by hand, from the staged files.
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		ssh(t, "cp-1", fmt.Sprintf("cp %[1]s/%[2]s/%[3]s /usr/local/bin/.%[3]s.new && mv -f /usr/local/bin/.%[3]s.new /usr/local/bin/%[3]s && systemctl restart %[3]s",
+			upstreamDir, sb.NewVersion, c))
+	}
+	waitFor(t, "the API server at "+sb.NewVersion, func() bool {
+		v, err := client.Discovery().ServerVersion()
+		return err == nil && v.GitVersion == sb.NewVersion
+	})
+
+	// worker-3 with upstream's kubelet: exactly the predicted containers restart.
+	before := running(t, "worker-3")
+	swapKubelet(t, "worker-3", upstreamDir)
+	waitFor(t, "the predicted containers on worker-3 replaced", func() bool { return gone(before, running(t, "worker-3")) >= predicted["worker-3"].Restarts })
+	if n := gone(before, running(t, "worker-3")); n != predicted["worker-3"].Restarts {
+		t.Errorf("worker-3: %d containers restarted, the plan predicted %d", n, predicted["worker-3"].Restarts)
+	}
+
+	// worker-2 with the hash-skip kubelet and its file: none restarts.
+	before = running(t, "worker-2")
+	ssh(t, "worker-2", fmt.Sprintf(`printf '{"schemaVersion":1,"oldKubeletVersion":"%s","newKubeletVersion":"%s","upgradedAt":"%s"}' > /var/lib/kubelet/kubelift-hash-skip.json`,
+		sb.OldVersion, sb.NewVersion, time.Now().UTC().Format(time.RFC3339)))
+	swapKubelet(t, "worker-2", stageDir)
+	waitFor(t, "the hash-skip kubelet on worker-2 to keep every container", func() bool {
+		out := ssh(t, "worker-2", "grep -c 'keeps running' /var/log/units/kubelet.log || true")
+		n := 0
+		fmt.Sscan(out, &n)
+		return n >= len(before)
+	})
+	if n := gone(before, running(t, "worker-2")); n != 0 {
+		t.Errorf("worker-2: %d containers restarted under the hash-skip kubelet, the plan predicted 0", n)
+	}
+}
+
+// running lists a node's running containers (ID -> pod/name) over SSH.
+func running(t *testing.T, node string) map[string]string {
+	t.Helper()
+	cs, err := kubeletcompat.ParseCrictl([]byte(ssh(t, node, "crictl ps -o json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, c := range cs {
+		if c.Running {
+			out[c.ID] = c.Pod + "/" + c.Name
+		}
+	}
+	return out
+}
+
+// gone counts the containers of before that no longer run.
+func gone(before, now map[string]string) int {
+	n := 0
+	for id := range before {
+		if _, ok := now[id]; !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// swapKubelet installs the kubelet staged in dir and restarts it, by hand
+// over SSH, and waits for the node Ready at the new version.
+func swapKubelet(t *testing.T, node, dir string) {
+	t.Helper()
+	ssh(t, node, fmt.Sprintf("cp %s/%s/kubelet /usr/local/bin/.kubelet.new && mv -f /usr/local/bin/.kubelet.new /usr/local/bin/kubelet && systemctl restart kubelet", dir, sb.NewVersion))
+	waitFor(t, node+" Ready at "+sb.NewVersion, func() bool {
+		n, err := client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		return err == nil && sandbox.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == sb.NewVersion
+	})
+}
+
+// waitFor polls cond, bounded by 3 minutes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
