@@ -32,7 +32,9 @@ func signedFiles(t *testing.T, file string) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m struct{ Files []struct{ Name, Arch, SHA256 string } }
+	var m struct {
+		Files []struct{ Name, Arch, SHA256 string }
+	}
 	if err := json.Unmarshal([]byte(out), &m); err != nil {
 		t.Fatal(err)
 	}

@@ -210,4 +210,3 @@ func ssh(t *testing.T, node, command string) string {
 	}
 	return out.String()
 }
-
