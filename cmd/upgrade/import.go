@@ -65,6 +65,14 @@ The password comes from --password-stdin, --password or
 KUBELIFT_REGISTRY_PASSWORD, and is never printed. Without --username the
 docker config (~/.docker/config.json) supplies credentials.
 
+The binaries (kubelet, the control plane, kubectl ...) are pushed too, as
+OCI artifacts (one per file, its layer digest the signed sha256), so that
+'upgrade stage' and 'apply' fetch them from the registry; --skip-binaries
+leaves them out for registries that refuse artifacts. With a kubeconfig the
+version is recorded in the cluster. With SSH flags (--inventory, --ssh-key,
+--known-hosts or --ssh-jump) the binaries are then staged on every node, as
+'upgrade stage' does, from this file.
+
 On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...`,
 		Example: `  echo "$PASS" | upgrade import k8s-v1.31.4-linux-amd64.tar --key team.pub \
       --domain registry.corp:5000 --namespace library --username admin --password-stdin

@@ -14,7 +14,6 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
-	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace"
 )
 
@@ -103,11 +102,10 @@ func planRun(ctx context.Context, opts *planOptions) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := cluster.Config(opts.Cluster.Kubeconfig)
+	cfg, err := opts.Cluster.config()
 	if err != nil {
 		return err
 	}
-	cfg.UserAgent = "kubelift"
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err

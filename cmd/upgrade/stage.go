@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cli"
@@ -21,17 +22,48 @@ import (
 	"github.com/kubelift/kubelift/internal/registry"
 )
 
+// kubeFlags reach the API server, at a bounded request rate.
+type kubeFlags struct {
+	Kubeconfig string
+	QPS        float32
+	Burst      int
+}
+
+func (f *kubeFlags) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.Kubeconfig, "kubeconfig", "", "the cluster (default: KUBECONFIG, or in-cluster)")
+	cmd.Flags().Float32Var(&f.QPS, "kube-qps", 50, "API requests per second at most (client-go's default is 5)")
+	cmd.Flags().IntVar(&f.Burst, "kube-burst", 100, "API requests in a burst at most")
+}
+
+// config is the REST config with kubelift's user agent and rate.
+func (f *kubeFlags) config() (*rest.Config, error) {
+	cfg, err := cluster.Config(f.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.UserAgent, cfg.QPS, cfg.Burst = "kubelift", f.QPS, f.Burst
+	return cfg, nil
+}
+
+func (f *kubeFlags) client() (kubernetes.Interface, error) {
+	cfg, err := f.config()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
 // clusterFlags name the cluster and the version to work on.
 type clusterFlags struct {
-	To         string
-	Trust      cli.TrustOptions
-	Kubeconfig string
+	kubeFlags
+	To    string
+	Trust cli.TrustOptions
 }
 
 func (f *clusterFlags) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.To, "to", "", "the Kubernetes version to upgrade to (imported with --upgrade / import)")
 	f.Trust.AddFlags(cmd)
-	cmd.Flags().StringVar(&f.Kubeconfig, "kubeconfig", "", "the cluster (default: KUBECONFIG, or in-cluster)")
+	f.kubeFlags.addFlags(cmd)
 }
 
 // target loads the version's cluster record, verified with --key.
@@ -136,7 +168,7 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 	if err != nil {
 		return err
 	}
-	client, err := cluster.Client(opts.Cluster.Kubeconfig)
+	client, err := opts.Cluster.client()
 	if err != nil {
 		return err
 	}

@@ -9,13 +9,12 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
-	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace"
 )
 
 type versionsOptions struct {
 	IO          *cli.IO
-	Kubeconfig  string
+	Kube        kubeFlags
 	CatalogFile string
 	Output      string
 }
@@ -46,7 +45,7 @@ TARGET marks the version the cluster is at, or heading for.`,
 			if err != nil {
 				return err
 			}
-			client, err := cluster.Client(opts.Kubeconfig)
+			client, err := opts.Kube.client()
 			if err != nil {
 				return err
 			}
@@ -61,7 +60,7 @@ TARGET marks the version the cluster is at, or heading for.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&opts.Kubeconfig, "kubeconfig", "", "the cluster (default: KUBECONFIG, or in-cluster)")
+	opts.Kube.addFlags(cmd)
 	cmd.Flags().StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	return cmd

@@ -65,6 +65,22 @@ func stageArgs(extra ...string) ([]string, string) {
 // stage sends nothing.
 func TestStage(t *testing.T) {
 	importBundle(t, hashSkipBundle)
+	// The version is now available; the nodes' one is active.
+	vr := upgrade(t, "", "versions", "-o", "json")
+	var versions []inplace.VersionState
+	if err := json.Unmarshal([]byte(vr.stdout), &versions); err != nil || vr.code != 0 {
+		t.Fatalf("versions: %v\n%s%s", err, vr.stdout, vr.stderr)
+	}
+	states := map[string]string{}
+	for _, v := range versions {
+		states[v.Version] = v.State
+		if v.Target != (v.Version == sb.OldVersion) {
+			t.Errorf("%s target %v", v.Version, v.Target)
+		}
+	}
+	if states[sb.OldVersion] != inplace.StateActive || states[sb.NewVersion] != inplace.StateAvailable {
+		t.Errorf("versions: %v", states)
+	}
 	sums := signedFiles(t, hashSkipBundle)
 	args, pw := stageArgs()
 	r := upgrade(t, pw, args...)
