@@ -16,12 +16,14 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require golang.org/x/crypto v0.24.0
+require (
+	golang.org/x/crypto v0.24.0
+	k8s.io/component-helpers v0.31.4
+)
 
 require (
 	github.com/pkg/errors v0.9.1 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.12.0 // indirect
-	k8s.io/component-helpers v0.31.4 // indirect
 )
 
 require (
@@ -45,7 +47,7 @@ require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
-	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/klauspost/compress v1.19.2
 	github.com/kubelift/kubelift/pkg/hashskip v0.0.0
 	github.com/mailru/easyjson v0.7.7 // indirect
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect

@@ -1,10 +1,10 @@
 package inplace
 
 import (
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/klauspost/compress/gzip"
 	"io"
 	"log/slog"
 	"os"
@@ -232,8 +232,8 @@ func sendFile(ctx context.Context, n nodeaccess.Node, vdir string, f bundle.File
 umask 022
 mkdir -p %[1]s
 trap 'rm -f %[3]s' EXIT
-gzip -dc > %[3]s
-sum=$(sha256sum %[3]s | cut -d ' ' -f 1)
+sum=$(gzip -dc | tee %[3]s | sha256sum | cut -d ' ' -f 1)
+[ -n "$sum" ]
 if [ "$sum" != %[4]s ]; then echo "sha256 $sum on the node, signed %[4]s" >&2; exit 65; fi
 chmod 0755 %[3]s
 mv -f %[3]s %[2]s
@@ -311,7 +311,7 @@ func (c *compressedCache) compressed(ctx context.Context, f bundle.File, artifac
 		return "", err
 	}
 	defer out.Abort()
-	zw, _ := gzip.NewWriterLevel(out.File, gzip.DefaultCompression)
+	zw, _ := gzip.NewWriterLevel(out.File, gzip.BestSpeed)
 	if _, err := io.Copy(zw, raw); err != nil {
 		return "", err
 	}

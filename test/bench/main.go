@@ -28,6 +28,8 @@ var (
 	baseMB      = flag.Int("base-mb", 32, "shared base layer size")
 	uniqueMB    = flag.Int("unique-mb", 40, "each image's own layer size")
 	keepWorkDir = flag.Bool("keep", false, "keep the work directory")
+	linkRate    = flag.String("link", "1gbit,100mbit", "the engine part runs again with each node's link at each of these rates (tc tbf)")
+	only        = flag.String("only", "", "run one part: bundle (bundling, verifying, importing) or engine (stage and plan on a sandbox)")
 )
 
 var repos = []string{
@@ -57,6 +59,23 @@ func run(ctx context.Context) error {
 	if !*keepWorkDir {
 		defer os.RemoveAll(work)
 	}
+	key := filepath.Join(work, "team")
+	if _, err := runCmd(filepath.Join(bin, "bundle"), "keygen", "--out", key); err != nil {
+		return err
+	}
+	if *only != "engine" {
+		if err := benchBundle(ctx, work, bin, key); err != nil {
+			return err
+		}
+	}
+	if *only != "bundle" {
+		return benchEngine(ctx, work, bin, key)
+	}
+	return nil
+}
+
+// benchBundle measures bundling, verifying and importing.
+func benchBundle(ctx context.Context, work, bin, key string) error {
 	reg, err := internet.StartRegistry(ctx, filepath.Join(work, "registry"), internet.RegistryOptions{})
 	if err != nil {
 		return err
@@ -75,10 +94,6 @@ func run(ctx context.Context) error {
 		cat += "      - " + r + "\n"
 	}
 	if err := os.WriteFile(catalogFile, []byte(cat), 0o644); err != nil {
-		return err
-	}
-	key := filepath.Join(work, "team")
-	if _, err := runCmd(filepath.Join(bin, "bundle"), "keygen", "--out", key); err != nil {
 		return err
 	}
 

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -81,10 +82,18 @@ func run(ctx context.Context, sb *sandbox.State) error {
 		return err
 	}
 
+	step("Building kubelift's hash-skip kubelet %s (upstream's, plus the hash-skip file; make kubelet)", version)
+	built, err := exec.Command(filepath.Join("hack", "build-kubelet.sh"), version).Output()
+	if err != nil {
+		return fmt.Errorf("hack/build-kubelet.sh %s: %w", version, err)
+	}
+	kubelet := strings.TrimSpace(string(built))
+	fmt.Println(kubelet)
+
 	step("Bundling Kubernetes %s into a signed, self-extracting installer (every platform, so index digests survive the import)", version)
 	out := filepath.Join(work, "k8s-"+version+"-linux-amd64.run")
 	args := append([]string{"create", "--kubernetes-version", version, "--sign-key", key + ".key", "--format", "run", "-o", out,
-		"--all-platforms", "--cache-dir", filepath.Join(work, "cache")}, flags...)
+		"--all-platforms", "--kubelet-binary", kubelet, "--cache-dir", filepath.Join(work, "cache")}, flags...)
 	if err := shIn(sb, sb.Internet.NetNS, "", filepath.Join(bin, "bundle"), args...); err != nil {
 		return err
 	}
@@ -137,10 +146,11 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	priv := sb.Registry
 	fmt.Printf("private registry %s (docker-registry, TLS from the sandbox CA %s, htpasswd user %s)\n", priv.Address, priv.CAFile, priv.User)
 
-	step("Importing: ./%s --upgrade ... (pushes images, records the version in the cluster)", filepath.Base(out))
+	step("Importing: ./%s --upgrade ... (pushes images and binaries, records the version, stages the binaries on every node over SSH)", filepath.Base(out))
 	importArgs := []string{"--upgrade", "--key", key + ".pub", "--domain", priv.Address, "--namespace", "library",
 		"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile, "--kubeconfig", kc}
-	if err := shAdmin(sb, priv.Password+"\n", out, importArgs...); err != nil {
+	sshArgs := []string{"--inventory", filepath.Join(sb.Dir, "inventory.yaml"), "--cache-dir", filepath.Join(work, "stage-cache")}
+	if err := shAdmin(sb, priv.Password+"\n", out, append(importArgs, sshArgs...)...); err != nil {
 		return err
 	}
 	step("Importing again: everything is there, nothing is sent")
@@ -154,6 +164,28 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	step("The cluster now knows %s is available", version)
 	if err := shAdmin(sb, "", kubectl, "--kubeconfig", kc, "-n", "kube-system", "get", "configmaps", "-l", "app.kubernetes.io/managed-by=kubelift", "-L", "kubelift.dev/kubernetes-version"); err != nil {
 		return err
+	}
+
+	step("Versions, as the nodes run them now")
+	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "versions", "--kubeconfig", kc); err != nil {
+		return err
+	}
+	step("Staging again (upgrade stage, from the registry): every file is there, nothing is sent")
+	regArgs := []string{"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile}
+	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), append(append([]string{"stage", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "-q"}, regArgs...), sshArgs...)...); err != nil {
+		return err
+	}
+	step("The plan: what upgrading to %s would do, read from the API and every node; nothing is changed", version)
+	planArgs := append(append([]string{"plan", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "-q"}, regArgs...), "--inventory", filepath.Join(sb.Dir, "inventory.yaml"))
+	switch err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), planArgs...); {
+	case err == nil:
+		return fmt.Errorf("the plan did not block on pinned-ssd")
+	default:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 4 {
+			return fmt.Errorf("plan: %w", err)
+		}
+		fmt.Println("(exit 4: blocked, as it should be: pinned-ssd would be rejected by its restarted kubelet; apply --restore-labels will fix it)")
 	}
 
 	step("Why in-place kubelet upgrades restart containers: a running pod, hashed as two kubelets hash it")

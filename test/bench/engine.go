@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/test/kube"
+	"github.com/kubelift/kubelift/test/sandbox"
+)
+
+// benchEngine measures staging and planning on a sandbox of its own (1
+// control plane, 3 workers, real sshd): kubelift stage (fetch from the
+// registry, check, compress once, send compressed, check on the node)
+// against scp of the same files to the same nodes, and the plan.
+func benchEngine(ctx context.Context, work, bin, key string) error {
+	cfg := sandbox.Config{Dir: filepath.Join(work, "sandbox"), Name: fmt.Sprintf("klb%d", os.Getpid()%1000), Subnet: "10.83.0",
+		Workers: 3, Tool: filepath.Join(work, "kubelift-sandbox"), Workloads: true}
+	if out, err := exec.Command("go", "build", "-o", cfg.Tool, "./test/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
+		return fmt.Errorf("build kubelift-sandbox: %v\n%s", err, out)
+	}
+	cfg.Defaults()
+	sb, err := sandbox.Up(ctx, cfg)
+	if err != nil {
+		_ = sandbox.Down(ctx, cfg.Dir, nil)
+		return err
+	}
+	defer sandbox.Down(ctx, cfg.Dir, nil)
+	admin := sb.Admin().Net()
+	inAdmin := func(name string, args ...string) (string, measure, error) {
+		cmd := admin.Command(name, args...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(sb.Dir, "kubeconfig"))
+		pw, _ := os.ReadFile(filepath.Join(sb.Dir, "registry", "password"))
+		cmd.Stdin = strings.NewReader(string(pw) + "\n")
+		var out, errb strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		_ = exec.Command("sync").Run()
+		start := time.Now()
+		err := cmd.Run()
+		m := measure{wall: time.Since(start)}
+		if err != nil {
+			err = fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, errb.String())
+		}
+		return out.String(), m, err
+	}
+	file := filepath.Join(work, "engine-bundle.tar")
+	args := append([]string{"create", "--kubernetes-version", sb.NewVersion, "--sign-key", key + ".key", "-o", file, "--cache-dir", filepath.Join(work, "engine-cache"), "-q"}, sb.Internet.BundleFlags...)
+	if out, err := (&kube.NetNS{Name: sb.Internet.NetNS}).Command(filepath.Join(bin, "bundle"), args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("bundle create: %v\n%s", err, out)
+	}
+	reg := []string{"--username", sb.Registry.User, "--password-stdin", "--ca-file", sb.Registry.CAFile}
+	ssh := []string{"--ssh-key", filepath.Join(sb.Dir, "ssh", "id_ed25519"), "--known-hosts", filepath.Join(sb.Dir, "ssh", "known_hosts")}
+	if _, _, err := inAdmin(filepath.Join(bin, "upgrade"), append([]string{"import", file, "--key", key + ".pub", "--domain", sb.Registry.Address, "--namespace", "library", "-q"}, reg...)...); err != nil {
+		return err
+	}
+	// The files each node gets, extracted, for scp.
+	files := filepath.Join(work, "engine-extracted")
+	if _, err := runCmd(filepath.Join(bin, "bundle"), "extract", "--key", key+".pub", file, files); err != nil {
+		return err
+	}
+	for _, link := range append([]string{""}, strings.Split(*linkRate, ",")...) {
+		if link != "" {
+			// Each node's link from the admin machine (its bridge port) at
+			// a real network's rate, as a switch port would be.
+			for _, n := range sb.Nodes() {
+				if out, err := admin.Command("tc", "qdisc", "replace", "dev", "v-"+n.Name, "root", "tbf", "rate", link, "burst", "1mb", "latency", "100ms").CombinedOutput(); err != nil {
+					return fmt.Errorf("tc on v-%s: %v %s", n.Name, err, out)
+				}
+			}
+		}
+		if err := stageRounds(work, bin, key, sb, files, link, reg, ssh, inAdmin); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type adminRunner func(name string, args ...string) (string, measure, error)
+
+// stageRounds measures stage against scp, and the plan, over links of one kind.
+func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, reg, ssh []string, inAdmin adminRunner) error {
+	admin := sb.Admin().Net()
+	tag := link
+	if tag == "" {
+		tag = "loopback"
+	}
+	var st, again, sc, pl []measure
+	var sent, size, scpBytes int64
+	for i := 0; i < *rounds; i++ {
+		dir := fmt.Sprintf("/var/lib/kubelift/bench-%s-%d", tag, i)
+		stage := append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
+			"--cache-dir", filepath.Join(work, fmt.Sprintf("stage-cache-%s-%d", tag, i))}, reg...), ssh...)
+		out, m, err := inAdmin(filepath.Join(bin, "upgrade"), stage...)
+		if err != nil {
+			return err
+		}
+		st = append(st, m)
+		var res inplace.StageResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			return err
+		}
+		sent, size = res.BytesSent()
+		if _, m, err = inAdmin(filepath.Join(bin, "upgrade"), stage...); err != nil {
+			return err
+		}
+		again = append(again, m)
+		// scp: the same files to the same nodes, every node at once.
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make(chan error, len(sb.Nodes()))
+		scpBytes = 0
+		for _, n := range sb.Nodes() {
+			role := inplace.RoleWorker
+			if n.Role == "control-plane" {
+				role = inplace.RoleControlPlane
+			}
+			var paths []string
+			for _, f := range inplace.FilesFor(role) {
+				p := filepath.Join(files, "bin", "linux", "amd64", f)
+				if fi, err := os.Stat(p); err == nil {
+					paths = append(paths, p)
+					scpBytes += fi.Size()
+				}
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				target := fmt.Sprintf("root@%s:/var/lib/kubelift/scp-%s-%d/", n.Address, tag, i)
+				sshOpts := []string{"-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"), "-o", "UserKnownHostsFile=" + filepath.Join(sb.Dir, "ssh", "known_hosts"), "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"}
+				if out, err := admin.Command("ssh", append(sshOpts, "root@"+n.Address, fmt.Sprintf("mkdir -p /var/lib/kubelift/scp-%s-%d", tag, i))...).CombinedOutput(); err != nil {
+					errs <- fmt.Errorf("ssh %s: %v %s", n.Name, err, out)
+					return
+				}
+				if out, err := admin.Command("scp", append(append(sshOpts, "-q"), append(paths, target)...)...).CombinedOutput(); err != nil {
+					errs <- fmt.Errorf("scp %s: %v %s", n.Name, err, out)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return err
+		}
+		sc = append(sc, measure{wall: time.Since(start)})
+		plan := append(append([]string{"plan", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q"}, reg...), ssh...)
+		_, m, err = inAdmin(filepath.Join(bin, "upgrade"), plan...)
+		if err != nil && !strings.Contains(err.Error(), "exit status 4") {
+			return err
+		}
+		pl = append(pl, m)
+	}
+	mb := float64(size) / 1e6
+	fmt.Printf("\nthe engine on a sandbox (1 control plane + 3 workers, real sshd; links: %s), %s binaries: %.1f MB to send in all, %d rounds (medians)\n",
+		tag, sb.NewVersion, mb, *rounds)
+	fmt.Printf("%-44s %9s %9s %12s %s\n", "staging (admin machine -> every node)", "time", "MB/s", "bytes sent", "kubelift / peer")
+	s, a, c := median(st), median(again), median(sc)
+	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB\n", "kubelift stage (registry, cold cache)", s.wall.Seconds(), mb/s.wall.Seconds(), float64(sent)/1e6)
+	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %.2fx time, %.2fx bytes\n", "scp of the same files (all nodes at once)", c.wall.Seconds(), float64(scpBytes)/1e6/c.wall.Seconds(),
+		float64(scpBytes)/1e6, s.wall.Seconds()/c.wall.Seconds(), float64(sent)/float64(scpBytes))
+	fmt.Printf("%-44s %8.2fs %9s %9.1f MB\n", "kubelift stage again (everything staged)", a.wall.Seconds(), "-", 0.0)
+	fmt.Printf("%-44s %8.2fs\n", "kubelift plan (API + every node over SSH)", median(pl).wall.Seconds())
+	return nil
+}
