@@ -63,7 +63,7 @@ sandbox-status: bin/kubelift-sandbox
 	bin/kubelift-sandbox status --dir $(SANDBOX_DIR)
 
 bench: deps build tools
-	$(GO) run ./test/bench
+	$(GO) run ./test/bench $(BENCH_FLAGS)
 
 # Real Kubernetes binaries from the Go module proxy, cached by version
 # (the tests build what they need through the same script).
