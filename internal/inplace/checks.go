@@ -475,8 +475,8 @@ func (pc *planCheck) restarts() {
 	for i := range pc.plan.Nodes {
 		s := &pc.plan.Nodes[i]
 		f := pc.view.facts[s.Name]
-		if f == nil {
-			continue
+		if f == nil || s.Kubelet == t.Version.String() {
+			continue // a kubelet already at the target is not restarted
 		}
 		if f.ContainersErr != "" {
 			pc.add(Warning, "restarts", "node/"+s.Name, "cannot read the runtime's containers (crictl ps -o json): "+f.ContainersErr, "install crictl on the node")

@@ -36,6 +36,9 @@ type NodeFacts struct {
 	// Values maps "COMPONENT --flag" to its value, the running command
 	// line's first.
 	Values map[string]string `json:"-"`
+	// Programs maps each running component to its program's path (the
+	// command line's first word).
+	Programs map[string]string `json:"-"`
 	// Staged maps the files of StageDir/VERSION to their sha256.
 	Staged map[string]string `json:"staged,omitempty"`
 	// FreeBytes is free space on the file system of the stage directory.
@@ -86,7 +89,7 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 		return nil, fmt.Errorf("read node %s: %w", node, err)
 	}
 	f := &NodeFacts{Name: node, Components: map[string]string{}, Flags: map[string][]string{}, FlagSources: map[string]string{}, Values: map[string]string{},
-		Staged: map[string]string{}}
+		Programs: map[string]string{}, Staged: map[string]string{}}
 	sections := splitSections(string(out))
 	for _, s := range sections {
 		fields := strings.Fields(s.head)
@@ -96,7 +99,8 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 		case len(fields) == 2 && fields[0] == "cmdline":
 			args := strings.Split(strings.TrimSpace(s.body), "\n")
 			if len(args) > 0 {
-				args = args[1:] // the program
+				f.Programs[fields[1]] = args[0]
+				args = args[1:]
 			}
 			f.addFlags(fields[1], "running command line", args)
 		case len(fields) == 3 && fields[0] == "unit":

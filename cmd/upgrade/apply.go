@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/inplace"
+)
+
+type applyOptions struct {
+	planOptions
+	CacheDir       string
+	BackupDir      string
+	RestoreLabels  bool
+	Ignore         []string
+	Soak           time.Duration
+	Settle         time.Duration
+	ReadyTimeout   time.Duration
+	SkipEtcdBackup bool
+	DryRun         bool
+}
+
+func newCmdApply(s *cli.IO) *cobra.Command {
+	opts := &applyOptions{planOptions: planOptions{IO: s}}
+	cmd := &cobra.Command{
+		Use:   "apply --to VERSION --key PUB [flags]",
+		Short: "Upgrade the cluster in place, node by node, keeping every container running",
+		Long: `Apply plans first (as 'upgrade plan' does) and refuses on a blocking finding
+it does not resolve itself. Then, holding the Lease kube-system/kubelift-upgrade
+(one upgrade at a time; a run that died is taken over once its lease expires):
+
+  1. stages the binaries a node lacks
+  2. snapshots etcd on a control-plane node (--skip-etcd-backup to skip)
+  3. control plane, one node at a time: kube-apiserver, controller manager,
+     scheduler, each backed up, swapped by rename, restarted and waited for
+     at the target (the API server's /readyz at the node) before the next
+  4. adds the missing not-ready/unreachable NoExecute tolerations (300 s) to
+     running pods; with --restore-labels, adds back the node labels pods'
+     nodeSelectors need
+  5. kubelets, once every API server runs the target: control-plane nodes one
+     at a time, then workers with at most --max-unavailable in flight (a slot
+     frees as soon as a node is done; --canary grows 1, 2, 4 ...; --soak
+     waits between nodes). Per node: back up the kubelet and its checkpoint
+     files, record the running containers, write the hash-skip file when the
+     hash era changes and the bundled kubelet honours it, swap, restart, wait
+     (watching Nodes) for Ready at the target, wait --settle, verify that every
+     container still runs with the same ID and no pod failed or went, then
+     annotate the Node kubelift.dev/upgraded-to. Any failure restores the old
+     kubelet, waits for it Ready, and stops the run (nodes in flight finish).
+
+The state is kept in the ConfigMap kube-system/kubelift-upgrade ('upgrade
+status'); running apply again continues where it stopped, skipping what
+already runs the target, and on an upgraded cluster changes nothing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return applyRun(cmd.Context(), opts) },
+	}
+	opts.Cluster.addFlags(cmd)
+	opts.Nodes.AddFlags(cmd)
+	opts.Registry.AddFlags(cmd)
+	f := cmd.Flags()
+	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
+	addStageFlags(cmd, &opts.StageDir, &opts.CacheDir)
+	f.StringVar(&opts.BackupDir, "backup-dir", inplace.DefaultBackupDir, "where replaced binaries are kept on the nodes (OLDVERSION/NAME below it)")
+	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
+	f.BoolVar(&opts.Canary, "canary", false, "grow the window 1, 2, 4 ... up to --max-unavailable while nodes succeed")
+	f.DurationVar(&opts.Soak, "soak", 0, "wait after each worker before the next takes its slot")
+	f.DurationVar(&opts.Settle, "settle", 15*time.Second, "how long a restarted kubelet runs before its containers are verified")
+	f.DurationVar(&opts.ReadyTimeout, "ready-timeout", 5*time.Minute, "how long to wait for a restarted component before rolling it back")
+	f.BoolVar(&opts.RestoreLabels, "restore-labels", false, "add back the node labels running pods' nodeSelectors need (else such pods block)")
+	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "accept predicted container restarts")
+	f.StringSliceVar(&opts.Ignore, "ignore-preflight", nil, "checks whose blocking findings do not stop apply (e.g. removed-flags): you take the risk")
+	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "plan and say what would be done; change nothing")
+	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
+	return cmd
+}
+
+func applyRun(ctx context.Context, opts *applyOptions) error {
+	if _, err := inplace.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	cat, err := catalog.Load(opts.CatalogFile)
+	if err != nil {
+		return err
+	}
+	cfg, err := opts.Cluster.config()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	target, err := opts.Cluster.target(ctx, client)
+	if err != nil {
+		return err
+	}
+	access, err := registryAccess(opts.IO.In, &opts.Registry, target)
+	if err != nil {
+		return err
+	}
+	inv, dialer, err := opts.Nodes.Access()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
+		Plan: inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat, Access: access, Connector: dialer,
+			Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir, MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary,
+			AllowRestarts: opts.AllowRestarts, Log: opts.IO.Logger(opts.Quiet)},
+		Source: inplace.RegistrySource{Access: access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
+		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
+	})
+	if res != nil {
+		printApply(opts.IO.Out, res, opts.DryRun, time.Since(start))
+	}
+	if errors.Is(err, inplace.ErrBlocked) {
+		return &cli.CodeError{Code: cli.ExitBlocked, Err: err}
+	}
+	return err
+}
+
+func printApply(w io.Writer, res *inplace.ApplyResult, dry bool, took time.Duration) {
+	switch {
+	case dry && res.Plan != nil:
+		printPlan(w, res.Plan)
+		fmt.Fprintln(w, "\ndry run: nothing was changed")
+		return
+	case res.NothingToDo:
+		fmt.Fprintf(w, "every node already runs %s: nothing to do\n", res.Plan.To)
+		return
+	}
+	if len(res.Patched) > 0 {
+		fmt.Fprintf(w, "tolerations added to %d pods: %s\n", len(res.Patched), strings.Join(res.Patched, ", "))
+	}
+	if len(res.Labels) > 0 {
+		fmt.Fprintf(w, "labels restored: %s\n", strings.Join(res.Labels, ", "))
+	}
+	if res.State != nil {
+		printState(w, res.State, nil)
+	}
+	if res.State != nil && res.State.State == inplace.StateComplete {
+		fmt.Fprintf(w, "upgraded to %s in %s\n", res.State.To, took.Round(time.Second))
+	}
+}

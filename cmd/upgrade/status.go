@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/inplace"
+)
+
+type statusOptions struct {
+	IO     *cli.IO
+	Kube   kubeFlags
+	Output string
+}
+
+func newCmdStatus(s *cli.IO) *cobra.Command {
+	opts := &statusOptions{IO: s}
+	cmd := &cobra.Command{
+		Use:   "status [-o json]",
+		Short: "Show the upgrade's state and every node's, with versions read live",
+		Long: `Status shows the upgrade recorded in kube-system/kubelift-upgrade (from, to,
+state, last error, etcd backup) and, per node, its part of the upgrade with
+the kubelet version the Node reports now (StarlingX's kube-upgrade-show and
+kube-host-upgrade-list).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := cli.OutputFlag(opts.Output)
+			if err != nil {
+				return err
+			}
+			client, err := opts.Kube.client()
+			if err != nil {
+				return err
+			}
+			st, err := inplace.ReadState(cmd.Context(), client)
+			if err != nil {
+				return err
+			}
+			if st == nil {
+				fmt.Fprintln(opts.IO.Out, "no upgrade has run in this cluster")
+				return nil
+			}
+			nodes, err := inplace.ListNodes(cmd.Context(), client)
+			if err != nil {
+				return err
+			}
+			live := map[string]string{}
+			for _, n := range nodes {
+				live[n.Name] = n.Status.NodeInfo.KubeletVersion
+			}
+			if asJSON {
+				return cli.PrintJSON(opts.IO.Out, struct {
+					*inplace.UpgradeState
+					Kubelets map[string]string `json:"kubelets"`
+				}{st, live})
+			}
+			printState(opts.IO.Out, st, live)
+			return nil
+		},
+	}
+	opts.Kube.addFlags(cmd)
+	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
+	return cmd
+}
+
+func printState(w io.Writer, st *inplace.UpgradeState, live map[string]string) {
+	fmt.Fprintf(w, "upgrade %s -> %s: %s (updated %s)\n", st.From, st.To, st.State, st.Updated.Format(time.RFC3339))
+	if st.Backup != "" {
+		fmt.Fprintf(w, "etcd snapshot: %s\n", st.Backup)
+	}
+	if st.LastError != "" {
+		fmt.Fprintf(w, "last error: %s\n", st.LastError)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tROLE\tSTATUS\tKUBELET\tSTEP\tERROR")
+	for _, n := range st.Nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, n.Status, orDash(live[n.Name]), orDash(n.Step), n.LastError)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,837 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+)
+
+// Annotations the engine leaves on a Node it upgraded: the cluster itself
+// says what is done (as system-upgrade-controller's label does).
+const (
+	AnnotationUpgradedTo = "kubelift.dev/upgraded-to"
+	AnnotationBundle     = "kubelift.dev/bundle"
+)
+
+// ApplyOptions configure Apply. The plan's options say what to read.
+type ApplyOptions struct {
+	Plan PlanOptions
+	// Source supplies files missing on the nodes (staged first).
+	Source   Source
+	CacheDir string
+	// BackupDir is where replaced binaries go on each node.
+	BackupDir string
+	// Holder names this run in the lock.
+	Holder string
+	// LockDuration is how long the lock lasts unless renewed.
+	LockDuration time.Duration
+	// RestoreLabels adds back the labels pods' nodeSelectors need.
+	RestoreLabels bool
+	// Ignore lists checks whose blocking findings do not stop apply.
+	Ignore []string
+	// Soak waits between worker batches.
+	Soak time.Duration
+	// Settle is how long a restarted kubelet runs before its node is
+	// verified (every container still the same).
+	Settle time.Duration
+	// ReadyTimeout bounds the wait for a restarted component.
+	ReadyTimeout time.Duration
+	// SkipEtcdBackup skips the etcd snapshot.
+	SkipEtcdBackup bool
+	// DryRun plans and says what would be done; nothing changes.
+	DryRun bool
+}
+
+// ApplyResult reports Apply.
+type ApplyResult struct {
+	Plan        *Plan         `json:"plan"`
+	State       *UpgradeState `json:"state,omitempty"`
+	Patched     []string      `json:"tolerationsAdded,omitempty"`
+	Labels      []string      `json:"labelsRestored,omitempty"`
+	NothingToDo bool          `json:"nothingToDo,omitempty"`
+}
+
+// ErrNodeFailed means a node failed its upgrade and was rolled back.
+var ErrNodeFailed = errors.New("node upgrade failed")
+
+// applyRun is one Apply: what every step shares.
+type applyRun struct {
+	opts   ApplyOptions
+	client kubernetes.Interface
+	log    *slog.Logger
+	target *Target
+	plan   *Plan
+	view   *clusterView
+	tgts   map[string]nodeaccess.Target
+	state  *UpgradeState
+	watch  *nodeWatch
+	mu     sync.Mutex // state
+	res    *ApplyResult
+}
+
+// Apply upgrades the cluster in place, in the plan's order, each step
+// checking the cluster first so that a second run (after a failure, a
+// kill, or on a cluster already upgraded) continues where the first
+// stopped:
+//
+//	lock -> plan -> stage -> back up etcd -> control plane, node by node
+//	-> tolerations (and labels) -> kubelets, control-plane nodes then
+//	worker batches -> complete
+func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
+	p := &opts.Plan
+	if p.Log == nil {
+		p.Log = slog.New(slog.DiscardHandler)
+	}
+	if p.Now == nil {
+		p.Now = time.Now
+	}
+	if p.StageDir == "" {
+		p.StageDir = DefaultStageDir
+	}
+	if opts.BackupDir == "" {
+		opts.BackupDir = DefaultBackupDir
+	}
+	if opts.LockDuration == 0 {
+		opts.LockDuration = 60 * time.Second
+	}
+	if opts.Settle == 0 {
+		opts.Settle = 15 * time.Second
+	}
+	if opts.ReadyTimeout == 0 {
+		opts.ReadyTimeout = 5 * time.Minute
+	}
+	if opts.Holder == "" {
+		host, _ := os.Hostname()
+		opts.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}}
+	if opts.DryRun {
+		return r.res, r.planStep(ctx)
+	}
+	lock, err := AcquireLock(ctx, r.client, opts.Holder, opts.LockDuration, p.Now)
+	if err != nil {
+		return nil, err
+	}
+	if lock.TakenOver != "" {
+		r.log.Warn("took over the lock of a run that stopped", "holder", lock.TakenOver)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go lock.Keep(ctx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
+	defer func() { _ = lock.Release(context.WithoutCancel(ctx)) }()
+
+	for _, s := range []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"plan", r.planStep},
+		{"stage", r.stageStep},
+		{"record", r.recordStep},
+		{"back up etcd", r.etcdStep},
+		{"control plane", r.controlPlaneStep},
+		{"workloads", r.workloadsStep},
+		{"kubelets", r.kubeletsStep},
+		{"complete", r.completeStep},
+	} {
+		if r.res.NothingToDo {
+			break
+		}
+		r.log.Info("step", "name", s.name)
+		err := s.fn(ctx)
+		r.res.State = r.state
+		if err != nil {
+			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+				err = fmt.Errorf("%w (%w)", err, cause)
+			}
+			r.fail(ctx, err)
+			return r.res, fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return r.res, nil
+}
+
+// fail records the error in the state, if there is one.
+func (r *applyRun) fail(ctx context.Context, err error) {
+	if r.state == nil {
+		return
+	}
+	r.mu.Lock()
+	r.state.State, r.state.LastError = StateFailed, err.Error()
+	r.mu.Unlock()
+	_ = r.save(context.WithoutCancel(ctx))
+}
+
+func (r *applyRun) save(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.state.Updated = r.opts.Plan.Now().UTC()
+	return WriteState(ctx, r.client, r.state)
+}
+
+func (r *applyRun) setState(ctx context.Context, s string) error {
+	r.mu.Lock()
+	r.state.State = s
+	r.mu.Unlock()
+	return r.save(ctx)
+}
+
+func (r *applyRun) setNode(ctx context.Context, name, status, step string, err error) {
+	r.mu.Lock()
+	e := r.state.Node(name, r.tgts[name].Role)
+	e.Status, e.Step, e.Updated = status, step, r.opts.Plan.Now().UTC()
+	e.LastError = ""
+	if err != nil {
+		e.LastError = err.Error()
+	}
+	r.mu.Unlock()
+	if serr := r.save(ctx); serr != nil {
+		r.log.Warn("cannot record the state", "err", serr)
+	}
+}
+
+// planStep builds the plan and refuses on blocking findings apply does
+// not resolve itself.
+func (r *applyRun) planStep(ctx context.Context) error {
+	v, err := readCluster(ctx, r.opts.Plan)
+	if err != nil {
+		return err
+	}
+	p, err := evaluate(ctx, r.opts.Plan, v)
+	if err != nil && !errors.Is(err, ErrBlocked) {
+		return err
+	}
+	r.plan, r.view, r.res.Plan = p, v, p
+	r.tgts = map[string]nodeaccess.Target{}
+	for _, t := range v.tgts {
+		r.tgts[t.Name] = t
+	}
+	var blocking []string
+	for _, f := range p.Findings {
+		if f.Severity != Blocking || r.resolves(f) {
+			continue
+		}
+		blocking = append(blocking, fmt.Sprintf("%s %s: %s", f.Check, f.Object, f.Message))
+	}
+	if len(blocking) > 0 {
+		return fmt.Errorf("%w by %d findings (upgrade plan shows them):\n  %s", ErrBlocked, len(blocking), strings.Join(blocking, "\n  "))
+	}
+	if r.done() {
+		r.res.NothingToDo = true
+		r.log.Info("every node already runs the target: nothing to do", "version", r.target.Version.String())
+	}
+	return nil
+}
+
+// resolves says apply itself fixes a blocking finding.
+func (r *applyRun) resolves(f Finding) bool {
+	for _, c := range r.opts.Ignore {
+		if c == f.Check {
+			return true
+		}
+	}
+	return f.Check == "readmission" && r.opts.RestoreLabels && strings.Contains(f.Message, "lacks the label")
+}
+
+// done: every node's kubelet and every control-plane component run the target.
+func (r *applyRun) done() bool {
+	to := r.target.Version.String()
+	for _, n := range r.plan.Nodes {
+		if n.Kubelet != to {
+			return false
+		}
+		for _, c := range controlPlaneFiles {
+			if v, ok := n.Components[c]; ok && v != to {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (r *applyRun) stageStep(ctx context.Context) error {
+	var missing []nodeaccess.Target
+	for _, n := range r.plan.Nodes {
+		if !n.Staged {
+			missing = append(missing, r.tgts[n.Name])
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	_, err := Stage(ctx, StageOptions{Target: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Targets: missing,
+		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Log: r.log})
+	return err
+}
+
+// recordStep starts (or continues) the state record.
+func (r *applyRun) recordStep(ctx context.Context) error {
+	s, err := ReadState(ctx, r.client)
+	if err != nil {
+		return err
+	}
+	to := r.target.Version.String()
+	if s == nil || s.To != to || s.State == StateComplete {
+		s = &UpgradeState{From: strings.Join(r.plan.From, ","), To: to, State: StateStarted, Started: r.opts.Plan.Now().UTC()}
+	}
+	s.Holder, s.Bundle, s.LastError = r.opts.Holder, r.target.Record.BundleDigest, ""
+	for _, n := range r.plan.Nodes {
+		e := s.Node(n.Name, n.Role)
+		if n.Kubelet == to && e.Status != NodeDone {
+			e.Status = NodeDone
+		}
+	}
+	r.state = s
+	return r.save(ctx)
+}
+
+// etcdStep snapshots etcd before the control plane is touched, with the
+// API server's own etcd endpoints and client certificates, on a
+// control-plane node.
+func (r *applyRun) etcdStep(ctx context.Context) error {
+	if r.opts.SkipEtcdBackup || r.state.Backup != "" {
+		return nil
+	}
+	if r.controlPlaneDone() {
+		return nil
+	}
+	for _, n := range r.plan.Nodes {
+		f := r.view.facts[n.Name]
+		if n.Role != RoleControlPlane || f == nil || f.Values["kube-apiserver --etcd-servers"] == "" {
+			continue
+		}
+		q := nodeaccess.Quote
+		snap := path.Join(r.opts.BackupDir, r.plan.From[0], fmt.Sprintf("etcd-snapshot-%s.db", r.opts.Plan.Now().UTC().Format("20060102T150405Z")))
+		cmd := fmt.Sprintf("mkdir -p %s; ETCDCTL_API=3 etcdctl --endpoints=%s", q(path.Dir(snap)), q(strings.Split(f.Values["kube-apiserver --etcd-servers"], ",")[0]))
+		for flag, opt := range map[string]string{"--etcd-cafile": "--cacert", "--etcd-certfile": "--cert", "--etcd-keyfile": "--key"} {
+			if v := f.Values["kube-apiserver "+flag]; v != "" {
+				cmd += " " + opt + "=" + q(v)
+			}
+		}
+		cmd += " snapshot save " + q(snap) + " >&2"
+		err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
+			_, err := o.run(ctx, "etcd snapshot", cmd)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("%w (pass --skip-etcd-backup to upgrade without one)", err)
+		}
+		r.state.Backup = n.Name + ":" + snap
+		r.log.Info("etcd snapshot", "node", n.Name, "path", snap)
+		return r.save(ctx)
+	}
+	return errors.New("no control-plane node runs kube-apiserver with --etcd-servers to back etcd up from (pass --skip-etcd-backup)")
+}
+
+func (r *applyRun) controlPlaneDone() bool {
+	to := r.target.Version.String()
+	for _, n := range r.plan.Nodes {
+		for _, c := range controlPlaneFiles {
+			if v, ok := n.Components[c]; ok && v != to {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// onNode dials a node and runs fn with its operations.
+func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Context, *nodeOps) error) error {
+	t := r.tgts[name]
+	n, err := r.opts.Plan.Connector.Dial(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	f, err := ReadFacts(ctx, n, name, r.opts.Plan.StageDir, r.target.Version.String())
+	if err != nil {
+		return err
+	}
+	from := f.Components["kubelet"]
+	if s := r.nodeState(name); s != nil && s.Kubelet != "" {
+		from = s.Kubelet
+	}
+	if len(r.plan.From) > 0 && (from == "" || from == r.target.Version.String()) {
+		from = r.plan.From[0]
+	}
+	return fn(ctx, &nodeOps{n: n, name: name, stageDir: r.opts.Plan.StageDir, backupDir: r.opts.BackupDir, from: from, to: r.target.Version.String(), facts: f})
+}
+
+func (r *applyRun) nodeState(name string) *NodeState {
+	for i := range r.plan.Nodes {
+		if r.plan.Nodes[i].Name == name {
+			return &r.plan.Nodes[i]
+		}
+	}
+	return nil
+}
+
+func (r *applyRun) fileSHA(name, arch string) string {
+	f, _, _ := r.target.File(name, archOr(arch))
+	return f.SHA256
+}
+
+// controlPlaneStep moves each control-plane node's apiserver, controller
+// manager and scheduler, one node at a time, each waiting for its health
+// at the target before the next; any failure restores that component.
+func (r *applyRun) controlPlaneStep(ctx context.Context) error {
+	if err := r.setState(ctx, StateUpgradingControlPlane); err != nil {
+		return err
+	}
+	to := r.target.Version.String()
+	for _, n := range r.plan.Nodes {
+		if n.Role != RoleControlPlane {
+			continue
+		}
+		for _, comp := range controlPlaneFiles {
+			if _, ok := n.Components[comp]; !ok {
+				continue // not run on this node
+			}
+			err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
+				if v, _ := o.running(ctx, comp); v == to {
+					return nil // already at the target: a re-run skips it
+				}
+				r.setNode(ctx, n.Name, NodeUpgrading, comp, nil)
+				r.event(ctx, n.Name, "UpgradingComponent", fmt.Sprintf("kubelift: %s %s -> %s", comp, o.from, to))
+				if err := o.backup(ctx, comp); err != nil {
+					return err
+				}
+				if err := o.swap(ctx, comp, r.fileSHA(comp, n.Arch)); err != nil {
+					return r.rollback(ctx, o, comp, err)
+				}
+				if err := r.waitComponent(ctx, o, comp, to); err != nil {
+					return r.rollback(ctx, o, comp, err)
+				}
+				r.log.Info("upgraded", "node", n.Name, "component", comp, "version", to)
+				return nil
+			})
+			if err != nil {
+				r.setNode(ctx, n.Name, NodeFailed, comp, err)
+				return err
+			}
+		}
+		r.setNode(ctx, n.Name, NodePending, "control plane at "+to, nil)
+	}
+	return r.setState(ctx, StateUpgradedControlPlane)
+}
+
+// waitComponent waits for comp to run the version (and the API server to
+// answer /readyz and /version at the node's address).
+func (r *applyRun) waitComponent(ctx context.Context, o *nodeOps, comp, version string) error {
+	deadline := time.Now().Add(r.opts.ReadyTimeout)
+	var last error
+	for time.Now().Before(deadline) {
+		v, err := o.running(ctx, comp)
+		switch {
+		case err != nil:
+			last = err
+		case v != version:
+			last = fmt.Errorf("%s runs %q, want %s", comp, v, version)
+		case comp == "kube-apiserver" && r.opts.Plan.REST != nil:
+			if err := readyz(ctx, r.opts.Plan.REST, r.tgts[o.name].Address); err != nil {
+				last = err
+			} else {
+				return nil
+			}
+		default:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	return fmt.Errorf("node %s: %s not healthy at %s within %s: %w", o.name, comp, version, r.opts.ReadyTimeout, last)
+}
+
+// rollback restores comp after a failed swap and waits for the old
+// version; it returns the original failure.
+func (r *applyRun) rollback(ctx context.Context, o *nodeOps, comp string, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	r.log.Error("rolling back", "node", o.name, "component", comp, "err", cause)
+	r.event(ctx, o.name, "RollingBack", fmt.Sprintf("kubelift: %s back to %s: %v", comp, o.from, cause))
+	if err := o.restore(ctx, comp); err != nil {
+		return fmt.Errorf("%w; rollback of %s failed too: %w", cause, comp, err)
+	}
+	if err := r.waitComponent(ctx, o, comp, o.from); err != nil {
+		return fmt.Errorf("%w; after rollback %s: %w", cause, comp, err)
+	}
+	if comp == "kubelet" && r.watch != nil {
+		if err := r.watch.until(ctx, o.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+			return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == o.from
+		}); err != nil {
+			return fmt.Errorf("%w; after rollback node %s not Ready at %s: %w", cause, o.name, o.from, err)
+		}
+	}
+	return fmt.Errorf("%w: node %s rolled back to %s: %w", ErrNodeFailed, o.name, o.from, cause)
+}
+
+// workloadsStep adds the missing not-ready/unreachable tolerations to
+// running pods and, with RestoreLabels, the labels their nodeSelectors
+// need; both only add.
+func (r *applyRun) workloadsStep(ctx context.Context) error {
+	if err := r.setState(ctx, StatePatchingWorkloads); err != nil {
+		return err
+	}
+	nodes := map[string]*corev1.Node{}
+	for i := range r.view.nodes {
+		nodes[r.view.nodes[i].Name] = &r.view.nodes[i]
+	}
+	for i := range r.view.pods {
+		pod := &r.view.pods[i]
+		if pod.Spec.NodeName == "" || isDaemonSetPod(pod) {
+			continue
+		}
+		var ops []string
+		if pod.Spec.Tolerations == nil {
+			ops = append(ops, `{"op":"add","path":"/spec/tolerations","value":[]}`)
+		}
+		for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
+			if !tolerates(pod.Spec.Tolerations, key) {
+				ops = append(ops, fmt.Sprintf(`{"op":"add","path":"/spec/tolerations/-","value":{"key":%q,"operator":"Exists","effect":"NoExecute","tolerationSeconds":300}}`, key))
+			}
+		}
+		if len(ops) == 0 {
+			continue
+		}
+		patch := "[" + strings.Join(ops, ",") + "]"
+		if _, err := r.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("pod %s/%s: add tolerations: %w", pod.Namespace, pod.Name, err)
+		}
+		r.res.Patched = append(r.res.Patched, pod.Namespace+"/"+pod.Name)
+	}
+	if len(r.res.Patched) > 0 {
+		r.log.Info("tolerations added", "pods", len(r.res.Patched))
+	}
+	if !r.opts.RestoreLabels {
+		return nil
+	}
+	want := map[string]map[string]string{}
+	for i := range r.view.pods {
+		pod := &r.view.pods[i]
+		node := nodes[pod.Spec.NodeName]
+		if node == nil {
+			continue
+		}
+		for k, v := range pod.Spec.NodeSelector {
+			if have, ok := node.Labels[k]; !ok || have != v {
+				if want[node.Name] == nil {
+					want[node.Name] = map[string]string{}
+				}
+				if prev, clash := want[node.Name][k]; clash && prev != v {
+					return fmt.Errorf("node %s: pods need label %s both as %q and %q", node.Name, k, prev, v)
+				}
+				want[node.Name][k] = v
+			}
+		}
+	}
+	names := make([]string, 0, len(want))
+	for n := range want {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		var kv []string
+		for k, v := range want[n] {
+			kv = append(kv, fmt.Sprintf("%q:%q", k, v))
+			r.res.Labels = append(r.res.Labels, n+": "+k+"="+v)
+		}
+		patch := `{"metadata":{"labels":{` + strings.Join(kv, ",") + `}}}`
+		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("node %s: restore labels: %w", n, err)
+		}
+		r.event(ctx, n, "LabelsRestored", "kubelift: labels restored for pods' nodeSelectors: "+strings.Join(kv, ", "))
+	}
+	return nil
+}
+
+// kubeletsStep moves kubelets once every API server runs the target:
+// control-plane nodes one at a time, then workers in a sliding window of
+// at most MaxUnavailable nodes (growing 1, 2, 4 ... with Canary).
+func (r *applyRun) kubeletsStep(ctx context.Context) error {
+	to := r.target.Version.String()
+	for _, n := range r.plan.Nodes {
+		if n.Role != RoleControlPlane {
+			continue
+		}
+		if err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
+			if v, err := o.running(ctx, "kube-apiserver"); err == nil && v != "" && v != to {
+				return fmt.Errorf("node %s: kube-apiserver runs %s: kubelets move only after every API server runs %s", n.Name, v, to)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	if err := r.setState(ctx, StateUpgradingKubelets); err != nil {
+		return err
+	}
+	w, err := watchNodes(ctx, r.client)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	r.watch = w
+	var cps, workers []string
+	for _, n := range r.plan.Nodes {
+		if n.Role == RoleControlPlane {
+			cps = append(cps, n.Name)
+		} else {
+			workers = append(workers, n.Name)
+		}
+	}
+	for _, n := range cps {
+		if err := r.upgradeKubelet(ctx, n); err != nil {
+			return err
+		}
+	}
+	maxU, err := ParseMaxUnavailable(r.opts.Plan.MaxUnavailable, len(workers))
+	if err != nil {
+		return err
+	}
+	return r.window(ctx, workers, maxU)
+}
+
+// window upgrades workers with at most limit in flight: a slot frees as
+// soon as a node is done; with Canary the limit grows 1, 2, 4 ... while
+// nodes succeed. The first failure stops new nodes; those in flight
+// finish.
+func (r *applyRun) window(ctx context.Context, workers []string, limit int) error {
+	width := limit
+	if r.opts.Plan.Canary {
+		width = 1
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		inFlight int
+		done     int
+		firstErr error
+		freed    = make(chan struct{}, len(workers))
+	)
+	for i := 0; i < len(workers); {
+		mu.Lock()
+		stop := firstErr != nil
+		if !stop && inFlight < width {
+			n := workers[i]
+			i++
+			inFlight++
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := r.upgradeKubelet(ctx, n)
+				mu.Lock()
+				inFlight--
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if err == nil {
+					done++
+					if r.opts.Plan.Canary && done >= width {
+						width = min(width*2, limit)
+					}
+				}
+				mu.Unlock()
+				freed <- struct{}{}
+			}()
+			continue
+		}
+		mu.Unlock()
+		if stop {
+			break
+		}
+		select {
+		case <-freed:
+			if r.opts.Soak > 0 {
+				select {
+				case <-time.After(r.opts.Soak):
+				case <-ctx.Done():
+				}
+			}
+		case <-ctx.Done():
+			mu.Lock()
+			if firstErr == nil {
+				firstErr = ctx.Err()
+			}
+			mu.Unlock()
+		}
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// upgradeKubelet is one node's kubelet, in named steps: check, back up,
+// record containers, hash-skip file, swap and restart, wait Ready at the
+// target, verify no container restarted, mark done. Any failure after the
+// swap restores the old kubelet.
+func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
+	to := r.target.Version.String()
+	st := r.nodeState(name)
+	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) error {
+		// check
+		if v, _ := o.running(ctx, "kubelet"); v == to {
+			if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
+			}); err != nil {
+				return fmt.Errorf("node %s: kubelet %s already, but not Ready: %w", name, to, err)
+			}
+			return r.markDone(ctx, name)
+		}
+		r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
+		r.event(ctx, name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", o.from, to))
+		// back up
+		if err := o.backup(ctx, "kubelet"); err != nil {
+			return err
+		}
+		// record containers
+		before, err := o.containers(ctx)
+		if err != nil {
+			return err
+		}
+		podsBefore, err := r.podsOn(ctx, name)
+		if err != nil {
+			return err
+		}
+		// hash-skip file, when the hash era changes and the kubelet reads it
+		if r.target.Manifest.KubeletHashSkip(archOr(st.Arch)) {
+			if era, err := r.eraOf(o.from); err != nil || era != r.target.Release.KubeletHashEra {
+				if err := o.writeHashSkip(ctx, r.opts.Plan.Now()); err != nil {
+					return err
+				}
+			}
+		}
+		// swap and restart
+		if err := o.swap(ctx, "kubelet", r.fileSHA("kubelet", st.Arch)); err != nil {
+			return r.rollback(ctx, o, "kubelet", err)
+		}
+		// wait Ready at the target
+		if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+			return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
+		}); err != nil {
+			return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s not Ready at %s within %s: %w", name, to, r.opts.ReadyTimeout, err))
+		}
+		// verify: the kubelet has had time to act on every pod
+		select {
+		case <-time.After(r.opts.Settle):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if err := r.verify(ctx, o, before, podsBefore); err != nil {
+			return r.rollback(ctx, o, "kubelet", err)
+		}
+		return r.markDone(ctx, name)
+	})
+	if err != nil {
+		status := NodeFailed
+		if errors.Is(err, ErrNodeFailed) {
+			status = NodeRolledBack
+		}
+		r.setNode(ctx, name, status, "kubelet", err)
+		return err
+	}
+	return nil
+}
+
+func (r *applyRun) eraOf(v string) (string, error) {
+	pv, err := catalog.ParseVersion(v)
+	if err != nil {
+		return "", err
+	}
+	return r.opts.Plan.Catalog.HashEraFor(pv)
+}
+
+// verify: every container that ran before the swap still runs (same IDs),
+// and every pod is still there and not failed.
+func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]string, podsBefore map[types.UID]string) error {
+	after, err := o.containers(ctx)
+	if err != nil {
+		return err
+	}
+	var gone []string
+	for id, what := range before {
+		if _, ok := after[id]; !ok {
+			gone = append(gone, what)
+		}
+	}
+	sort.Strings(gone)
+	if len(gone) > 0 && !r.opts.Plan.AllowRestarts {
+		return fmt.Errorf("node %s: %d containers restarted: %s", o.name, len(gone), strings.Join(gone, ", "))
+	}
+	podsAfter, err := r.podsOn(ctx, o.name)
+	if err != nil {
+		return err
+	}
+	for uid, p := range podsBefore {
+		if strings.HasSuffix(p, " Failed") || strings.HasSuffix(p, " Succeeded") {
+			continue
+		}
+		if q, ok := podsAfter[uid]; !ok {
+			return fmt.Errorf("node %s: pod %s is gone (evicted?)", o.name, p)
+		} else if strings.HasSuffix(q, " Failed") {
+			return fmt.Errorf("node %s: pod %s failed", o.name, q)
+		}
+	}
+	return nil
+}
+
+// podsOn maps the UIDs of a node's pods to "ns/name PHASE"; pods that had
+// already ended are left out.
+func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]string, error) {
+	l, err := r.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return nil, fmt.Errorf("list pods on %s: %w", node, err)
+	}
+	out := map[types.UID]string{}
+	for _, p := range l.Items {
+		out[p.UID] = p.Namespace + "/" + p.Name + " " + string(p.Status.Phase)
+	}
+	return out, nil
+}
+
+// markDone annotates the Node with the version and bundle it was upgraded
+// to, and records it done.
+func (r *applyRun) markDone(ctx context.Context, name string) error {
+	to := r.target.Version.String()
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:%q}}}`, AnnotationUpgradedTo, to, AnnotationBundle, r.target.Record.BundleDigest)
+	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("node %s: mark done: %w", name, err)
+	}
+	r.setNode(ctx, name, NodeDone, "", nil)
+	r.event(ctx, name, "Upgraded", "kubelift: upgraded to "+to)
+	r.log.Info("upgraded", "node", name, "version", to)
+	return nil
+}
+
+func (r *applyRun) completeStep(ctx context.Context) error {
+	return r.setState(ctx, StateComplete)
+}
+
+// event records a Kubernetes Event on a Node (best effort).
+func (r *applyRun) event(ctx context.Context, node, reason, msg string) {
+	now := metav1.NewTime(r.opts.Plan.Now())
+	ev := &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: node + ".kubelift-", Namespace: metav1.NamespaceDefault},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}, Reason: reason, Message: msg,
+		Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "kubelift"}, FirstTimestamp: now, LastTimestamp: now, Count: 1}
+	if reason == "RollingBack" {
+		ev.Type = corev1.EventTypeWarning
+	}
+	if _, err := r.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		r.log.Warn("cannot record an event", "node", node, "err", err)
+	}
+}

@@ -1,0 +1,150 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// LockName is the coordination.k8s.io Lease in kube-system that one
+// upgrade at a time holds while it runs.
+const LockName = "kubelift-upgrade"
+
+// ErrLocked means another upgrade holds the lock.
+var ErrLocked = errors.New("another upgrade holds the lock")
+
+// LockedError names the holder.
+type LockedError struct {
+	Holder  string
+	Renewed time.Time
+	Expires time.Time
+}
+
+func (e *LockedError) Error() string {
+	return fmt.Sprintf("lease kube-system/%s is held by %s (renewed %s, expires %s unless renewed): %v; if that run is dead, run again after it expires to take over",
+		LockName, e.Holder, e.Renewed.Format(time.RFC3339), e.Expires.Format(time.RFC3339), ErrLocked)
+}
+
+func (e *LockedError) Unwrap() error { return ErrLocked }
+
+// Lock is a held upgrade lock.
+type Lock struct {
+	client   kubernetes.Interface
+	holder   string
+	duration time.Duration
+	now      func() time.Time
+	mu       sync.Mutex
+	lease    *coordinationv1.Lease
+	// TakenOver is the holder whose expired lease this lock took over.
+	TakenOver string
+}
+
+// AcquireLock takes the upgrade lock for holder, for duration at a time: it
+// creates the Lease, or takes it over when its holder let it expire (a
+// dead run: that is resume). A live lease of another holder is refused.
+func AcquireLock(ctx context.Context, c kubernetes.Interface, holder string, duration time.Duration, now func() time.Time) (*Lock, error) {
+	if now == nil {
+		now = time.Now
+	}
+	l := &Lock{client: c, holder: holder, duration: duration, now: now}
+	leases := c.CoordinationV1().Leases("kube-system")
+	secs := int32(duration / time.Second)
+	t := metav1.NewMicroTime(now())
+	existing, err := leases.Get(ctx, LockName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: "kube-system", Labels: map[string]string{"app.kubernetes.io/managed-by": "kubelift"}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &t, RenewTime: &t}}
+		created, err := leases.Create(ctx, lease, metav1.CreateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("lease kube-system/%s: %w", LockName, err)
+		}
+		l.lease = created
+		return l, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lease kube-system/%s: %w", LockName, err)
+	}
+	if h := existing.Spec.HolderIdentity; h != nil && *h != "" && *h != holder {
+		renewed := time.Time{}
+		if existing.Spec.RenewTime != nil {
+			renewed = existing.Spec.RenewTime.Time
+		}
+		d := time.Duration(0)
+		if existing.Spec.LeaseDurationSeconds != nil {
+			d = time.Duration(*existing.Spec.LeaseDurationSeconds) * time.Second
+		}
+		if now().Before(renewed.Add(d)) {
+			return nil, &LockedError{Holder: *h, Renewed: renewed, Expires: renewed.Add(d)}
+		}
+		l.TakenOver = *h
+	}
+	existing.Spec.HolderIdentity, existing.Spec.LeaseDurationSeconds, existing.Spec.AcquireTime, existing.Spec.RenewTime = &holder, &secs, &t, &t
+	updated, err := leases.Update(ctx, existing, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) {
+		return nil, fmt.Errorf("lease kube-system/%s changed while taking it over: %w", LockName, ErrLocked)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lease kube-system/%s: %w", LockName, err)
+	}
+	l.lease = updated
+	return l, nil
+}
+
+// Renew extends the lease; it fails if another holder took it.
+func (l *Lock) Renew(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lease := l.lease.DeepCopy()
+	t := metav1.NewMicroTime(l.now())
+	lease.Spec.RenewTime = &t
+	updated, err := l.client.CoordinationV1().Leases("kube-system").Update(ctx, lease, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("renew lease kube-system/%s: %w", LockName, err)
+	}
+	l.lease = updated
+	return nil
+}
+
+// Keep renews the lease every third of its duration until ctx ends; if a
+// renewal fails for longer than the lease lasts, lost is called.
+func (l *Lock) Keep(ctx context.Context, lost func(error)) {
+	tick := time.NewTicker(l.duration / 3)
+	defer tick.Stop()
+	lastOK := l.now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if err := l.Renew(ctx); err != nil {
+				if l.now().Sub(lastOK) > l.duration || apierrors.IsConflict(errors.Unwrap(err)) {
+					lost(err)
+					return
+				}
+				continue
+			}
+			lastOK = l.now()
+		}
+	}
+}
+
+// Release gives the lock up (the Lease stays, without a holder).
+func (l *Lock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lease := l.lease.DeepCopy()
+	empty := ""
+	lease.Spec.HolderIdentity = &empty
+	_, err := l.client.CoordinationV1().Leases("kube-system").Update(ctx, lease, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("release lease kube-system/%s: %w", LockName, err)
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+package inplace
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// StateName is the ConfigMap in kube-system holding the upgrade's state,
+// so that any admin machine can show or resume it (kubectl -n kube-system
+// get configmap kubelift-upgrade -o jsonpath='{.data.state\.json}').
+const StateName = "kubelift-upgrade"
+
+// Upgrade states, in the order an upgrade passes them (StarlingX's).
+const (
+	StateStarted               = "upgrade-started"
+	StateUpgradingControlPlane = "upgrading-control-plane"
+	StateUpgradedControlPlane  = "upgraded-control-plane"
+	StatePatchingWorkloads     = "patching-workloads"
+	StateUpgradingKubelets     = "upgrading-kubelets"
+	StateComplete              = "upgrade-complete"
+	StateFailed                = "upgrade-failed"
+)
+
+// Node statuses.
+const (
+	NodePending    = "pending"
+	NodeUpgrading  = "upgrading"
+	NodeDone       = "upgraded"
+	NodeFailed     = "failed"
+	NodeRolledBack = "rolled-back"
+	NodeSkipped    = "not selected"
+)
+
+// UpgradeState is the record of an upgrade.
+type UpgradeState struct {
+	From      string      `json:"from"`
+	To        string      `json:"to"`
+	Bundle    string      `json:"bundle"`
+	State     string      `json:"state"`
+	Holder    string      `json:"holder"`
+	Started   time.Time   `json:"started"`
+	Updated   time.Time   `json:"updated"`
+	LastError string      `json:"lastError,omitempty"`
+	Nodes     []NodeEntry `json:"nodes"`
+	// Backup is the etcd snapshot taken before the control plane moved.
+	Backup string `json:"etcdBackup,omitempty"`
+}
+
+// NodeEntry is one node's part of the upgrade.
+type NodeEntry struct {
+	Name      string    `json:"name"`
+	Role      string    `json:"role"`
+	Status    string    `json:"status"`
+	Step      string    `json:"step,omitempty"`
+	LastError string    `json:"lastError,omitempty"`
+	Updated   time.Time `json:"updated"`
+}
+
+// Node returns the entry of a node, adding it when missing.
+func (s *UpgradeState) Node(name, role string) *NodeEntry {
+	for i := range s.Nodes {
+		if s.Nodes[i].Name == name {
+			return &s.Nodes[i]
+		}
+	}
+	s.Nodes = append(s.Nodes, NodeEntry{Name: name, Role: role, Status: NodePending})
+	return &s.Nodes[len(s.Nodes)-1]
+}
+
+// ReadState reads the upgrade's state; nil when there has been none.
+func ReadState(ctx context.Context, c kubernetes.Interface) (*UpgradeState, error) {
+	cm, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, StateName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+	}
+	var s UpgradeState
+	if err := json.Unmarshal([]byte(cm.Data["state.json"]), &s); err != nil {
+		return nil, fmt.Errorf("configmap kube-system/%s: state.json: %w", StateName, err)
+	}
+	return &s, nil
+}
+
+// WriteState stores the state (create or update; the lock holder is the
+// only writer).
+func WriteState(ctx context.Context, c kubernetes.Interface, s *UpgradeState) error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	cms := c.CoreV1().ConfigMaps("kube-system")
+	cm, err := cms.Get(ctx, StateName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "kube-system",
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "kubelift"}}, Data: map[string]string{"state.json": string(data)}}
+		if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+	}
+	cm.Data = map[string]string{"state.json": string(data)}
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+	}
+	return nil
+}
