@@ -91,6 +91,7 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 	f := &NodeFacts{Name: node, Components: map[string]string{}, Flags: map[string][]string{}, FlagSources: map[string]string{}, Values: map[string]string{},
 		Programs: map[string]string{}, Staged: map[string]string{}}
 	sections := splitSections(string(out))
+	cmdline := map[string][]string{}
 	for _, s := range sections {
 		fields := strings.Fields(s.head)
 		switch {
@@ -102,7 +103,10 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 				f.Programs[fields[1]] = args[0]
 				args = args[1:]
 			}
-			f.addFlags(fields[1], "running command line", args)
+			// What runs now: its values count, but what the next start
+			// uses is the unit's (below); without a unit, this is all.
+			cmdline[fields[1]] = args
+			f.addValues(fields[1], args)
 		case len(fields) == 3 && fields[0] == "unit":
 			f.addFlags(fields[1], fields[2], unitExecArgs(s.body))
 		case len(fields) == 3 && fields[0] == "env":
@@ -130,6 +134,11 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 				break
 			}
 			f.Containers = cs
+		}
+	}
+	for c, args := range cmdline {
+		if _, fromUnit := f.Flags[c]; !fromUnit {
+			f.addFlags(c, "running command line", args)
 		}
 	}
 	for c := range f.Flags {
@@ -181,6 +190,17 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// addValues records the values of the --flags in args (the first seen wins).
+func (f *NodeFacts) addValues(comp string, args []string) {
+	for _, a := range args {
+		if name, value, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "--") {
+			if _, seen := f.Values[comp+" "+name]; !seen {
+				f.Values[comp+" "+name] = value
+			}
+		}
+	}
+}
+
 // addFlags records the --flag names in args (values dropped).
 func (f *NodeFacts) addFlags(comp, source string, args []string) {
 	seen := map[string]bool{}
@@ -194,6 +214,8 @@ func (f *NodeFacts) addFlags(comp, source string, args []string) {
 		name, value, _ := strings.Cut(a, "=")
 		if _, ok := f.FlagSources[comp+" "+name]; !ok {
 			f.FlagSources[comp+" "+name] = source
+		}
+		if _, ok := f.Values[comp+" "+name]; !ok {
 			f.Values[comp+" "+name] = value
 		}
 		if !seen[name] {
@@ -204,13 +226,22 @@ func (f *NodeFacts) addFlags(comp, source string, args []string) {
 }
 
 // unitExecArgs returns the words of a unit file's ExecStart lines
-// (continuation lines joined).
+// (continuation lines joined) and of its Environment= values, where
+// kubeadm's unit keeps flags ($KUBELET_KUBECONFIG_ARGS).
 func unitExecArgs(unit string) []string {
 	unit = strings.ReplaceAll(unit, "\\\n", " ")
 	var args []string
 	for _, line := range strings.Split(unit, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "ExecStart="); ok {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "ExecStart="); ok {
 			args = append(args, shellWords(v)...)
+		}
+		if v, ok := strings.CutPrefix(line, "Environment="); ok {
+			for _, w := range shellWords(v) {
+				if _, val, ok := strings.Cut(w, "="); ok {
+					args = append(args, val)
+				}
+			}
 		}
 	}
 	return args

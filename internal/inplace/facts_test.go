@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -30,7 +31,9 @@ func TestReadFactsWorker(t *testing.T) {
 	if f.Components["kubelet"] != "v1.30.14" || f.Components["kube-apiserver"] != "" {
 		t.Errorf("components %v", f.Components)
 	}
-	if f.FlagSources["kubelet --node-ip"] != "running command line" || f.FlagSources["kubelet --config"] != "running command line" {
+	// Flags come from what the next start reads: the unit (its ExecStart
+	// and Environment=) and its EnvironmentFile.
+	if f.FlagSources["kubelet --node-ip"] != "/var/lib/kubelet/kubelet-flags.env" || f.FlagSources["kubelet --config"] != "/etc/systemd/system/kubelet.service" {
 		t.Errorf("flag sources %v", f.FlagSources)
 	}
 	if f.Values["kubelet --node-labels"] != "kubelift.io/sandbox=true,kubelift.io/pool=blue" {
@@ -66,12 +69,31 @@ func TestReadFactsControlPlane(t *testing.T) {
 }
 
 func TestUnitAndEnvArgs(t *testing.T) {
-	unit := "[Service]\nExecStart=/usr/local/bin/kubelet \\\n  --a=1 \\\n  --b\nEnvironment=\"X=--not-here\"\n"
-	if got := unitExecArgs(unit); len(got) != 3 || got[1] != "--a=1" || got[2] != "--b" {
+	unit := "[Service]\nExecStart=/usr/local/bin/kubelet \\\n  --a=1 \\\n  --b\nEnvironment=\"X=--from-env\"\nDescription=--not-a-flag\n"
+	if got := unitExecArgs(unit); len(got) != 4 || got[1] != "--a=1" || got[2] != "--b" || got[3] != "--from-env" {
 		t.Errorf("ExecStart words %q", got)
 	}
 	env := "# comment\nKUBELET_ARGS=\"--c=2 --keep-terminated-pod-volumes=false\"\nOTHER='--d'\n"
 	if got := envArgs(env); len(got) != 3 || got[1] != "--keep-terminated-pod-volumes=false" || got[2] != "--d" {
 		t.Errorf("env words %q", got)
+	}
+}
+
+// A flag only on the running command line (its unit no longer has it) is
+// not what the next start uses; a component without a unit file is known
+// by its command line alone.
+func TestFlagsFromUnitBeforeCommandLine(t *testing.T) {
+	out := "### version kubelet\nKubernetes v1.30.14\n### cmdline kubelet\n/usr/local/bin/kubelet\n--stale=1\n--v=2\n" +
+		"### unit kubelet /etc/systemd/system/kubelet.service\n[Service]\nExecStart=/usr/local/bin/kubelet --v=3\n" +
+		"### version kube-proxy\nKubernetes v1.30.14\n### cmdline kube-proxy\n/opt/bin/kube-proxy\n--cluster-cidr=10.0.0.0/8\n"
+	f, err := ReadFacts(context.Background(), replay{[]byte(out)}, "n", DefaultStageDir, "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(f.Flags["kubelet"], " ") != "--v" || f.Values["kubelet --v"] != "2" {
+		t.Errorf("kubelet flags %v, --v=%q (the running value)", f.Flags["kubelet"], f.Values["kubelet --v"])
+	}
+	if strings.Join(f.Flags["kube-proxy"], " ") != "--cluster-cidr" || f.Programs["kube-proxy"] != "/opt/bin/kube-proxy" {
+		t.Errorf("kube-proxy flags %v, program %q", f.Flags["kube-proxy"], f.Programs["kube-proxy"])
 	}
 }

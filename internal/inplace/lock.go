@@ -101,7 +101,13 @@ func AcquireLock(ctx context.Context, c kubernetes.Interface, holder string, dur
 func (l *Lock) Renew(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	lease := l.lease.DeepCopy()
+	lease, err := l.client.CoordinationV1().Leases("kube-system").Get(ctx, LockName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("renew lease kube-system/%s: %w", LockName, err)
+	}
+	if h := lease.Spec.HolderIdentity; h == nil || *h != l.holder || lease.ResourceVersion != l.lease.ResourceVersion {
+		return fmt.Errorf("renew lease kube-system/%s: taken over by %s: %w", LockName, deref(lease.Spec.HolderIdentity), ErrLocked)
+	}
 	t := metav1.NewMicroTime(l.now())
 	lease.Spec.RenewTime = &t
 	updated, err := l.client.CoordinationV1().Leases("kube-system").Update(ctx, lease, metav1.UpdateOptions{})
@@ -124,7 +130,7 @@ func (l *Lock) Keep(ctx context.Context, lost func(error)) {
 			return
 		case <-tick.C:
 			if err := l.Renew(ctx); err != nil {
-				if l.now().Sub(lastOK) > l.duration || apierrors.IsConflict(errors.Unwrap(err)) {
+				if l.now().Sub(lastOK) > l.duration || errors.Is(err, ErrLocked) || apierrors.IsConflict(errors.Unwrap(err)) {
 					lost(err)
 					return
 				}
@@ -139,12 +145,24 @@ func (l *Lock) Keep(ctx context.Context, lost func(error)) {
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	lease := l.lease.DeepCopy()
-	empty := ""
-	lease.Spec.HolderIdentity = &empty
-	_, err := l.client.CoordinationV1().Leases("kube-system").Update(ctx, lease, metav1.UpdateOptions{})
+	lease, err := l.client.CoordinationV1().Leases("kube-system").Get(ctx, LockName, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("release lease kube-system/%s: %w", LockName, err)
 	}
+	if h := lease.Spec.HolderIdentity; h == nil || *h != l.holder {
+		return nil // taken over: not ours to release
+	}
+	empty := ""
+	lease.Spec.HolderIdentity = &empty
+	if _, err := l.client.CoordinationV1().Leases("kube-system").Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("release lease kube-system/%s: %w", LockName, err)
+	}
 	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "nobody"
+	}
+	return *s
 }

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/sandbox"
 	"sigs.k8s.io/yaml"
@@ -166,28 +167,6 @@ func run(ctx context.Context, sb *sandbox.State) error {
 		return err
 	}
 
-	step("Versions, as the nodes run them now")
-	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "versions", "--kubeconfig", kc); err != nil {
-		return err
-	}
-	step("Staging again (upgrade stage, from the registry): every file is there, nothing is sent")
-	regArgs := []string{"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile}
-	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), append(append([]string{"stage", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "-q"}, regArgs...), sshArgs...)...); err != nil {
-		return err
-	}
-	step("The plan: what upgrading to %s would do, read from the API and every node; nothing is changed", version)
-	planArgs := append(append([]string{"plan", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "-q"}, regArgs...), "--inventory", filepath.Join(sb.Dir, "inventory.yaml"))
-	switch err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), planArgs...); {
-	case err == nil:
-		return fmt.Errorf("the plan did not block on pinned-ssd")
-	default:
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 4 {
-			return fmt.Errorf("plan: %w", err)
-		}
-		fmt.Println("(exit 4: blocked, as it should be: pinned-ssd would be rejected by its restarted kubelet; apply --restore-labels will fix it)")
-	}
-
 	step("Why in-place kubelet upgrades restart containers: a running pod, hashed as two kubelets hash it")
 	pod := filepath.Join(work, "pod.yaml")
 	fmt.Printf("[admin]$ kubectl -n %s get pod batch-legacy -o yaml > pod.yaml\n", sandbox.WorkloadNamespace)
@@ -209,8 +188,102 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	fmt.Printf("(the runtime holds the %s kubelet's hashes; a %s kubelet computes others and restarts every container;\n", sb.OldVersion, sb.NewVersion)
 	fmt.Println(" kubelift's hash-skip kubelet keeps them running: see README, \"Kubelet upgrades without container restarts\")")
 
+	step("Versions, as the nodes run them now")
+	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "versions", "--kubeconfig", kc); err != nil {
+		return err
+	}
+	step("Staging again (upgrade stage, from the registry): every file is there, nothing is sent")
+	regArgs := []string{"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile}
+	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), append(append([]string{"stage", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "-q"}, regArgs...), sshArgs...)...); err != nil {
+		return err
+	}
+	step("The plan: what upgrading to %s would do, read from the API and every node; nothing is changed", version)
+	planArgs := append(append([]string{"plan", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "-q"}, regArgs...), "--inventory", filepath.Join(sb.Dir, "inventory.yaml"))
+	switch err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), planArgs...); {
+	case err == nil:
+		fmt.Println("(nothing blocks: this sandbox was upgraded before; make sandbox-down, then make demo, for a fresh one)")
+	default:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 4 {
+			return fmt.Errorf("plan: %w", err)
+		}
+		fmt.Println("(exit 4: blocked, as it should be: pinned-ssd would be rejected by its restarted kubelet; apply --restore-labels will fix it)")
+	}
+
+	before, err := runningContainers(ctx, sb)
+	if err != nil {
+		return err
+	}
+	step("Applying: control plane first, then tolerations and labels, then every kubelet, each verified")
+	applyArgs := append(append([]string{"apply", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "--restore-labels", "--settle", "5s"}, regArgs...),
+		"--inventory", filepath.Join(sb.Dir, "inventory.yaml"), "--cache-dir", filepath.Join(work, "stage-cache"))
+	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), applyArgs...); err != nil {
+		return err
+	}
+	step("Status, and the cluster after the upgrade")
+	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "status", "--kubeconfig", kc); err != nil {
+		return err
+	}
+	if err := shAdmin(sb, "", kubectl, "--kubeconfig", kc, "get", "nodes"); err != nil {
+		return err
+	}
+	if err := shAdmin(sb, "", kubectl, "--kubeconfig", kc, "-n", sandbox.WorkloadNamespace, "get", "pods", "-o", "wide"); err != nil {
+		return err
+	}
+	after, err := runningContainers(ctx, sb)
+	if err != nil {
+		return err
+	}
+	kept := 0
+	for id := range before {
+		if after[id] {
+			kept++
+		}
+	}
+	fmt.Printf("running containers on every node (crictl ps over SSH): %d before, %d of them still running after, with the same IDs: %d restarted\n",
+		len(before), kept, len(before)-kept)
+	if kept != len(before) {
+		return fmt.Errorf("%d containers restarted", len(before)-kept)
+	}
+	step("Applying again: every node runs %s, nothing to do", version)
+	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), append(applyArgs, "-q")...); err != nil {
+		return err
+	}
+
 	step("Done. Files are in %s; the sandbox runs on (make sandbox-down removes it).", work)
 	return nil
+}
+
+// runningContainers reads every node's running containers over SSH, as
+// kubelift does.
+func runningContainers(ctx context.Context, sb *sandbox.State) (map[string]bool, error) {
+	ids := map[string]bool{}
+	for _, m := range sb.Nodes() {
+		c, err := sb.SSH(ctx, m.Name)
+		if err != nil {
+			return nil, err
+		}
+		sess, err := c.NewSession()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		out, err := sess.Output("crictl ps -o json")
+		c.Close()
+		if err != nil {
+			return nil, fmt.Errorf("crictl ps on %s: %w", m.Name, err)
+		}
+		cs, err := kubeletcompat.ParseCrictl(out)
+		if err != nil {
+			return nil, err
+		}
+		for _, rc := range cs {
+			if rc.Running {
+				ids[rc.ID] = true
+			}
+		}
+	}
+	return ids, nil
 }
 
 // shAdmin is sh on the sandbox's admin machine, with standard input.

@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
-	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
@@ -48,8 +48,8 @@ func signedFiles(t *testing.T, file string) map[string]string {
 func parseStage(t *testing.T, r result) *inplace.StageResult {
 	t.Helper()
 	var res inplace.StageResult
-	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
-		t.Fatalf("stage -o json: %v\n%s\n%s", err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
+		t.Fatalf("stage -o json: %v\n%s\n%s", err, r.Stdout, r.Stderr)
 	}
 	return &res
 }
@@ -68,8 +68,8 @@ func TestStage(t *testing.T) {
 	// The version is now available; the nodes' one is active.
 	vr := upgrade(t, "", "versions", "-o", "json")
 	var versions []inplace.VersionState
-	if err := json.Unmarshal([]byte(vr.stdout), &versions); err != nil || vr.code != 0 {
-		t.Fatalf("versions: %v\n%s%s", err, vr.stdout, vr.stderr)
+	if err := json.Unmarshal([]byte(vr.Stdout), &versions); err != nil || vr.Code != 0 {
+		t.Fatalf("versions: %v\n%s%s", err, vr.Stdout, vr.Stderr)
 	}
 	states := map[string]string{}
 	for _, v := range versions {
@@ -84,8 +84,8 @@ func TestStage(t *testing.T) {
 	sums := signedFiles(t, hashSkipBundle)
 	args, pw := stageArgs()
 	r := upgrade(t, pw, args...)
-	if r.code != 0 {
-		t.Fatalf("stage: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != 0 {
+		t.Fatalf("stage: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	res := parseStage(t, r)
 	for _, n := range res.Nodes {
@@ -158,8 +158,8 @@ func TestStageRefusesWrongHostKeyAndNamesUnreachableNode(t *testing.T) {
 	faults := "/var/lib/kubelift/staged-faults"
 	args, pw := stageArgs("--known-hosts", knownHosts, "--inventory", inventory, "--stage-dir", faults)
 	r := upgrade(t, pw, args...)
-	if r.code != 1 {
-		t.Fatalf("stage with a forged host key and an unreachable node: exit %d, want 1\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != 1 {
+		t.Fatalf("stage with a forged host key and an unreachable node: exit %d, want 1\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	res := parseStage(t, r)
 	for _, n := range res.Nodes {
@@ -178,8 +178,8 @@ func TestStageRefusesWrongHostKeyAndNamesUnreachableNode(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(r.stderr, "worker-1") || !strings.Contains(r.stderr, "worker-2") {
-		t.Errorf("the error does not name both nodes:\n%s", r.stderr)
+	if !strings.Contains(r.Stderr, "worker-1") || !strings.Contains(r.Stderr, "worker-2") {
+		t.Errorf("the error does not name both nodes:\n%s", r.Stderr)
 	}
 	if out := ssh(t, "worker-1", "test -e "+faults+" && echo present || echo absent"); out != "absent\n" {
 		t.Errorf("worker-1 got %s although its host key was refused", faults)
@@ -189,8 +189,8 @@ func TestStageRefusesWrongHostKeyAndNamesUnreachableNode(t *testing.T) {
 func parsePlan(t *testing.T, r result) *inplace.Plan {
 	t.Helper()
 	var p inplace.Plan
-	if err := json.Unmarshal([]byte(r.stdout), &p); err != nil {
-		t.Fatalf("plan -o json: %v\n%s\n%s", err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &p); err != nil {
+		t.Fatalf("plan -o json: %v\n%s\n%s", err, r.Stdout, r.Stderr)
 	}
 	return &p
 }
@@ -236,8 +236,8 @@ func hasFinding(p *inplace.Plan, check string, sev inplace.Severity, object stri
 func TestPlanHashSkipKubelet(t *testing.T) {
 	importBundle(t, hashSkipBundle)
 	r, p := plan(t, sb.NewVersion)
-	if r.code != 4 || !p.Blocked {
-		t.Fatalf("plan: exit %d (blocked %v), want 4\n%s", r.code, p.Blocked, r.stderr)
+	if r.Code != 4 || !p.Blocked {
+		t.Fatalf("plan: exit %d (blocked %v), want 4\n%s", r.Code, p.Blocked, r.Stderr)
 	}
 	if !hasFinding(p, "readmission", inplace.Blocking, "pod/"+sandbox.WorkloadNamespace+"/pinned-ssd", "NodeAffinity", sandbox.PinnedLabel+"=ssd") {
 		t.Errorf("no blocking NodeAffinity finding naming pinned-ssd and %s: %+v", sandbox.PinnedLabel, findings(p, "readmission", inplace.Blocking))
@@ -321,8 +321,8 @@ func TestPlanBlocksRemovedKubeletFlag(t *testing.T) {
 	t.Cleanup(func() { ssh(t, "worker-1", fmt.Sprintf("printf %%s %s > %s", shellQuote(old), env)) })
 	ssh(t, "worker-1", `echo 'KUBELET_ARGS="--v=3 --keep-terminated-pod-volumes=false"' > `+env)
 	r, p := plan(t, sb.NewVersion)
-	if r.code != 4 {
-		t.Fatalf("exit %d, want 4", r.code)
+	if r.Code != 4 {
+		t.Fatalf("exit %d, want 4", r.Code)
 	}
 	if !hasFinding(p, "removed-flags", inplace.Blocking, "node/worker-1", "kubelet", "--keep-terminated-pod-volumes", env) {
 		t.Errorf("no blocking removed-flags finding for worker-1: %+v", findings(p, "removed-flags", inplace.Blocking))
@@ -362,8 +362,8 @@ versions:
 	}
 	importBundle(t, out)
 	r, p := plan(t, "v1.32.0")
-	if r.code != 4 {
-		t.Fatalf("exit %d, want 4\n%s", r.code, r.stderr)
+	if r.Code != 4 {
+		t.Fatalf("exit %d, want 4\n%s", r.Code, r.Stderr)
 	}
 	if !hasFinding(p, "path", inplace.Blocking, "node/cp-1", "kube-apiserver runs "+sb.OldVersion, "skips a minor") {
 		t.Errorf("no blocking path finding: %+v", findings(p, "path", inplace.Blocking))
@@ -378,8 +378,8 @@ versions:
 func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	importBundle(t, upstreamBundle) // the most recently made: now the target
 	r, p := plan(t, sb.NewVersion)
-	if r.code != 4 {
-		t.Fatalf("exit %d, want 4", r.code)
+	if r.Code != 4 {
+		t.Fatalf("exit %d, want 4", r.Code)
 	}
 	if p.HashSkipKubelet {
 		t.Fatal("the plan says upstream's kubelet honours the hash-skip file")
@@ -397,8 +397,8 @@ func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	// Stage upstream's binaries beside the hash-skip ones.
 	upstreamDir := "/var/lib/kubelift/staged-upstream"
 	args, pw := stageArgs("--stage-dir", upstreamDir)
-	if r := upgrade(t, pw, args...); r.code != 0 {
-		t.Fatalf("stage: %s", r.stderr)
+	if r := upgrade(t, pw, args...); r.Code != 0 {
+		t.Fatalf("stage: %s", r.Stderr)
 	}
 	// The control plane first, by hand, from the staged files.
 	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
@@ -434,21 +434,7 @@ func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	}
 }
 
-// running lists a node's running containers (ID -> pod/name) over SSH.
-func running(t *testing.T, node string) map[string]string {
-	t.Helper()
-	cs, err := kubeletcompat.ParseCrictl([]byte(ssh(t, node, "crictl ps -o json")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, c := range cs {
-		if c.Running {
-			out[c.ID] = c.Pod + "/" + c.Name
-		}
-	}
-	return out
-}
+func running(t *testing.T, node string) map[string]string { return h.Running(t, node) }
 
 // gone counts the containers of before that no longer run.
 func gone(before, now map[string]string) int {
@@ -472,14 +458,4 @@ func swapKubelet(t *testing.T, node, dir string) {
 	})
 }
 
-// waitFor polls cond, bounded by 3 minutes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
+var waitFor = harness.WaitFor

@@ -1,0 +1,61 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func TestLock(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	now := time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	a, err := AcquireLock(ctx, c, "admin-1/100", time.Minute, clock)
+	if err != nil || a.TakenOver != "" {
+		t.Fatalf("first: %v %+v", err, a)
+	}
+	// A second run while the first holds a live lease is refused, naming it.
+	_, err = AcquireLock(ctx, c, "admin-2/200", time.Minute, clock)
+	var le *LockedError
+	if !errors.Is(err, ErrLocked) || !errors.As(err, &le) || le.Holder != "admin-1/100" || !strings.Contains(err.Error(), "held by admin-1/100") {
+		t.Fatalf("second while held: %v", err)
+	}
+	// Renewed, it stays held past its first expiry.
+	now = now.Add(50 * time.Second)
+	if err := a.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(50 * time.Second)
+	if _, err := AcquireLock(ctx, c, "admin-2/200", time.Minute, clock); !errors.Is(err, ErrLocked) {
+		t.Fatalf("after a renewal: %v", err)
+	}
+	// The holder dies: after expiry another run takes over (resume).
+	now = now.Add(2 * time.Minute)
+	b, err := AcquireLock(ctx, c, "admin-2/200", time.Minute, clock)
+	if err != nil || b.TakenOver != "admin-1/100" {
+		t.Fatalf("take over: %v %+v", err, b)
+	}
+	// The dead one cannot renew what was taken.
+	if err := a.Renew(ctx); err == nil {
+		t.Error("the old holder renewed a lease another took over")
+	}
+	// The dead one's release does not free what another holds.
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := AcquireLock(ctx, c, "admin-3/300", time.Minute, clock); !errors.Is(err, ErrLocked) {
+		t.Fatalf("a stale release freed the lock: %v", err)
+	}
+	// Released, anyone takes it at once.
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c2, err := AcquireLock(ctx, c, "admin-3/300", time.Minute, clock); err != nil || c2.TakenOver != "" {
+		t.Fatalf("after release: %v %+v", err, c2)
+	}
+}

@@ -1,0 +1,200 @@
+// Package apply tests upgrade apply end to end on a sandbox of its own (1
+// control plane, 3 workers at v1.30.14): the lock, the refusal of a
+// blocked plan, a kubelet that never becomes Ready rolled back, resume,
+// and the whole upgrade to v1.31.4 with no container restarted.
+package apply
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/test/harness"
+	"github.com/kubelift/kubelift/test/sandbox"
+)
+
+var h *harness.Harness
+
+func TestMain(m *testing.M) {
+	var err error
+	if h, err = harness.Setup("kla", "10.84.0"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	h.Close()
+	os.Exit(code)
+}
+
+// apply runs upgrade apply with the sandbox's registry and SSH flags.
+func apply(t *testing.T, extra ...string) harness.Result {
+	t.Helper()
+	reg, pw := h.RegistryFlags()
+	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s"}, reg...), h.SSHFlags()...)
+	return h.Upgrade(t, pw, append(args, extra...)...)
+}
+
+func apiserverVersion(t *testing.T) string {
+	v, err := h.Client.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.GitVersion
+}
+
+func node(t *testing.T, name string) *corev1.Node {
+	n, err := h.Client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// containers maps every node to its running containers, over SSH.
+func containers(t *testing.T) map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for _, m := range h.SB.Nodes() {
+		out[m.Name] = h.Running(t, m.Name)
+	}
+	return out
+}
+
+var before map[string]map[string]string
+
+// A live lease of another holder refuses apply, naming it; nothing changes.
+func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
+	h.Import(t, h.HashSkipBundle)
+	before = containers(t)
+	ctx := context.Background()
+	holder, secs, now := "admin-2/4242", int32(600), metav1.NewMicroTime(time.Now())
+	if _, err := h.Client.CoordinationV1().Leases("kube-system").Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: inplace.LockName, Namespace: "kube-system"},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &now}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := apply(t, "--restore-labels")
+	if r.Code != 1 || !strings.Contains(r.Stderr, "held by admin-2/4242") {
+		t.Errorf("apply while another holds the lease: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if err := h.Client.CoordinationV1().Leases("kube-system").Delete(ctx, inplace.LockName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if v := apiserverVersion(t); v != h.SB.OldVersion {
+		t.Errorf("the API server runs %s after a refused apply", v)
+	}
+}
+
+// Without --restore-labels the plan blocks on pinned-ssd: exit 4, nothing
+// changes.
+func TestApplyRefusesABlockedPlan(t *testing.T) {
+	r := apply(t)
+	if r.Code != 4 || !strings.Contains(r.Stderr, "readmission pod/shop/pinned-ssd") {
+		t.Errorf("exit %d\n%s", r.Code, r.Stderr)
+	}
+	if v := apiserverVersion(t); v != h.SB.OldVersion {
+		t.Errorf("the API server runs %s after a blocked apply", v)
+	}
+}
+
+// A kubelet that never becomes Ready (worker-2's flags carry one v1.31
+// removed; the plan's finding ignored) is rolled back to v1.30.14 and
+// Ready; apply exits non-zero naming it, status says why, the worker after
+// it is not touched. With the flag gone, apply again finishes the upgrade.
+// Through it all, no container restarts anywhere.
+func TestApplyRollsBackThenResumes(t *testing.T) {
+	const env = "/var/lib/kubelet/kubelet-flags.env"
+	old := h.SSH(t, "worker-2", "cat "+env)
+	h.SSH(t, "worker-2", fmt.Sprintf("printf '%%s' %s | sed 's/^KUBELET_ARGS=\"/KUBELET_ARGS=\"--keep-terminated-pod-volumes=false /' > %s", quote(old), env))
+	r := apply(t, "--restore-labels", "--ignore-preflight", "removed-flags", "--ready-timeout", "45s")
+	if r.Code != 1 || !strings.Contains(r.Stderr, "worker-2") || !strings.Contains(r.Stderr, "rolled back to "+h.SB.OldVersion) {
+		t.Fatalf("apply with a kubelet that cannot start: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if v := apiserverVersion(t); v != h.SB.NewVersion {
+		t.Errorf("API server %s, want %s (the control plane goes first)", v, h.SB.NewVersion)
+	}
+	for name, want := range map[string]string{"cp-1": h.SB.NewVersion, "worker-1": h.SB.NewVersion, "worker-2": h.SB.OldVersion, "worker-3": h.SB.OldVersion} {
+		n := node(t, name)
+		if n.Status.NodeInfo.KubeletVersion != want || !sandbox.NodeReady(n) {
+			t.Errorf("%s: kubelet %s ready %v, want %s and Ready", name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n), want)
+		}
+	}
+	st := status(t)
+	if st.State != inplace.StateFailed || !strings.Contains(st.LastError, "worker-2") {
+		t.Errorf("state %s, last error %q", st.State, st.LastError)
+	}
+	for _, n := range st.Nodes {
+		if n.Name == "worker-2" && (n.Status != inplace.NodeRolledBack || !strings.Contains(n.LastError, "not Ready")) {
+			t.Errorf("worker-2 in status: %+v", n)
+		}
+	}
+
+	// The flag fixed, apply again: it continues where it stopped.
+	h.SSH(t, "worker-2", fmt.Sprintf("printf '%%s' %s > %s", quote(old), env))
+	r = apply(t, "--restore-labels")
+	if r.Code != 0 {
+		t.Fatalf("resume: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	for _, m := range h.SB.Nodes() {
+		n := node(t, m.Name)
+		if n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || !sandbox.NodeReady(n) || n.Annotations[inplace.AnnotationUpgradedTo] != h.SB.NewVersion {
+			t.Errorf("%s: kubelet %s, ready %v, annotations %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n), n.Annotations)
+		}
+	}
+	if st := status(t); st.State != inplace.StateComplete || st.Backup == "" {
+		t.Errorf("state %s, etcd backup %q", st.State, st.Backup)
+	}
+	after := containers(t)
+	for n, ids := range before {
+		for id, what := range ids {
+			if _, ok := after[n][id]; !ok {
+				t.Errorf("%s: container %s (%s) restarted", n, what, id)
+			}
+		}
+	}
+	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodRunning {
+			t.Errorf("pod %s is %s", p.Name, p.Status.Phase)
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if c.RestartCount != 0 {
+				t.Errorf("pod %s container %s restarted %d times", p.Name, c.Name, c.RestartCount)
+			}
+		}
+		if p.Name == "batch-legacy" && !strings.Contains(fmt.Sprint(p.Spec.Tolerations), corev1.TaintNodeUnreachable) {
+			t.Errorf("batch-legacy did not gain the tolerations: %v", p.Spec.Tolerations)
+		}
+	}
+}
+
+// On an upgraded cluster apply changes nothing and says so.
+func TestApplyAgainChangesNothing(t *testing.T) {
+	r := apply(t, "--restore-labels")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "nothing to do") {
+		t.Errorf("exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+func status(t *testing.T) *inplace.UpgradeState {
+	t.Helper()
+	r := h.Upgrade(t, "", "status", "-o", "json")
+	var st inplace.UpgradeState
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil || r.Code != 0 {
+		t.Fatalf("status: %v\n%s%s", err, r.Stdout, r.Stderr)
+	}
+	return &st
+}
+
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

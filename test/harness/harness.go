@@ -1,0 +1,256 @@
+// Package harness runs the built kubelift programs on a sandbox of their
+// own, as an operator inside the air gap would: the engine's end-to-end
+// tests (test/engine, test/apply) share it.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/test/kube"
+	"github.com/kubelift/kubelift/test/sandbox"
+)
+
+// Harness is a sandbox with the programs built from this tree, a team key,
+// and two bundles of the new version.
+type Harness struct {
+	SB     *sandbox.State
+	Client kubernetes.Interface
+	// Bin holds bundle, upgrade and kubelift-sandbox; Work the keys and bundles.
+	Bin, Work string
+	// HashSkipBundle carries kubelift's hash-skip kubelet; UpstreamBundle,
+	// made a second later, upstream's.
+	HashSkipBundle, UpstreamBundle string
+	tmp                            string
+	cfg                            sandbox.Config
+}
+
+// Setup builds the programs, brings up a sandbox (1 control plane, 3
+// workers) named name on subnet, and makes the bundles. Close takes it
+// all down.
+func Setup(name, subnet string) (*Harness, error) {
+	ctx := context.Background()
+	tmp, err := os.MkdirTemp("", "kubelift-"+name+"-")
+	if err != nil {
+		return nil, err
+	}
+	h := &Harness{tmp: tmp, Bin: filepath.Join(tmp, "bin"), Work: filepath.Join(tmp, "work")}
+	for pkg, out := range map[string]string{"cmd/bundle": "bundle", "cmd/upgrade": "upgrade", "test/sandbox/cmd/kubelift-sandbox": "kubelift-sandbox"} {
+		if b, err := exec.Command("go", "build", "-o", filepath.Join(h.Bin, out), "github.com/kubelift/kubelift/"+pkg).CombinedOutput(); err != nil {
+			os.RemoveAll(tmp)
+			return nil, fmt.Errorf("build %s: %v\n%s", pkg, err, b)
+		}
+	}
+	_, file, _, _ := runtime.Caller(0)
+	hashSkipKubelet, err := exec.Command(filepath.Join(filepath.Dir(file), "..", "..", "hack", "build-kubelet.sh"), "v1.31.4").Output()
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("hack/build-kubelet.sh: %w", err)
+	}
+	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
+		Workers: 3, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
+		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
+	h.cfg.Defaults()
+	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
+		h.Close()
+		return nil, err
+	}
+	if h.Client, err = h.SB.Client(); err != nil {
+		h.Close()
+		return nil, err
+	}
+	if err := h.makeBundles(strings.TrimSpace(string(hashSkipKubelet))); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// Close takes the sandbox down and removes every file.
+func (h *Harness) Close() {
+	_ = sandbox.Down(context.Background(), h.cfg.Dir, h.cfg.Log)
+	os.RemoveAll(h.tmp)
+}
+
+// makeBundles makes the bundles outside the air gap, on the stand-in
+// internet. The upstream bundle is made a second later: of two imported
+// bundles of a version, the engine takes the most recently made.
+func (h *Harness) makeBundles(hashSkipKubelet string) error {
+	if err := os.MkdirAll(h.Work, 0o755); err != nil {
+		return err
+	}
+	if _, err := ProgramOut(nil, "", filepath.Join(h.Bin, "bundle"), "keygen", "--out", filepath.Join(h.Work, "team")); err != nil {
+		return err
+	}
+	h.HashSkipBundle, h.UpstreamBundle = filepath.Join(h.Work, "hashskip.tar"), filepath.Join(h.Work, "upstream.tar")
+	for i, b := range []struct {
+		out   string
+		extra []string
+	}{{h.HashSkipBundle, []string{"--kubelet-binary", hashSkipKubelet}}, {h.UpstreamBundle, nil}} {
+		if i > 0 {
+			time.Sleep(1100 * time.Millisecond)
+		}
+		args := append([]string{"create", "--kubernetes-version", h.SB.NewVersion, "--sign-key", filepath.Join(h.Work, "team.key"), "-o", b.out,
+			"--cache-dir", filepath.Join(h.Work, "cache"), "-q"}, h.SB.Internet.BundleFlags...)
+		if _, err := ProgramOut(&kube.NetNS{Name: h.SB.Internet.NetNS}, "", filepath.Join(h.Bin, "bundle"), append(args, b.extra...)...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Key is the team's public key file.
+func (h *Harness) Key() string { return filepath.Join(h.Work, "team.pub") }
+
+// ProgramOut runs a program (in a namespace, if given) with a time limit.
+func ProgramOut(ns *kube.NetNS, stdin, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var cmd *exec.Cmd
+	if ns != nil {
+		cmd = ns.Command(name, args...)
+	} else {
+		cmd = exec.Command(name, args...)
+	}
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return out.String(), fmt.Errorf("%s %s: %w\nstdout: %s\nstderr: %s", filepath.Base(name), strings.Join(args, " "), err, out.String(), errb.String())
+		}
+		return out.String(), nil
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		return out.String(), fmt.Errorf("%s: timed out", name)
+	}
+}
+
+// Result is a finished run of the upgrade program on the admin machine.
+type Result struct {
+	Stdout, Stderr string
+	Code           int
+}
+
+// Upgrade runs the upgrade program on the admin machine, as an operator
+// inside the air gap would, with the cluster's kubeconfig.
+func (h *Harness) Upgrade(t *testing.T, stdin string, args ...string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(t.TempDir(), "cache"))
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		t.Fatalf("upgrade %s: timed out", strings.Join(args, " "))
+	}
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return Result{out.String(), errb.String(), code}
+}
+
+// RegistryFlags reach the sandbox's private registry (the password on stdin).
+func (h *Harness) RegistryFlags() ([]string, string) {
+	pw, _ := os.ReadFile(filepath.Join(h.SB.Dir, "registry", "password"))
+	return []string{"--username", h.SB.Registry.User, "--password-stdin", "--ca-file", h.SB.Registry.CAFile}, strings.TrimSpace(string(pw)) + "\n"
+}
+
+// SSHFlags reach the nodes with the sandbox's key and known_hosts.
+func (h *Harness) SSHFlags() []string {
+	return []string{"--ssh-key", filepath.Join(h.SB.Dir, "ssh", "id_ed25519"), "--known-hosts", filepath.Join(h.SB.Dir, "ssh", "known_hosts")}
+}
+
+// Import imports file into the sandbox's registry and cluster.
+func (h *Harness) Import(t *testing.T, file string, extra ...string) Result {
+	t.Helper()
+	reg, pw := h.RegistryFlags()
+	args := append([]string{"import", file, "--key", h.Key(), "--domain", h.SB.Registry.Address, "--namespace", "library", "-q"}, reg...)
+	r := h.Upgrade(t, pw, append(args, extra...)...)
+	if r.Code != 0 {
+		t.Fatalf("import %s: exit %d\n%s%s", filepath.Base(file), r.Code, r.Stdout, r.Stderr)
+	}
+	return r
+}
+
+// SSH runs a command on a node over SSH, as kubelift does.
+func (h *Harness) SSH(t *testing.T, node, command string) string {
+	t.Helper()
+	c, err := h.SB.SSH(context.Background(), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var out, errb bytes.Buffer
+	s.Stdout, s.Stderr = &out, &errb
+	if err := s.Run(command); err != nil {
+		t.Fatalf("ssh %s %q: %v\n%s%s", node, command, err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+// Running lists a node's running containers (ID -> pod/name), read over SSH.
+func (h *Harness) Running(t *testing.T, node string) map[string]string {
+	t.Helper()
+	cs, err := kubeletcompat.ParseCrictl([]byte(h.SSH(t, node, "crictl ps -o json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, c := range cs {
+		if c.Running {
+			out[c.ID] = c.Pod + "/" + c.Name
+		}
+	}
+	return out
+}
+
+// WaitFor polls cond, bounded by 3 minutes.
+func WaitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
