@@ -82,6 +82,7 @@ already runs the target, and on an upgraded cluster changes nothing.`,
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "plan and say what would be done; change nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
+	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json (the plan, the state, timings)")
 	return cmd
 }
 
@@ -117,6 +118,10 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	if err != nil {
 		return err
 	}
+	asJSON, err := cli.OutputFlag(opts.Output)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat, Access: access, Connector: dialer,
@@ -125,7 +130,12 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 		Source: inplace.RegistrySource{Access: access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
 	})
-	if res != nil {
+	switch {
+	case res != nil && asJSON:
+		if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
+			return perr
+		}
+	case res != nil:
 		printApply(opts.IO.Out, res, opts.DryRun, time.Since(start))
 	}
 	if errors.Is(err, inplace.ErrBlocked) {

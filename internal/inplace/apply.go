@@ -64,6 +64,19 @@ type ApplyResult struct {
 	Patched     []string      `json:"tolerationsAdded,omitempty"`
 	Labels      []string      `json:"labelsRestored,omitempty"`
 	NothingToDo bool          `json:"nothingToDo,omitempty"`
+	// Steps times each step; Waiting is the time spent waiting for
+	// restarted components to be healthy (the Ready and /readyz waits),
+	// Settling the --settle pauses, summed over nodes (nodes in flight
+	// together overlap).
+	Steps    []StepTime `json:"steps,omitempty"`
+	Waiting  float64    `json:"waitingSeconds"`
+	Settling float64    `json:"settlingSeconds"`
+}
+
+// StepTime is how long one step of Apply took.
+type StepTime struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
 }
 
 // ErrNodeFailed means a node failed its upgrade and was rolled back.
@@ -152,7 +165,9 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 			break
 		}
 		r.log.Info("step", "name", s.name)
+		began := time.Now()
 		err := s.fn(ctx)
+		r.res.Steps = append(r.res.Steps, StepTime{Name: s.name, Seconds: time.Since(began).Seconds()})
 		r.res.State = r.state
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
@@ -432,6 +447,7 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 // waitComponent waits for comp to run the version (and the API server to
 // answer /readyz and /version at the node's address).
 func (r *applyRun) waitComponent(ctx context.Context, o *nodeOps, comp, version string) error {
+	defer r.timed(&r.res.Waiting)()
 	deadline := time.Now().Add(r.opts.ReadyTimeout)
 	var last error
 	for time.Now().Before(deadline) {
@@ -721,17 +737,23 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			return r.rollback(ctx, o, "kubelet", err)
 		}
 		// wait Ready at the target
-		if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+		stopWait := r.timed(&r.res.Waiting)
+		err = r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 			return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
-		}); err != nil {
+		})
+		stopWait()
+		if err != nil {
 			return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s not Ready at %s within %s: %w", name, to, r.opts.ReadyTimeout, err))
 		}
 		// verify: the kubelet has had time to act on every pod
+		stopSettle := r.timed(&r.res.Settling)
 		select {
 		case <-time.After(r.opts.Settle):
 		case <-ctx.Done():
+			stopSettle()
 			return ctx.Err()
 		}
+		stopSettle()
 		if err := r.verify(ctx, o, before, podsBefore); err != nil {
 			return r.rollback(ctx, o, "kubelet", err)
 		}
@@ -746,6 +768,16 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		return err
 	}
 	return nil
+}
+
+// timed adds the time until the returned func is called to *sum.
+func (r *applyRun) timed(sum *float64) func() {
+	began := time.Now()
+	return func() {
+		r.mu.Lock()
+		*sum += time.Since(began).Seconds()
+		r.mu.Unlock()
+	}
 }
 
 func (r *applyRun) eraOf(v string) (string, error) {

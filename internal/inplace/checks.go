@@ -68,7 +68,14 @@ func (pc *planCheck) nodeStates() {
 			pc.plan.From = append(pc.plan.From, v)
 		}
 	}
-	sort.Strings(pc.plan.From)
+	sort.Slice(pc.plan.From, func(i, j int) bool {
+		a, errA := catalog.ParseVersion(pc.plan.From[i])
+		b, errB := catalog.ParseVersion(pc.plan.From[j])
+		if errA != nil || errB != nil {
+			return pc.plan.From[i] < pc.plan.From[j]
+		}
+		return a.Compare(b) < 0
+	})
 }
 
 func nodeReady(n *corev1.Node) bool {

@@ -50,8 +50,13 @@ func benchEngine(ctx context.Context, work, bin, key string) error {
 		}
 		return out.String(), m, err
 	}
+	hashSkip, err := exec.Command("hack/build-kubelet.sh", sb.NewVersion).Output()
+	if err != nil {
+		return fmt.Errorf("hack/build-kubelet.sh: %w", err)
+	}
 	file := filepath.Join(work, "engine-bundle.tar")
-	args := append([]string{"create", "--kubernetes-version", sb.NewVersion, "--sign-key", key + ".key", "-o", file, "--cache-dir", filepath.Join(work, "engine-cache"), "-q"}, sb.Internet.BundleFlags...)
+	args := append([]string{"create", "--kubernetes-version", sb.NewVersion, "--sign-key", key + ".key", "-o", file, "--cache-dir", filepath.Join(work, "engine-cache"), "-q",
+		"--kubelet-binary", strings.TrimSpace(string(hashSkip))}, sb.Internet.BundleFlags...)
 	if out, err := (&kube.NetNS{Name: sb.Internet.NetNS}).Command(filepath.Join(bin, "bundle"), args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("bundle create: %v\n%s", err, out)
 	}
@@ -79,6 +84,38 @@ func benchEngine(ctx context.Context, work, bin, key string) error {
 			return err
 		}
 	}
+	for _, n := range sb.Nodes() {
+		_ = admin.Command("tc", "qdisc", "del", "dev", "v-"+n.Name, "root").Run()
+	}
+	return benchApply(bin, key, sb, reg, ssh, inAdmin)
+}
+
+// benchApply upgrades the sandbox once (it changes it: one round) and
+// splits the time between waiting for restarted components (the restarts
+// themselves), the verification pauses, and the engine's own work.
+func benchApply(bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin adminRunner) error {
+	out, m, err := inAdmin(filepath.Join(bin, "upgrade"), append(append([]string{"apply", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q",
+		"--restore-labels", "--settle", "5s"}, reg...), ssh...)...)
+	if err != nil {
+		return err
+	}
+	var res inplace.ApplyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		return err
+	}
+	if res.State == nil || res.State.State != inplace.StateComplete {
+		return fmt.Errorf("apply did not complete: %s", out)
+	}
+	total := m.wall.Seconds()
+	own := total - res.Waiting - res.Settling
+	fmt.Printf("\nthe whole upgrade, %s -> %s, 1 control plane + 3 workers, --max-unavailable 1, --settle 5s (one round: it changes the sandbox)\n", sb.OldVersion, sb.NewVersion)
+	fmt.Printf("%-44s %8.1fs\n", "kubelift apply, wall time", total)
+	for _, s := range res.Steps {
+		fmt.Printf("  %-42s %8.1fs\n", s.Name, s.Seconds)
+	}
+	fmt.Printf("%-44s %8.1fs %5.0f %%\n", "waiting for restarted components (Ready, /readyz)", res.Waiting, 100*res.Waiting/total)
+	fmt.Printf("%-44s %8.1fs %5.0f %%\n", "verification pauses (--settle)", res.Settling, 100*res.Settling/total)
+	fmt.Printf("%-44s %8.1fs %5.0f %%  (%.2fx the restarts and pauses alone)\n", "the engine's own work (SSH, API, staging, checks)", own, 100*own/total, total/(res.Waiting+res.Settling))
 	return nil
 }
 
