@@ -9,10 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
-	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
 )
@@ -28,6 +25,7 @@ type applyOptions struct {
 	ReadyTimeout   time.Duration
 	SkipEtcdBackup bool
 	DryRun         bool
+	LockDuration   time.Duration
 }
 
 func newCmdApply(s *cli.IO) *cobra.Command {
@@ -80,6 +78,7 @@ already runs the target, and on an upgraded cluster changes nothing.`,
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "accept predicted container restarts")
 	f.StringSliceVar(&opts.Ignore, "ignore-preflight", nil, "checks whose blocking findings do not stop apply (e.g. removed-flags): you take the risk")
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
+	f.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "the upgrade lock lasts this long unless renewed: a run that died is taken over after it")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "plan and say what would be done; change nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json (the plan, the state, timings)")
@@ -87,34 +86,7 @@ already runs the target, and on an upgraded cluster changes nothing.`,
 }
 
 func applyRun(ctx context.Context, opts *applyOptions) error {
-	if _, err := inplace.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
-		return cli.Usagef("%v", err)
-	}
-	cat, err := catalog.Load(opts.CatalogFile)
-	if err != nil {
-		return err
-	}
-	cfg, err := opts.Cluster.config()
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	target, err := opts.Cluster.target(ctx, client)
-	if err != nil {
-		return err
-	}
-	access, err := registryAccess(opts.IO.In, &opts.Registry, target)
-	if err != nil {
-		return err
-	}
-	inv, dialer, err := opts.Nodes.Access()
+	po, err := opts.engine(ctx)
 	if err != nil {
 		return err
 	}
@@ -124,11 +96,9 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	}
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat, Access: access, Connector: dialer,
-			Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir, MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary,
-			AllowRestarts: opts.AllowRestarts, Log: opts.IO.Logger(opts.Quiet)},
-		Source: inplace.RegistrySource{Access: access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
+		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
+		LockDuration: opts.LockDuration,
 	})
 	switch {
 	case res != nil && asJSON:

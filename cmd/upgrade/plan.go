@@ -90,45 +90,55 @@ made, 2 bad flags.`,
 	return cmd
 }
 
+// engine builds what the engine reads the cluster with, from the flags:
+// the API clients, the verified target, the registry, the nodes.
+func (opts *planOptions) engine(ctx context.Context) (*inplace.PlanOptions, error) {
+	if _, err := inplace.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
+		return nil, cli.Usagef("%v", err)
+	}
+	cat, err := catalog.Load(opts.CatalogFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := opts.Cluster.config()
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	target, err := opts.Cluster.target(ctx, client)
+	if err != nil {
+		return nil, err
+	}
+	access, err := registryAccess(opts.IO.In, &opts.Registry, target)
+	if err != nil {
+		return nil, err
+	}
+	inv, dialer, err := opts.Nodes.Access()
+	if err != nil {
+		return nil, err
+	}
+	return &inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat,
+		Access: access, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
+		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, Log: opts.IO.Logger(opts.Quiet)}, nil
+}
+
 func planRun(ctx context.Context, opts *planOptions) error {
 	asJSON, err := cli.OutputFlag(opts.Output)
 	if err != nil {
 		return err
 	}
-	if _, err := inplace.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
-		return cli.Usagef("%v", err)
-	}
-	cat, err := catalog.Load(opts.CatalogFile)
+	po, err := opts.engine(ctx)
 	if err != nil {
 		return err
 	}
-	cfg, err := opts.Cluster.config()
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	target, err := opts.Cluster.target(ctx, client)
-	if err != nil {
-		return err
-	}
-	access, err := registryAccess(opts.IO.In, &opts.Registry, target)
-	if err != nil {
-		return err
-	}
-	inv, dialer, err := opts.Nodes.Access()
-	if err != nil {
-		return err
-	}
-	plan, err := inplace.BuildPlan(ctx, inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat,
-		Access: access, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
-		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, Log: opts.IO.Logger(opts.Quiet)})
+	plan, err := inplace.BuildPlan(ctx, *po)
 	if plan != nil {
 		if asJSON {
 			if perr := cli.PrintJSON(opts.IO.Out, plan); perr != nil {

@@ -107,14 +107,8 @@ type applyRun struct {
 //	worker batches -> complete
 func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	p := &opts.Plan
-	if p.Log == nil {
-		p.Log = slog.New(slog.DiscardHandler)
-	}
-	if p.Now == nil {
-		p.Now = time.Now
-	}
-	if p.StageDir == "" {
-		p.StageDir = DefaultStageDir
+	if err := p.defaults(); err != nil {
+		return nil, err
 	}
 	if opts.BackupDir == "" {
 		opts.BackupDir = DefaultBackupDir

@@ -140,6 +140,18 @@ type clusterView struct {
 // changes nothing. A plan with blocking findings is returned with
 // ErrBlocked.
 func BuildPlan(ctx context.Context, opts PlanOptions) (*Plan, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	v, err := readCluster(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return evaluate(ctx, opts, v)
+}
+
+// defaults fills what was left unset.
+func (opts *PlanOptions) defaults() error {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -152,15 +164,11 @@ func BuildPlan(ctx context.Context, opts PlanOptions) (*Plan, error) {
 	if opts.Catalog == nil {
 		c, err := catalog.Default()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		opts.Catalog = c
 	}
-	v, err := readCluster(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return evaluate(ctx, opts, v)
+	return nil
 }
 
 // evaluate runs every check over what was read.

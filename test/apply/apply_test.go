@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
@@ -105,6 +108,78 @@ func TestApplyRefusesABlockedPlan(t *testing.T) {
 	}
 }
 
+// A node presenting a host key known_hosts does not pin stops apply at
+// the plan (exit 4), naming it; nothing changes.
+func TestApplyRefusesAWrongHostKey(t *testing.T) {
+	w1, _ := h.SB.Machine("worker-1")
+	known, err := os.ReadFile(filepath.Join(h.SB.Dir, "ssh", "known_hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, line := range strings.Split(strings.TrimSpace(string(known)), "\n") {
+		if hosts, _, _ := strings.Cut(line, " "); strings.Contains(","+hosts+",", ","+w1.Address+",") {
+			// Another node's key in worker-1's place.
+			continue
+		}
+		lines = append(lines, line)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(known)), "\n") {
+		if hosts, key, _ := strings.Cut(line, " "); strings.Contains(hosts, "worker-2") {
+			lines = append(lines, "worker-1,"+w1.Address+" "+key)
+		}
+	}
+	forged := filepath.Join(t.TempDir(), "known_hosts")
+	if err := os.WriteFile(forged, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := apply(t, "--restore-labels", "--known-hosts", forged)
+	if r.Code != 4 || !strings.Contains(r.Stderr, "ssh node/worker-1") || !strings.Contains(r.Stderr, "host key mismatch") {
+		t.Errorf("exit %d\n%s", r.Code, r.Stderr)
+	}
+	if v := apiserverVersion(t); v != h.SB.OldVersion {
+		t.Errorf("the API server runs %s after a refused apply", v)
+	}
+}
+
+// apply killed with SIGKILL while it upgrades a worker's kubelet leaves
+// the state mid-way and its lease behind; once the lease expires the next
+// apply takes it over (the rollback test below is that next run).
+func TestApplyKilledMidNode(t *testing.T) {
+	reg, pw := h.RegistryFlags()
+	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels", "--lock-duration", "15s", "-q"}, reg...), h.SSHFlags()...)
+	cmd, err := h.Start(pw, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	harness.WaitFor(t, "apply upgrading worker-1's kubelet", func() bool {
+		st, _ := inplace.ReadState(context.Background(), h.Client)
+		if st == nil {
+			return false
+		}
+		for _, n := range st.Nodes {
+			if n.Name == "worker-1" && n.Status == inplace.NodeUpgrading && n.Step == "kubelet" {
+				return true
+			}
+		}
+		return false
+	})
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	st := status(t)
+	if st.State == inplace.StateComplete {
+		t.Fatalf("state %s after a kill mid-node", st.State)
+	}
+	harness.WaitFor(t, "the killed run's lease to expire", func() bool {
+		l, err := h.Client.CoordinationV1().Leases("kube-system").Get(context.Background(), inplace.LockName, metav1.GetOptions{})
+		return err == nil && l.Spec.RenewTime != nil && time.Since(l.Spec.RenewTime.Time) > 16*time.Second
+	})
+}
+
 // A kubelet that never becomes Ready (worker-2's flags carry one v1.31
 // removed; the plan's finding ignored) is rolled back to v1.30.14 and
 // Ready; apply exits non-zero naming it, status says why, the worker after
@@ -113,8 +188,11 @@ func TestApplyRefusesABlockedPlan(t *testing.T) {
 func TestApplyRollsBackThenResumes(t *testing.T) {
 	const env = "/var/lib/kubelet/kubelet-flags.env"
 	old := h.SSH(t, "worker-2", "cat "+env)
-	h.SSH(t, "worker-2", fmt.Sprintf("printf '%%s' %s | sed 's/^KUBELET_ARGS=\"/KUBELET_ARGS=\"--keep-terminated-pod-volumes=false /' > %s", quote(old), env))
+	h.SSH(t, "worker-2", fmt.Sprintf("printf '%%s' %s | sed 's/^KUBELET_ARGS=\"/KUBELET_ARGS=\"--keep-terminated-pod-volumes=false /' > %s", nodeaccess.Quote(old), env))
 	r := apply(t, "--restore-labels", "--ignore-preflight", "removed-flags", "--ready-timeout", "45s")
+	if !strings.Contains(r.Stderr, "took over the lock") {
+		t.Errorf("the run after the killed one did not take its lock over:\n%s", r.Stderr)
+	}
 	if r.Code != 1 || !strings.Contains(r.Stderr, "worker-2") || !strings.Contains(r.Stderr, "rolled back to "+h.SB.OldVersion) {
 		t.Fatalf("apply with a kubelet that cannot start: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
@@ -138,7 +216,7 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	}
 
 	// The flag fixed, apply again: it continues where it stopped.
-	h.SSH(t, "worker-2", fmt.Sprintf("printf '%%s' %s > %s", quote(old), env))
+	h.SSH(t, "worker-2", fmt.Sprintf("printf '%%s' %s > %s", nodeaccess.Quote(old), env))
 	r = apply(t, "--restore-labels")
 	if r.Code != 0 {
 		t.Fatalf("resume: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
@@ -196,5 +274,3 @@ func status(t *testing.T) *inplace.UpgradeState {
 	}
 	return &st
 }
-
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

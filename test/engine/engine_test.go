@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/sandbox"
@@ -318,7 +319,7 @@ func TestPlanBlocksRemovedKubeletFlag(t *testing.T) {
 	importBundle(t, hashSkipBundle)
 	const env = "/var/lib/kubelet/kubelet-flags.env"
 	old := ssh(t, "worker-1", "cat "+env+" 2>/dev/null || true")
-	t.Cleanup(func() { ssh(t, "worker-1", fmt.Sprintf("printf %%s %s > %s", shellQuote(old), env)) })
+	t.Cleanup(func() { ssh(t, "worker-1", fmt.Sprintf("printf %%s %s > %s", nodeaccess.Quote(old), env)) })
 	ssh(t, "worker-1", `echo 'KUBELET_ARGS="--v=3 --keep-terminated-pod-volumes=false"' > `+env)
 	r, p := plan(t, sb.NewVersion)
 	if r.Code != 4 {
@@ -331,8 +332,6 @@ func TestPlanBlocksRemovedKubeletFlag(t *testing.T) {
 		t.Errorf("%d removed-flags findings, want 1", n)
 	}
 }
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // A bundle whose version skips a minor (v1.32 on a v1.30 control plane) is
 // blocking, naming each control-plane component on its node.

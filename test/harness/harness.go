@@ -183,6 +183,15 @@ func (h *Harness) Upgrade(t *testing.T, stdin string, args ...string) Result {
 	return Result{out.String(), errb.String(), code}
 }
 
+// Start starts the upgrade program on the admin machine without waiting
+// for it (the caller kills it, by pid, or waits).
+func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, error) {
+	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(h.tmp, "cache"))
+	cmd.Stdin = strings.NewReader(stdin)
+	return cmd, cmd.Start()
+}
+
 // RegistryFlags reach the sandbox's private registry (the password on stdin).
 func (h *Harness) RegistryFlags() ([]string, string) {
 	pw, _ := os.ReadFile(filepath.Join(h.SB.Dir, "registry", "password"))
