@@ -366,9 +366,11 @@ func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Cont
 		return err
 	}
 	defer n.Close()
-	f, err := ReadFacts(ctx, n, name, r.opts.Plan.StageDir, r.target.Version.String())
-	if err != nil {
-		return err
+	// The plan read the node's units, programs and flags; they do not
+	// change while it is upgraded (only what runs does, read live).
+	f := r.view.facts[name]
+	if f == nil {
+		return fmt.Errorf("node %s: not read by the plan", name)
 	}
 	from := f.Components["kubelet"]
 	if s := r.nodeState(name); s != nil && s.Kubelet != "" {

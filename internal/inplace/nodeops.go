@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )
@@ -134,15 +135,16 @@ if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then "/proc/$pid
 
 // containers lists the runtime's running containers (crictl ps).
 func (o *nodeOps) containers(ctx context.Context) (map[string]string, error) {
-	f, err := ReadFacts(ctx, o.n, o.name, o.stageDir, o.to)
+	raw, err := o.run(ctx, "crictl ps", "crictl ps -o json")
 	if err != nil {
 		return nil, err
 	}
-	if f.ContainersErr != "" {
-		return nil, fmt.Errorf("node %s: crictl ps: %s", o.name, f.ContainersErr)
+	cs, err := kubeletcompat.ParseCrictl([]byte(raw))
+	if err != nil {
+		return nil, fmt.Errorf("node %s: crictl ps: %w", o.name, err)
 	}
 	out := map[string]string{}
-	for _, c := range f.Containers {
+	for _, c := range cs {
 		if c.Running {
 			out[c.ID] = c.Namespace + "/" + c.Pod + "/" + c.Name
 		}

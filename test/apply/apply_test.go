@@ -29,7 +29,7 @@ var h *harness.Harness
 
 func TestMain(m *testing.M) {
 	var err error
-	if h, err = harness.Setup("kla", "10.84.0"); err != nil {
+	if h, err = harness.Setup("kla", "10.84.0", 1, 3); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -28,7 +28,7 @@ var (
 
 func TestMain(m *testing.M) {
 	var err error
-	if h, err = harness.Setup("kle", "10.82.0"); err != nil {
+	if h, err = harness.Setup("kle", "10.82.0", 1, 3); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -37,10 +39,9 @@ type Harness struct {
 	cfg                            sandbox.Config
 }
 
-// Setup builds the programs, brings up a sandbox (1 control plane, 3
-// workers) named name on subnet, and makes the bundles. Close takes it
-// all down.
-func Setup(name, subnet string) (*Harness, error) {
+// Setup builds the programs, brings up a sandbox (controlPlanes, workers)
+// named name on subnet, and makes the bundles. Close takes it all down.
+func Setup(name, subnet string, controlPlanes, workers int) (*Harness, error) {
 	ctx := context.Background()
 	tmp, err := os.MkdirTemp("", "kubelift-"+name+"-")
 	if err != nil {
@@ -60,7 +61,7 @@ func Setup(name, subnet string) (*Harness, error) {
 		return nil, fmt.Errorf("hack/build-kubelet.sh: %w", err)
 	}
 	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
-		Workers: 3, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
+		ControlPlanes: controlPlanes, Workers: workers, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
 		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
 	h.cfg.Defaults()
 	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
@@ -250,6 +251,16 @@ func (h *Harness) Running(t *testing.T, node string) map[string]string {
 		}
 	}
 	return out
+}
+
+// Node reads a Node.
+func (h *Harness) Node(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := h.Client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // WaitFor polls cond, bounded by 3 minutes.

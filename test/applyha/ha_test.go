@@ -1,0 +1,77 @@
+// Package applyha tests upgrade apply on a highly available control plane
+// (3 control planes, 2 workers, leader election on): every API server runs
+// the target before any kubelet restarts.
+package applyha
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kubelift/kubelift/test/harness"
+	"github.com/kubelift/kubelift/test/sandbox"
+)
+
+var h *harness.Harness
+
+func TestMain(m *testing.M) {
+	var err error
+	if h, err = harness.Setup("klh", "10.85.0", 3, 2); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	h.Close()
+	os.Exit(code)
+}
+
+// started reads when comp's running process started, in clock ticks since
+// boot (/proc/PID/stat field 22): every node shares this machine's kernel,
+// so the times compare across nodes.
+func started(t *testing.T, node, comp string) int64 {
+	t.Helper()
+	out := h.SSH(t, node, fmt.Sprintf(`pid=$(systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'); cut -d ')' -f 2 /proc/$pid/stat | awk '{print $20}'`, comp))
+	n, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		t.Fatalf("%s on %s: start time %q: %v", comp, node, out, err)
+	}
+	return n
+}
+
+func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
+	h.Import(t, h.HashSkipBundle)
+	before := map[string]map[string]string{}
+	for _, m := range h.SB.Nodes() {
+		before[m.Name] = h.Running(t, m.Name)
+	}
+	reg, pw := h.RegistryFlags()
+	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels", "--max-unavailable", "2"}, reg...), h.SSHFlags()...)
+	if r := h.Upgrade(t, pw, args...); r.Code != 0 {
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	var lastAPIServer, firstKubelet int64 = 0, 1 << 62
+	for _, m := range h.SB.Nodes() {
+		if m.Role == "control-plane" {
+			if v := strings.TrimSpace(h.SSH(t, m.Name, "pid=$(systemctl show kube-apiserver -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version")); v != "Kubernetes "+h.SB.NewVersion {
+				t.Errorf("%s: kube-apiserver runs %q", m.Name, v)
+			}
+			lastAPIServer = max(lastAPIServer, started(t, m.Name, "kube-apiserver"))
+		}
+		firstKubelet = min(firstKubelet, started(t, m.Name, "kubelet"))
+		n := h.Node(t, m.Name)
+		if n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || !sandbox.NodeReady(n) {
+			t.Errorf("%s: kubelet %s ready %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n))
+		}
+		now := h.Running(t, m.Name)
+		for id, what := range before[m.Name] {
+			if _, ok := now[id]; !ok {
+				t.Errorf("%s: container %s restarted", m.Name, what)
+			}
+		}
+	}
+	if firstKubelet <= lastAPIServer {
+		t.Errorf("a kubelet started (tick %d) before the last API server did (tick %d)", firstKubelet, lastAPIServer)
+	}
+}
