@@ -97,23 +97,13 @@ rewriting; with '-o json' as JSON, for your proxy's allow-list:
 	f.StringArrayVar(&opts.Files, "file", nil, "also bundle this file: NAME=URL[#sha256:HEX] (repeatable)")
 	f.StringArrayVar(&opts.InsecureRegistry, "insecure-registry", nil, "reach this registry host over plain HTTP or unverified TLS (repeatable)")
 	f.IntVar(&opts.Jobs, "jobs", 4, "parallel downloads")
-	f.StringVar(&opts.CacheDir, "cache-dir", defaultCacheDir(), "download cache")
+	f.StringVar(&opts.CacheDir, "cache-dir", cli.DefaultCacheDir(), "download cache")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would be fetched and fetch nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
 	f.StringVar(&opts.KubeletBinary, "kubelet-binary", "", "bundle this kubelet instead of upstream's (the hash-skip kubelet from 'make kubelet'; one --arch)")
 	f.BoolVar(&opts.AllPlatforms, "all-platforms", false, "bundle every platform of multi-arch images, so import keeps their index digests (larger)")
 	f.StringVar(&opts.Installer, "installer", "", "upgrade program to embed in a .run file (default: 'upgrade' next to this program)")
 	return cmd
-}
-
-func defaultCacheDir() string {
-	if d := os.Getenv("KUBELIFT_CACHE_DIR"); d != "" {
-		return d
-	}
-	if d, err := os.UserCacheDir(); err == nil {
-		return filepath.Join(d, "kubelift")
-	}
-	return filepath.Join(os.TempDir(), "kubelift-cache")
 }
 
 func createRun(ctx context.Context, opts *createOptions) error {

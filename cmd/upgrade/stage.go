@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -150,17 +148,7 @@ named, the others are staged, and the exit code is 1.`,
 
 func addStageFlags(cmd *cobra.Command, stageDir, cacheDir *string) {
 	cmd.Flags().StringVar(stageDir, "stage-dir", inplace.DefaultStageDir, "where binaries are staged on the nodes (VERSION/NAME below it)")
-	cmd.Flags().StringVar(cacheDir, "cache-dir", defaultCacheDir(), "where fetched and compressed files are kept on this machine")
-}
-
-func defaultCacheDir() string {
-	if d := os.Getenv("KUBELIFT_CACHE_DIR"); d != "" {
-		return d
-	}
-	if d, err := os.UserCacheDir(); err == nil {
-		return filepath.Join(d, "kubelift")
-	}
-	return filepath.Join(os.TempDir(), "kubelift-cache")
+	cmd.Flags().StringVar(cacheDir, "cache-dir", cli.DefaultCacheDir(), "where fetched and compressed files are kept on this machine")
 }
 
 func stageRun(ctx context.Context, opts *stageOptions) error {

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/schollz/progressbar/v3"
@@ -156,4 +157,19 @@ func OutputFlag(v string) (json bool, err error) {
 		return true, nil
 	}
 	return false, Usagef("-o %q: want json or text", v)
+}
+
+// CacheDirEnv may name kubelift's cache directory.
+const CacheDirEnv = "KUBELIFT_CACHE_DIR"
+
+// DefaultCacheDir is $KUBELIFT_CACHE_DIR, else ~/.cache/kubelift: where
+// downloads, and files staged to nodes, are kept.
+func DefaultCacheDir() string {
+	if d := os.Getenv(CacheDirEnv); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "kubelift")
+	}
+	return filepath.Join(os.TempDir(), "kubelift-cache")
 }

@@ -16,19 +16,22 @@ import (
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 )
 
-// The stand-in reports an absolute log path for every container, and the
-// file exists, as with containerd: the kubelet removes "LOGPATH*", so an
-// empty path would remove entries of its working directory.
-func TestCRIStandInReportsLogPaths(t *testing.T) {
+// startCRI serves the stand-in on a socket in a temporary directory until
+// the test ends, and connects to it.
+func startCRI(t *testing.T) (context.Context, string, string, kubeapi.RuntimeServiceClient) {
+	t.Helper()
 	dir := t.TempDir()
 	endpoint := "unix://" + filepath.Join(dir, "cri.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- ServeCRI(ctx, endpoint, 1<<20) }()
 	t.Cleanup(func() { cancel(); <-done })
-	for i := 0; i < 200; i++ {
+	for i := 0; ; i++ {
 		if _, err := os.Stat(filepath.Join(dir, "cri.sock")); err == nil {
 			break
+		}
+		if i == 3000 {
+			t.Fatal("the CRI stand-in did not listen within 30s")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -36,8 +39,15 @@ func TestCRIStandInReportsLogPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	rt := kubeapi.NewRuntimeServiceClient(conn)
+	t.Cleanup(func() { conn.Close() })
+	return ctx, dir, endpoint, kubeapi.NewRuntimeServiceClient(conn)
+}
+
+// The stand-in reports an absolute log path for every container, and the
+// file exists, as with containerd: the kubelet removes "LOGPATH*", so an
+// empty path would remove entries of its working directory.
+func TestCRIStandInReportsLogPaths(t *testing.T) {
+	ctx, dir, _, rt := startCRI(t)
 	logDir := filepath.Join(dir, "pods", "shop_web-0_uid")
 	sbCfg := &kubeapi.PodSandboxConfig{Metadata: &kubeapi.PodSandboxMetadata{Name: "web-0", Namespace: "shop", Uid: "uid"}, LogDirectory: logDir}
 	sbx, err := rt.RunPodSandbox(ctx, &kubeapi.RunPodSandboxRequest{Config: sbCfg})
@@ -75,24 +85,7 @@ func TestCRIStandInReportsLogPaths(t *testing.T) {
 // The crictl stand-in prints `crictl ps -o json` in crictl's shape, which
 // kubeletcompat reads: running containers with their hash annotations.
 func TestCrictlStandInPs(t *testing.T) {
-	dir := t.TempDir()
-	endpoint := "unix://" + filepath.Join(dir, "cri.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ServeCRI(ctx, endpoint, 1<<20) }()
-	t.Cleanup(func() { cancel(); <-done })
-	for i := 0; i < 200; i++ {
-		if _, err := os.Stat(filepath.Join(dir, "cri.sock")); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rt := kubeapi.NewRuntimeServiceClient(conn)
+	ctx, dir, endpoint, rt := startCRI(t)
 	sbCfg := &kubeapi.PodSandboxConfig{Metadata: &kubeapi.PodSandboxMetadata{Name: "web-0", Namespace: "shop", Uid: "uid-1"}, LogDirectory: filepath.Join(dir, "pods")}
 	sbx, err := rt.RunPodSandbox(ctx, &kubeapi.RunPodSandboxRequest{Config: sbCfg})
 	if err != nil {
