@@ -274,3 +274,61 @@ func status(t *testing.T) *inplace.UpgradeState {
 	}
 	return &st
 }
+
+func cleanup(t *testing.T) map[string]inplace.NodeCleanup {
+	t.Helper()
+	r := h.Upgrade(t, "", append([]string{"compat", "cleanup", "-o", "json"}, h.SSHFlags()...)...)
+	var list []inplace.NodeCleanup
+	if err := json.Unmarshal([]byte(r.Stdout), &list); err != nil || r.Code != 0 {
+		t.Fatalf("compat cleanup: exit %d %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
+	}
+	out := map[string]inplace.NodeCleanup{}
+	for _, n := range list {
+		out[n.Node] = n
+	}
+	return out
+}
+
+// After the upgrade the hash-skip file stays where containers the old
+// kubelet started still run; where none does (cp-1 runs no pod; worker-1
+// once its pods are replaced), cleanup removes it.
+func TestCompatCleanupRemovesTheFileOnceConverged(t *testing.T) {
+	got := cleanup(t)
+	if n := got["worker-1"]; !n.File || n.Removed || n.Containers == 0 || n.Old != n.Containers {
+		t.Errorf("worker-1 right after the upgrade: %+v", n)
+	}
+	if n := got["cp-1"]; !n.Removed {
+		t.Errorf("cp-1 (no containers): %+v", n)
+	}
+	ctx := context.Background()
+	old := h.Running(t, "worker-1")
+	pods, err := h.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := int64(0)
+	for _, p := range pods.Items {
+		if err := h.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	harness.WaitFor(t, "worker-1 to run only containers its new kubelet started", func() bool {
+		now := h.Running(t, "worker-1")
+		for id := range now {
+			if _, isOld := old[id]; isOld {
+				return false
+			}
+		}
+		return len(now) > 0 // the DaemonSet's pod is back
+	})
+	got = cleanup(t)
+	if n := got["worker-1"]; !n.Removed || n.Old != 0 {
+		t.Errorf("worker-1 after its pods were replaced: %+v", n)
+	}
+	if n := got["worker-2"]; n.Removed || !n.File || n.Old == 0 {
+		t.Errorf("worker-2 (old containers still run): %+v", n)
+	}
+	if out := h.SSH(t, "worker-1", "test -e /var/lib/kubelet/kubelift-hash-skip.json && echo present || echo absent"); out != "absent\n" {
+		t.Errorf("worker-1's hash-skip file: %s", out)
+	}
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/inplace"
+)
+
+type cleanupOptions struct {
+	IO          *cli.IO
+	Kube        kubeFlags
+	Nodes       cli.NodeFlags
+	CatalogFile string
+	DryRun      bool
+	Output      string
+}
+
+func newCmdCompatCleanup(s *cli.IO) *cobra.Command {
+	opts := &cleanupOptions{IO: s}
+	cmd := &cobra.Command{
+		Use:   "cleanup [ssh flags] [--dry-run] [-o json]",
+		Short: "Remove the hash-skip file from every node that no longer needs it",
+		Long: `Cleanup reads, on every node over SSH, the running containers and the hashes
+their kubelets recorded, and removes the hash-skip file where every one
+equals what the node's kubelet computes for the container's spec: then no
+container depends on the skip any more, and the kubelet behaves exactly as
+upstream (a spec change is acted on again). Where containers started by the
+old kubelet still run, the file stays and the count says how many.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := cli.OutputFlag(opts.Output)
+			if err != nil {
+				return err
+			}
+			cat, err := catalog.Load(opts.CatalogFile)
+			if err != nil {
+				return err
+			}
+			client, err := opts.Kube.client()
+			if err != nil {
+				return err
+			}
+			inv, dialer, err := opts.Nodes.Access()
+			if err != nil {
+				return err
+			}
+			res, err := inplace.Cleanup(cmd.Context(), inplace.CleanupOptions{Client: client, Catalog: cat, Connector: dialer, Inventory: inv,
+				Parallel: opts.Nodes.Parallel, DryRun: opts.DryRun})
+			if asJSON {
+				if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
+					return perr
+				}
+				return err
+			}
+			tw := tabwriter.NewWriter(opts.IO.Out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NODE\tHASH-SKIP FILE\tCONTAINERS\tWITH THE OLD KUBELET'S HASH\tREMOVED\tERROR")
+			for _, n := range res {
+				fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%v\t%s\n", n.Node, n.File, n.Containers, n.Old, n.Removed, n.Error)
+			}
+			tw.Flush()
+			return err
+		},
+	}
+	opts.Kube.addFlags(cmd)
+	opts.Nodes.AddFlags(cmd)
+	cmd.Flags().StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
+	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "say where the file would go; remove nothing")
+	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
+	return cmd
+}
