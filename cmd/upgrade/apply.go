@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
@@ -26,6 +27,8 @@ type applyOptions struct {
 	SkipEtcdBackup bool
 	DryRun         bool
 	LockDuration   time.Duration
+	Workers        []string
+	Selector       string
 }
 
 func newCmdApply(s *cli.IO) *cobra.Command {
@@ -58,7 +61,11 @@ it does not resolve itself. Then, holding the Lease kube-system/kubelift-upgrade
 
 The state is kept in the ConfigMap kube-system/kubelift-upgrade ('upgrade
 status'); running apply again continues where it stopped, skipping what
-already runs the target, and on an upgraded cluster changes nothing.`,
+already runs the target, and on an upgraded cluster changes nothing.
+
+Manual mode: --nodes or --selector choose the workers whose kubelets move
+now; the rest wait (status shows them pending, the state stays
+upgrading-kubelets) for a later apply.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return applyRun(cmd.Context(), opts) },
 	}
@@ -77,6 +84,8 @@ already runs the target, and on an upgraded cluster changes nothing.`,
 	f.BoolVar(&opts.RestoreLabels, "restore-labels", false, "add back the node labels running pods' nodeSelectors need (else such pods block)")
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "accept predicted container restarts")
 	f.StringSliceVar(&opts.Ignore, "ignore-preflight", nil, "checks whose blocking findings do not stop apply (e.g. removed-flags): you take the risk")
+	f.StringSliceVar(&opts.Workers, "nodes", nil, "manual mode: move only these workers' kubelets (the control plane always goes first)")
+	f.StringVar(&opts.Selector, "selector", "", "manual mode: move only the kubelets of workers with these labels (e.g. pool=blue)")
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
 	f.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "the upgrade lock lasts this long unless renewed: a run that died is taken over after it")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "plan and say what would be done; change nothing")
@@ -86,6 +95,17 @@ already runs the target, and on an upgraded cluster changes nothing.`,
 }
 
 func applyRun(ctx context.Context, opts *applyOptions) error {
+	var selector labels.Selector
+	switch {
+	case len(opts.Workers) > 0 && opts.Selector != "":
+		return cli.Usagef("--nodes and --selector exclude each other")
+	case opts.Selector != "":
+		sel, err := labels.Parse(opts.Selector)
+		if err != nil {
+			return cli.Usagef("--selector %q: %v", opts.Selector, err)
+		}
+		selector = sel
+	}
 	po, err := opts.engine(ctx)
 	if err != nil {
 		return err
@@ -98,7 +118,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
-		LockDuration: opts.LockDuration,
+		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector,
 	})
 	switch {
 	case res != nil && asJSON:

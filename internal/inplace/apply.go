@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -55,6 +57,11 @@ type ApplyOptions struct {
 	SkipEtcdBackup bool
 	// DryRun plans and says what would be done; nothing changes.
 	DryRun bool
+	// Nodes or Selector choose the workers whose kubelets move (manual
+	// mode, TKEStack's): the control plane always goes first; the other
+	// workers wait for a later apply, and status shows them pending.
+	Nodes    []string
+	Selector labels.Selector
 }
 
 // ApplyResult reports Apply.
@@ -229,6 +236,11 @@ func (r *applyRun) planStep(ctx context.Context) error {
 	for _, t := range v.tgts {
 		r.tgts[t.Name] = t
 	}
+	for _, n := range r.opts.Nodes {
+		if _, ok := r.tgts[n]; !ok {
+			return fmt.Errorf("--nodes: node %s is not in the cluster", n)
+		}
+	}
 	var blocking []string
 	for _, f := range p.Findings {
 		if f.Severity != Blocking || r.resolves(f) {
@@ -246,8 +258,12 @@ func (r *applyRun) planStep(ctx context.Context) error {
 	return nil
 }
 
-// resolves says apply itself fixes a blocking finding.
+// resolves says apply itself fixes a blocking finding, or it is about a
+// worker this run leaves alone.
 func (r *applyRun) resolves(f Finding) bool {
+	if f.Node != "" && !r.selected(f.Node) {
+		return true
+	}
 	for _, c := range r.opts.Ignore {
 		if c == f.Check {
 			return true
@@ -256,11 +272,29 @@ func (r *applyRun) resolves(f Finding) bool {
 	return f.Check == "readmission" && r.opts.RestoreLabels && strings.Contains(f.Message, "lacks the label")
 }
 
-// done: every node's kubelet and every control-plane component run the target.
+// selected: the node's kubelet moves in this run (control-plane nodes and
+// the chosen workers).
+func (r *applyRun) selected(name string) bool {
+	if len(r.opts.Nodes) == 0 && r.opts.Selector == nil {
+		return true
+	}
+	if r.tgts[name].Role == RoleControlPlane || slices.Contains(r.opts.Nodes, name) {
+		return true
+	}
+	for i := range r.view.nodes {
+		if n := &r.view.nodes[i]; n.Name == name && r.opts.Selector != nil {
+			return r.opts.Selector.Matches(labels.Set(n.Labels))
+		}
+	}
+	return false
+}
+
+// done: every selected node's kubelet and every control-plane component
+// run the target.
 func (r *applyRun) done() bool {
 	to := r.target.Version.String()
 	for _, n := range r.plan.Nodes {
-		if n.Kubelet != to {
+		if n.Kubelet != to && r.selected(n.Name) {
 			return false
 		}
 		for _, c := range controlPlaneFiles {
@@ -601,9 +635,10 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 	r.watch = w
 	var cps, workers []string
 	for _, n := range r.plan.Nodes {
-		if n.Role == RoleControlPlane {
+		switch {
+		case n.Role == RoleControlPlane:
 			cps = append(cps, n.Name)
-		} else {
+		case r.selected(n.Name):
 			workers = append(workers, n.Name)
 		}
 	}
@@ -847,6 +882,12 @@ func (r *applyRun) markDone(ctx context.Context, name string) error {
 }
 
 func (r *applyRun) completeStep(ctx context.Context) error {
+	for _, n := range r.plan.Nodes {
+		if !r.selected(n.Name) && n.Kubelet != r.target.Version.String() {
+			r.log.Info("left for a later apply", "node", n.Name)
+			return r.setState(ctx, StateUpgradingKubelets) // manual mode: some remain
+		}
+	}
 	return r.setState(ctx, StateComplete)
 }
 

@@ -35,7 +35,24 @@ type planCheck struct {
 }
 
 func (pc *planCheck) add(sev Severity, check, object, msg, fix string) {
-	pc.plan.Findings = append(pc.plan.Findings, Finding{Severity: sev, Check: check, Object: object, Message: msg, Fix: fix})
+	pc.plan.Findings = append(pc.plan.Findings, Finding{Severity: sev, Check: check, Object: object, Node: pc.nodeOf(object), Message: msg, Fix: fix})
+}
+
+// nodeOf is the node a finding's object is on, if any.
+func (pc *planCheck) nodeOf(object string) string {
+	kind, rest, _ := strings.Cut(object, "/")
+	switch kind {
+	case "node", "apiserver":
+		return rest
+	case "pod":
+		ns, name, _ := strings.Cut(rest, "/")
+		for i := range pc.view.pods {
+			if p := &pc.view.pods[i]; p.Namespace == ns && p.Name == name {
+				return p.Spec.NodeName
+			}
+		}
+	}
+	return ""
 }
 
 func (pc *planCheck) role(node string) string {

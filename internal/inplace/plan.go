@@ -39,7 +39,9 @@ type Finding struct {
 	Check string `json:"check"`
 	// Object is what it is about: node/NAME, pod/NS/NAME, apiserver/NODE,
 	// version/V, image/REF, api/GROUP/VERSION.
-	Object  string `json:"object"`
+	Object string `json:"object"`
+	// Node is the node the object is on, if any.
+	Node    string `json:"node,omitempty"`
 	Message string `json:"message"`
 	Fix     string `json:"fix,omitempty"`
 }

@@ -1,15 +1,18 @@
 // Package applyha tests upgrade apply on a highly available control plane
 // (3 control planes, 2 workers, leader election on): every API server runs
-// the target before any kubelet restarts.
+// the target before any kubelet restarts; manual mode moves the chosen
+// workers only.
 package applyha
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
@@ -48,6 +51,29 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 	}
 	reg, pw := h.RegistryFlags()
 	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels", "--max-unavailable", "2"}, reg...), h.SSHFlags()...)
+	// Manual mode first: the control plane and worker-1 only.
+	if r := h.Upgrade(t, pw, append(args, "--nodes", "worker-1")...); r.Code != 0 {
+		t.Fatalf("apply --nodes worker-1: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	for name, want := range map[string]string{"cp-1": h.SB.NewVersion, "cp-3": h.SB.NewVersion, "worker-1": h.SB.NewVersion, "worker-2": h.SB.OldVersion} {
+		if got := h.Node(t, name).Status.NodeInfo.KubeletVersion; got != want {
+			t.Errorf("after apply --nodes worker-1: %s runs %s, want %s", name, got, want)
+		}
+	}
+	r := h.Upgrade(t, "", "status", "-o", "json")
+	var st inplace.UpgradeState
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.State != inplace.StateUpgradingKubelets {
+		t.Errorf("state %s with worker-2 left, want %s", st.State, inplace.StateUpgradingKubelets)
+	}
+	for _, n := range st.Nodes {
+		if n.Name == "worker-2" && n.Status != inplace.NodePending {
+			t.Errorf("worker-2 in status: %+v", n)
+		}
+	}
+	// Then the rest.
 	if r := h.Upgrade(t, pw, args...); r.Code != 0 {
 		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
