@@ -13,7 +13,15 @@ func newRootCmd(s *cli.IO) *cobra.Command {
 		Short: "Import kubelift bundles and upgrade Kubernetes in place, inside an air gap",
 		Long: `upgrade runs inside the air gap, on a node of the cluster (or of a management
 cluster). It verifies a bundle made by 'bundle create' against your team's
-public key, imports it, and upgrades the cluster in place.
+public key, imports it, and upgrades the cluster in place:
+
+  upgrade import k8s-v1.31.4-linux-amd64.run --key team.pub --domain REG ...   # or ./k8s-...run --upgrade
+  upgrade stage   --to v1.31.4 --key team.pub [ssh flags]    # binaries onto every node
+  upgrade versions                                           # what the nodes run, what is available
+  upgrade plan    --to v1.31.4 --key team.pub [ssh flags]    # what apply would do; changes nothing
+  upgrade apply   --to v1.31.4 --key team.pub [ssh flags]    # in place, node by node; again to resume
+  upgrade status                                             # the upgrade's state, per node
+  upgrade compat cleanup [ssh flags]                         # hash-skip files no longer needed
 
 A .run bundle carries this program: './k8s-v1.31.4-linux-amd64.run --help'.`,
 		Version: buildinfo.String(),
