@@ -148,7 +148,7 @@ func TestApplyRefusesAWrongHostKey(t *testing.T) {
 func TestApplyKilledMidNode(t *testing.T) {
 	reg, pw := h.RegistryFlags()
 	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels", "--lock-duration", "15s", "-q"}, reg...), h.SSHFlags()...)
-	cmd, err := h.Start(pw, args...)
+	cmd, _, err := h.Start(pw, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,8 +183,10 @@ func TestApplyKilledMidNode(t *testing.T) {
 // A kubelet that never becomes Ready (worker-2's flags carry one v1.31
 // removed; the plan's finding ignored) is rolled back to v1.30.14 and
 // Ready; apply exits non-zero naming it, status says why, the worker after
-// it is not touched. With the flag gone, apply again finishes the upgrade.
-// Through it all, no container restarts anywhere.
+// it is not touched. With the flag gone, apply again continues; worker-3's
+// sshd going down mid-run stops it before worker-3 is touched; with sshd
+// back, apply again finishes the upgrade. Through it all, no container
+// restarts anywhere.
 func TestApplyRollsBackThenResumes(t *testing.T) {
 	const env = "/var/lib/kubelet/kubelet-flags.env"
 	old := h.SSH(t, "worker-2", "cat "+env)
@@ -215,8 +217,48 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 		}
 	}
 
-	// The flag fixed, apply again: it continues where it stopped.
+	// The flag fixed, apply again: it continues where it stopped. While it
+	// works on worker-2, worker-3's sshd goes down: the run stops before
+	// touching worker-3, naming it.
 	h.SSH(t, "worker-2", fmt.Sprintf("printf '%%s' %s > %s", nodeaccess.Quote(old), env))
+	reg, pw := h.RegistryFlags()
+	cmd, stderr, err := h.Start(pw, append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels"}, reg...), h.SSHFlags()...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, "apply upgrading worker-2's kubelet", func() bool {
+		st, _ := inplace.ReadState(context.Background(), h.Client)
+		for _, n := range stateNodes(st) {
+			if n.Name == "worker-2" && n.Status == inplace.NodeUpgrading {
+				return true
+			}
+		}
+		return false
+	})
+	w3, _ := h.SB.Machine("worker-3")
+	if out, err := h.SB.Command(*w3, "systemctl", "stop", "ssh").CombinedOutput(); err != nil {
+		t.Fatalf("stop sshd on worker-3: %v %s", err, out)
+	}
+	werr := cmd.Wait()
+	if werr == nil || !strings.Contains(stderr.String(), "node worker-3") {
+		t.Fatalf("apply with worker-3's sshd down: %v\n%s", werr, stderr.String())
+	}
+	if v := node(t, "worker-3").Status.NodeInfo.KubeletVersion; v != h.SB.OldVersion {
+		t.Errorf("worker-3 runs %s: touched although unreachable", v)
+	}
+	if v := node(t, "worker-2").Status.NodeInfo.KubeletVersion; v != h.SB.NewVersion {
+		t.Errorf("worker-2, in flight when worker-3 failed, runs %s: it should have finished", v)
+	}
+	if out, err := h.SB.Command(*w3, "systemctl", "start", "ssh").CombinedOutput(); err != nil {
+		t.Fatalf("start sshd on worker-3: %v %s", err, out)
+	}
+	harness.WaitFor(t, "worker-3's sshd back", func() bool {
+		c, err := h.SB.SSH(context.Background(), "worker-3")
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 	r = apply(t, "--restore-labels")
 	if r.Code != 0 {
 		t.Fatalf("resume: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
@@ -331,4 +373,11 @@ func TestCompatCleanupRemovesTheFileOnceConverged(t *testing.T) {
 	if out := h.SSH(t, "worker-1", "test -e /var/lib/kubelet/kubelift-hash-skip.json && echo present || echo absent"); out != "absent\n" {
 		t.Errorf("worker-1's hash-skip file: %s", out)
 	}
+}
+
+func stateNodes(st *inplace.UpgradeState) []inplace.NodeEntry {
+	if st == nil {
+		return nil
+	}
+	return st.Nodes
 }

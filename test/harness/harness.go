@@ -185,12 +185,15 @@ func (h *Harness) Upgrade(t *testing.T, stdin string, args ...string) Result {
 }
 
 // Start starts the upgrade program on the admin machine without waiting
-// for it (the caller kills it, by pid, or waits).
-func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, error) {
+// for it (the caller kills it, by pid, or waits); its standard error
+// collects in the buffer.
+func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, *bytes.Buffer, error) {
 	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(h.tmp, "cache"))
 	cmd.Stdin = strings.NewReader(stdin)
-	return cmd, cmd.Start()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	return cmd, &stderr, cmd.Start()
 }
 
 // RegistryFlags reach the sandbox's private registry (the password on stdin).
