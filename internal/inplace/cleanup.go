@@ -50,15 +50,7 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	nodes, err := ListNodes(ctx, opts.Client)
-	if err != nil {
-		return nil, err
-	}
-	pods, err := listPods(ctx, opts.Client)
-	if err != nil {
-		return nil, err
-	}
-	tgts, err := nodeaccess.Targets(nodes, opts.Inventory)
+	nodes, pods, tgts, err := listCluster(ctx, opts.Client, opts.Inventory)
 	if err != nil {
 		return nil, err
 	}

@@ -218,18 +218,28 @@ func checkOrder(c string) int {
 	return len(Checks)
 }
 
-// readCluster lists nodes and pods (paged) and reads every node over SSH,
-// a bounded number at once.
+// listCluster lists nodes and running pods (paged), and where to reach
+// each node.
+func listCluster(ctx context.Context, c kubernetes.Interface, inv *nodeaccess.Inventory) ([]corev1.Node, []corev1.Pod, []nodeaccess.Target, error) {
+	nodes, err := ListNodes(ctx, c)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pods, err := listPods(ctx, c)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tgts, err := nodeaccess.Targets(nodes, inv)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return nodes, pods, tgts, nil
+}
+
+// readCluster lists the cluster and reads every node over SSH, a bounded
+// number at once.
 func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
-	nodes, err := ListNodes(ctx, opts.Client)
-	if err != nil {
-		return nil, err
-	}
-	pods, err := listPods(ctx, opts.Client)
-	if err != nil {
-		return nil, err
-	}
-	tgts, err := nodeaccess.Targets(nodes, opts.Inventory)
+	nodes, pods, tgts, err := listCluster(ctx, opts.Client, opts.Inventory)
 	if err != nil {
 		return nil, err
 	}
