@@ -29,6 +29,8 @@ type applyOptions struct {
 	LockDuration   time.Duration
 	Workers        []string
 	Selector       string
+	Drain          bool
+	DrainTimeout   time.Duration
 }
 
 func newCmdApply(s *cli.IO) *cobra.Command {
@@ -84,6 +86,8 @@ upgrading-kubelets) for a later apply.`,
 	f.BoolVar(&opts.RestoreLabels, "restore-labels", false, "add back the node labels running pods' nodeSelectors need (else such pods block)")
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "accept predicted container restarts")
 	f.StringSliceVar(&opts.Ignore, "ignore-preflight", nil, "checks whose blocking findings do not stop apply (e.g. removed-flags): you take the risk")
+	f.BoolVar(&opts.Drain, "drain", false, "cordon and drain each node (PodDisruptionBudgets hold) before its kubelet restarts; uncordon after (only nodes this run cordoned)")
+	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 2*time.Minute, "how long a drain may wait on PodDisruptionBudgets before the run stops (the node uncordoned)")
 	f.StringSliceVar(&opts.Workers, "nodes", nil, "manual mode: move only these workers' kubelets (the control plane always goes first)")
 	f.StringVar(&opts.Selector, "selector", "", "manual mode: move only the kubelets of workers with these labels (e.g. pool=blue)")
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
@@ -118,7 +122,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
-		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector,
+		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 	})
 	switch {
 	case res != nil && asJSON:

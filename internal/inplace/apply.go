@@ -57,6 +57,11 @@ type ApplyOptions struct {
 	SkipEtcdBackup bool
 	// DryRun plans and says what would be done; nothing changes.
 	DryRun bool
+	// Drain cordons each node and evicts its pods (PodDisruptionBudgets
+	// hold) before its kubelet restarts, and uncordons it after; predicted
+	// restarts then do not block. DrainTimeout bounds a drain.
+	Drain        bool
+	DrainTimeout time.Duration
 	// Nodes or Selector choose the workers whose kubelets move (manual
 	// mode, TKEStack's): the control plane always goes first; the other
 	// workers wait for a later apply, and status shows them pending.
@@ -128,6 +133,9 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	}
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 5 * time.Minute
+	}
+	if opts.DrainTimeout == 0 {
+		opts.DrainTimeout = 2 * time.Minute
 	}
 	if opts.Holder == "" {
 		host, _ := os.Hostname()
@@ -268,6 +276,9 @@ func (r *applyRun) resolves(f Finding) bool {
 		if c == f.Check {
 			return true
 		}
+	}
+	if f.Check == "restarts" && r.opts.Drain {
+		return true // drained first: nothing runs there to restart
 	}
 	return f.Check == "readmission" && r.opts.RestoreLabels && strings.Contains(f.Message, "lacks the label")
 }
@@ -524,6 +535,11 @@ func (r *applyRun) rollback(ctx context.Context, o *nodeOps, comp string, cause 
 			return fmt.Errorf("%w; after rollback node %s not Ready at %s: %w", cause, o.name, o.from, err)
 		}
 	}
+	if comp == "kubelet" {
+		if err := r.uncordon(ctx, o.name); err != nil {
+			return fmt.Errorf("%w; after rollback: %w", cause, err)
+		}
+	}
 	return fmt.Errorf("%w: node %s rolled back to %s: %w", ErrNodeFailed, o.name, o.from, cause)
 }
 
@@ -738,10 +754,19 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			}); err != nil {
 				return fmt.Errorf("node %s: kubelet %s already, but not Ready: %w", name, to, err)
 			}
+			if err := r.uncordon(ctx, name); err != nil {
+				return err
+			}
 			return r.markDone(ctx, name)
 		}
 		r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
 		r.event(ctx, name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", o.from, to))
+		// drain
+		if r.opts.Drain {
+			if err := r.drain(ctx, name); err != nil {
+				return err
+			}
+		}
 		// back up
 		if err := o.backup(ctx, "kubelet"); err != nil {
 			return err
@@ -788,6 +813,10 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		if err := r.verify(ctx, o, before, podsBefore); err != nil {
 			return r.rollback(ctx, o, "kubelet", err)
 		}
+		// uncordon (only what this run cordoned)
+		if err := r.uncordon(ctx, name); err != nil {
+			return err
+		}
 		return r.markDone(ctx, name)
 	})
 	if err != nil {
@@ -833,7 +862,7 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]str
 		}
 	}
 	sort.Strings(gone)
-	if len(gone) > 0 && !r.opts.Plan.AllowRestarts {
+	if len(gone) > 0 && !r.opts.Plan.AllowRestarts && !r.opts.Drain {
 		return fmt.Errorf("node %s: %d containers restarted: %s", o.name, len(gone), strings.Join(gone, ", "))
 	}
 	podsAfter, err := r.podsOn(ctx, o.name)

@@ -1,0 +1,134 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// AnnotationCordoned marks a Node this tool cordoned, so that only those
+// are uncordoned (never one an operator cordoned by hand).
+const AnnotationCordoned = "kubelift.dev/cordoned"
+
+// ErrDrainBlocked means a PodDisruptionBudget (or a pod nobody would
+// recreate) keeps a node from being drained.
+var ErrDrainBlocked = errors.New("drain blocked")
+
+// cordon marks the node unschedulable, remembering that it did; a node
+// already unschedulable is left as the operator made it.
+func (r *applyRun) cordon(ctx context.Context, name string) error {
+	n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("node %s: %w", name, err)
+	}
+	if n.Spec.Unschedulable {
+		return nil
+	}
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":true},"metadata":{"annotations":{%q:"true"}}}`, AnnotationCordoned)
+	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("node %s: cordon: %w", name, err)
+	}
+	r.event(ctx, name, "Cordoned", "kubelift: cordoned to drain it")
+	return nil
+}
+
+// uncordon undoes cordon, only where this tool cordoned.
+func (r *applyRun) uncordon(ctx context.Context, name string) error {
+	n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("node %s: %w", name, err)
+	}
+	if n.Annotations[AnnotationCordoned] != "true" {
+		return nil
+	}
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":false},"metadata":{"annotations":{%q:null}}}`, AnnotationCordoned)
+	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("node %s: uncordon: %w", name, err)
+	}
+	return nil
+}
+
+// drain cordons the node and evicts its pods through the Eviction API, so
+// PodDisruptionBudgets hold; DaemonSet and mirror pods stay. A pod no
+// controller would recreate is not evicted: the drain is refused before it
+// starts. An eviction a budget keeps refusing past DrainTimeout stops the
+// drain, and the node is uncordoned: no half state.
+func (r *applyRun) drain(ctx context.Context, name string) error {
+	pods, err := r.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+	if err != nil {
+		return fmt.Errorf("node %s: list pods: %w", name, err)
+	}
+	var evict []corev1.Pod
+	var bare []string
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || isDaemonSetPod(&p) || p.Annotations[corev1.MirrorPodAnnotationKey] != "" {
+			continue
+		}
+		if metav1.GetControllerOf(&p) == nil {
+			bare = append(bare, p.Namespace+"/"+p.Name)
+			continue
+		}
+		evict = append(evict, p)
+	}
+	if len(bare) > 0 {
+		sort.Strings(bare)
+		return fmt.Errorf("node %s: %w: pods no controller would recreate would be lost: %s (delete or move them, or upgrade without --drain)", name, ErrDrainBlocked, strings.Join(bare, ", "))
+	}
+	if err := r.cordon(ctx, name); err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		if uerr := r.uncordon(context.WithoutCancel(ctx), name); uerr != nil {
+			return fmt.Errorf("%w; %w", err, uerr)
+		}
+		return err
+	}
+	deadline := time.Now().Add(r.opts.DrainTimeout)
+	for _, p := range evict {
+		for {
+			err := r.client.CoreV1().Pods(p.Namespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
+			if err == nil || apierrors.IsNotFound(err) {
+				break
+			}
+			if !apierrors.IsTooManyRequests(err) {
+				return fail(fmt.Errorf("node %s: evict pod %s/%s: %w", name, p.Namespace, p.Name, err))
+			}
+			if time.Now().After(deadline) {
+				return fail(fmt.Errorf("node %s: %w: evicting pod %s/%s is refused by its PodDisruptionBudget (%v) for %s; the node is uncordoned again", name, ErrDrainBlocked, p.Namespace, p.Name, err, r.opts.DrainTimeout))
+			}
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}
+	// The evicted pods must be gone before the kubelet restarts.
+	for _, p := range evict {
+		for {
+			q, err := r.client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) || (err == nil && q.UID != p.UID) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fail(fmt.Errorf("node %s: pod %s/%s still terminating after %s", name, p.Namespace, p.Name, r.opts.DrainTimeout))
+			}
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	r.log.Info("drained", "node", name, "evicted", len(evict))
+	return nil
+}
