@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -31,6 +33,8 @@ type applyOptions struct {
 	Selector       string
 	Drain          bool
 	DrainTimeout   time.Duration
+	PreHook        string
+	PostHook       string
 }
 
 func newCmdApply(s *cli.IO) *cobra.Command {
@@ -86,6 +90,8 @@ upgrading-kubelets) for a later apply.`,
 	f.BoolVar(&opts.RestoreLabels, "restore-labels", false, "add back the node labels running pods' nodeSelectors need (else such pods block)")
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "accept predicted container restarts")
 	f.StringSliceVar(&opts.Ignore, "ignore-preflight", nil, "checks whose blocking findings do not stop apply (e.g. removed-flags): you take the risk")
+	f.StringVar(&opts.PreHook, "pre-hook", "", "shell command run on this machine before each node's kubelet moves (KUBELIFT_NODE, KUBELIFT_FROM, KUBELIFT_TO set); failing stops the run before the node")
+	f.StringVar(&opts.PostHook, "post-hook", "", "shell command run after each node is verified; failing rolls the node back and stops the run (a health gate)")
 	f.BoolVar(&opts.Drain, "drain", false, "cordon and drain each node (PodDisruptionBudgets hold) before its kubelet restarts; uncordon after (only nodes this run cordoned)")
 	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 2*time.Minute, "how long a drain may wait on PodDisruptionBudgets before the run stops (the node uncordoned)")
 	f.StringSliceVar(&opts.Workers, "nodes", nil, "manual mode: move only these workers' kubelets (the control plane always goes first)")
@@ -123,6 +129,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
+		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut),
 	})
 	switch {
 	case res != nil && asJSON:
@@ -136,6 +143,27 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 		return &cli.CodeError{Code: cli.ExitBlocked, Err: err}
 	}
 	return err
+}
+
+// hooks runs --pre-hook and --post-hook with sh, the node and versions in
+// the environment, their output on stderr.
+func hooks(pre, post string, out io.Writer) func(ctx context.Context, phase, node, from, to string) error {
+	if pre == "" && post == "" {
+		return nil
+	}
+	return func(ctx context.Context, phase, node, from, to string) error {
+		cmdline := map[string]string{"pre": pre, "post": post}[phase]
+		if cmdline == "" {
+			return nil
+		}
+		cmd := exec.CommandContext(ctx, "sh", "-c", cmdline)
+		cmd.Env = append(os.Environ(), "KUBELIFT_PHASE="+phase, "KUBELIFT_NODE="+node, "KUBELIFT_FROM="+from, "KUBELIFT_TO="+to)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%q: %w", cmdline, err)
+		}
+		return nil
+	}
 }
 
 func printApply(w io.Writer, res *inplace.ApplyResult, dry bool, took time.Duration) {

@@ -62,6 +62,10 @@ type ApplyOptions struct {
 	// restarts then do not block. DrainTimeout bounds a drain.
 	Drain        bool
 	DrainTimeout time.Duration
+	// Hook, when set, runs before ("pre") and after ("post") each node's
+	// kubelet moves; a pre failure stops the run before the node is
+	// touched, a post failure rolls the node back (a health gate).
+	Hook func(ctx context.Context, phase, node, from, to string) error
 	// Nodes or Selector choose the workers whose kubelets move (manual
 	// mode, TKEStack's): the control plane always goes first; the other
 	// workers wait for a later apply, and status shows them pending.
@@ -759,6 +763,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			}
 			return r.markDone(ctx, name)
 		}
+		if r.opts.Hook != nil {
+			if err := r.opts.Hook(ctx, "pre", name, o.from, to); err != nil {
+				return fmt.Errorf("node %s: pre-hook: %w", name, err)
+			}
+		}
 		r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
 		r.event(ctx, name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", o.from, to))
 		// drain
@@ -812,6 +821,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		stopSettle()
 		if err := r.verify(ctx, o, before, podsBefore); err != nil {
 			return r.rollback(ctx, o, "kubelet", err)
+		}
+		if r.opts.Hook != nil {
+			if err := r.opts.Hook(ctx, "post", name, o.from, to); err != nil {
+				return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s: post-hook: %w", name, err))
+			}
 		}
 		// uncordon (only what this run cordoned)
 		if err := r.uncordon(ctx, name); err != nil {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,9 +52,29 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 	}
 	reg, pw := h.RegistryFlags()
 	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels", "--max-unavailable", "2"}, reg...), h.SSHFlags()...)
-	// Manual mode first: the control plane and worker-1 only.
-	if r := h.Upgrade(t, pw, append(args, "--nodes", "worker-1")...); r.Code != 0 {
+	// A failing pre-hook stops the run before the first kubelet moves.
+	if r := h.Upgrade(t, pw, append(args, "--pre-hook", "exit 3")...); r.Code != 1 || !strings.Contains(r.Stderr, "pre-hook") {
+		t.Fatalf("apply with a failing pre-hook: exit %d\n%s", r.Code, r.Stderr)
+	}
+	for _, m := range h.SB.Nodes() {
+		if v := h.Node(t, m.Name).Status.NodeInfo.KubeletVersion; v != h.SB.OldVersion {
+			t.Errorf("%s runs kubelet %s after a failing pre-hook", m.Name, v)
+		}
+	}
+	// Manual mode: the control plane and worker-1 only, with hooks around
+	// each kubelet.
+	hooked := filepath.Join(t.TempDir(), "hooks")
+	hookArgs := []string{"--pre-hook", `echo pre $KUBELIFT_NODE $KUBELIFT_FROM $KUBELIFT_TO >> ` + hooked, "--post-hook", `echo post $KUBELIFT_NODE >> ` + hooked}
+	if r := h.Upgrade(t, pw, append(append(args, "--nodes", "worker-1"), hookArgs...)...); r.Code != 0 {
 		t.Fatalf("apply --nodes worker-1: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	lines, _ := os.ReadFile(hooked)
+	var want []string
+	for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1"} {
+		want = append(want, "pre "+n+" "+h.SB.OldVersion+" "+h.SB.NewVersion, "post "+n)
+	}
+	if got := strings.TrimSpace(string(lines)); got != strings.Join(want, "\n") {
+		t.Errorf("hooks ran:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
 	}
 	for name, want := range map[string]string{"cp-1": h.SB.NewVersion, "cp-3": h.SB.NewVersion, "worker-1": h.SB.NewVersion, "worker-2": h.SB.OldVersion} {
 		if got := h.Node(t, name).Status.NodeInfo.KubeletVersion; got != want {
