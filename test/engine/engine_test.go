@@ -372,8 +372,9 @@ versions:
 // With upstream's kubelet bundled, the plan predicts that every running
 // container restarts; swapping a node's kubelet by hand (control plane
 // first, as the skew policy wants) restarts exactly those containers. The
-// hash-skip kubelet with the file written restarts none. This test changes
-// the sandbox: it runs last.
+// hash-skip kubelet with the file written restarts none. apply refuses
+// the predicted restarts, and with --allow-restarts makes exactly them.
+// This test changes the sandbox: it runs last.
 func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	importBundle(t, upstreamBundle) // the most recently made: now the target
 	r, p := plan(t, sb.NewVersion)
@@ -430,6 +431,23 @@ func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	})
 	if n := gone(before, running(t, "worker-2")); n != 0 {
 		t.Errorf("worker-2: %d containers restarted under the hash-skip kubelet, the plan predicted 0", n)
+	}
+
+	// apply with upstream's kubelet: refused for the predicted restarts;
+	// with --allow-restarts, worker-1 (manual mode) restarts exactly the
+	// containers the plan predicted.
+	reg, pw := registryFlags()
+	applyArgs := append(append([]string{"apply", "--to", sb.NewVersion, "--key", filepath.Join(work, "team.pub"), "--settle", "5s", "--restore-labels", "--nodes", "worker-1"}, reg...), sshFlags()...)
+	if r := upgrade(t, pw, applyArgs...); r.Code != 4 || !strings.Contains(r.Stderr, "restarts node/worker-1") {
+		t.Fatalf("apply without --allow-restarts: exit %d\n%s", r.Code, r.Stderr)
+	}
+	before = running(t, "worker-1")
+	if r := upgrade(t, pw, append(applyArgs, "--allow-restarts")...); r.Code != 0 {
+		t.Fatalf("apply --allow-restarts: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	waitFor(t, "the predicted containers on worker-1 replaced", func() bool { return gone(before, running(t, "worker-1")) >= predicted["worker-1"].Restarts })
+	if n := gone(before, running(t, "worker-1")); n != predicted["worker-1"].Restarts {
+		t.Errorf("worker-1 under apply --allow-restarts: %d containers restarted, the plan predicted %d", n, predicted["worker-1"].Restarts)
 	}
 }
 
