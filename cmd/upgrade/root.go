@@ -21,6 +21,7 @@ public key, imports it, and upgrades the cluster in place:
   upgrade plan    --to v1.31.4 --key team.pub [ssh flags]    # what apply would do; changes nothing
   upgrade apply   --to v1.31.4 --key team.pub [ssh flags]    # in place, node by node; again to resume
   upgrade status                                             # the upgrade's state, per node
+  upgrade rollback [ssh flags]                               # undo it from the backups, when allowed
   upgrade compat cleanup [ssh flags]                         # hash-skip files no longer needed
 
 A .run bundle carries this program: './k8s-v1.31.4-linux-amd64.run --help'.`,
@@ -28,7 +29,7 @@ A .run bundle carries this program: './k8s-v1.31.4-linux-amd64.run --help'.`,
 	}
 	root.SetOut(s.Out)
 	root.SetErr(s.ErrOut)
-	root.AddCommand(newCmdImport(s, nil), newCmdStage(s, nil), newCmdVersions(s), newCmdPlan(s, nil), newCmdApply(s), newCmdStatus(s),
+	root.AddCommand(newCmdImport(s, nil), newCmdStage(s, nil), newCmdVersions(s), newCmdPlan(s, nil), newCmdApply(s), newCmdStatus(s), newCmdRollback(s),
 		cli.NewCmdVerify(s), cli.NewCmdExtract(s), cli.NewCmdInspect(s), newCmdCompat(s))
 	return root
 }

@@ -407,8 +407,24 @@ func (r *applyRun) controlPlaneDone() bool {
 	return true
 }
 
-// onNode dials a node and runs fn with its operations.
+// onNode dials a node and runs fn with its operations, from the version
+// its kubelet ran before this upgrade.
 func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Context, *nodeOps) error) error {
+	from := ""
+	if f := r.view.facts[name]; f != nil {
+		from = f.Components["kubelet"]
+	}
+	if s := r.nodeState(name); s != nil && s.Kubelet != "" {
+		from = s.Kubelet
+	}
+	if len(r.plan.From) > 0 && (from == "" || from == r.target.Version.String()) {
+		from = r.plan.From[0]
+	}
+	return r.onNodeFrom(ctx, name, from, fn)
+}
+
+// onNodeFrom is onNode with the old version given.
+func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(context.Context, *nodeOps) error) error {
 	t := r.tgts[name]
 	n, err := r.opts.Plan.Connector.Dial(ctx, t)
 	if err != nil {
@@ -420,13 +436,6 @@ func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Cont
 	f := r.view.facts[name]
 	if f == nil {
 		return fmt.Errorf("node %s: not read by the plan", name)
-	}
-	from := f.Components["kubelet"]
-	if s := r.nodeState(name); s != nil && s.Kubelet != "" {
-		from = s.Kubelet
-	}
-	if len(r.plan.From) > 0 && (from == "" || from == r.target.Version.String()) {
-		from = r.plan.From[0]
 	}
 	return fn(ctx, &nodeOps{n: n, name: name, stageDir: r.opts.Plan.StageDir, backupDir: r.opts.BackupDir, from: from, to: r.target.Version.String(), facts: f})
 }

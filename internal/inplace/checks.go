@@ -140,8 +140,9 @@ func (pc *planCheck) path() {
 	to := pc.target.Version
 	seen := map[string]bool{}
 	for _, s := range pc.plan.Nodes {
-		for comp, ver := range s.Components {
-			if comp == "kubelet" || comp == "kube-proxy" || ver == "" || seen[ver] {
+		for _, comp := range controlPlaneFiles { // in order: the API server first
+			ver := s.Components[comp]
+			if ver == "" || seen[ver] {
 				continue
 			}
 			seen[ver] = true

@@ -299,11 +299,19 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	}
 }
 
-// On an upgraded cluster apply changes nothing and says so.
+// On an upgraded cluster apply changes nothing and says so; a rollback of
+// the minor upgrade is refused, saying why, and changes nothing either.
 func TestApplyAgainChangesNothing(t *testing.T) {
 	r := apply(t, "--restore-labels")
 	if r.Code != 0 || !strings.Contains(r.Stdout, "nothing to do") {
 		t.Errorf("exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	r = h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...)
+	if r.Code != 1 || !strings.Contains(r.Stderr, "rollback refused") || !strings.Contains(r.Stderr, "kube-apiserver on cp-1 runs "+h.SB.NewVersion) {
+		t.Errorf("rollback after a minor upgrade: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if v := apiserverVersion(t); v != h.SB.NewVersion {
+		t.Errorf("the API server runs %s after a refused rollback", v)
 	}
 }
 

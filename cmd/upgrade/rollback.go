@@ -1,0 +1,76 @@
+package main
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/inplace"
+)
+
+type rollbackOptions struct {
+	IO           *cli.IO
+	Kube         kubeFlags
+	Nodes        cli.NodeFlags
+	CatalogFile  string
+	BackupDir    string
+	ReadyTimeout time.Duration
+	Quiet        bool
+}
+
+func newCmdRollback(s *cli.IO) *cobra.Command {
+	opts := &rollbackOptions{IO: s}
+	cmd := &cobra.Command{
+		Use:   "rollback [ssh flags]",
+		Short: "Undo the recorded upgrade from the backups on the nodes, in reverse order",
+		Long: `Rollback restores the binaries the recorded upgrade (kube-system/kubelift-upgrade)
+replaced, from the backups apply left on each node (BACKUP-DIR/OLDVERSION/):
+kubelets first (workers, then control-plane nodes, each waited for Ready at
+the old version), then the control plane node by node (scheduler,
+controller manager, API server). What already runs the old version is
+skipped, so a rollback that stopped can be run again.
+
+It is allowed while no API server runs the new version yet, or at any time
+when the catalog lists the old version among the new one's patch
+downgrades (same minor; StarlingX's downgrade_to). Otherwise it is refused,
+saying why: a minor upgrade goes forward once an API server has moved.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cat, err := catalog.Load(opts.CatalogFile)
+			if err != nil {
+				return err
+			}
+			cfg, err := opts.Kube.config()
+			if err != nil {
+				return err
+			}
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			inv, dialer, err := opts.Nodes.Access()
+			if err != nil {
+				return err
+			}
+			st, err := inplace.Rollback(cmd.Context(), inplace.ApplyOptions{
+				Plan: inplace.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel,
+					Log: opts.IO.Logger(opts.Quiet)},
+				BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout})
+			if st != nil && err == nil {
+				printState(opts.IO.Out, st, nil)
+			}
+			return err
+		},
+	}
+	opts.Kube.addFlags(cmd)
+	opts.Nodes.AddFlags(cmd)
+	f := cmd.Flags()
+	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
+	f.StringVar(&opts.BackupDir, "backup-dir", inplace.DefaultBackupDir, "where apply kept the replaced binaries on the nodes")
+	f.DurationVar(&opts.ReadyTimeout, "ready-timeout", 5*time.Minute, "how long to wait for each restored component")
+	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
+	return cmd
+}

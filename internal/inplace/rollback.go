@@ -1,0 +1,184 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+)
+
+// StateRolledBack: an upgrade undone by Rollback.
+const StateRolledBack = "upgrade-rolled-back"
+
+// ErrRollbackRefused means the upgrade can only go forward.
+var ErrRollbackRefused = errors.New("rollback refused")
+
+// RollbackAllowed says whether an upgrade from -> to may be rolled back
+// now: while no API server runs to yet, or, any time, when the catalog
+// lists from among to's patch downgrades. apiservers are the versions the
+// control-plane nodes' API servers run.
+func RollbackAllowed(cat *catalog.Catalog, from, to string, apiservers map[string]string) error {
+	moved := ""
+	for node, v := range apiservers {
+		if v == to {
+			moved = node
+		}
+	}
+	if moved == "" {
+		return nil
+	}
+	f, errF := catalog.ParseVersion(from)
+	rel, errT := cat.Lookup(to)
+	if errF == nil && errT == nil && rel.CanDowngradeTo(f) {
+		return nil
+	}
+	return fmt.Errorf("%w: kube-apiserver on %s runs %s already, and the catalog allows rollback after that only as a patch downgrade within a minor (%s lists %v): go forward (upgrade apply) instead",
+		ErrRollbackRefused, moved, to, to, downgrades(rel))
+}
+
+func downgrades(rel *catalog.Release) []string {
+	if rel == nil {
+		return nil
+	}
+	return rel.DowngradeTo
+}
+
+// Rollback restores the binaries the recorded upgrade replaced, from the
+// backups on each node, in reverse order: kubelets (workers, then
+// control-plane nodes), then the control plane (scheduler, controller
+// manager, API server) node by node, each waited for at the old version.
+// It holds the upgrade lock, and refuses what RollbackAllowed refuses.
+func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
+	p := &opts.Plan
+	if err := p.defaults(); err != nil {
+		return nil, err
+	}
+	if opts.BackupDir == "" {
+		opts.BackupDir = DefaultBackupDir
+	}
+	if opts.LockDuration == 0 {
+		opts.LockDuration = time.Minute
+	}
+	if opts.ReadyTimeout == 0 {
+		opts.ReadyTimeout = 5 * time.Minute
+	}
+	if opts.Holder == "" {
+		host, _ := os.Hostname()
+		opts.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	st, err := ReadState(ctx, p.Client)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, fmt.Errorf("%w: no upgrade is recorded in this cluster", ErrRollbackRefused)
+	}
+	to, from := st.To, st.From
+	if fv, err := catalog.ParseVersion(from); err != nil || fv.String() != from {
+		return nil, fmt.Errorf("%w: the recorded upgrade started from %q, not one version", ErrRollbackRefused, from)
+	}
+	lock, err := AcquireLock(ctx, p.Client, opts.Holder, opts.LockDuration, p.Now)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go lock.Keep(ctx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
+	defer func() { _ = lock.Release(context.WithoutCancel(ctx)) }()
+
+	tv, err := catalog.ParseVersion(to)
+	if err != nil {
+		return nil, err
+	}
+	p.Target = &Target{Version: tv}
+	v, err := readCluster(ctx, *p)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range v.tgts {
+		if e := v.ssh[t.Name]; e != nil {
+			return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, e)
+		}
+	}
+	apiservers := map[string]string{}
+	for _, t := range v.tgts {
+		if f := v.facts[t.Name]; f != nil && f.Components["kube-apiserver"] != "" {
+			apiservers[t.Name] = f.Components["kube-apiserver"]
+		}
+	}
+	if err := RollbackAllowed(p.Catalog, from, to, apiservers); err != nil {
+		return nil, err
+	}
+	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{},
+		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}}
+	for _, t := range v.tgts {
+		r.tgts[t.Name] = t
+	}
+	w, err := watchNodes(ctx, p.Client)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	r.watch = w
+	var cps, workers []string
+	for _, t := range v.tgts {
+		if t.Role == RoleControlPlane {
+			cps = append(cps, t.Name)
+		} else {
+			workers = append(workers, t.Name)
+		}
+	}
+	restore := func(node, comp string) error {
+		return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeOps) error {
+			if now, _ := o.running(ctx, comp); now != to {
+				return nil // not moved (or back already)
+			}
+			r.log.Info("rolling back", "node", node, "component", comp, "to", from)
+			if err := o.restore(ctx, comp); err != nil {
+				return err
+			}
+			if err := r.waitComponent(ctx, o, comp, from); err != nil {
+				return err
+			}
+			if comp == "kubelet" {
+				if err := w.until(ctx, node, opts.ReadyTimeout, func(n *corev1.Node) bool {
+					return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == from
+				}); err != nil {
+					return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
+				}
+				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null,%q:null}}}`, AnnotationUpgradedTo, AnnotationBundle)
+				if _, err := p.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+					return fmt.Errorf("node %s: %w", node, err)
+				}
+			}
+			r.setNode(ctx, node, NodeRolledBack, comp, nil)
+			return nil
+		})
+	}
+	for _, n := range append(append([]string{}, workers...), cps...) {
+		if err := restore(n, "kubelet"); err != nil {
+			r.fail(ctx, err)
+			return st, err
+		}
+	}
+	for _, n := range cps {
+		for _, comp := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver"} {
+			if v.facts[n] == nil || v.facts[n].Components[comp] == "" {
+				continue
+			}
+			if err := restore(n, comp); err != nil {
+				r.fail(ctx, err)
+				return st, err
+			}
+		}
+	}
+	return st, r.setState(ctx, StateRolledBack)
+}
