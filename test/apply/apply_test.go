@@ -28,14 +28,9 @@ import (
 var h *harness.Harness
 
 func TestMain(m *testing.M) {
-	var err error
-	if h, err = harness.Setup("kla", "10.84.0", 1, 3); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	h.Close()
-	os.Exit(code)
+	harness.Main(m, "kla", "10.84.0", 1, 3, func(x *harness.Harness) {
+		h = x
+	})
 }
 
 // apply runs upgrade apply with the sandbox's registry and SSH flags.

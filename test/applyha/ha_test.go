@@ -21,14 +21,9 @@ import (
 var h *harness.Harness
 
 func TestMain(m *testing.M) {
-	var err error
-	if h, err = harness.Setup("klh", "10.85.0", 3, 2); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	h.Close()
-	os.Exit(code)
+	harness.Main(m, "klh", "10.85.0", 3, 2, func(x *harness.Harness) {
+		h = x
+	})
 }
 
 // started reads when comp's running process started, in clock ticks since

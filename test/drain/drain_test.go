@@ -6,8 +6,6 @@ package drain
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -26,14 +24,9 @@ import (
 var h *harness.Harness
 
 func TestMain(m *testing.M) {
-	var err error
-	if h, err = harness.Setup("kld", "10.86.0", 1, 2); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	h.Close()
-	os.Exit(code)
+	harness.Main(m, "kld", "10.86.0", 1, 2, func(x *harness.Harness) {
+		h = x
+	})
 }
 
 func apply(t *testing.T, extra ...string) harness.Result {

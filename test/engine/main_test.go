@@ -5,8 +5,6 @@
 package engine
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"k8s.io/client-go/kubernetes"
@@ -27,15 +25,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	if h, err = harness.Setup("kle", "10.82.0", 1, 3); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	sb, client, bin, work, hashSkipBundle, upstreamBundle = h.SB, h.Client, h.Bin, h.Work, h.HashSkipBundle, h.UpstreamBundle
-	code := m.Run()
-	h.Close()
-	os.Exit(code)
+	harness.Main(m, "kle", "10.82.0", 1, 3, func(x *harness.Harness) {
+		h = x
+		sb, client, bin, work, hashSkipBundle, upstreamBundle = h.SB, h.Client, h.Bin, h.Work, h.HashSkipBundle, h.UpstreamBundle
+	})
 }
 
 type result = harness.Result

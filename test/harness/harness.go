@@ -79,6 +79,20 @@ func Setup(name, subnet string, controlPlanes, workers int) (*Harness, error) {
 	return h, nil
 }
 
+// Main is a test package's TestMain: it sets up a harness (as Setup),
+// hands it to use, runs the tests, takes it all down and exits.
+func Main(m *testing.M, name, subnet string, controlPlanes, workers int, use func(*Harness)) {
+	h, err := Setup(name, subnet, controlPlanes, workers)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	use(h)
+	code := m.Run()
+	h.Close()
+	os.Exit(code)
+}
+
 // Close takes the sandbox down and removes every file.
 func (h *Harness) Close() {
 	_ = sandbox.Down(context.Background(), h.cfg.Dir, h.cfg.Log)
