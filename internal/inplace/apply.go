@@ -336,14 +336,16 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 	return err
 }
 
-// recordStep starts (or continues) the state record.
+// recordStep starts (or continues) the state record: an upgrade to
+// another version, a completed one and a rolled-back one start afresh (a
+// new etcd snapshot among them).
 func (r *applyRun) recordStep(ctx context.Context) error {
 	s, err := ReadState(ctx, r.client)
 	if err != nil {
 		return err
 	}
 	to := r.target.Version.String()
-	if s == nil || s.To != to || s.State == StateComplete {
+	if s == nil || s.To != to || s.State == StateComplete || s.State == StateRolledBack {
 		s = &UpgradeState{From: strings.Join(r.plan.From, ","), To: to, State: StateStarted, Started: r.opts.Plan.Now().UTC()}
 	}
 	s.Holder, s.Bundle, s.LastError = r.opts.Holder, r.target.Record.BundleDigest, ""

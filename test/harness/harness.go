@@ -39,9 +39,16 @@ type Harness struct {
 	cfg                            sandbox.Config
 }
 
+// Option changes the sandbox Setup brings up.
+type Option func(*sandbox.Config)
+
+// From starts the sandbox's nodes at version instead of the sandbox's
+// default old version (the bundles stay at its new version).
+func From(version string) Option { return func(c *sandbox.Config) { c.OldVersion = version } }
+
 // Setup builds the programs, brings up a sandbox (controlPlanes, workers)
 // named name on subnet, and makes the bundles. Close takes it all down.
-func Setup(name, subnet string, controlPlanes, workers int) (*Harness, error) {
+func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Harness, error) {
 	ctx := context.Background()
 	tmp, err := os.MkdirTemp("", "kubelift-"+name+"-")
 	if err != nil {
@@ -63,6 +70,9 @@ func Setup(name, subnet string, controlPlanes, workers int) (*Harness, error) {
 	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
 		ControlPlanes: controlPlanes, Workers: workers, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
 		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
+	for _, o := range opts {
+		o(&h.cfg)
+	}
 	h.cfg.Defaults()
 	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
 		h.Close()
@@ -81,8 +91,8 @@ func Setup(name, subnet string, controlPlanes, workers int) (*Harness, error) {
 
 // Main is a test package's TestMain: it sets up a harness (as Setup),
 // hands it to use, runs the tests, takes it all down and exits.
-func Main(m *testing.M, name, subnet string, controlPlanes, workers int, use func(*Harness)) {
-	h, err := Setup(name, subnet, controlPlanes, workers)
+func Main(m *testing.M, name, subnet string, controlPlanes, workers int, use func(*Harness), opts ...Option) {
+	h, err := Setup(name, subnet, controlPlanes, workers, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

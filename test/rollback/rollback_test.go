@@ -1,0 +1,132 @@
+// Package rollback tests upgrade rollback end to end on a sandbox of its
+// own whose nodes start at v1.31.3: a patch upgrade to v1.31.4 applied,
+// then rolled back from the nodes' backups (the catalog lists v1.31.3
+// among v1.31.4's downgrades), with no container restarted either way,
+// and applied again after.
+package rollback
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/test/harness"
+	"github.com/kubelift/kubelift/test/sandbox"
+)
+
+// from is a patch below the sandbox's new version, v1.31.4.
+const from = "v1.31.3"
+
+var h *harness.Harness
+
+func TestMain(m *testing.M) {
+	harness.Main(m, "klr", "10.87.0", 1, 2, func(x *harness.Harness) {
+		h = x
+	}, harness.From(from))
+}
+
+// running reads the version of comp's running process on node, over SSH.
+func running(t *testing.T, node, comp string) string {
+	t.Helper()
+	out := h.SSH(t, node, fmt.Sprintf("pid=$(systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version", comp))
+	return strings.TrimPrefix(strings.TrimSpace(out), "Kubernetes ")
+}
+
+// components lists what runs on each node of the sandbox.
+func components(m sandbox.Machine) []string {
+	if m.Role == "control-plane" {
+		return []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
+	}
+	return []string{"kubelet"}
+}
+
+// expectEverywhere checks every component of every node runs version, the
+// Nodes report it Ready, and no container that ran before has gone.
+func expectEverywhere(t *testing.T, version string, before map[string]map[string]string) {
+	t.Helper()
+	for _, m := range h.SB.Nodes() {
+		for _, c := range components(m) {
+			if got := running(t, m.Name, c); got != version {
+				t.Errorf("%s: %s runs %s, want %s", m.Name, c, got, version)
+			}
+		}
+		n := h.Node(t, m.Name)
+		if n.Status.NodeInfo.KubeletVersion != version || !sandbox.NodeReady(n) {
+			t.Errorf("%s: Node reports kubelet %s, ready %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n))
+		}
+		now := h.Running(t, m.Name)
+		for id, what := range before[m.Name] {
+			if _, ok := now[id]; !ok {
+				t.Errorf("%s: container %s (%s) no longer runs", m.Name, what, id)
+			}
+		}
+	}
+}
+
+func status(t *testing.T) inplace.UpgradeState {
+	t.Helper()
+	r := h.Upgrade(t, "", "status", "-o", "json")
+	var st inplace.UpgradeState
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatalf("status -o json: %v\n%s%s", err, r.Stdout, r.Stderr)
+	}
+	return st
+}
+
+func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
+	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 1 || !strings.Contains(r.Stderr, "no upgrade is recorded") {
+		t.Fatalf("rollback before any upgrade: exit %d\n%s", r.Code, r.Stderr)
+	}
+	h.Import(t, h.HashSkipBundle)
+	before := map[string]map[string]string{}
+	for _, m := range h.SB.Nodes() {
+		before[m.Name] = h.Running(t, m.Name)
+		if m.Role != "control-plane" && len(before[m.Name]) == 0 {
+			t.Fatalf("%s runs no containers: nothing to check", m.Name)
+		}
+	}
+	reg, pw := h.RegistryFlags()
+	apply := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels"}, reg...), h.SSHFlags()...)
+	if r := h.Upgrade(t, pw, apply...); r.Code != 0 {
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	expectEverywhere(t, h.SB.NewVersion, before)
+
+	// The API server moved, but v1.31.3 is a patch downgrade of v1.31.4:
+	// rollback restores every binary from the backups.
+	r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...)
+	if r.Code != 0 {
+		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	expectEverywhere(t, from, before)
+	st := status(t)
+	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion {
+		t.Errorf("status after rollback: state %s, %s -> %s", st.State, st.From, st.To)
+	}
+	for _, n := range st.Nodes {
+		if n.Status != inplace.NodeRolledBack {
+			t.Errorf("status after rollback: %s is %s", n.Name, n.Status)
+		}
+	}
+	for _, m := range h.SB.Nodes() {
+		if a := h.Node(t, m.Name).Annotations[inplace.AnnotationUpgradedTo]; a != "" {
+			t.Errorf("%s still annotated upgraded to %s", m.Name, a)
+		}
+	}
+	// A second rollback finds nothing left to restore and changes nothing.
+	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 0 {
+		t.Fatalf("second rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	expectEverywhere(t, from, before)
+
+	// Forward again: the same bundle, the same containers.
+	if r := h.Upgrade(t, pw, apply...); r.Code != 0 {
+		t.Fatalf("apply after rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	expectEverywhere(t, h.SB.NewVersion, before)
+	if st := status(t); st.State != inplace.StateComplete {
+		t.Errorf("status after the second apply: %s", st.State)
+	}
+}
