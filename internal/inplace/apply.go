@@ -2,6 +2,7 @@ package inplace
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -111,6 +112,10 @@ type applyRun struct {
 	watch  *nodeWatch
 	mu     sync.Mutex // state
 	res    *ApplyResult
+	// writer stores the state; dirty asks flushLoop for a write.
+	writerOnce sync.Once
+	writer     *stateWriter
+	dirty      chan struct{}
 }
 
 // Apply upgrades the cluster in place, in the plan's order, each step
@@ -160,6 +165,7 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	defer cancel(nil)
 	go lock.Keep(ctx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
 	defer func() { _ = lock.Release(context.WithoutCancel(ctx)) }()
+	r.startFlushing(ctx)
 
 	for _, s := range []struct {
 		name string
@@ -204,11 +210,55 @@ func (r *applyRun) fail(ctx context.Context, err error) {
 	_ = r.save(context.WithoutCancel(ctx))
 }
 
+// save writes the state now.
 func (r *applyRun) save(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.state.Updated = r.opts.Plan.Now().UTC()
-	return WriteState(ctx, r.client, r.state)
+	r.writerOnce.Do(func() { r.writer = &stateWriter{client: r.client} })
+	return r.writer.write(ctx, func() ([]byte, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.state.Updated = r.opts.Plan.Now().UTC()
+		return json.Marshal(r.state)
+	})
+}
+
+// stateFlushInterval bounds how often per-node progress is written.
+const stateFlushInterval = time.Second
+
+// saveSoon asks flushLoop to write the state; requests that come while a
+// write is pending or within stateFlushInterval of the last are folded
+// into one, so a hundred nodes in flight cost one write a second, not a
+// hundred. Without a flushLoop the next save carries the change.
+func (r *applyRun) saveSoon() {
+	select {
+	case r.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// flushLoop writes the state when saveSoon asks, at most once per
+// stateFlushInterval, until ctx ends.
+func (r *applyRun) flushLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.dirty:
+		}
+		if err := r.save(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("cannot record the state", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(stateFlushInterval):
+		}
+	}
+}
+
+// startFlushing starts flushLoop for the run's lifetime (ctx).
+func (r *applyRun) startFlushing(ctx context.Context) {
+	r.dirty = make(chan struct{}, 1)
+	go r.flushLoop(ctx)
 }
 
 func (r *applyRun) setState(ctx context.Context, s string) error {
@@ -227,9 +277,13 @@ func (r *applyRun) setNode(ctx context.Context, name, status, step string, err e
 		e.LastError = err.Error()
 	}
 	r.mu.Unlock()
-	if serr := r.save(ctx); serr != nil {
-		r.log.Warn("cannot record the state", "err", serr)
+	if r.dirty == nil {
+		if serr := r.save(ctx); serr != nil {
+			r.log.Warn("cannot record the state", "err", serr)
+		}
+		return
 	}
+	r.saveSoon()
 }
 
 // planStep builds the plan and refuses on blocking findings apply does

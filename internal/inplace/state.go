@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -93,26 +94,57 @@ func ReadState(ctx context.Context, c kubernetes.Interface) (*UpgradeState, erro
 // WriteState stores the state (create or update; the lock holder is the
 // only writer).
 func WriteState(ctx context.Context, c kubernetes.Interface, s *UpgradeState) error {
-	data, err := json.MarshalIndent(s, "", "  ")
+	return (&stateWriter{client: c}).write(ctx, func() ([]byte, error) { return json.Marshal(s) })
+}
+
+// stateWriter stores one run's state. Each write is one PUT carrying the
+// resourceVersion the last one returned (a GET only first and after a
+// conflict), so the cost of a write does not grow with the nodes in
+// flight; applyRun coalesces the per-node updates on top of it.
+type stateWriter struct {
+	client kubernetes.Interface
+	mu     sync.Mutex // serialises writes, so a snapshot never overtakes a newer one
+	cm     *corev1.ConfigMap
+}
+
+// write stores what snapshot returns, taken once the previous write is
+// done.
+func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	data, err := snapshot()
 	if err != nil {
 		return err
 	}
-	cms := c.CoreV1().ConfigMaps("kube-system")
-	cm, err := cms.Get(ctx, StateName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "kube-system",
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "kubelift"}}, Data: map[string]string{"state.json": string(data)}}
-		if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+	cms := w.client.CoreV1().ConfigMaps("kube-system")
+	for attempt := 0; ; attempt++ {
+		if w.cm == nil {
+			cm, err := cms.Get(ctx, StateName, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "kube-system",
+					Labels: map[string]string{"app.kubernetes.io/managed-by": "kubelift"}}, Data: map[string]string{"state.json": string(data)}}
+				created, err := cms.Create(ctx, cm, metav1.CreateOptions{})
+				if err != nil {
+					return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+				}
+				w.cm = created
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+			}
+			w.cm = cm
+		}
+		cm := w.cm.DeepCopy()
+		cm.Data = map[string]string{"state.json": string(data)}
+		updated, err := cms.Update(ctx, cm, metav1.UpdateOptions{})
+		if err == nil {
+			w.cm = updated
+			return nil
+		}
+		w.cm = nil
+		if attempt > 0 || !(apierrors.IsConflict(err) || apierrors.IsNotFound(err)) {
 			return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
 		}
-		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
-	}
-	cm.Data = map[string]string{"state.json": string(data)}
-	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
-	}
-	return nil
 }
