@@ -237,9 +237,11 @@ func unitExecArgs(unit string) []string {
 			args = append(args, shellWords(v)...)
 		}
 		if v, ok := strings.CutPrefix(line, "Environment="); ok {
+			// Environment="A=--x=1 --y=2" B=--z: each assignment is a
+			// quoted word; its value holds any number of flags.
 			for _, w := range shellWords(v) {
 				if _, val, ok := strings.Cut(w, "="); ok {
-					args = append(args, val)
+					args = append(args, strings.Fields(val)...)
 				}
 			}
 		}
@@ -256,17 +258,40 @@ func envArgs(env string) []string {
 			continue
 		}
 		if _, v, ok := strings.Cut(line, "="); ok {
-			args = append(args, shellWords(v)...)
+			for _, w := range shellWords(v) {
+				args = append(args, strings.Fields(w)...)
+			}
 		}
 	}
 	return args
 }
 
-// shellWords splits on blanks, dropping the quotes systemd and env files use.
+// shellWords splits on blanks outside quotes, dropping the quotes, as
+// systemd and env files do.
 func shellWords(s string) []string {
 	var words []string
-	for _, w := range strings.Fields(s) {
-		words = append(words, strings.Trim(w, `"'`))
+	var w strings.Builder
+	var quote rune
+	in := false
+	for _, c := range s {
+		switch {
+		case quote != 0 && c == quote:
+			quote = 0
+		case quote == 0 && (c == '"' || c == '\''):
+			quote, in = c, true
+		case quote == 0 && (c == ' ' || c == '\t'):
+			if in {
+				words = append(words, w.String())
+				w.Reset()
+				in = false
+			}
+		default:
+			w.WriteRune(c)
+			in = true
+		}
+	}
+	if in {
+		words = append(words, w.String())
 	}
 	return words
 }

@@ -77,6 +77,12 @@ func TestUnitAndEnvArgs(t *testing.T) {
 	if got := envArgs(env); len(got) != 3 || got[1] != "--keep-terminated-pod-volumes=false" || got[2] != "--d" {
 		t.Errorf("env words %q", got)
 	}
+	// kubeadm's drop-in: one quoted assignment carrying two flags.
+	kubeadm := "[Service]\nEnvironment=\"KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf\" Y=--y\nExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS\n"
+	want := []string{"--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf", "--kubeconfig=/etc/kubernetes/kubelet.conf", "--y", "/usr/bin/kubelet", "$KUBELET_KUBECONFIG_ARGS"}
+	if got := unitExecArgs(kubeadm); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("kubeadm drop-in words %q, want %q", got, want)
+	}
 }
 
 // A flag only on the running command line (its unit no longer has it) is
