@@ -9,7 +9,7 @@ DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time 
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 
-.PHONY: all build deps tools lint test demo bench kubernetes kubelet hash-vectors clean sandbox-up sandbox-down sandbox-status
+.PHONY: all build deps tools lint test demo bench bench-scale kubernetes kubelet hash-vectors clean sandbox-up sandbox-down sandbox-status
 
 all: build
 
@@ -64,6 +64,14 @@ sandbox-status: bin/kubelift-sandbox
 
 bench: deps build tools
 	$(GO) run ./test/bench $(BENCH_FLAGS)
+
+# The scale simulation (test/scale: a real API server and controller
+# manager, KWOK's Nodes, an SSH fleet on 127.x addresses): 1000 workers
+# upgraded with --max-unavailable 50 and then 100, each against the ideal
+# schedule. SCALE_FLAGS, e.g. SCALE_FLAGS="-nodes 5000 -batches 100".
+SCALE_FLAGS ?=
+bench-scale: deps build
+	$(GO) run ./test/bench -only scale $(SCALE_FLAGS)
 
 # Real Kubernetes binaries from the Go module proxy, cached by version
 # (the tests build what they need through the same script).

@@ -29,7 +29,7 @@ var (
 	uniqueMB    = flag.Int("unique-mb", 40, "each image's own layer size")
 	keepWorkDir = flag.Bool("keep", false, "keep the work directory")
 	linkRate    = flag.String("link", "1gbit,100mbit", "the engine part runs again with each node's link at each of these rates (tc tbf)")
-	only        = flag.String("only", "", "run one part: bundle (bundling, verifying, importing) or engine (stage and plan on a sandbox)")
+	only        = flag.String("only", "", "run one part: bundle (bundling, verifying, importing), engine (stage, plan and apply on a sandbox) or scale (simulated nodes: make bench-scale; not run otherwise)")
 )
 
 var repos = []string{
@@ -58,6 +58,9 @@ func run(ctx context.Context) error {
 	}
 	if !*keepWorkDir {
 		defer os.RemoveAll(work)
+	}
+	if *only == "scale" {
+		return benchScale(ctx, work)
 	}
 	key := filepath.Join(work, "team")
 	if _, err := runCmd(filepath.Join(bin, "bundle"), "keygen", "--out", key); err != nil {

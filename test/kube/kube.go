@@ -76,6 +76,11 @@ type APIServerOptions struct {
 	NetNS *NetNS
 	// ExtraArgs are added to kube-apiserver's flags.
 	ExtraArgs []string
+	// Host is the loopback address kube-apiserver binds and advertises
+	// (e.g. "127.1.0.1"; default 127.0.0.1), so several control planes
+	// or a simulated fleet can keep their addresses apart. etcd stays on
+	// 127.0.0.1. Ignored with NetNS.
+	Host string
 }
 
 // StartAPIServer starts etcd and the kube-apiserver found in binDir, and
@@ -89,6 +94,8 @@ func StartAPIServer(ctx context.Context, dir, binDir string, opts ...APIServerOp
 	host := "127.0.0.1"
 	if o.NetNS != nil {
 		host = o.NetNS.Addr
+	} else if o.Host != "" {
+		host = o.Host
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err

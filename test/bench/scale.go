@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/test/scale"
+)
+
+var (
+	scaleNodes   = flag.String("nodes", "1000", "scale: simulated workers, comma-separated for several runs")
+	scaleBatches = flag.String("batches", "50,100", "scale: --max-unavailable values, one upgrade each")
+	scaleRestart = flag.Duration("restart", 20*time.Second, "scale: a restarted kubelet is Ready after this long ...")
+	scaleJitter  = flag.Duration("jitter", 5*time.Second, "scale: ... plus up to this much more (uniform)")
+	scaleSettle  = flag.Duration("settle", time.Second, "scale: apply's --settle")
+	scalePods    = flag.Int("pods-per-node", 3, "scale: bare pods per worker (every 4th without tolerations)")
+	scaleSample  = flag.Int("stage-sample", 20, "scale: nodes staged for real over SSH (the rest are placed by the fleet)")
+	scaleQPS     = flag.Int("kube-qps", 50, "scale: apply's --kube-qps (--kube-burst is twice it)")
+)
+
+// benchScale upgrades simulated clusters (KWOK nodes, an SSH fleet, a real
+// API server) and compares each run with the ideal schedule for the same
+// restart times and window.
+func benchScale(ctx context.Context, work string) error {
+	ns, err := ints(*scaleNodes)
+	if err != nil {
+		return err
+	}
+	bs, err := ints(*scaleBatches)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\n== scale: kubelet restart %s + up to %s, --settle %s, %d pods per worker, client --kube-qps %d ==\n", *scaleRestart, *scaleJitter, *scaleSettle, *scalePods, *scaleQPS)
+	for _, n := range ns {
+		for _, b := range bs {
+			if err := scaleRun(ctx, filepath.Join(work, fmt.Sprintf("scale-%d-%d", n, b)), n, b); err != nil {
+				return fmt.Errorf("%d nodes, window %d: %w", n, b, err)
+			}
+		}
+	}
+	return nil
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q: want positive numbers", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// restarts records, per node, how long each kubelet restart kept it
+// NotReady, as an informer sees it (what the engine waits on).
+type restarts struct {
+	mu    sync.Mutex
+	down  map[string]time.Time
+	took  []time.Duration
+	peak  int
+	nodes map[string]bool
+}
+
+func (r *restarts) see(obj any) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	ready := false
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			ready = c.Status == corev1.ConditionTrue
+		}
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.down[n.Name]; ok && ready {
+		r.took = append(r.took, now.Sub(t))
+		delete(r.down, n.Name)
+	} else if !ok && !ready {
+		r.down[n.Name] = now
+		r.nodes[n.Name] = true
+	}
+	if n.Name != "cp-1" {
+		c := 0
+		for name := range r.down {
+			if name != "cp-1" {
+				c++
+			}
+		}
+		r.peak = max(r.peak, c)
+	}
+}
+
+func scaleRun(ctx context.Context, dir string, nodes, window int) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	upStart := time.Now()
+	env, err := scale.Up(ctx, scale.Options{Dir: dir, Workers: nodes, PodsPerNode: *scalePods, NoTolerationsEvery: 4,
+		RestartDelay: *scaleRestart, RestartJitter: *scaleJitter,
+		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "  scale: "+format+"\n", args...) }})
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	fmt.Printf("\n%d workers + 1 control-plane node, --max-unavailable %d (simulation up in %s)\n", nodes, window, time.Since(upStart).Round(time.Second))
+	pw := env.Registry.Password + "\n"
+	qps := []string{"--kube-qps", fmt.Sprint(*scaleQPS), "--kube-burst", fmt.Sprint(2 * *scaleQPS), "--parallel", "50"}
+
+	// Staging: a sample over SSH for real, the rest placed by the fleet.
+	if err := env.PreStage(*scaleSample); err != nil {
+		return err
+	}
+	r := env.Upgrade(ctx, pw, append(append(append([]string{"stage", "--to", scale.To, "--key", env.Key, "-o", "json"}, env.RegistryFlags()...), env.NodeFlags()...), qps...)...)
+	if r.Err != nil {
+		return r.Err
+	}
+	var st inplace.StageResult
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		return fmt.Errorf("stage -o json: %w", err)
+	}
+	var sent, size int64
+	staged := 0
+	for _, n := range st.Nodes {
+		if n.BytesSent > 0 {
+			staged++
+			sent += n.BytesSent
+			size += n.Bytes
+		}
+	}
+	if staged > 0 {
+		fmt.Printf("  stage: %d nodes sent files, %d already had them; per node %.1f MB sent for %.1f MB of files (%.2fx); %s wall for all %d nodes\n",
+			staged, len(st.Nodes)-staged, float64(sent)/float64(staged)/1e6, float64(size)/float64(staged)/1e6, float64(sent)/float64(size), r.Wall.Round(100*time.Millisecond), len(st.Nodes))
+	}
+	r = env.Upgrade(ctx, pw, append(append(append([]string{"plan", "--to", scale.To, "--key", env.Key, "-o", "json", "--max-unavailable", fmt.Sprint(window)}, env.RegistryFlags()...), env.NodeFlags()...), qps...)...)
+	if r.Code != 0 && r.Code != 4 {
+		return r.Err
+	}
+	fmt.Printf("  plan: %s wall, %.1f s CPU, %d MB peak RSS\n", r.Wall.Round(100*time.Millisecond), r.CPU.Seconds(), r.MaxRSS>>10)
+
+	rs := &restarts{down: map[string]time.Time{}, nodes: map[string]bool{}}
+	inf := informers.NewSharedInformerFactory(env.Cluster.Client, 0)
+	if _, err := inf.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: rs.see, UpdateFunc: func(_, n any) { rs.see(n) }}); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	inf.Start(stop)
+	inf.WaitForCacheSync(stop)
+
+	applyStart := time.Now()
+	r = env.Upgrade(ctx, pw, env.ApplyArgs(append([]string{"--max-unavailable", fmt.Sprint(window), "--settle", scaleSettle.String(), "-o", "json"}, qps...)...)...)
+	applyEnd := time.Now()
+	if r.Err != nil {
+		return r.Err
+	}
+	var res inplace.ApplyResult
+	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
+		return fmt.Errorf("apply -o json: %w", err)
+	}
+	steps := map[string]float64{}
+	for _, s := range res.Steps {
+		steps[s.Name] = s.Seconds
+	}
+	rs.mu.Lock()
+	took := append([]time.Duration(nil), rs.took...)
+	peak := rs.peak
+	rs.mu.Unlock()
+	var sum time.Duration
+	for _, d := range took {
+		sum += d + *scaleSettle
+	}
+	// The ideal sliding window keeps `window` workers in flight at every
+	// moment, each for exactly its restart and settle: the workers'
+	// (restart + settle) summed, over the window. The control-plane node's
+	// kubelet goes alone before them.
+	ideal := sum.Seconds() / float64(window)
+	kubelets := steps["kubelets"]
+	fmt.Printf("  apply: %.1f s wall (%s), %d kubelet restarts seen, mean %.2f s, peak %d workers NotReady at once\n",
+		r.Wall.Seconds(), stepLine(res.Steps), len(took), meanSeconds(took), peak)
+	fmt.Printf("  kubelets step %.1f s vs ideal %.1f s (sum of restart+settle / %d): %.3fx\n", kubelets, ideal, window, kubelets/ideal)
+	fmt.Printf("  upgrade apply: %.1f s CPU (%.0f%% of a core), %d MB peak RSS\n", r.CPU.Seconds(), 100*r.CPU.Seconds()/r.Wall.Seconds(), r.MaxRSS>>10)
+
+	events, err := env.Cluster.AuditRequests("kubelift")
+	if err != nil {
+		return err
+	}
+	verbs := map[string]int{}
+	perSecond := map[int64]int{}
+	for _, e := range events {
+		if e.Time.Before(applyStart) || e.Time.After(applyEnd) {
+			continue
+		}
+		verbs[e.Verb]++
+		perSecond[e.Time.Unix()]++
+	}
+	total, peakQPS := 0, 0
+	var vs []string
+	for v, c := range verbs {
+		total += c
+		vs = append(vs, fmt.Sprintf("%s %.2f", v, float64(c)/float64(nodes+1)))
+	}
+	sort.Strings(vs)
+	for _, c := range perSecond {
+		peakQPS = max(peakQPS, c)
+	}
+	fmt.Printf("  API requests by apply: %d, %.2f per node (%s); peak %d in one second (client limit %d/s, burst %d); %d watches\n",
+		total, float64(total)/float64(nodes+1), strings.Join(vs, ", "), peakQPS, *scaleQPS, 2**scaleQPS, verbs["watch"])
+	fs := env.Fleet.Stats()
+	var cmds []string
+	var sshTotal int64
+	for name, c := range fs.Commands {
+		cmds = append(cmds, fmt.Sprintf("%s %d", name, c))
+		sshTotal += c
+	}
+	sort.Strings(cmds)
+	fmt.Printf("  SSH: %d connections, %d commands, %.1f per node (%s)\n", fs.Connections, sshTotal, float64(sshTotal)/float64(nodes+1), strings.Join(cmds, ", "))
+	return nil
+}
+
+func stepLine(steps []inplace.StepTime) string {
+	var parts []string
+	for _, s := range steps {
+		parts = append(parts, fmt.Sprintf("%s %.1f", s.Name, s.Seconds))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func meanSeconds(ds []time.Duration) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	var s time.Duration
+	for _, d := range ds {
+		s += d
+	}
+	return s.Seconds() / float64(len(ds))
+}
