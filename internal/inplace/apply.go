@@ -815,6 +815,10 @@ func (r *applyRun) window(ctx context.Context, workers []string, limit int) erro
 func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 	to := r.target.Version.String()
 	st := r.nodeState(name)
+	// When the node started, its kubelet was swapped and it was Ready: the
+	// log line of a node done says where its time went.
+	began := time.Now()
+	var swapped, readyAt time.Time
 	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) error {
 		// check
 		if v, _ := o.running(ctx, "kubelet"); v == to {
@@ -866,12 +870,14 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		if err := o.swap(ctx, "kubelet", r.fileSHA("kubelet", st.Arch)); err != nil {
 			return r.rollback(ctx, o, "kubelet", err)
 		}
+		swapped = time.Now()
 		// wait Ready at the target
 		stopWait := r.timed(&r.res.Waiting)
 		err = r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 			return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
 		})
 		stopWait()
+		readyAt = time.Now()
 		if err != nil {
 			return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s not Ready at %s within %s: %w", name, to, r.opts.ReadyTimeout, err))
 		}
@@ -896,7 +902,13 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		if err := r.uncordon(ctx, name); err != nil {
 			return err
 		}
-		return r.markDone(ctx, name)
+		if err := r.markDone(ctx, name); err != nil {
+			return err
+		}
+		ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+		r.log.Info("kubelet upgraded", "node", name, "took", ms(time.Since(began)),
+			"before-restart", ms(swapped.Sub(began)), "until-ready", ms(readyAt.Sub(swapped)), "after-ready", ms(time.Since(readyAt)))
+		return nil
 	})
 	if err != nil {
 		status := NodeFailed

@@ -41,8 +41,15 @@ func (r *applyRun) cordon(ctx context.Context, name string) error {
 	return nil
 }
 
-// uncordon undoes cordon, only where this tool cordoned.
+// uncordon undoes cordon, only where this tool cordoned. The run's Node
+// informer answers for the nodes no run cordoned (a cordon is seen there
+// long before the node is done), so they cost no request.
 func (r *applyRun) uncordon(ctx context.Context, name string) error {
+	if r.watch != nil {
+		if n, err := r.watch.lister(name); err == nil && n.Annotations[AnnotationCordoned] != "true" {
+			return nil
+		}
+	}
 	n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("node %s: %w", name, err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,11 +71,10 @@ func ints(s string) ([]int, error) {
 // restarts records, per node, how long each kubelet restart kept it
 // NotReady, as an informer sees it (what the engine waits on).
 type restarts struct {
-	mu    sync.Mutex
-	down  map[string]time.Time
-	took  []time.Duration
-	peak  int
-	nodes map[string]bool
+	mu   sync.Mutex
+	down map[string]time.Time
+	took map[string]time.Duration
+	peak int
 }
 
 func (r *restarts) see(obj any) {
@@ -92,11 +92,10 @@ func (r *restarts) see(obj any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if t, ok := r.down[n.Name]; ok && ready {
-		r.took = append(r.took, now.Sub(t))
+		r.took[n.Name] += now.Sub(t)
 		delete(r.down, n.Name)
 	} else if !ok && !ready {
 		r.down[n.Name] = now
-		r.nodes[n.Name] = true
 	}
 	if n.Name != "cp-1" {
 		c := 0
@@ -157,7 +156,7 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 	}
 	fmt.Printf("  plan: %s wall, %.1f s CPU, %d MB peak RSS\n", r.Wall.Round(100*time.Millisecond), r.CPU.Seconds(), r.MaxRSS>>10)
 
-	rs := &restarts{down: map[string]time.Time{}, nodes: map[string]bool{}}
+	rs := &restarts{down: map[string]time.Time{}, took: map[string]time.Duration{}}
 	inf := informers.NewSharedInformerFactory(env.Cluster.Client, 0)
 	if _, err := inf.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: rs.see, UpdateFunc: func(_, n any) { rs.see(n) }}); err != nil {
 		return err
@@ -182,22 +181,35 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 		steps[s.Name] = s.Seconds
 	}
 	rs.mu.Lock()
-	took := append([]time.Duration(nil), rs.took...)
+	var names []string
+	var took []time.Duration
+	for name := range rs.took {
+		if name != "cp-1" {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		took = append(took, rs.took[name]+*scaleSettle)
+	}
+	cp := rs.took["cp-1"] + *scaleSettle
 	peak := rs.peak
 	rs.mu.Unlock()
-	var sum time.Duration
-	for _, d := range took {
-		sum += d + *scaleSettle
-	}
-	// The ideal sliding window keeps `window` workers in flight at every
-	// moment, each for exactly its restart and settle: the workers'
-	// (restart + settle) summed, over the window. The control-plane node's
-	// kubelet goes alone before them.
-	ideal := sum.Seconds() / float64(window)
+	ideal := idealSchedule(cp, took, window).Seconds()
 	kubelets := steps["kubelets"]
-	fmt.Printf("  apply: %.1f s wall (%s), %d kubelet restarts seen, mean %.2f s, peak %d workers NotReady at once\n",
+	fmt.Printf("  apply: %.1f s wall (%s); %d worker restarts seen, mean %.2f s with the settle, peak %d workers NotReady at once\n",
 		r.Wall.Seconds(), stepLine(res.Steps), len(took), meanSeconds(took), peak)
-	fmt.Printf("  kubelets step %.1f s vs ideal %.1f s (sum of restart+settle / %d): %.3fx\n", kubelets, ideal, window, kubelets/ideal)
+	fmt.Printf("  kubelets step %.1f s vs the ideal schedule %.1f s (cp-1 alone, then the same restart+settle times through %d slots, each refilled at once): %.3fx\n",
+		kubelets, ideal, window, kubelets/ideal)
+	fmt.Printf("  whole apply %.1f s vs ideal kubelets + the rest of apply as measured (%.1f s): control plane %.1f s, workloads %.1f s\n",
+		r.Wall.Seconds(), ideal+r.Wall.Seconds()-kubelets, steps["control plane"], steps["workloads"])
+	if err := os.WriteFile(dir+".apply.log", []byte(r.Stderr), 0o644); err == nil {
+		fmt.Printf("  (apply's log: %s.apply.log)\n", dir)
+	}
+	if ph := phases(r.Stderr); ph.n > 0 {
+		fmt.Printf("  per worker, as apply saw it (mean of %d): %.2f s in flight = %.2f s before the restart + %.2f s until Ready + %.2f s after (settle %s, verify, mark done)\n",
+			ph.n, ph.took/float64(ph.n), ph.before/float64(ph.n), ph.ready/float64(ph.n), ph.after/float64(ph.n), *scaleSettle)
+	}
 	fmt.Printf("  upgrade apply: %.1f s CPU (%.0f%% of a core), %d MB peak RSS\n", r.CPU.Seconds(), 100*r.CPU.Seconds()/r.Wall.Seconds(), r.MaxRSS>>10)
 
 	events, err := env.Cluster.AuditRequests("kubelift")
@@ -235,6 +247,61 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 	sort.Strings(cmds)
 	fmt.Printf("  SSH: %d connections, %d commands, %.1f per node (%s)\n", fs.Connections, sshTotal, float64(sshTotal)/float64(nodes+1), strings.Join(cmds, ", "))
 	return nil
+}
+
+type phaseSums struct {
+	n                          int
+	took, before, ready, after float64
+}
+
+var phaseRE = regexp.MustCompile(`msg="kubelet upgraded" node=(\S+) took=(\S+) before-restart=(\S+) until-ready=(\S+) after-ready=(\S+)`)
+
+// phases sums the per-node lines apply logs for the workers.
+func phases(log string) phaseSums {
+	var p phaseSums
+	for _, m := range phaseRE.FindAllStringSubmatch(log, -1) {
+		if m[1] == "cp-1" {
+			continue
+		}
+		var d [4]time.Duration
+		ok := true
+		for i := range d {
+			var err error
+			if d[i], err = time.ParseDuration(m[i+2]); err != nil {
+				ok = false
+			}
+		}
+		if ok {
+			p.n++
+			p.took += d[0].Seconds()
+			p.before += d[1].Seconds()
+			p.ready += d[2].Seconds()
+			p.after += d[3].Seconds()
+		}
+	}
+	return p
+}
+
+// idealSchedule is the makespan of the ideal schedule for the same
+// nodes: the control-plane node's kubelet alone, then the workers in order
+// through window slots, a slot taken again the moment it frees, each node
+// taking exactly its measured restart and settle, no more.
+func idealSchedule(cp time.Duration, workers []time.Duration, window int) time.Duration {
+	slots := make([]time.Duration, window)
+	for _, d := range workers {
+		i := 0
+		for j := range slots {
+			if slots[j] < slots[i] {
+				i = j
+			}
+		}
+		slots[i] += d
+	}
+	var end time.Duration
+	for _, s := range slots {
+		end = max(end, s)
+	}
+	return cp + end
 }
 
 func stepLine(steps []inplace.StepTime) string {

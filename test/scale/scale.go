@@ -21,7 +21,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -316,20 +315,31 @@ func (e *Env) Upgrade(ctx context.Context, stdin string, args ...string) Result 
 	return e.run(ctx, stdin, filepath.Join(e.Bin, "upgrade"), args...)
 }
 
+// run runs a program under GNU time, for its peak RSS and CPU: the
+// rusage of a child Go starts also counts the parent's memory before the
+// exec (Linux keeps the old mm's high-water mark), so it is not used.
 func (e *Env) run(ctx context.Context, stdin, name string, args ...string) Result {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Hour)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
+	usage, err := os.CreateTemp(e.Dir, "usage-")
+	if err != nil {
+		return Result{Err: err}
+	}
+	usage.Close()
+	defer os.Remove(usage.Name())
+	cmd := exec.CommandContext(ctx, "/usr/bin/time", append([]string{"-q", "-f", "%M %U %S", "-o", usage.Name(), name}, args...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = &out, &errb, strings.NewReader(stdin)
 	start := time.Now()
-	err := cmd.Run()
+	err = cmd.Run()
 	r := Result{Stdout: out.String(), Stderr: errb.String(), Wall: time.Since(start)}
 	if cmd.ProcessState != nil {
 		r.Code = cmd.ProcessState.ExitCode()
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			r.MaxRSS = ru.Maxrss
-			r.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	if b, rerr := os.ReadFile(usage.Name()); rerr == nil {
+		var user, sys float64
+		if _, serr := fmt.Sscanf(strings.TrimSpace(lastLines(string(b), 1)), "%d %f %f", &r.MaxRSS, &user, &sys); serr == nil {
+			r.CPU = time.Duration((user + sys) * float64(time.Second))
 		}
 	}
 	if err != nil {
