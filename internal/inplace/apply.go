@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -112,6 +113,8 @@ type applyRun struct {
 	watch  *nodeWatch
 	mu     sync.Mutex // state
 	res    *ApplyResult
+	// events posts Events in the background (nil: at once).
+	events *eventQueue
 	// writer stores the state; dirty asks flushLoop for a write.
 	writerOnce sync.Once
 	writer     *stateWriter
@@ -166,6 +169,8 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	go lock.Keep(ctx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
 	defer func() { _ = lock.Release(context.WithoutCancel(ctx)) }()
 	r.startFlushing(ctx)
+	r.events = newEventQueue(r.client, p.REST, r.log)
+	defer r.events.close(30 * time.Second)
 
 	for _, s := range []struct {
 		name string
@@ -845,6 +850,17 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				return err
 			}
 		}
+		// record the node's pods (from the API, while the node is worked
+		// on over SSH)
+		type podsResult struct {
+			pods map[types.UID]string
+			err  error
+		}
+		podsCh := make(chan podsResult, 1)
+		go func() {
+			p, err := r.podsOn(ctx, name)
+			podsCh <- podsResult{p, err}
+		}()
 		// back up
 		if err := o.backup(ctx, "kubelet"); err != nil {
 			return err
@@ -854,10 +870,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
-		podsBefore, err := r.podsOn(ctx, name)
-		if err != nil {
-			return err
+		pr := <-podsCh
+		if pr.err != nil {
+			return pr.err
 		}
+		podsBefore := pr.pods
 		// hash-skip file, when the hash era changes and the kubelet reads it
 		if r.target.Manifest.KubeletHashSkip(archOr(st.Arch)) {
 			if era, err := r.eraOf(o.from); err != nil || era != r.target.Release.KubeletHashEra {
@@ -902,13 +919,9 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		if err := r.uncordon(ctx, name); err != nil {
 			return err
 		}
-		if err := r.markDone(ctx, name); err != nil {
-			return err
-		}
 		ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
-		r.log.Info("kubelet upgraded", "node", name, "took", ms(time.Since(began)),
+		return r.markDone(ctx, name, "took", ms(time.Since(began)),
 			"before-restart", ms(swapped.Sub(began)), "until-ready", ms(readyAt.Sub(swapped)), "after-ready", ms(time.Since(readyAt)))
-		return nil
 	})
 	if err != nil {
 		status := NodeFailed
@@ -989,7 +1002,7 @@ func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]strin
 
 // markDone annotates the Node with the version and bundle it was upgraded
 // to, and records it done.
-func (r *applyRun) markDone(ctx context.Context, name string) error {
+func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) error {
 	to := r.target.Version.String()
 	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:%q}}}`, AnnotationUpgradedTo, to, AnnotationBundle, r.target.Record.BundleDigest)
 	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
@@ -997,7 +1010,7 @@ func (r *applyRun) markDone(ctx context.Context, name string) error {
 	}
 	r.setNode(ctx, name, NodeDone, "", nil)
 	r.event(ctx, name, "Upgraded", "kubelift: upgraded to "+to)
-	r.log.Info("upgraded", "node", name, "version", to)
+	r.log.Info("upgraded", append([]any{"node", name, "version", to}, attrs...)...)
 	return nil
 }
 
@@ -1011,7 +1024,8 @@ func (r *applyRun) completeStep(ctx context.Context) error {
 	return r.setState(ctx, StateComplete)
 }
 
-// event records a Kubernetes Event on a Node (best effort).
+// event records a Kubernetes Event on a Node (best effort): through the
+// run's event queue when it has one, so no node waits on it.
 func (r *applyRun) event(ctx context.Context, node, reason, msg string) {
 	now := metav1.NewTime(r.opts.Plan.Now())
 	ev := &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: node + ".kubelift-", Namespace: metav1.NamespaceDefault},
@@ -1020,7 +1034,62 @@ func (r *applyRun) event(ctx context.Context, node, reason, msg string) {
 	if reason == "RollingBack" {
 		ev.Type = corev1.EventTypeWarning
 	}
+	if r.events != nil {
+		r.events.post(ev)
+		return
+	}
 	if _, err := r.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		r.log.Warn("cannot record an event", "node", node, "err", err)
+	}
+}
+
+// eventQueue posts Events in the background, through a client of its own
+// where it can (its own rate limit, as the kubelet's event recorder has),
+// so that nodes in flight never wait on them. Best effort: when the queue
+// is full an event is dropped, with a warning.
+type eventQueue struct {
+	client kubernetes.Interface
+	log    *slog.Logger
+	ch     chan *corev1.Event
+	done   chan struct{}
+}
+
+func newEventQueue(c kubernetes.Interface, cfg *rest.Config, log *slog.Logger) *eventQueue {
+	if cfg != nil {
+		if own, err := kubernetes.NewForConfig(rest.CopyConfig(cfg)); err == nil {
+			c = own
+		}
+	}
+	q := &eventQueue{client: c, log: log, ch: make(chan *corev1.Event, 4096), done: make(chan struct{})}
+	go q.run()
+	return q
+}
+
+func (q *eventQueue) run() {
+	defer close(q.done)
+	for ev := range q.ch {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if _, err := q.client.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+			q.log.Warn("cannot record an event", "node", ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
+		}
+		cancel()
+	}
+}
+
+func (q *eventQueue) post(ev *corev1.Event) {
+	select {
+	case q.ch <- ev:
+	default:
+		q.log.Warn("event queue full: event dropped", "node", ev.InvolvedObject.Name, "reason", ev.Reason)
+	}
+}
+
+// close posts what is queued, waiting at most timeout.
+func (q *eventQueue) close(timeout time.Duration) {
+	close(q.ch)
+	select {
+	case <-q.done:
+	case <-time.After(timeout):
+		q.log.Warn("events still queued at exit were not recorded")
 	}
 }

@@ -54,7 +54,11 @@ type Options struct {
 	// RestartDelay and RestartJitter: a restarted kubelet is Ready again
 	// after RestartDelay plus up to RestartJitter (KWOK's stage).
 	RestartDelay, RestartJitter time.Duration
-	Log                         func(format string, args ...any)
+	// LeaseDuration of the simulated nodes' leases (default 40 s, as
+	// kubelets'): KWOK renews each a few times per duration, the load a
+	// cluster of that size puts on its API server at rest.
+	LeaseDuration time.Duration
+	Log           func(format string, args ...any)
 }
 
 // Env is a running simulation.
@@ -115,7 +119,7 @@ func Up(ctx context.Context, o Options) (_ *Env, err error) {
 
 	o.Log("control plane on %s (etcd, kube-apiserver and kube-controller-manager %s) with KWOK", APIHost, From)
 	if e.Cluster, err = simcluster.Start(ctx, simcluster.Options{Dir: filepath.Join(o.Dir, "cluster"), KubeBin: oldBin, Host: APIHost,
-		RestartDelay: o.RestartDelay, RestartJitter: o.RestartJitter, Log: o.Log}); err != nil {
+		RestartDelay: o.RestartDelay, RestartJitter: o.RestartJitter, LeaseDuration: o.LeaseDuration, Log: o.Log}); err != nil {
 		return nil, err
 	}
 	e.closers = append(e.closers, e.Cluster.Stop)

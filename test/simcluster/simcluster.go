@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	watchtools "k8s.io/client-go/tools/watch"
 
@@ -176,6 +177,12 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	cfg.UserAgent = "simcluster"
 	cfg.QPS, cfg.Burst = 1000, 2000
+	// Certificates inline: client-go watches certificate files for the
+	// life of the process, and these go when the cluster's directory does.
+	if err := rest.LoadTLSFiles(cfg); err != nil {
+		return nil, err
+	}
+	cfg.CertFile, cfg.KeyFile, cfg.CAFile = "", "", ""
 	if c.Client, err = kubernetes.NewForConfig(cfg); err != nil {
 		return nil, err
 	}
