@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cli"
@@ -40,6 +41,9 @@ func (f *kubeFlags) config() (*rest.Config, error) {
 		return nil, err
 	}
 	cfg.UserAgent, cfg.QPS, cfg.Burst = "kubelift", f.QPS, f.Burst
+	// One limiter for every client made from this configuration (the
+	// engine's event queue, /readyz probes), so --kube-qps bounds them all.
+	cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(f.QPS, f.Burst)
 	return cfg, nil
 }
 

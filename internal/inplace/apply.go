@@ -115,6 +115,8 @@ type applyRun struct {
 	res    *ApplyResult
 	// events posts Events in the background (nil: at once).
 	events *eventQueue
+	// cordoned holds the nodes this run cordoned.
+	cordoned sync.Map
 	// writer stores the state; dirty asks flushLoop for a write.
 	writerOnce sync.Once
 	writer     *stateWriter
@@ -168,9 +170,17 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	defer cancel(nil)
 	go lock.Keep(ctx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
 	defer func() { _ = lock.Release(context.WithoutCancel(ctx)) }()
-	r.startFlushing(ctx)
-	r.events = newEventQueue(r.client, p.REST, r.log)
-	defer r.events.close(30 * time.Second)
+	// Deferred in reverse: events posted and the state written before
+	// the lock is released.
+	defer r.startFlushing(ctx)()
+	r.events = newEventQueue(ctx, r.client, p.REST, r.log)
+	defer func() {
+		wait := 30 * time.Second
+		if ctx.Err() != nil {
+			wait = 3 * time.Second // interrupted: the API may be what failed
+		}
+		r.events.close(wait)
+	}()
 
 	for _, s := range []struct {
 		name string
@@ -249,7 +259,8 @@ func (r *applyRun) flushLoop(ctx context.Context) {
 			return
 		case <-r.dirty:
 		}
-		if err := r.save(ctx); err != nil && ctx.Err() == nil {
+		// A write once begun is finished: stopping waits for it.
+		if err := r.save(context.WithoutCancel(ctx)); err != nil {
 			r.log.Warn("cannot record the state", "err", err)
 		}
 		select {
@@ -260,10 +271,29 @@ func (r *applyRun) flushLoop(ctx context.Context) {
 	}
 }
 
-// startFlushing starts flushLoop for the run's lifetime (ctx).
-func (r *applyRun) startFlushing(ctx context.Context) {
+// startFlushing starts flushLoop; the function it returns stops it, waits
+// for it, and writes what it left pending, so that nothing is written
+// once the run lets go of the lock and nothing touches the state the
+// caller then reads.
+func (r *applyRun) startFlushing(ctx context.Context) (stop func()) {
 	r.dirty = make(chan struct{}, 1)
-	go r.flushLoop(ctx)
+	loopCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.flushLoop(loopCtx)
+	}()
+	return func() {
+		cancel()
+		<-done
+		select {
+		case <-r.dirty:
+			if err := r.save(context.WithoutCancel(ctx)); err != nil {
+				r.log.Warn("cannot record the state", "err", err)
+			}
+		default:
+		}
+	}
 }
 
 func (r *applyRun) setState(ctx context.Context, s string) error {
@@ -414,7 +444,9 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 			e.Status = NodeDone
 		}
 	}
+	r.mu.Lock()
 	r.state = s
+	r.mu.Unlock()
 	return r.save(ctx)
 }
 
@@ -449,7 +481,9 @@ func (r *applyRun) etcdStep(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%w (pass --skip-etcd-backup to upgrade without one)", err)
 		}
+		r.mu.Lock()
 		r.state.Backup = n.Name + ":" + snap
+		r.mu.Unlock()
 		r.log.Info("etcd snapshot", "node", n.Name, "path", snap)
 		return r.save(ctx)
 	}
@@ -1043,24 +1077,27 @@ func (r *applyRun) event(ctx context.Context, node, reason, msg string) {
 	}
 }
 
-// eventQueue posts Events in the background, through a client of its own
-// where it can (its own rate limit, as the kubelet's event recorder has),
-// so that nodes in flight never wait on them. Best effort: when the queue
-// is full an event is dropped, with a warning.
+// eventQueue posts Events in the background, so that nodes in flight
+// never wait on them, through a client of its own that shares the run's
+// rate limit (--kube-qps) when the configuration carries one. Best
+// effort: when the queue is full an event is dropped, with a warning.
 type eventQueue struct {
 	client kubernetes.Interface
 	log    *slog.Logger
 	ch     chan *corev1.Event
 	done   chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
-func newEventQueue(c kubernetes.Interface, cfg *rest.Config, log *slog.Logger) *eventQueue {
+func newEventQueue(ctx context.Context, c kubernetes.Interface, cfg *rest.Config, log *slog.Logger) *eventQueue {
 	if cfg != nil {
 		if own, err := kubernetes.NewForConfig(rest.CopyConfig(cfg)); err == nil {
 			c = own
 		}
 	}
 	q := &eventQueue{client: c, log: log, ch: make(chan *corev1.Event, 4096), done: make(chan struct{})}
+	q.ctx, q.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	go q.run()
 	return q
 }
@@ -1068,8 +1105,8 @@ func newEventQueue(c kubernetes.Interface, cfg *rest.Config, log *slog.Logger) *
 func (q *eventQueue) run() {
 	defer close(q.done)
 	for ev := range q.ch {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if _, err := q.client.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		ctx, cancel := context.WithTimeout(q.ctx, 10*time.Second)
+		if _, err := q.client.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil && q.ctx.Err() == nil {
 			q.log.Warn("cannot record an event", "node", ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
 		}
 		cancel()
@@ -1084,12 +1121,16 @@ func (q *eventQueue) post(ev *corev1.Event) {
 	}
 }
 
-// close posts what is queued, waiting at most timeout.
+// close posts what is queued, waiting at most timeout; what is left
+// then is given up, and the queue is gone when close returns.
 func (q *eventQueue) close(timeout time.Duration) {
 	close(q.ch)
 	select {
 	case <-q.done:
 	case <-time.After(timeout):
 		q.log.Warn("events still queued at exit were not recorded")
+		q.cancel()
+		<-q.done
 	}
+	q.cancel()
 }

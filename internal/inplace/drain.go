@@ -34,6 +34,7 @@ func (r *applyRun) cordon(ctx context.Context, name string) error {
 		return nil
 	}
 	patch := fmt.Sprintf(`{"spec":{"unschedulable":true},"metadata":{"annotations":{%q:"true"}}}`, AnnotationCordoned)
+	r.cordoned.Store(name, true) // before the patch: a failed one is undone too
 	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("node %s: cordon: %w", name, err)
 	}
@@ -41,11 +42,13 @@ func (r *applyRun) cordon(ctx context.Context, name string) error {
 	return nil
 }
 
-// uncordon undoes cordon, only where this tool cordoned. The run's Node
-// informer answers for the nodes no run cordoned (a cordon is seen there
-// long before the node is done), so they cost no request.
+// uncordon undoes cordon, only where this tool cordoned. For a node this
+// run did not cordon, the run's Node informer answers (a cordon by an
+// earlier run was seen there long before), so it costs no request; one
+// this run cordoned is always read from the API, which may be ahead of
+// the informer.
 func (r *applyRun) uncordon(ctx context.Context, name string) error {
-	if r.watch != nil {
+	if _, mine := r.cordoned.Load(name); !mine && r.watch != nil {
 		if n, err := r.watch.lister(name); err == nil && n.Annotations[AnnotationCordoned] != "true" {
 			return nil
 		}

@@ -122,7 +122,7 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 	for _, t := range v.tgts {
 		r.tgts[t.Name] = t
 	}
-	r.startFlushing(ctx)
+	defer r.startFlushing(ctx)()
 	w, err := watchNodes(ctx, p.Client)
 	if err != nil {
 		return nil, err

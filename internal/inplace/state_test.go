@@ -78,35 +78,49 @@ func equal(a, b []string) bool {
 	return true
 }
 
-// A hundred nodes reporting at once cost a handful of writes, and the
-// last word is stored.
+// A hundred nodes reporting at once cost a handful of writes, the last
+// word is stored by the time flushing stops, and nothing is written after.
 func TestNodeUpdatesAreCoalesced(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	c := fake.NewSimpleClientset()
 	r := &applyRun{client: c, log: slog.New(slog.DiscardHandler), tgts: map[string]nodeaccess.Target{}, state: &UpgradeState{State: StateUpgradingKubelets}}
 	r.opts.Plan.Now = time.Now
 	if err := r.save(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r.startFlushing(ctx)
+	stop := r.startFlushing(ctx)
 	for i := 0; i < 100; i++ {
 		r.setNode(ctx, fmt.Sprintf("worker-%03d", i), NodeDone, "", nil)
 	}
-	if err := r.save(ctx); err != nil {
-		t.Fatal(err)
-	}
-	writes := 0
-	for _, v := range verbs(c) {
-		if v == "update" || v == "create" {
-			writes++
+	// The loop itself stores them (within a flush interval or two).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if st, _ := ReadState(ctx, c); st != nil && len(st.Nodes) == 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the flush loop did not store the 100 nodes")
 		}
 	}
-	if writes > 10 {
-		t.Errorf("%d writes for 100 node updates", writes)
+	stop()
+	writes := func() int {
+		n := 0
+		for _, v := range verbs(c) {
+			if v == "update" || v == "create" {
+				n++
+			}
+		}
+		return n
+	}
+	if w := writes(); w > 10 {
+		t.Errorf("%d writes for 100 node updates", w)
 	}
 	st, err := ReadState(ctx, c)
 	if err != nil || len(st.Nodes) != 100 {
 		t.Fatalf("stored %d nodes (%v)", len(st.Nodes), err)
+	}
+	before := writes()
+	r.setNode(ctx, "late", NodeDone, "", nil)
+	if w := writes(); w != before {
+		t.Errorf("a write after flushing stopped (%d, was %d)", w, before)
 	}
 }

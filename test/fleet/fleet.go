@@ -136,6 +136,15 @@ type NodeStats struct {
 	BytesReceived int64
 	// Restarts are the unit restarts, in order.
 	Restarts []Restart
+	// Commands are the commands played, in order.
+	Commands []Command
+}
+
+// Command is one command a node played.
+type Command struct {
+	Handler      string
+	Began, Ended time.Time
+	Code         int
 }
 
 // Restart is one `systemctl restart` of a unit.
@@ -268,7 +277,7 @@ func (f *Fleet) Stats() Stats {
 	})
 	for _, n := range f.order {
 		n.mu.Lock()
-		s.Nodes[n.spec.Name] = NodeStats{BytesReceived: n.received, Restarts: append([]Restart(nil), n.restarts...)}
+		s.Nodes[n.spec.Name] = NodeStats{BytesReceived: n.received, Restarts: append([]Restart(nil), n.restarts...), Commands: append([]Command(nil), n.commands...)}
 		n.mu.Unlock()
 	}
 	return s

@@ -102,7 +102,12 @@ func (f *Fleet) exec(n *node, cmd string, io *stdio) int {
 		for i, a := range m[1:] {
 			args[i] = unquote(a)
 		}
-		return h.run(f, n, args, io)
+		began := time.Now()
+		code := h.run(f, n, args, io)
+		n.mu.Lock()
+		n.commands = append(n.commands, Command{Handler: h.name, Began: began, Ended: time.Now(), Code: code})
+		n.mu.Unlock()
+		return code
 	}
 	f.count("not played")
 	first := strings.TrimPrefix(cmd, "set -e\n")

@@ -34,6 +34,7 @@ type node struct {
 	kubelet  string // the last version the kubelet ran
 	received int64
 	restarts []Restart
+	commands []Command
 }
 
 // vfile is a file: its content when small (unit files, what the engine

@@ -93,6 +93,10 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	expectEverywhere(t, h.SB.NewVersion, before)
+	first := status(t)
+	if first.Backup == "" {
+		t.Errorf("the first apply recorded no etcd snapshot: %+v", first)
+	}
 
 	// The API server moved, but v1.31.3 is a patch downgrade of v1.31.4:
 	// rollback restores every binary from the backups.
@@ -105,6 +109,9 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion {
 		t.Errorf("status after rollback: state %s, %s -> %s", st.State, st.From, st.To)
 	}
+	if len(st.Nodes) != len(h.SB.Nodes()) {
+		t.Errorf("status after rollback lists %d nodes, want %d", len(st.Nodes), len(h.SB.Nodes()))
+	}
 	for _, n := range st.Nodes {
 		if n.Status != inplace.NodeRolledBack {
 			t.Errorf("status after rollback: %s is %s", n.Name, n.Status)
@@ -116,8 +123,8 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 		}
 	}
 	// A second rollback finds nothing left to restore and changes nothing.
-	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 0 {
-		t.Fatalf("second rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 0 || strings.Contains(r.Stderr, "rolling back") {
+		t.Fatalf("second rollback: exit %d (or it restored something)\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	expectEverywhere(t, from, before)
 
@@ -126,7 +133,13 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 		t.Fatalf("apply after rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	expectEverywhere(t, h.SB.NewVersion, before)
-	if st := status(t); st.State != inplace.StateComplete {
-		t.Errorf("status after the second apply: %s", st.State)
+	second := status(t)
+	if second.State != inplace.StateComplete {
+		t.Errorf("status after the second apply: %s", second.State)
+	}
+	// A fresh record, with an etcd snapshot of its own.
+	if !second.Started.After(first.Started) || second.Backup == "" || second.Backup == first.Backup {
+		t.Errorf("the apply after the rollback continued the old record: started %s (first %s), snapshot %q (first %q)",
+			second.Started, first.Started, second.Backup, first.Backup)
 	}
 }

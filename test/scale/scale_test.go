@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/test/fleet"
 )
 
 // The simulation this test runs on: 50 workers and a control-plane node.
@@ -141,6 +143,15 @@ func TestApplyKeepsWithinMaxUnavailableAndFinishesEveryNode(t *testing.T) {
 		t.Fatalf("%d Nodes", len(nodes.Items))
 	}
 	stats := env.Fleet.Stats()
+	// In flight, as the nodes saw it: from a worker's kubelet backup to
+	// the end of its last crictl ps (the verification after the restart).
+	inFlight := mostAtOnce(t, stats)
+	if inFlight > window {
+		t.Errorf("%d workers were in flight at once, more than --max-unavailable %d", inFlight, window)
+	}
+	if inFlight < 2 {
+		t.Errorf("at most %d worker was in flight at once: the window of %d was never used", inFlight, window)
+	}
 	for _, n := range nodes.Items {
 		if n.Status.NodeInfo.KubeletVersion != To || !ready(&n) || n.Annotations[inplace.AnnotationUpgradedTo] != To {
 			t.Errorf("%s: kubelet %s, ready %v, annotated %q", n.Name, n.Status.NodeInfo.KubeletVersion, ready(&n), n.Annotations[inplace.AnnotationUpgradedTo])
@@ -182,6 +193,47 @@ func TestApplyKeepsWithinMaxUnavailableAndFinishesEveryNode(t *testing.T) {
 			t.Errorf("%s: kubelet restarted %d times after the second apply", name, got)
 		}
 	}
+}
+
+// mostAtOnce is the most workers whose upgrade (first "back up" to last
+// "crictl ps" on the node) overlapped.
+func mostAtOnce(t *testing.T, stats fleet.Stats) int {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for name, ns := range stats.Nodes {
+		if name == "cp-1" {
+			continue
+		}
+		var from, to time.Time
+		for _, c := range ns.Commands {
+			if c.Handler == "back up" && from.IsZero() {
+				from = c.Began
+			}
+			if c.Handler == "crictl ps" {
+				to = c.Ended
+			}
+		}
+		if from.IsZero() || !to.After(from) {
+			t.Errorf("%s: no backup followed by crictl ps among its commands", name)
+			continue
+		}
+		edges = append(edges, edge{from, 1}, edge{to, -1})
+	}
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].at.Equal(edges[j].at) {
+			return edges[i].delta < edges[j].delta // an end before a start at the same instant
+		}
+		return edges[i].at.Before(edges[j].at)
+	})
+	most, now := 0, 0
+	for _, e := range edges {
+		now += e.delta
+		most = max(most, now)
+	}
+	return most
 }
 
 // tolerates says whether p carries both NoExecute tolerations the
