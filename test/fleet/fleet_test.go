@@ -616,8 +616,15 @@ func kwok(ctx context.Context, t *testing.T, c kubernetes.Interface) *restarts {
 	if err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
+	// Stopped and waited for before the test ends, so it never reports
+	// into a finished test.
+	t.Cleanup(func() {
+		wi.Stop()
+		<-done
+	})
 	go func() {
-		defer wi.Stop()
+		defer close(done)
 		for ev := range wi.ResultChan() {
 			n, ok := ev.Object.(*corev1.Node)
 			if !ok {
@@ -634,7 +641,7 @@ func kwok(ctx context.Context, t *testing.T, c kubernetes.Interface) *restarts {
 				n.Status.Conditions[i] = corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
 					LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}
 				if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil {
-					t.Errorf("kwok: %v", err)
+					t.Errorf("kwok: %v", err) // the test has not ended: Cleanup waits for this goroutine
 				}
 			}
 		}
