@@ -26,7 +26,7 @@ import (
 
 const (
 	from, to   = "v1.30.14", "v1.31.4"
-	host       = "127.1.0.1"
+	host       = "127.1.9.1" // apart from test/scale's 127.1.0.1
 	delay      = 10 * time.Second
 	jitter     = 3 * time.Second
 	nodes      = 20
