@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -332,6 +333,10 @@ func (e *Env) run(ctx context.Context, stdin, name string, args ...string) Resul
 	usage.Close()
 	defer os.Remove(usage.Name())
 	cmd := exec.CommandContext(ctx, "/usr/bin/time", append([]string{"-q", "-f", "%M %U %S", "-o", usage.Name(), name}, args...)...)
+	// Its own process group, killed whole on a timeout: GNU time and the
+	// program under it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = &out, &errb, strings.NewReader(stdin)
 	start := time.Now()
