@@ -100,6 +100,33 @@ type StepTime struct {
 // ErrNodeFailed means a node failed its upgrade and was rolled back.
 var ErrNodeFailed = errors.New("node upgrade failed")
 
+// defaults fills in what Apply and Rollback use and the caller left out.
+func (opts *ApplyOptions) defaults() error {
+	if err := opts.Plan.defaults(); err != nil {
+		return err
+	}
+	if opts.BackupDir == "" {
+		opts.BackupDir = DefaultBackupDir
+	}
+	if opts.LockDuration == 0 {
+		opts.LockDuration = 60 * time.Second
+	}
+	if opts.Settle == 0 {
+		opts.Settle = 15 * time.Second
+	}
+	if opts.ReadyTimeout == 0 {
+		opts.ReadyTimeout = 5 * time.Minute
+	}
+	if opts.DrainTimeout == 0 {
+		opts.DrainTimeout = 2 * time.Minute
+	}
+	if opts.Holder == "" {
+		host, _ := os.Hostname()
+		opts.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	return nil
+}
+
 // applyRun is one Apply: what every step shares.
 type applyRun struct {
 	opts   ApplyOptions
@@ -132,29 +159,10 @@ type applyRun struct {
 //	-> tolerations (and labels) -> kubelets, control-plane nodes then
 //	worker batches -> complete
 func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
-	p := &opts.Plan
-	if err := p.defaults(); err != nil {
+	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	if opts.BackupDir == "" {
-		opts.BackupDir = DefaultBackupDir
-	}
-	if opts.LockDuration == 0 {
-		opts.LockDuration = 60 * time.Second
-	}
-	if opts.Settle == 0 {
-		opts.Settle = 15 * time.Second
-	}
-	if opts.ReadyTimeout == 0 {
-		opts.ReadyTimeout = 5 * time.Minute
-	}
-	if opts.DrainTimeout == 0 {
-		opts.DrainTimeout = 2 * time.Minute
-	}
-	if opts.Holder == "" {
-		host, _ := os.Hostname()
-		opts.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
-	}
+	p := &opts.Plan
 	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}}
 	if opts.DryRun {
 		return r.res, r.planStep(ctx)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,23 +55,10 @@ func downgrades(rel *catalog.Release) []string {
 // manager, API server) node by node, each waited for at the old version.
 // It holds the upgrade lock, and refuses what RollbackAllowed refuses.
 func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
-	p := &opts.Plan
-	if err := p.defaults(); err != nil {
+	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	if opts.BackupDir == "" {
-		opts.BackupDir = DefaultBackupDir
-	}
-	if opts.LockDuration == 0 {
-		opts.LockDuration = time.Minute
-	}
-	if opts.ReadyTimeout == 0 {
-		opts.ReadyTimeout = 5 * time.Minute
-	}
-	if opts.Holder == "" {
-		host, _ := os.Hostname()
-		opts.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
-	}
+	p := &opts.Plan
 	st, err := ReadState(ctx, p.Client)
 	if err != nil {
 		return nil, err
