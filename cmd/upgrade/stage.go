@@ -42,7 +42,8 @@ func (f *kubeFlags) config() (*rest.Config, error) {
 	}
 	cfg.UserAgent, cfg.QPS, cfg.Burst = "kubelift", f.QPS, f.Burst
 	// One limiter for every client made from this configuration (the
-	// engine's event queue, /readyz probes), so --kube-qps bounds them all.
+	// typed and dynamic clients, /readyz probes), so --kube-qps bounds
+	// them all.
 	cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(f.QPS, f.Burst)
 	return cfg, nil
 }

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -181,7 +180,7 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	// Deferred in reverse: events posted and the state written before
 	// the lock is released.
 	defer r.startFlushing(ctx)()
-	r.events = newEventQueue(ctx, r.client, p.REST, r.log)
+	r.events = newEventQueue(ctx, r.client, r.log)
 	defer func() {
 		wait := 30 * time.Second
 		if ctx.Err() != nil {
@@ -1092,9 +1091,9 @@ func (r *applyRun) event(ctx context.Context, node, reason, msg string) {
 }
 
 // eventQueue posts Events in the background, so that nodes in flight
-// never wait on them, through a client of its own that shares the run's
-// rate limit (--kube-qps) when the configuration carries one. Best
-// effort: when the queue is full an event is dropped, with a warning.
+// never wait on them; they go through the run's client and so its rate
+// limit (--kube-qps). Best effort: when the queue is full an event is
+// dropped, with a warning.
 type eventQueue struct {
 	client kubernetes.Interface
 	log    *slog.Logger
@@ -1104,12 +1103,7 @@ type eventQueue struct {
 	cancel context.CancelFunc
 }
 
-func newEventQueue(ctx context.Context, c kubernetes.Interface, cfg *rest.Config, log *slog.Logger) *eventQueue {
-	if cfg != nil {
-		if own, err := kubernetes.NewForConfig(rest.CopyConfig(cfg)); err == nil {
-			c = own
-		}
-	}
+func newEventQueue(ctx context.Context, c kubernetes.Interface, log *slog.Logger) *eventQueue {
 	q := &eventQueue{client: c, log: log, ch: make(chan *corev1.Event, 4096), done: make(chan struct{})}
 	q.ctx, q.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	go q.run()
