@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/test/fleet"
+	"github.com/kubelift/kubelift/test/simcluster"
 )
 
 // The simulation this test runs on: 50 workers and a control-plane node.
@@ -47,15 +48,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func ready(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 // unavailable watches the workers and remembers the most that were not
 // Ready at once.
 type unavailable struct {
@@ -71,7 +63,7 @@ func (u *unavailable) see(obj any) {
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if ready(n) {
+	if simcluster.NodeReady(n) {
 		delete(u.notReady, n.Name)
 	} else {
 		u.notReady[n.Name] = true
@@ -153,8 +145,8 @@ func TestApplyKeepsWithinMaxUnavailableAndFinishesEveryNode(t *testing.T) {
 		t.Errorf("at most %d worker was in flight at once: the window of %d was never used", inFlight, window)
 	}
 	for _, n := range nodes.Items {
-		if n.Status.NodeInfo.KubeletVersion != To || !ready(&n) || n.Annotations[inplace.AnnotationUpgradedTo] != To {
-			t.Errorf("%s: kubelet %s, ready %v, annotated %q", n.Name, n.Status.NodeInfo.KubeletVersion, ready(&n), n.Annotations[inplace.AnnotationUpgradedTo])
+		if n.Status.NodeInfo.KubeletVersion != To || !simcluster.NodeReady(&n) || n.Annotations[inplace.AnnotationUpgradedTo] != To {
+			t.Errorf("%s: kubelet %s, ready %v, annotated %q", n.Name, n.Status.NodeInfo.KubeletVersion, simcluster.NodeReady(&n), n.Annotations[inplace.AnnotationUpgradedTo])
 		}
 		if got := stats.Nodes[n.Name].KubeletRestarts(); got != 1 {
 			t.Errorf("%s: kubelet restarted %d times, want once", n.Name, got)
