@@ -5,7 +5,7 @@ LDFLAGS := -X github.com/kubelift/kubelift/internal/buildinfo.Version=$(VERSION)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests, the demo and the benchmarks run for real.
 DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time etcd-server iproute2 patch util-linux \
-	openssh-server openssh-client curl etcd-client
+	openssh-server openssh-client curl etcd-client shellcheck
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 
@@ -28,7 +28,11 @@ tools: $(TOOLS)/crane
 $(TOOLS)/crane:
 	GOBIN=$(TOOLS) $(GO) install github.com/google/go-containerregistry/cmd/crane@$(CRANE_VERSION)
 
-lint:
+# Node scripts (internal/nodescript/scripts) run as root on every node:
+# shellcheck-clean as POSIX sh, like every tracked shell script.
+lint: deps
+	shellcheck -s sh internal/nodescript/scripts/*.sh
+	shellcheck -S warning $$(git ls-files '*.sh' | grep -v '^internal/nodescript/scripts/')
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
@@ -38,8 +42,9 @@ lint:
 # after them (hack/host-guard.sh): a test that writes one fails the run.
 test: deps lint
 	@guard=$$(mktemp); hack/host-guard.sh snapshot $$guard; rc=0; \
-	(cd pkg/hashskip && $(GO) test -count=1 ./...) || rc=1; \
-	$(GO) test -count=1 -timeout 45m ./... || rc=1; \
+	(cd pkg/hashskip && $(GO) test -race -count=1 ./...) || rc=1; \
+	$(GO) test -race -count=1 ./cmd/... ./internal/... || rc=1; \
+	$(GO) test -count=1 -timeout 45m ./test/... || rc=1; \
 	hack/host-guard.sh check $$guard || rc=1; rm -f $$guard; exit $$rc
 
 demo: deps build sandbox-up

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034 # sourced: the variables it sets are its callers'
 # Shared by kubelift's build scripts: how to build against k8s.io/kubernetes
 # from the Go module proxy. Source it; then, in an empty directory:
 #   kube_module VERSION

@@ -1,0 +1,147 @@
+// Package nodescript holds every shell script kubelift runs on a node, as
+// constant files embedded in the binary (scripts/*.sh, shellcheck-clean),
+// and the one way to run them: values (versions, paths, names, anything a
+// node or the API reported) reach a script only as positional arguments,
+// each quoted by nodeaccess.Quote, never pasted into the script's text.
+// A script's name travels as its $0, so a command can be read back
+// (Parse) by whoever plays or audits it.
+package nodescript
+
+import (
+	"embed"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+)
+
+//go:embed scripts/*.sh
+var files embed.FS
+
+// Script is one constant node script.
+type Script struct {
+	// Name is the file's name without .sh; the command runs it as
+	// kubelift-NAME ($0).
+	Name string
+	// Text is the script, byte for byte as embedded.
+	Text string
+}
+
+// The scripts, one per node operation.
+var (
+	Facts        = load("facts")
+	ListStaged   = load("list-staged")
+	StageFile    = load("stage-file")
+	Backup       = load("backup")
+	Swap         = load("swap")
+	Restore      = load("restore")
+	WriteFile    = load("write-file")
+	Running      = load("running")
+	Containers   = load("containers")
+	EtcdSnapshot = load("etcd-snapshot")
+	Exists       = load("exists")
+	Remove       = load("remove")
+)
+
+// All lists every script, by name.
+func All() []Script {
+	out := make([]Script, 0, len(byName))
+	for _, s := range byName {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+var byName = map[string]Script{}
+
+func load(name string) Script {
+	b, err := files.ReadFile(path.Join("scripts", name+".sh"))
+	if err != nil {
+		panic(fmt.Sprintf("nodescript: %s: %v", name, err)) // a build without the file is broken
+	}
+	s := Script{Name: name, Text: string(b)}
+	byName[name] = s
+	return s
+}
+
+// argv0 is the $0 a script runs as.
+func (s Script) argv0() string { return "kubelift-" + s.Name }
+
+// Command is the shell command that runs the script with args as its
+// positional parameters: sh -c 'TEXT' kubelift-NAME 'ARG1' 'ARG2' ...
+// Every word is quoted by nodeaccess.Quote; no argument is ever part of
+// the script's text.
+func (s Script) Command(args ...string) string {
+	var b strings.Builder
+	b.WriteString("sh -c ")
+	b.WriteString(nodeaccess.Quote(s.Text))
+	b.WriteByte(' ')
+	b.WriteString(s.argv0())
+	for _, a := range args {
+		b.WriteByte(' ')
+		b.WriteString(nodeaccess.Quote(a))
+	}
+	return b.String()
+}
+
+// Parse reads a command Command made back into its script and
+// arguments; a command that is not exactly one of the scripts run with
+// its own name is refused.
+func Parse(cmd string) (Script, []string, error) {
+	words, err := splitWords(cmd)
+	if err != nil {
+		return Script{}, nil, err
+	}
+	if len(words) < 4 || words[0] != "sh" || words[1] != "-c" {
+		return Script{}, nil, fmt.Errorf("not a node script: %.60q", cmd)
+	}
+	name, ok := strings.CutPrefix(words[3], "kubelift-")
+	s, known := byName[name]
+	if !ok || !known {
+		return Script{}, nil, fmt.Errorf("unknown node script %q", words[3])
+	}
+	if words[2] != s.Text {
+		return Script{}, nil, fmt.Errorf("node script %s: text differs from the embedded one", s.Name)
+	}
+	return s, words[4:], nil
+}
+
+// splitWords splits what Quote-joined words make: blanks between words,
+// single quotes around, '\'' for a quote inside.
+func splitWords(s string) ([]string, error) {
+	var words []string
+	var w strings.Builder
+	in := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == ' ':
+			if in {
+				words = append(words, w.String())
+				w.Reset()
+				in = false
+			}
+		case c == '\'':
+			j := strings.IndexByte(s[i+1:], '\'')
+			if j < 0 {
+				return nil, fmt.Errorf("unterminated quote in %.60q", s)
+			}
+			w.WriteString(s[i+1 : i+1+j])
+			i += j + 1
+			in = true
+		case c == '\\' && i+1 < len(s):
+			i++
+			w.WriteByte(s[i])
+			in = true
+		default:
+			w.WriteByte(c)
+			in = true
+		}
+	}
+	if in {
+		words = append(words, w.String())
+	}
+	return words, nil
+}

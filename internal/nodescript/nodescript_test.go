@@ -1,0 +1,142 @@
+package nodescript
+
+import (
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// hostile is a value as a forged Node status or binary could report it:
+// every character a shell treats specially.
+const hostile = "$(touch PWNED)`touch PWNED2`;touch PWNED3 'x' \"y\" \\ v1.30.14\n|&<>*?"
+
+// goldenArgs are the arguments each golden command is made with: the
+// hostile value in every position.
+var goldenArgs = map[string][]string{
+	"facts":         {"/var/lib/kubelift/staged/" + hostile, "/var/lib/kubelift/staged", "kubelet", "kube-apiserver"},
+	"list-staged":   {"/var/lib/kubelift/staged/" + hostile},
+	"stage-file":    {"/var/lib/kubelift/staged/v1.31.4", "kubelet", hostile},
+	"backup":        {"/var/lib/kubelift/backup/" + hostile, "kubelet", "/usr/local/bin/kubelet", hostile, "/var/lib/kubelet", "cpu_manager_state"},
+	"swap":          {"/var/lib/kubelift/staged/v1.31.4/kubelet", hostile, "/usr/local/bin/kubelet", "kubelet"},
+	"restore":       {"/var/lib/kubelift/backup/" + hostile, "/usr/local/bin/kubelet", "kubelet", "/var/lib/kubelet", "kubelift-hash-skip.json", "cpu_manager_state"},
+	"write-file":    {"/var/lib/kubelet/kubelift-hash-skip.json", `{"oldKubeletVersion":"` + hostile + `"}`},
+	"running":       {"kubelet"},
+	"containers":    {},
+	"etcd-snapshot": {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "https://127.0.0.1:2379", "/etc/etcd/ca.pem", "", hostile},
+	"exists":        {"/var/lib/kubelet/" + hostile},
+	"remove":        {"/var/lib/kubelet/" + hostile},
+}
+
+// TestGolden pins each script's command, byte for byte, with a hostile
+// value in its arguments: the script text is the embedded constant and
+// every argument a quoted word after it.
+func TestGolden(t *testing.T) {
+	if len(All()) != len(goldenArgs) {
+		t.Fatalf("%d scripts, %d golden argument lists: give each script one", len(All()), len(goldenArgs))
+	}
+	for _, s := range All() {
+		t.Run(s.Name, func(t *testing.T) {
+			args, ok := goldenArgs[s.Name]
+			if !ok {
+				t.Fatalf("no golden arguments for %s", s.Name)
+			}
+			got := s.Command(args...)
+			file := filepath.Join("testdata", s.Name+".golden")
+			if *update {
+				if err := os.WriteFile(file, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatalf("%v (go test ./internal/nodescript -update writes it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("command differs from %s:\n%s", file, got)
+			}
+			if !strings.HasPrefix(got, "sh -c "+quoteForTest(s.Text)+" kubelift-"+s.Name) {
+				t.Errorf("the script's text is not the constant: %.80q", got)
+			}
+			back, backArgs, err := Parse(got)
+			if err != nil || back.Name != s.Name || strings.Join(backArgs, "\x00") != strings.Join(args, "\x00") {
+				t.Errorf("Parse: %v %q %q", err, back.Name, backArgs)
+			}
+		})
+	}
+}
+
+func quoteForTest(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// TestHostileArgumentsStayData runs scripts under a real sh with the
+// hostile value as arguments, in a temporary directory: no command in it
+// runs, and it arrives byte for byte where it is data.
+func TestHostileArgumentsStayData(t *testing.T) {
+	dir := t.TempDir()
+	run := func(cmd string) (string, error) {
+		c := exec.Command("sh", "-c", cmd)
+		c.Dir = dir
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	file := filepath.Join(dir, "f"+hostile)
+	if out, err := run(WriteFile.Command(file, hostile)); err != nil {
+		t.Fatalf("write-file: %v: %s", err, out)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil || string(data) != hostile+"\n" {
+		t.Fatalf("write-file wrote %q, %v", data, err)
+	}
+	if out, err := run(Exists.Command(file)); err != nil || out != "yes\n" {
+		t.Fatalf("exists: %q %v", out, err)
+	}
+	// (sha256sum escapes a name holding a newline or backslash, so the
+	// name's start is looked for.)
+	if out, err := run(ListStaged.Command(dir)); err != nil || !strings.Contains(out, "  f$(touch PWNED)`touch PWNED2`;touch PWNED3 'x'") {
+		t.Fatalf("list-staged: %q %v", out, err)
+	}
+	// backup's FROM is matched as data: a binary printing the hostile
+	// value as its version is not "FROM" unless it is exactly that.
+	bin := filepath.Join(dir, "bin")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho 'Kubernetes v1.30.14'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(Backup.Command(filepath.Join(dir, "backup", hostile), "kubelet", bin, hostile)); err == nil || !strings.Contains(out, "no backup of the old binary") {
+		t.Fatalf("backup took a binary at v1.30.14 for %q: %v %s", hostile, err, out)
+	}
+	if out, err := run(Backup.Command(filepath.Join(dir, "backup", hostile), "kubelet", bin, "v1.30.14")); err != nil {
+		t.Fatalf("backup: %v: %s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "backup", hostile, "kubelet")); err != nil {
+		t.Fatalf("backup did not land under the hostile directory name, as data: %v", err)
+	}
+	if out, err := run(Remove.Command(file)); err != nil {
+		t.Fatalf("remove: %v: %s", err, out)
+	}
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Fatalf("remove left %s: %v", file, err)
+	}
+	for _, mark := range []string{"PWNED", "PWNED2", "PWNED3"} {
+		if _, err := os.Stat(filepath.Join(dir, mark)); err == nil {
+			t.Errorf("a hostile argument ran as a command: %s exists", mark)
+		}
+	}
+}
+
+func TestParseRefuses(t *testing.T) {
+	for _, cmd := range []string{
+		"rm -rf /",
+		"sh -c 'echo hi' kubelift-remove x", // not the script's text
+		"sh -c " + quoteForTest(Remove.Text) + " kubelift-exists x", // another script's name
+		"sh -c " + quoteForTest(Remove.Text) + " remove x",          // no kubelift- name
+		"sh -c 'unterminated",
+	} {
+		if _, _, err := Parse(cmd); err == nil {
+			t.Errorf("Parse accepted %.60q", cmd)
+		}
+	}
+}

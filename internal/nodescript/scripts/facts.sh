@@ -1,0 +1,33 @@
+# kubelift node script: facts
+# Prints, in "### " sections, what a node says of itself: the version
+# and command line of each component's running unit, its unit files and
+# the EnvironmentFiles they read, the files staged for the target, the
+# free space below the stage directory, and the runtime's containers.
+# Arguments: VERSION_DIR STAGE_DIR COMPONENT...
+export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+vdir=$1
+sdir=$2
+shift 2
+for c in "$@"; do
+  pid=$(systemctl show "$c" -p MainPID 2>/dev/null | sed -n 's/^MainPID=//p')
+  if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then
+    echo "### version $c"; "/proc/$pid/exe" --version 2>&1 | head -n 1
+    echo "### cmdline $c"; tr '\0' '\n' <"/proc/$pid/cmdline"; echo
+  fi
+  for f in "/etc/systemd/system/$c.service" "/run/systemd/system/$c.service" "/lib/systemd/system/$c.service" "/usr/lib/systemd/system/$c.service" \
+      /etc/systemd/system/"$c".service.d/*.conf /run/systemd/system/"$c".service.d/*.conf /lib/systemd/system/"$c".service.d/*.conf /usr/lib/systemd/system/"$c".service.d/*.conf; do
+    [ -f "$f" ] || continue
+    echo "### unit $c $f"; cat "$f"; echo
+    # One EnvironmentFile= line may name several files: split into words.
+    # shellcheck disable=SC2013
+    for e in $(sed -n 's/^[[:space:]]*EnvironmentFile=-\{0,1\}//p' "$f"); do
+      if [ -f "$e" ]; then echo "### env $c $e"; cat "$e"; echo; fi
+    done
+  done
+done
+echo '### staged'
+if [ -d "$vdir" ]; then (cd "$vdir" && sha256sum -- * 2>/dev/null); fi
+d=$sdir
+while [ ! -d "$d" ]; do d=$(dirname "$d"); done
+echo '### df'; df -Pk "$d" | tail -n 1
+echo '### crictl'; crictl ps -o json 2>&1 || echo '### crictl-failed'
