@@ -18,6 +18,7 @@ type cleanupOptions struct {
 	CatalogFile string
 	DryRun      bool
 	Output      string
+	StageDir    string
 }
 
 func newCmdCompatCleanup(s *cli.IO) *cobra.Command {
@@ -50,7 +51,7 @@ old kubelet still run, the file stays and the count says how many.`,
 				return err
 			}
 			res, err := inplace.Cleanup(cmd.Context(), inplace.CleanupOptions{Client: client, Catalog: cat, Connector: dialer, Inventory: inv,
-				Parallel: opts.Nodes.Parallel, DryRun: opts.DryRun})
+				Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir, DryRun: opts.DryRun})
 			if asJSON {
 				if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
 					return perr
@@ -70,6 +71,7 @@ old kubelet still run, the file stays and the count says how many.`,
 	opts.Nodes.AddFlags(cmd)
 	cmd.Flags().StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "say where the file would go; remove nothing")
+	cmd.Flags().StringVar(&opts.StageDir, "stage-dir", inplace.DefaultStageDir, "where binaries are staged on the nodes (as given to stage and apply)")
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	return cmd
 }

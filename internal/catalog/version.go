@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 )
 
 // Version is a Kubernetes release version, vMAJOR.MINOR.PATCH.
@@ -89,3 +91,27 @@ func (r Range) Contains(v Version) bool { return v.Compare(r.From) >= 0 && v.Com
 
 // String returns the range as written in the catalog.
 func (r Range) String() string { return r.text }
+
+// ParseReported parses a version something outside kubelift reported (a
+// Node's status, a binary's --version): strict semantic versioning with
+// the leading v Kubernetes prints (k8s.io/apimachinery's ParseSemantic,
+// as kubeadm uses), build metadata allowed (v1.30.14+k3s1) and dropped,
+// pre-releases, blanks and anything else refused. A value it accepts
+// holds only [v0-9A-Za-z.+-].
+func ParseReported(s string) (Version, error) {
+	if !strings.HasPrefix(s, "v") || strings.TrimSpace(s) != s {
+		return Version{}, fmt.Errorf("%q is not a version (want vMAJOR.MINOR.PATCH)", s)
+	}
+	v, err := utilversion.ParseSemantic(s)
+	if err != nil {
+		return Version{}, fmt.Errorf("%q is not a version: %w", s, err)
+	}
+	if v.PreRelease() != "" {
+		return Version{}, fmt.Errorf("%q is a pre-release: kubelift upgrades released versions only", s)
+	}
+	const most = 1<<31 - 1
+	if v.Major() > most || v.Minor() > most || v.Patch() > most {
+		return Version{}, fmt.Errorf("%q is not a version: a number is out of range", s)
+	}
+	return Version{int(v.Major()), int(v.Minor()), int(v.Patch())}, nil
+}

@@ -65,13 +65,22 @@ func (pc *planCheck) role(node string) string {
 }
 
 func (pc *planCheck) nodeStates() {
+	// Only versions that parsed are kept; each refused value is a
+	// blocking finding (values), and none of them reaches a script.
+	versions, bad := kubeletVersions(pc.view.nodes)
 	for _, n := range pc.view.nodes {
 		s := NodeState{Name: n.Name, Role: pc.role(n.Name), Ready: nodeReady(&n), Arch: n.Status.NodeInfo.Architecture,
-			Kubelet: n.Status.NodeInfo.KubeletVersion}
+			Kubelet: versions[n.Name]}
 		if f := pc.view.facts[n.Name]; f != nil {
 			s.Components = f.Components
+			bad = append(bad, f.Bad...)
 		}
 		pc.plan.Nodes = append(pc.plan.Nodes, s)
+	}
+	for _, b := range bad {
+		pc.plan.Findings = append(pc.plan.Findings, Finding{Severity: Blocking, Check: "values", Object: "node/" + b.Node, Node: b.Node,
+			Message: fmt.Sprintf("%s %q is refused: %s; kubelift touches no node while a node reports a value it cannot parse", b.Field, b.Value, b.Reason),
+			Fix:     "find out why the node reports it (a forged status or a tampered binary?) and repair the node"})
 	}
 	from := map[string]bool{}
 	for _, s := range pc.plan.Nodes {

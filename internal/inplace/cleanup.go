@@ -14,6 +14,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )
 
@@ -24,8 +25,10 @@ type CleanupOptions struct {
 	Connector nodeaccess.Connector
 	Inventory *nodeaccess.Inventory
 	Parallel  int
-	DryRun    bool
-	Log       *slog.Logger
+	// StageDir is where stage put the files on the nodes (DefaultStageDir).
+	StageDir string
+	DryRun   bool
+	Log      *slog.Logger
 }
 
 // NodeCleanup says what Cleanup found on one node.
@@ -39,6 +42,8 @@ type NodeCleanup struct {
 	Old        int    `json:"old"`
 	Removed    bool   `json:"removed"`
 	Error      string `json:"error,omitempty"`
+	// converged: no running container needs the file.
+	converged bool
 }
 
 // Cleanup removes the hash-skip file from every node where it is no longer
@@ -54,22 +59,53 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 	if err != nil {
 		return nil, err
 	}
-	version := map[string]string{}
-	for _, n := range nodes {
-		version[n.Name] = n.Status.NodeInfo.KubeletVersion
+	if opts.StageDir == "" {
+		opts.StageDir = DefaultStageDir
 	}
+	version, bad := kubeletVersions(nodes)
+	// Read every node first, change nothing: a value a node reported
+	// that does not parse refuses the whole cleanup before any node is
+	// touched.
 	var mu sync.Mutex
 	res := map[string]*NodeCleanup{}
+	files := map[string]string{}
 	failed := nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
-		nc, err := cleanupNode(ctx, n, t.Name, version[t.Name], pods, opts)
-		mu.Lock()
-		res[t.Name] = nc
-		mu.Unlock()
-		if nc != nil && nc.Removed {
-			log.Info("hash-skip file removed", "node", t.Name)
+		kubelet, ok := version[t.Name]
+		if !ok {
+			return nil // refused above
 		}
+		nc, file, nodeBad, err := inspectNode(ctx, n, t.Name, kubelet, pods, opts)
+		mu.Lock()
+		defer mu.Unlock()
+		res[t.Name], files[t.Name] = nc, file
+		bad = append(bad, nodeBad...)
 		return err
 	})
+	if len(bad) > 0 {
+		sort.Slice(bad, func(i, j int) bool { return bad[i].Node < bad[j].Node })
+		return nil, badValuesError(bad)
+	}
+	if !opts.DryRun {
+		var remove []nodeaccess.Target
+		for _, t := range tgts {
+			if nc := res[t.Name]; nc != nil && failed[t.Name] == nil && nc.File && nc.converged {
+				remove = append(remove, t)
+			}
+		}
+		removeFailed := nodeaccess.ForEach(ctx, opts.Connector, remove, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+			if _, err := n.Run(ctx, nodescript.Remove.Command(files[t.Name]), nil); err != nil {
+				return fmt.Errorf("node %s: remove %s: %w", t.Name, files[t.Name], err)
+			}
+			mu.Lock()
+			res[t.Name].Removed = true
+			mu.Unlock()
+			log.Info("hash-skip file removed", "node", t.Name)
+			return nil
+		})
+		for k, v := range removeFailed {
+			failed[k] = v
+		}
+	}
 	var out []NodeCleanup
 	for _, t := range tgts {
 		nc := res[t.Name]
@@ -88,36 +124,43 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 	return out, nil
 }
 
-func cleanupNode(ctx context.Context, n nodeaccess.Node, name, kubelet string, pods []corev1.Pod, opts CleanupOptions) (*NodeCleanup, error) {
+// inspectNode reads what Cleanup needs of one node, changing nothing:
+// whether the hash-skip file is there and whether every running
+// container's recorded hash is what the kubelet computes; the file's
+// path; the values it refused.
+func inspectNode(ctx context.Context, n nodeaccess.Node, name, kubelet string, pods []corev1.Pod, opts CleanupOptions) (*NodeCleanup, string, []BadValue, error) {
 	nc := &NodeCleanup{Node: name}
-	f, err := ReadFacts(ctx, n, name, DefaultStageDir, kubelet)
+	f, err := ReadFacts(ctx, n, name, opts.StageDir, kubelet)
 	if err != nil {
-		return nc, err
+		return nc, "", nil, err
+	}
+	if len(f.Bad) > 0 {
+		return nc, "", f.Bad, nil
 	}
 	root := f.Values["kubelet --root-dir"]
 	if root == "" {
 		root = "/var/lib/kubelet"
 	}
 	file := path.Join(root, path.Base(hashskip.DefaultPath))
-	out, err := n.Run(ctx, "[ -e "+nodeaccess.Quote(file)+" ] && echo yes || echo no", nil)
+	out, err := n.Run(ctx, nodescript.Exists.Command(file), nil)
 	if err != nil {
-		return nc, fmt.Errorf("node %s: %w", name, err)
+		return nc, file, nil, fmt.Errorf("node %s: %w", name, err)
 	}
 	nc.File = string(out) == "yes\n"
 	if !nc.File {
-		return nc, nil
+		return nc, file, nil, nil
 	}
 	if f.ContainersErr != "" {
-		return nc, fmt.Errorf("node %s: crictl ps: %s", name, f.ContainersErr)
+		return nc, file, nil, fmt.Errorf("node %s: crictl ps: %s", name, f.ContainersErr)
 	}
 	hasher, err := kubeletcompat.NewHasher(opts.Catalog, kubelet)
 	if err != nil {
-		return nc, fmt.Errorf("node %s: kubelet %s: %w", name, kubelet, err)
+		return nc, file, nil, fmt.Errorf("node %s: kubelet %s: %w", name, kubelet, err)
 	}
 	// Predict with no file: what the kubelet would restart without it.
 	preds, err := kubeletcompat.Predict(pods, map[string][]kubeletcompat.RuntimeContainer{name: f.Containers}, kubeletcompat.PredictOptions{Target: hasher})
 	if err != nil {
-		return nc, err
+		return nc, file, nil, err
 	}
 	var hashes []hashskip.Hashes
 	for _, p := range preds {
@@ -130,12 +173,6 @@ func cleanupNode(ctx context.Context, n nodeaccess.Node, name, kubelet string, p
 		}
 		hashes = append(hashes, h)
 	}
-	if !hashskip.Converged(hashes) || opts.DryRun {
-		return nc, nil
-	}
-	if _, err := n.Run(ctx, "rm -f "+nodeaccess.Quote(file), nil); err != nil {
-		return nc, fmt.Errorf("node %s: remove %s: %w", name, file, err)
-	}
-	nc.Removed = true
-	return nc, nil
+	nc.converged = hashskip.Converged(hashes)
+	return nc, file, nil, nil
 }

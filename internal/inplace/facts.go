@@ -5,14 +5,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
-	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
 // Runner runs a shell command on a node (nodeaccess.Node does).
@@ -47,44 +46,21 @@ type NodeFacts struct {
 	// ContainersErr says why they could not be read.
 	Containers    []kubeletcompat.RuntimeContainer `json:"-"`
 	ContainersErr string                           `json:"containersError,omitempty"`
+	// Bad are the values read that did not parse: refused, each left
+	// out of the fields above.
+	Bad []BadValue `json:"refused,omitempty"`
 }
 
 // Components are the programs read on every node, kubelet first.
 func components() []string { return append([]string{"kubelet"}, catalog.ServerComponents...) }
 
-// factsScript prints, in sections, everything ReadFacts parses.
-func factsScript(stageDir, version string) string {
-	q := nodeaccess.Quote
-	var b strings.Builder
-	b.WriteString("export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
-	fmt.Fprintf(&b, "for c in %s; do\n", strings.Join(components(), " "))
-	b.WriteString(`  pid=$(systemctl show "$c" -p MainPID 2>/dev/null | sed -n 's/^MainPID=//p')
-  if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then
-    echo "### version $c"; "/proc/$pid/exe" --version 2>&1 | head -n 1
-    echo "### cmdline $c"; tr '\0' '\n' <"/proc/$pid/cmdline"; echo
-  fi
-  for f in /etc/systemd/system/$c.service /run/systemd/system/$c.service /lib/systemd/system/$c.service /usr/lib/systemd/system/$c.service \
-      /etc/systemd/system/$c.service.d/*.conf /run/systemd/system/$c.service.d/*.conf /lib/systemd/system/$c.service.d/*.conf /usr/lib/systemd/system/$c.service.d/*.conf; do
-    [ -f "$f" ] || continue
-    echo "### unit $c $f"; cat "$f"; echo
-    for e in $(sed -n 's/^[[:space:]]*EnvironmentFile=-\{0,1\}//p' "$f"); do
-      [ -f "$e" ] && { echo "### env $c $e"; cat "$e"; echo; }
-    done
-  done
-done
-`)
-	dir := q(stageDir + "/" + version)
-	fmt.Fprintf(&b, "echo '### staged'; [ -d %[1]s ] && (cd %[1]s && sha256sum -- * 2>/dev/null)\n", dir)
-	fmt.Fprintf(&b, "d=%s; while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; echo '### df'; df -Pk \"$d\" | tail -n 1\n", q(stageDir))
-	b.WriteString("echo '### crictl'; crictl ps -o json 2>&1 || echo '### crictl-failed'\n")
-	return b.String()
-}
-
-var versionRE = regexp.MustCompile(`v\d+\.\d+\.\d+`)
+// scriptPaths are the flag values the engine hands to node scripts, each
+// checked as it is read: a path or, for the etcd servers, URLs.
+var scriptPaths = []string{"kubelet --root-dir", "kube-apiserver --etcd-cafile", "kube-apiserver --etcd-certfile", "kube-apiserver --etcd-keyfile"}
 
 // ReadFacts reads a node's facts in one command.
 func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*NodeFacts, error) {
-	out, err := r.Run(ctx, factsScript(stageDir, version), nil)
+	out, err := r.Run(ctx, nodescript.Facts.Command(append([]string{StagePath(stageDir, version, ""), stageDir}, components()...)...), nil)
 	if err != nil {
 		return nil, fmt.Errorf("read node %s: %w", node, err)
 	}
@@ -96,11 +72,20 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 		fields := strings.Fields(s.head)
 		switch {
 		case len(fields) == 2 && fields[0] == "version":
-			f.Components[fields[1]] = versionRE.FindString(s.body)
+			v, bad := parseVersionLine(node, fields[1]+" --version", strings.TrimSpace(s.body))
+			if bad != nil {
+				f.Bad = append(f.Bad, *bad)
+				break
+			}
+			f.Components[fields[1]] = v.String()
 		case len(fields) == 2 && fields[0] == "cmdline":
 			args := strings.Split(strings.TrimSpace(s.body), "\n")
 			if len(args) > 0 {
-				f.Programs[fields[1]] = args[0]
+				if bad := checkPath(node, fields[1]+" program (/proc/PID/cmdline)", args[0]); bad != nil {
+					f.Bad = append(f.Bad, *bad)
+				} else {
+					f.Programs[fields[1]] = args[0]
+				}
 				args = args[1:]
 			}
 			// What runs now: its values count, but what the next start
@@ -144,7 +129,31 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 	for c := range f.Flags {
 		sort.Strings(f.Flags[c])
 	}
+	f.checkValues()
 	return f, nil
+}
+
+// checkValues refuses the flag values node scripts would be given that
+// do not parse, so none of them reaches a script.
+func (f *NodeFacts) checkValues() {
+	for _, k := range scriptPaths {
+		if v, ok := f.Values[k]; ok && v != "" {
+			if bad := checkPath(f.Name, k, v); bad != nil {
+				f.Bad = append(f.Bad, *bad)
+				delete(f.Values, k)
+			}
+		}
+	}
+	const servers = "kube-apiserver --etcd-servers"
+	if v := f.Values[servers]; v != "" {
+		for _, e := range strings.Split(v, ",") {
+			if bad := checkEndpoint(f.Name, servers, e); bad != nil {
+				f.Bad = append(f.Bad, *bad)
+				delete(f.Values, servers)
+				break
+			}
+		}
+	}
 }
 
 type section struct{ head, body string }

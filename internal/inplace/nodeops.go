@@ -10,6 +10,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )
 
@@ -30,19 +31,21 @@ type nodeOps struct {
 	facts     *NodeFacts
 }
 
-func (o *nodeOps) run(ctx context.Context, step, script string) (string, error) {
+// run runs one node script with its arguments, bounded by defaultTimeout.
+func (o *nodeOps) run(ctx context.Context, step string, sc nodescript.Script, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, defaultTimeout)
 	defer cancel()
-	out, err := o.n.Run(ctx, "set -e\n"+script, nil)
+	out, err := o.n.Run(ctx, sc.Command(args...), nil)
 	if err != nil {
 		return string(out), fmt.Errorf("node %s: %s: %w", o.name, step, err)
 	}
 	return string(out), nil
 }
 
-// binary is where the unit of comp runs its program from.
+// binary is where the unit of comp runs its program from (a path the
+// facts checked).
 func (o *nodeOps) binary(comp string) string {
-	if p := o.facts.Programs[comp]; strings.HasPrefix(p, "/") {
+	if p := o.facts.Programs[comp]; p != "" {
 		return p
 	}
 	return "/usr/local/bin/" + comp
@@ -55,60 +58,36 @@ func (o *nodeOps) kubeletRoot() string {
 	return "/var/lib/kubelet"
 }
 
+// backupDirOf is BACKUP/FROM.
+func (o *nodeOps) backupDirOf() string { return path.Join(o.backupDir, o.from) }
+
 // backup copies comp's binary (and, for the kubelet, its checkpoint
 // files) to BACKUP/FROM once; a binary that already runs another version
 // than FROM is not taken for the old one.
 func (o *nodeOps) backup(ctx context.Context, comp string) error {
-	q := nodeaccess.Quote
-	dir := path.Join(o.backupDir, o.from)
-	s := fmt.Sprintf(`b=%[1]s; mkdir -p "$b"
-if [ ! -e "$b/%[2]s" ]; then
-  v=$(%[3]s --version 2>&1 | head -n 1)
-  case "$v" in *%[4]s) ;; *) echo "%[3]s is $v, not %[4]s: no backup of the old binary can be taken" >&2; exit 66;; esac
-  cp -p %[3]s "$b/.%[2]s.partial"; mv -f "$b/.%[2]s.partial" "$b/%[2]s"
-fi
-`, q(dir), comp, q(o.binary(comp)), o.from)
+	args := []string{o.backupDirOf(), comp, o.binary(comp), o.from}
 	if comp == "kubelet" {
-		for _, f := range checkpointFiles {
-			s += fmt.Sprintf("if [ -f %[1]s ] && [ ! -e \"$b/%[2]s\" ]; then cp -p %[1]s \"$b/.%[2]s.partial\"; mv -f \"$b/.%[2]s.partial\" \"$b/%[2]s\"; fi\n",
-				q(path.Join(o.kubeletRoot(), f)), f)
-		}
+		args = append(append(args, o.kubeletRoot()), checkpointFiles...)
 	}
-	_, err := o.run(ctx, "back up "+comp, s)
+	_, err := o.run(ctx, "back up "+comp, nodescript.Backup, args...)
 	return err
 }
 
 // swap puts the staged binary in place of comp's by rename (atomic) after
 // checking its sha256 once more, and restarts the unit.
 func (o *nodeOps) swap(ctx context.Context, comp, sha256 string) error {
-	q := nodeaccess.Quote
-	staged := StagePath(o.stageDir, o.to, comp)
-	bin := o.binary(comp)
-	tmp := path.Join(path.Dir(bin), "."+comp+".kubelift-new")
-	s := fmt.Sprintf(`echo %[1]s | sha256sum -c --quiet - >&2
-cp %[2]s %[3]s; chmod 0755 %[3]s; mv -f %[3]s %[4]s
-systemctl restart %[5]s
-`, q(sha256+"  "+staged), q(staged), q(tmp), q(bin), comp)
-	_, err := o.run(ctx, "swap "+comp, s)
+	_, err := o.run(ctx, "swap "+comp, nodescript.Swap, StagePath(o.stageDir, o.to, comp), sha256, o.binary(comp), comp)
 	return err
 }
 
 // restore puts the backed-up binary (and checkpoint files) back, removes
 // a hash-skip file, and restarts the unit.
 func (o *nodeOps) restore(ctx context.Context, comp string) error {
-	q := nodeaccess.Quote
-	b := path.Join(o.backupDir, o.from)
-	bin := o.binary(comp)
-	tmp := path.Join(path.Dir(bin), "."+comp+".kubelift-old")
-	s := fmt.Sprintf("cp -p %[1]s %[2]s; mv -f %[2]s %[3]s\n", q(path.Join(b, comp)), q(tmp), q(bin))
+	args := []string{o.backupDirOf(), o.binary(comp), comp}
 	if comp == "kubelet" {
-		for _, f := range checkpointFiles {
-			s += fmt.Sprintf("if [ -f %[1]s ]; then cp -p %[1]s %[2]s.kubelift-old; mv -f %[2]s.kubelift-old %[2]s; fi\n", q(path.Join(b, f)), q(path.Join(o.kubeletRoot(), f)))
-		}
-		s += "rm -f " + q(path.Join(o.kubeletRoot(), path.Base(hashskip.DefaultPath))) + "\n"
+		args = append(append(args, o.kubeletRoot(), path.Base(hashskip.DefaultPath)), checkpointFiles...)
 	}
-	s += "systemctl restart " + comp + "\n"
-	_, err := o.run(ctx, "restore "+comp, s)
+	_, err := o.run(ctx, "restore "+comp, nodescript.Restore, args...)
 	return err
 }
 
@@ -119,23 +98,30 @@ func (o *nodeOps) writeHashSkip(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	q := nodeaccess.Quote
-	p := path.Join(o.kubeletRoot(), path.Base(hashskip.DefaultPath))
-	_, err = o.run(ctx, "write the hash-skip file", fmt.Sprintf("printf '%%s\\n' %s > %s.tmp; mv -f %s.tmp %s\n", q(string(data)), q(p), q(p), q(p)))
+	_, err = o.run(ctx, "write the hash-skip file", nodescript.WriteFile, path.Join(o.kubeletRoot(), path.Base(hashskip.DefaultPath)), string(data))
 	return err
 }
 
-// running reports the version comp's unit runs now ("" when not running).
+// running reports the version comp's unit runs now ("" when not
+// running); a version that does not parse is an error naming it.
 func (o *nodeOps) running(ctx context.Context, comp string) (string, error) {
-	out, err := o.run(ctx, "read "+comp+"'s version", fmt.Sprintf(`pid=$(systemctl show %[1]s -p MainPID 2>/dev/null | sed -n 's/^MainPID=//p')
-if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then "/proc/$pid/exe" --version 2>&1 | head -n 1; fi
-`, comp))
-	return versionRE.FindString(out), err
+	out, err := o.run(ctx, "read "+comp+"'s version", nodescript.Running, comp)
+	if err != nil {
+		return "", err
+	}
+	if strings.TrimSpace(out) == "" {
+		return "", nil
+	}
+	v, bad := parseVersionLine(o.name, comp+" --version", strings.TrimSpace(out))
+	if bad != nil {
+		return "", bad
+	}
+	return v.String(), nil
 }
 
 // containers lists the runtime's running containers (crictl ps).
 func (o *nodeOps) containers(ctx context.Context) (map[string]string, error) {
-	raw, err := o.run(ctx, "crictl ps", "crictl ps -o json")
+	raw, err := o.run(ctx, "crictl ps", nodescript.Containers)
 	if err != nil {
 		return nil, err
 	}

@@ -47,7 +47,7 @@ type Finding struct {
 }
 
 // Checks the plan runs, in the order findings are listed.
-var Checks = []string{"path", "skew", "imported", "images", "ssh", "health", "staged", "disk",
+var Checks = []string{"values", "path", "skew", "imported", "images", "ssh", "health", "staged", "disk",
 	"removed-flags", "removed-apis", "readmission", "eviction", "restarts"}
 
 // NodeState is a node as the plan found it.

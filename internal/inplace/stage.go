@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/klauspost/compress/gzip"
 	"io"
 	"log/slog"
 	"os"
@@ -12,8 +11,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/klauspost/compress/gzip"
 	"github.com/opencontainers/go-digest"
 	corev1 "k8s.io/api/core/v1"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/registry"
 )
 
@@ -184,8 +186,8 @@ func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch
 		files = append(files, f)
 		artifacts = append(artifacts, artifact)
 	}
-	vdir := dir + "/" + version
-	out, err := n.Run(ctx, fmt.Sprintf("[ -d %[1]s ] && cd %[1]s && sha256sum -- * 2>/dev/null; true", nodeaccess.Quote(vdir)), nil)
+	vdir := StagePath(dir, version, "")
+	out, err := n.Run(ctx, nodescript.ListStaged.Command(vdir), nil)
 	if err != nil {
 		return ns, fmt.Errorf("node %s: read %s: %w", t.Name, vdir, err)
 	}
@@ -220,38 +222,30 @@ func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch
 // sendFile streams a compressed file to the node, which decompresses it
 // to a temporary name, checks its sha256 and renames it into place.
 func sendFile(ctx context.Context, n nodeaccess.Node, vdir string, f bundle.File, gzPath string) (int64, error) {
+	if _, ok := under(vdir, f.Name); !ok {
+		return 0, fmt.Errorf("file %s: name %q is not a file name", f.Path, f.Name)
+	}
 	in, err := os.Open(gzPath)
 	if err != nil {
 		return 0, err
 	}
 	defer in.Close()
-	q := nodeaccess.Quote
-	dst := q(vdir + "/" + f.Name)
-	tmp := q(vdir + "/." + f.Name + ".kubelift-partial")
-	script := fmt.Sprintf(`set -e
-umask 022
-mkdir -p %[1]s
-trap 'rm -f %[3]s' EXIT
-sum=$(gzip -dc | tee %[3]s | sha256sum | cut -d ' ' -f 1)
-[ -n "$sum" ]
-if [ "$sum" != %[4]s ]; then echo "sha256 $sum on the node, signed %[4]s" >&2; exit 65; fi
-chmod 0755 %[3]s
-mv -f %[3]s %[2]s
-trap - EXIT
-`, q(vdir), dst, tmp, q(f.SHA256))
 	cr := &countingReader{r: in}
-	_, err = n.Run(ctx, script, cr)
-	return cr.n, err
+	_, err = n.Run(ctx, nodescript.StageFile.Command(vdir, f.Name, f.SHA256), cr)
+	return cr.n.Load(), err
 }
 
+// countingReader counts what was read through it. The SSH session may
+// still be reading when Run returns (its stdin copy is a goroutine of its
+// own), so the count is atomic.
 type countingReader struct {
 	r io.Reader
-	n int64
+	n atomic.Int64
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
 

@@ -1,0 +1,184 @@
+package inplace
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+)
+
+const forged = "$(touch /tmp/MARK)v1.30.14"
+
+func TestParseVersionRefusesWhatDoesNotParse(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"v1.30.14", "v1.30.14", true},
+		{"v1.30.14+k3s1", "v1.30.14", true},
+		{forged, "", false},
+		{"v1.30.14$(id)", "", false},
+		{"v1.30.14;reboot", "", false},
+		{" v1.30.14", "", false},
+		{"v1.30.14\n", "", false},
+		{"1.30.14", "", false},
+		{"v1.31.0-rc.1", "", false},
+		{"v1.30", "", false},
+		{"", "", false},
+	} {
+		v, bad := parseVersion("worker-3", "status.nodeInfo.kubeletVersion", tc.in)
+		if (bad == nil) != tc.ok {
+			t.Errorf("%q: %v", tc.in, bad)
+			continue
+		}
+		if tc.ok && v.String() != tc.want {
+			t.Errorf("%q: %s, want %s", tc.in, v, tc.want)
+		}
+		if !tc.ok && !strings.Contains(bad.Error(), "node worker-3: status.nodeInfo.kubeletVersion") {
+			t.Errorf("%q: the error does not name node and field: %v", tc.in, bad)
+		}
+	}
+}
+
+func TestParseVersionLine(t *testing.T) {
+	if v, bad := parseVersionLine("n", "kubelet --version", "Kubernetes v1.31.4"); bad != nil || v.String() != "v1.31.4" {
+		t.Errorf("%v %v", v, bad)
+	}
+	for _, line := range []string{"Kubernetes " + forged, "Kubernetes v1.31.4 $(id)", "", "Kubernetes v1.31.4\nrm -rf /"} {
+		if _, bad := parseVersionLine("n", "kubelet --version", line); bad == nil {
+			t.Errorf("%q accepted", line)
+		}
+	}
+}
+
+func TestCheckPath(t *testing.T) {
+	for p, ok := range map[string]bool{"/var/lib/kubelet": true, "/usr/local/bin/kubelet": true, "var/lib": false, "/var/../etc": false,
+		"/var//lib": false, "/var/lib/": false, "/var/lib\nx": false, "": false} {
+		if (checkPath("n", "kubelet --root-dir", p) == nil) != ok {
+			t.Errorf("%q: want ok=%v", p, ok)
+		}
+	}
+	for e, ok := range map[string]bool{"https://127.0.0.1:2379": true, "http://etcd:2379": true, "https://x:1;id": false, "file:///x": false, "127.0.0.1:2379": false} {
+		if (checkEndpoint("n", "kube-apiserver --etcd-servers", e) == nil) != ok {
+			t.Errorf("%q: want ok=%v", e, ok)
+		}
+	}
+	if _, ok := under("/var/lib/kubelift/staged", "../../etc"); ok {
+		t.Error("under accepted ..")
+	}
+}
+
+func TestKubeletVersions(t *testing.T) {
+	node := func(name, v string) corev1.Node {
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: v}}}
+	}
+	got, bad := kubeletVersions([]corev1.Node{node("cp-1", "v1.30.14"), node("worker-3", forged), node("Bad_Name", "v1.30.14")})
+	if len(got) != 1 || got["cp-1"] != "v1.30.14" {
+		t.Errorf("versions %v", got)
+	}
+	if len(bad) != 2 || bad[0].Node != "worker-3" || bad[0].Value != forged || bad[1].Field != "metadata.name" {
+		t.Errorf("refused %+v", bad)
+	}
+}
+
+// fixedRunner answers every command with out, and records them.
+type fixedRunner struct {
+	out  string
+	cmds []string
+}
+
+func (r *fixedRunner) Run(_ context.Context, cmd string, _ io.Reader) ([]byte, error) {
+	r.cmds = append(r.cmds, cmd)
+	return []byte(r.out), nil
+}
+
+// TestReadFactsRefusesForgedValues: a binary whose --version line, a
+// program path or a flag a script would get that does not parse is
+// refused, named, and left out of the facts.
+func TestReadFactsRefusesForgedValues(t *testing.T) {
+	r := &fixedRunner{out: "### version kubelet\nKubernetes " + forged + "\n" +
+		"### cmdline kubelet\n/usr/local/bin/kubelet\n--root-dir=/var/lib/../../etc\n\n" +
+		"### version kube-apiserver\nKubernetes v1.30.14\n" +
+		"### cmdline kube-apiserver\n/usr/local/bin/$(reboot)\n--etcd-servers=https://127.0.0.1:2379;id\n\n" +
+		"### staged\n### df\n/dev/vda1 100 10 90 10% /\n### crictl\n{\"containers\":[]}\n"}
+	f, err := ReadFacts(context.Background(), r, "worker-3", DefaultStageDir, "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Components["kubelet"] != "" || f.Components["kube-apiserver"] != "v1.30.14" {
+		t.Errorf("components %v", f.Components)
+	}
+	if f.Values["kubelet --root-dir"] != "" || f.Values["kube-apiserver --etcd-servers"] != "" || f.Programs["kube-apiserver"] != "" {
+		t.Errorf("refused values kept: %v %v", f.Values, f.Programs)
+	}
+	var fields []string
+	for _, b := range f.Bad {
+		fields = append(fields, b.Field)
+	}
+	want := "kubelet --version,kube-apiserver program (/proc/PID/cmdline),kubelet --root-dir,kube-apiserver --etcd-servers"
+	if strings.Join(fields, ",") != want {
+		t.Errorf("refused %q, want %q", strings.Join(fields, ","), want)
+	}
+	if len(r.cmds) != 1 || !strings.HasPrefix(r.cmds[0], "sh -c ") {
+		t.Errorf("commands %q", r.cmds)
+	}
+}
+
+func TestPatchesAreJSON(t *testing.T) {
+	p, err := tolerationsPatch(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `[{"op":"add","path":"/spec/tolerations","value":[]},` +
+		`{"op":"add","path":"/spec/tolerations/-","value":{"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}},` +
+		`{"op":"add","path":"/spec/tolerations/-","value":{"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}}]`
+	if string(p) != want {
+		t.Errorf("patch\n%s\nwant\n%s", p, want)
+	}
+	if p, _ := tolerationsPatch([]corev1.Toleration{{Operator: corev1.TolerationOpExists}}); p != nil {
+		t.Errorf("a pod tolerating everything got %s", p)
+	}
+	a, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: `v1"}`, AnnotationBundle: nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]map[string]map[string]any
+	if err := json.Unmarshal(a, &back); err != nil || back["metadata"]["annotations"][AnnotationUpgradedTo] != `v1"}` {
+		t.Errorf("annotations patch %s: %v", a, err)
+	}
+}
+
+// TestPlanBlocksOnForgedValues: a forged kubeletVersion in a Node's
+// status and a refused fact are blocking "values" findings naming node,
+// field and value; the forged value is not among the versions the plan
+// says the cluster runs; apply's preflight never lets them pass, even
+// told to ignore the check.
+func TestPlanBlocksOnForgedValues(t *testing.T) {
+	w := newWorld(t)
+	w.view.nodes[2].Status.NodeInfo.KubeletVersion = forged
+	w.view.facts["worker-1"].Bad = []BadValue{{Node: "worker-1", Field: "kubelet --root-dir", Value: "/x/../y", Reason: "want an absolute, clean path"}}
+	p := w.plan(t)
+	if !p.Blocked {
+		t.Fatal("not blocked")
+	}
+	want(t, only(p, "values"), Blocking, "node/worker-2", "status.nodeInfo.kubeletVersion", forged)
+	want(t, only(p, "values"), Blocking, "node/worker-1", "kubelet --root-dir", "/x/../y")
+	if strings.Join(p.From, ",") != "v1.30.14" {
+		t.Errorf("from %v", p.From)
+	}
+	if p.Findings[0].Check != "values" {
+		t.Errorf("values findings are not listed first: %+v", p.Findings[0])
+	}
+	r := &applyRun{opts: ApplyOptions{Ignore: []string{"values"}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Target{"worker-2": targetOf("worker-2", RoleWorker)}}
+	for _, f := range only(p, "values") {
+		if r.resolves(f) {
+			t.Errorf("apply would pass %+v", f)
+		}
+	}
+}
