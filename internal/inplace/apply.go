@@ -22,6 +22,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
 // Annotations the engine leaves on a Node it upgraded: the cluster itself
@@ -173,12 +174,10 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	if lock.TakenOver != "" {
 		r.log.Warn("took over the lock of a run that stopped", "holder", lock.TakenOver)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go lock.Keep(ctx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
-	defer func() { _ = lock.Release(context.WithoutCancel(ctx)) }()
-	// Deferred in reverse: events posted and the state written before
-	// the lock is released.
+	ctx, stopKeeping := keepLock(ctx, lock, r.log)
+	defer stopKeeping()
+	// Deferred in reverse: cordons this run left undone, events posted
+	// and the state written before the lock is released.
 	defer r.startFlushing(ctx)()
 	r.events = newEventQueue(ctx, r.client, r.log)
 	defer func() {
@@ -188,6 +187,7 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		}
 		r.events.close(wait)
 	}()
+	defer r.uncordonLeftovers(ctx)
 
 	for _, s := range []struct {
 		name string
@@ -229,7 +229,31 @@ func (r *applyRun) fail(ctx context.Context, err error) {
 	r.mu.Lock()
 	r.state.State, r.state.LastError = StateFailed, err.Error()
 	r.mu.Unlock()
-	_ = r.save(context.WithoutCancel(ctx))
+	if serr := r.save(context.WithoutCancel(ctx)); serr != nil {
+		r.log.Error("cannot record the failure in the state", "err", serr, "failure", err)
+	}
+}
+
+// keepLock renews the lock in the background until the returned stop is
+// called; losing it cancels ctx with the reason. stop waits for the
+// renewals to end, then releases the lock (a failure to is logged: the
+// lease then expires by itself).
+func keepLock(ctx context.Context, lock *Lock, log *slog.Logger) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	keepCtx, stopKeep := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		lock.Keep(keepCtx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
+	}()
+	return ctx, func() {
+		stopKeep()
+		<-done
+		if err := lock.Release(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("cannot release the upgrade lock: it expires by itself", "lease", "kube-system/"+LockName, "err", err)
+		}
+		cancel(nil)
+	}
 }
 
 // save writes the state now.
@@ -369,6 +393,9 @@ func (r *applyRun) planStep(ctx context.Context) error {
 // resolves says apply itself fixes a blocking finding, or it is about a
 // worker this run leaves alone.
 func (r *applyRun) resolves(f Finding) bool {
+	if f.Check == "values" {
+		return false // never ignored, whatever the node: nothing runs on values that did not parse
+	}
 	if f.Node != "" && !r.selected(f.Node) {
 		return true
 	}
@@ -472,17 +499,16 @@ func (r *applyRun) etcdStep(ctx context.Context) error {
 		if n.Role != RoleControlPlane || f == nil || f.Values["kube-apiserver --etcd-servers"] == "" {
 			continue
 		}
-		q := nodeaccess.Quote
 		snap := path.Join(r.opts.BackupDir, r.plan.From[0], fmt.Sprintf("etcd-snapshot-%s.db", r.opts.Plan.Now().UTC().Format("20060102T150405Z")))
-		cmd := fmt.Sprintf("mkdir -p %s; ETCDCTL_API=3 etcdctl --endpoints=%s", q(path.Dir(snap)), q(strings.Split(f.Values["kube-apiserver --etcd-servers"], ",")[0]))
-		for flag, opt := range map[string]string{"--etcd-cafile": "--cacert", "--etcd-certfile": "--cert", "--etcd-keyfile": "--key"} {
-			if v := f.Values["kube-apiserver "+flag]; v != "" {
-				cmd += " " + opt + "=" + q(v)
-			}
+		endpoint, _, _ := strings.Cut(f.Values["kube-apiserver --etcd-servers"], ",")
+		// The API server's own client flags, in etcdctl's order: --cacert,
+		// --cert, --key (each empty when not given).
+		args := []string{snap, endpoint}
+		for _, flag := range []string{"--etcd-cafile", "--etcd-certfile", "--etcd-keyfile"} {
+			args = append(args, f.Values["kube-apiserver "+flag])
 		}
-		cmd += " snapshot save " + q(snap) + " >&2"
 		err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
-			_, err := o.run(ctx, "etcd snapshot", cmd)
+			_, err := o.run(ctx, "etcd snapshot", nodescript.EtcdSnapshot, args...)
 			return err
 		})
 		if err != nil {
@@ -527,6 +553,9 @@ func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Cont
 
 // onNodeFrom is onNode with the old version given.
 func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(context.Context, *nodeOps) error) error {
+	if _, err := catalog.ParseReported(from); err != nil {
+		return fmt.Errorf("node %s: the version it upgrades from: %w", name, err)
+	}
 	t := r.tgts[name]
 	n, err := r.opts.Plan.Connector.Dial(ctx, t)
 	if err != nil {
@@ -573,7 +602,9 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 				continue // not run on this node
 			}
 			err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
-				if v, _ := o.running(ctx, comp); v == to {
+				if v, err := o.running(ctx, comp); err != nil {
+					return err
+				} else if v == to {
 					return nil // already at the target: a re-run skips it
 				}
 				r.setNode(ctx, n.Name, NodeUpgrading, comp, nil)
@@ -674,20 +705,14 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 		if pod.Spec.NodeName == "" || isDaemonSetPod(pod) {
 			continue
 		}
-		var ops []string
-		if pod.Spec.Tolerations == nil {
-			ops = append(ops, `{"op":"add","path":"/spec/tolerations","value":[]}`)
+		patch, err := tolerationsPatch(pod.Spec.Tolerations)
+		if err != nil {
+			return err
 		}
-		for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
-			if !tolerates(pod.Spec.Tolerations, key) {
-				ops = append(ops, fmt.Sprintf(`{"op":"add","path":"/spec/tolerations/-","value":{"key":%q,"operator":"Exists","effect":"NoExecute","tolerationSeconds":300}}`, key))
-			}
-		}
-		if len(ops) == 0 {
+		if patch == nil {
 			continue
 		}
-		patch := "[" + strings.Join(ops, ",") + "]"
-		if _, err := r.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if _, err := r.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("pod %s/%s: add tolerations: %w", pod.Namespace, pod.Name, err)
 		}
 		r.res.Patched = append(r.res.Patched, pod.Namespace+"/"+pod.Name)
@@ -723,18 +748,59 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		var kv []string
-		for k, v := range want[n] {
-			kv = append(kv, fmt.Sprintf("%q:%q", k, v))
-			r.res.Labels = append(r.res.Labels, n+": "+k+"="+v)
+		keys := make([]string, 0, len(want[n]))
+		for k := range want[n] {
+			keys = append(keys, k)
 		}
-		patch := `{"metadata":{"labels":{` + strings.Join(kv, ",") + `}}}`
-		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		sort.Strings(keys)
+		var kv []string
+		for _, k := range keys {
+			kv = append(kv, k+"="+want[n][k])
+			r.res.Labels = append(r.res.Labels, n+": "+k+"="+want[n][k])
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": want[n]}})
+		if err != nil {
+			return err
+		}
+		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("node %s: restore labels: %w", n, err)
 		}
 		r.event(ctx, n, "LabelsRestored", "kubelift: labels restored for pods' nodeSelectors: "+strings.Join(kv, ", "))
 	}
 	return nil
+}
+
+// tolerationsPatch is the JSON patch that adds the not-ready and
+// unreachable NoExecute tolerations (300 s, as DefaultTolerationSeconds
+// gives) a pod lacks; nil when it lacks none. Patches only add: existing
+// tolerations cannot be changed.
+func tolerationsPatch(have []corev1.Toleration) ([]byte, error) {
+	type op struct {
+		Op    string `json:"op"`
+		Path  string `json:"path"`
+		Value any    `json:"value"`
+	}
+	var ops []op
+	if have == nil {
+		ops = append(ops, op{Op: "add", Path: "/spec/tolerations", Value: []corev1.Toleration{}})
+	}
+	seconds := int64(300)
+	for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
+		if !tolerates(have, key) {
+			ops = append(ops, op{Op: "add", Path: "/spec/tolerations/-", Value: corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,
+				Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &seconds}})
+		}
+	}
+	if len(ops) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(ops)
+}
+
+// annotationsPatch is a merge patch setting (or, for nil, removing) a
+// Node's annotations.
+func annotationsPatch(a map[string]any) ([]byte, error) {
+	return json.Marshal(map[string]any{"metadata": map[string]any{"annotations": a}})
 }
 
 // kubeletsStep moves kubelets once every API server runs the target:
@@ -747,7 +813,11 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 			continue
 		}
 		if err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
-			if v, err := o.running(ctx, "kube-apiserver"); err == nil && v != "" && v != to {
+			v, err := o.running(ctx, "kube-apiserver")
+			if err != nil {
+				return err
+			}
+			if v != "" && v != to {
 				return fmt.Errorf("node %s: kube-apiserver runs %s: kubelets move only after every API server runs %s", n.Name, v, to)
 			}
 			return nil
@@ -867,7 +937,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 	var swapped, readyAt time.Time
 	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) error {
 		// check
-		if v, _ := o.running(ctx, "kubelet"); v == to {
+		v, err := o.running(ctx, "kubelet")
+		if err != nil {
+			return err
+		}
+		if v == to {
 			if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
 			}); err != nil {
@@ -949,6 +1023,15 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		}
 		stopSettle()
 		if err := r.verify(ctx, o, before, podsBefore); err != nil {
+			var restarted *restartedError
+			if errors.As(err, &restarted) {
+				// Rolling the kubelet back would restart the same containers
+				// once more (the old kubelet's hash of what the new one
+				// started differs again): it stays at the target.
+				r.log.Error("containers restarted: the kubelet stays at the target, since rolling it back would restart them again", "node", name, "version", to, "containers", restarted.containers)
+				r.event(ctx, name, "ContainersRestarted", fmt.Sprintf("kubelift: %v; kubelet left at %s (a rollback would restart them again)", err, to))
+				return fmt.Errorf("%w; the kubelet stays at %s: rolling it back would restart them a second time", err, to)
+			}
 			return r.rollback(ctx, o, "kubelet", err)
 		}
 		if r.opts.Hook != nil {
@@ -965,6 +1048,13 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			"before-restart", ms(swapped.Sub(began)), "until-ready", ms(readyAt.Sub(swapped)), "after-ready", ms(time.Since(readyAt)))
 	})
 	if err != nil {
+		// Whatever failed, a cordon of this run's is undone now, not at
+		// the run's end.
+		if _, mine := r.cordoned.Load(name); mine {
+			if uerr := r.uncordon(context.WithoutCancel(ctx), name); uerr != nil {
+				err = fmt.Errorf("%w; %w", err, uerr)
+			}
+		}
 		status := NodeFailed
 		if errors.Is(err, ErrNodeFailed) {
 			status = NodeRolledBack
@@ -1008,7 +1098,7 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]str
 	}
 	sort.Strings(gone)
 	if len(gone) > 0 && !r.opts.Plan.AllowRestarts && !r.opts.Drain {
-		return fmt.Errorf("node %s: %d containers restarted: %s", o.name, len(gone), strings.Join(gone, ", "))
+		return &restartedError{node: o.name, containers: gone}
 	}
 	podsAfter, err := r.podsOn(ctx, o.name)
 	if err != nil {
@@ -1025,6 +1115,16 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]str
 		}
 	}
 	return nil
+}
+
+// restartedError: containers that ran before the swap do not any more.
+type restartedError struct {
+	node       string
+	containers []string
+}
+
+func (e *restartedError) Error() string {
+	return fmt.Sprintf("node %s: %d containers restarted: %s", e.node, len(e.containers), strings.Join(e.containers, ", "))
 }
 
 // podsOn maps the UIDs of a node's pods to "ns/name PHASE"; pods that had
@@ -1051,8 +1151,11 @@ func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]strin
 // to, and records it done.
 func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) error {
 	to := r.target.Version.String()
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:%q}}}`, AnnotationUpgradedTo, to, AnnotationBundle, r.target.Record.BundleDigest)
-	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: to, AnnotationBundle: r.target.Record.BundleDigest})
+	if err != nil {
+		return err
+	}
+	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("node %s: mark done: %w", name, err)
 	}
 	r.setNode(ctx, name, NodeDone, "", nil)
@@ -1099,22 +1202,25 @@ type eventQueue struct {
 	log    *slog.Logger
 	ch     chan *corev1.Event
 	done   chan struct{}
-	ctx    context.Context
-	cancel context.CancelFunc
+	// giveUp ends the posting of what is left (close past its wait).
+	giveUp context.CancelFunc
 }
 
+// newEventQueue starts the queue; its posts outlive ctx's cancellation
+// (the events of a failure are worth recording) until close gives up.
 func newEventQueue(ctx context.Context, c kubernetes.Interface, log *slog.Logger) *eventQueue {
 	q := &eventQueue{client: c, log: log, ch: make(chan *corev1.Event, 4096), done: make(chan struct{})}
-	q.ctx, q.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	go q.run()
+	postCtx, giveUp := context.WithCancel(context.WithoutCancel(ctx))
+	q.giveUp = giveUp
+	go q.run(postCtx)
 	return q
 }
 
-func (q *eventQueue) run() {
+func (q *eventQueue) run(ctx context.Context) {
 	defer close(q.done)
 	for ev := range q.ch {
-		ctx, cancel := context.WithTimeout(q.ctx, 10*time.Second)
-		if _, err := q.client.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil && q.ctx.Err() == nil {
+		postCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if _, err := q.client.CoreV1().Events(ev.Namespace).Create(postCtx, ev, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
 			q.log.Warn("cannot record an event", "node", ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
 		}
 		cancel()
@@ -1137,8 +1243,8 @@ func (q *eventQueue) close(timeout time.Duration) {
 	case <-q.done:
 	case <-time.After(timeout):
 		q.log.Warn("events still queued at exit were not recorded")
-		q.cancel()
+		q.giveUp()
 		<-q.done
 	}
-	q.cancel()
+	q.giveUp()
 }

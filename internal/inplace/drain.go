@@ -2,6 +2,7 @@ package inplace
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -33,9 +34,12 @@ func (r *applyRun) cordon(ctx context.Context, name string) error {
 	if n.Spec.Unschedulable {
 		return nil
 	}
-	patch := fmt.Sprintf(`{"spec":{"unschedulable":true},"metadata":{"annotations":{%q:"true"}}}`, AnnotationCordoned)
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": true}, "metadata": map[string]any{"annotations": map[string]any{AnnotationCordoned: "true"}}})
+	if err != nil {
+		return err
+	}
 	r.cordoned.Store(name, true) // before the patch: a failed one is undone too
-	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("node %s: cordon: %w", name, err)
 	}
 	r.event(ctx, name, "Cordoned", "kubelift: cordoned to drain it")
@@ -58,13 +62,33 @@ func (r *applyRun) uncordon(ctx context.Context, name string) error {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
 	if n.Annotations[AnnotationCordoned] != "true" {
+		r.cordoned.Delete(name)
 		return nil
 	}
-	patch := fmt.Sprintf(`{"spec":{"unschedulable":false},"metadata":{"annotations":{%q:null}}}`, AnnotationCordoned)
-	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": false}, "metadata": map[string]any{"annotations": map[string]any{AnnotationCordoned: nil}}})
+	if err != nil {
+		return err
+	}
+	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("node %s: uncordon: %w", name, err)
 	}
+	r.cordoned.Delete(name)
 	return nil
+}
+
+// uncordonLeftovers uncordons every node this run cordoned and has not
+// uncordoned yet, whatever ended the run (an error, a cancel, a lost
+// lock): a run never leaves its own cordon behind. Nodes an operator
+// cordoned were never this run's.
+func (r *applyRun) uncordonLeftovers(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	r.cordoned.Range(func(k, _ any) bool {
+		name := k.(string)
+		if err := r.uncordon(ctx, name); err != nil {
+			r.log.Error("cannot uncordon a node this run cordoned: uncordon it by hand (kubectl uncordon)", "node", name, "err", err)
+		}
+		return true
+	})
 }
 
 // drain cordons the node and evicts its pods through the Eviction API, so

@@ -70,14 +70,15 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 	if fv, err := catalog.ParseVersion(from); err != nil || fv.String() != from {
 		return nil, fmt.Errorf("%w: the recorded upgrade started from %q, not one version", ErrRollbackRefused, from)
 	}
+	if tv, err := catalog.ParseVersion(to); err != nil || tv.String() != to {
+		return nil, fmt.Errorf("%w: the recorded upgrade went to %q, not a version", ErrRollbackRefused, to)
+	}
 	lock, err := AcquireLock(ctx, p.Client, opts.Holder, opts.LockDuration, p.Now)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go lock.Keep(ctx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
-	defer func() { _ = lock.Release(context.WithoutCancel(ctx)) }()
+	ctx, stopKeeping := keepLock(ctx, lock, p.Log)
+	defer stopKeeping()
 
 	tv, err := catalog.ParseVersion(to)
 	if err != nil {
@@ -92,6 +93,16 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 		if e := v.ssh[t.Name]; e != nil {
 			return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, e)
 		}
+	}
+	// Nothing is rolled back on values a node reported that do not parse.
+	_, bad := kubeletVersions(v.nodes)
+	for _, t := range v.tgts {
+		if f := v.facts[t.Name]; f != nil {
+			bad = append(bad, f.Bad...)
+		}
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, badValuesError(bad))
 	}
 	apiservers := map[string]string{}
 	for _, t := range v.tgts {
@@ -124,7 +135,11 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 	}
 	restore := func(node, comp string) error {
 		return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeOps) error {
-			if now, _ := o.running(ctx, comp); now != to {
+			now, err := o.running(ctx, comp)
+			if err != nil {
+				return fmt.Errorf("node %s: cannot tell whether %s moved, so it is not rolled back: %w", node, comp, err)
+			}
+			if now != to {
 				return nil // not moved (or back already)
 			}
 			r.log.Info("rolling back", "node", node, "component", comp, "to", from)
@@ -140,8 +155,11 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 				}); err != nil {
 					return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
 				}
-				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null,%q:null}}}`, AnnotationUpgradedTo, AnnotationBundle)
-				if _, err := p.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil})
+				if err != nil {
+					return err
+				}
+				if _, err := p.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 					return fmt.Errorf("node %s: %w", node, err)
 				}
 			}
