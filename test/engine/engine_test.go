@@ -15,6 +15,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -366,6 +367,103 @@ versions:
 	}
 	if !hasFinding(p, "path", inplace.Blocking, "node/cp-1", "kube-apiserver runs "+sb.OldVersion, "skips a minor") {
 		t.Errorf("no blocking path finding: %+v", findings(p, "path", inplace.Blocking))
+	}
+}
+
+// A node whose status is forged to carry a command in its kubelet version
+// (its kubelet stopped, the status subresource patched, as an attacker
+// on the node or with the node's credentials could) is refused by
+// construction: plan exits 4 naming the node, field and value; apply
+// (even told to ignore the check), rollback and compat cleanup refuse
+// before touching any node; the command ran nowhere: not on any node,
+// not on the admin machine.
+func TestForgedKubeletVersionIsRefused(t *testing.T) {
+	importBundle(t, hashSkipBundle)
+	mark := fmt.Sprintf("/tmp/kubelift-forged-%d", os.Getpid())
+	forged := "$(touch " + mark + ")" + sb.OldVersion
+	ctx := context.Background()
+	ssh(t, "worker-3", "systemctl stop kubelet")
+	// The node's Lease is renewed for it meanwhile, as its kubelet would:
+	// the node stays Ready, and no pod of worker-3 is evicted (the
+	// sandbox's workloads stay as the later tests expect them).
+	renewCtx, stopRenewing := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		leases := client.CoordinationV1().Leases("kube-node-lease")
+		for renewCtx.Err() == nil {
+			if l, err := leases.Get(renewCtx, "worker-3", metav1.GetOptions{}); err == nil {
+				now := metav1.NewMicroTime(time.Now())
+				l.Spec.RenewTime = &now
+				_, _ = leases.Update(renewCtx, l, metav1.UpdateOptions{})
+			}
+			select {
+			case <-renewCtx.Done():
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		stopRenewing()
+		<-renewed
+		ssh(t, "worker-3", "systemctl start kubelet")
+		waitFor(t, "worker-3 Ready at "+sb.OldVersion+" again", func() bool {
+			n, err := client.CoreV1().Nodes().Get(ctx, "worker-3", metav1.GetOptions{})
+			return err == nil && sandbox.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == sb.OldVersion
+		})
+	})
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"nodeInfo": map[string]any{"kubeletVersion": forged}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Nodes().Patch(ctx, "worker-3", types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		t.Fatal(err)
+	}
+	// A recorded upgrade for rollback to start from, as a run that
+	// stopped would leave.
+	state, _ := json.Marshal(inplace.UpgradeState{From: sb.OldVersion, To: sb.NewVersion, State: inplace.StateFailed})
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: inplace.StateName, Namespace: "kube-system"}, Data: map[string]string{"state.json": string(state)}}
+	if _, err := client.CoreV1().ConfigMaps("kube-system").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().ConfigMaps("kube-system").Delete(ctx, inplace.StateName, metav1.DeleteOptions{})
+	})
+
+	r, p := plan(t, sb.NewVersion)
+	if r.Code != 4 {
+		t.Errorf("plan: exit %d, want 4", r.Code)
+	}
+	if !hasFinding(p, "values", inplace.Blocking, "node/worker-3", "status.nodeInfo.kubeletVersion", forged) {
+		t.Errorf("no blocking values finding naming worker-3 and the value: %+v", p.Findings)
+	}
+	for _, v := range p.From {
+		if strings.Contains(v, "$") {
+			t.Errorf("the forged value is among the versions the cluster runs: %v", p.From)
+		}
+	}
+	reg, pw := registryFlags()
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"apply", append(append([]string{"apply", "--to", sb.NewVersion, "--key", filepath.Join(work, "team.pub"), "--ignore", "values,readmission,eviction,restarts"}, reg...), sshFlags()...)},
+		{"rollback", append([]string{"rollback"}, sshFlags()...)},
+		{"compat cleanup", append([]string{"compat", "cleanup"}, sshFlags()...)},
+	} {
+		r := upgrade(t, pw, tc.args...)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "worker-3") || !strings.Contains(r.Stderr, "kubeletVersion") {
+			t.Errorf("%s: exit %d, want a refusal naming worker-3 and the field\n%s", tc.name, r.Code, r.Stderr)
+		}
+	}
+	for _, m := range sb.Nodes() {
+		n := m.Name
+		if out := ssh(t, n, "if [ -e "+mark+" ]; then echo present; fi; ls /var/lib/kubelift/backup 2>/dev/null || true"); out != "" {
+			t.Errorf("%s: %q: the forged value ran, or something was backed up", n, out)
+		}
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Errorf("the forged value ran on the admin machine: %s exists", mark)
 	}
 }
 

@@ -246,22 +246,52 @@ func (h *Harness) Import(t *testing.T, file string, extra ...string) Result {
 // SSH runs a command on a node over SSH, as kubelift does.
 func (h *Harness) SSH(t *testing.T, node, command string) string {
 	t.Helper()
-	c, err := h.SB.SSH(context.Background(), node)
+	out, err := h.TrySSH(node, command)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return out
+}
+
+// TrySSH is SSH for a command that may fail (a check repeated until a
+// process has settled): the error says the node, command and output.
+func (h *Harness) TrySSH(node, command string) (string, error) {
+	c, err := h.SB.SSH(context.Background(), node)
+	if err != nil {
+		return "", err
 	}
 	defer c.Close()
 	s, err := c.NewSession()
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	defer s.Close()
 	var out, errb bytes.Buffer
 	s.Stdout, s.Stderr = &out, &errb
 	if err := s.Run(command); err != nil {
-		t.Fatalf("ssh %s %q: %v\n%s%s", node, command, err, out.String(), errb.String())
+		return out.String(), fmt.Errorf("ssh %s %q: %v\n%s%s", node, command, err, out.String(), errb.String())
 	}
-	return out.String()
+	return out.String(), nil
+}
+
+// Eventually checks cond until it holds, at most within, and says what it
+// last saw when it never did: for a state a process reaches after a
+// restart (a unit's MainPID is 0 while it restarts). No test asserts on
+// how long that takes.
+func Eventually(t *testing.T, within time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("not within %s: %s", within, last)
+			return
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // Running lists a node's running containers (ID -> pod/name), read over SSH.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/test/harness"
@@ -27,11 +28,11 @@ func TestMain(m *testing.M) {
 	}, harness.From(from))
 }
 
-// running reads the version of comp's running process on node, over SSH.
-func running(t *testing.T, node, comp string) string {
-	t.Helper()
-	out := h.SSH(t, node, fmt.Sprintf("pid=$(systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version", comp))
-	return strings.TrimPrefix(strings.TrimSpace(out), "Kubernetes ")
+// running reads the version of comp's running process on node, over SSH
+// ("" and the error while it is not running, e.g. restarting).
+func running(node, comp string) (string, error) {
+	out, err := h.TrySSH(node, fmt.Sprintf("pid=$(systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version", comp))
+	return strings.TrimPrefix(strings.TrimSpace(out), "Kubernetes "), err
 }
 
 // components lists what runs on each node of the sandbox.
@@ -47,15 +48,20 @@ func components(m sandbox.Machine) []string {
 func expectEverywhere(t *testing.T, version string, before map[string]map[string]string) {
 	t.Helper()
 	for _, m := range h.SB.Nodes() {
+		// A unit restarted by the upgrade (or by its own Restart=, as a
+		// controller manager that lost its API server is) settles: each
+		// check waits for it, with a deadline.
 		for _, c := range components(m) {
-			if got := running(t, m.Name, c); got != version {
-				t.Errorf("%s: %s runs %s, want %s", m.Name, c, got, version)
-			}
+			harness.Eventually(t, 2*time.Minute, func() (bool, string) {
+				got, err := running(m.Name, c)
+				return err == nil && got == version, fmt.Sprintf("%s: %s runs %q (%v), want %s", m.Name, c, got, err, version)
+			})
 		}
-		n := h.Node(t, m.Name)
-		if n.Status.NodeInfo.KubeletVersion != version || !sandbox.NodeReady(n) {
-			t.Errorf("%s: Node reports kubelet %s, ready %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n))
-		}
+		harness.Eventually(t, 2*time.Minute, func() (bool, string) {
+			n := h.Node(t, m.Name)
+			return n.Status.NodeInfo.KubeletVersion == version && sandbox.NodeReady(n),
+				fmt.Sprintf("%s: Node reports kubelet %s, ready %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n))
+		})
 		now := h.Running(t, m.Name)
 		for id, what := range before[m.Name] {
 			if _, ok := now[id]; !ok {
