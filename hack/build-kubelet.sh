@@ -29,6 +29,17 @@ fi
 cache=${KUBELIFT_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/kubernetes}
 out=$cache/$version-kubelift
 mkdir -p "$out"
+# One build at a time per version: test packages run side by side and
+# each asks for the kubelet; the second waits and takes the first's.
+exec 9>"$out/.lock"
+flock 9
+# The binary is kept while its inputs (the patch and pkg/hashskip) are
+# unchanged: their sha256 is its key.
+key=$(cd "$root" && cat "$patchdir"/* pkg/hashskip/go.mod pkg/hashskip/*.go | sha256sum | cut -d ' ' -f 1)
+if [ "$runtests" != "--test" ] && [ -x "$out/kubelet" ] && [ "$(cat "$out/kubelet.key" 2>/dev/null)" = "$key" ]; then
+	echo "$out/kubelet"
+	exit 0
+fi
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work"
@@ -56,6 +67,7 @@ ld=$KUBE_LDFLAGS
 echo "building kubelet $version with kubelift's hash-skip patch" >&2
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ld" -o "$out/.kubelet.partial" k8s.io/kubernetes/cmd/kubelet
 mv "$out/.kubelet.partial" "$out/kubelet"
+printf '%s\n' "$key" >"$out/kubelet.key"
 if [ "$runtests" = "--test" ]; then
 	echo "running upstream's pkg/kubelet/kuberuntime tests on the patched copy" >&2
 	go test -count=1 -ldflags "$ld" k8s.io/kubernetes/pkg/kubelet/kuberuntime >&2

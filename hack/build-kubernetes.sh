@@ -20,6 +20,14 @@ mkdir -p "$out"
 missing=()
 for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
+# One build at a time per version (test packages run side by side and
+# ask for the same version): the second waits, then builds only what the
+# first did not.
+exec 9>"$out/.lock"
+flock 9
+missing=()
+for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
+if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
