@@ -65,6 +65,10 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 	hashSkipKubelet, err := exec.Command(filepath.Join(filepath.Dir(file), "..", "..", "hack", "build-kubelet.sh"), "v1.31.4").Output()
 	if err != nil {
 		os.RemoveAll(tmp)
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("hack/build-kubelet.sh: %w\n%s", err, ee.Stderr)
+		}
 		return nil, fmt.Errorf("hack/build-kubelet.sh: %w", err)
 	}
 	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
