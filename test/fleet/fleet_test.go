@@ -36,6 +36,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )
 
@@ -333,21 +334,11 @@ func fileSHA(t *inplace.Target, name string) string {
 	return f.SHA256
 }
 
-// stageScript is the script inplace.sendFile runs (it is unexported):
-// the engine checks content before sending it, so only a stream
-// corrupted on the way, played here, reaches the node's own check.
+// stageScript is the command the engine's staging runs: the engine
+// checks content before sending it, so only a stream corrupted on the
+// way, played here, reaches the node's own check.
 func stageScript(vdir, name, sum string) string {
-	return fmt.Sprintf(`set -e
-umask 022
-mkdir -p %[1]s
-trap 'rm -f %[3]s' EXIT
-sum=$(gzip -dc | tee %[3]s | sha256sum | cut -d ' ' -f 1)
-[ -n "$sum" ]
-if [ "$sum" != %[4]s ]; then echo "sha256 $sum on the node, signed %[4]s" >&2; exit 65; fi
-chmod 0755 %[3]s
-mv -f %[3]s %[2]s
-trap - EXIT
-`, vdir, vdir+"/"+name, vdir+"/."+name+".kubelift-partial", sum)
+	return nodescript.StageFile.Command(vdir, name, sum)
 }
 
 // A stream whose content is not the signed sha256 exits 65 with the
@@ -397,7 +388,7 @@ func TestCommandNotPlayed(t *testing.T) {
 	w := newWorld(t, nil)
 	_, err := w.dial(t, "worker-2").Run(context.Background(), "set -e\nreboot --force\necho done", nil)
 	var exit *nodeaccess.ExitError
-	if !errors.As(err, &exit) || exit.Code != 127 || exit.Stderr != "fleet: worker-2: command not played: reboot --force" {
+	if !errors.As(err, &exit) || exit.Code != 127 || !strings.HasPrefix(exit.Stderr, "fleet: worker-2: command not played (") || !strings.HasSuffix(exit.Stderr, "): set -e") {
 		t.Fatalf("got %v", err)
 	}
 	if n := w.fleet.Stats().Commands["not played"]; n != 1 {

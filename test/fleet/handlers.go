@@ -4,157 +4,70 @@ import (
 	"bytes"
 	"fmt"
 	"path"
-	"regexp"
 	"strings"
 	"time"
+
+	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
-// handler plays one script the engine sends. Its pattern is the script's
-// stable text, with W for each shell word the engine fills in (a path, a
-// version, a sha256: quoted with nodeaccess.Quote); run gets the words,
-// unquoted, and returns the exit status.
+// handler plays one node script (internal/nodescript) on a node: it gets
+// the script's positional arguments and returns the exit status.
 type handler struct {
-	name string
-	re   *regexp.Regexp
+	name string // as counted in Stats and logged per command
 	run  func(f *Fleet, n *node, args []string, io *stdio) int
 }
 
-// wordNC is one shell word as nodeaccess.Quote writes it: safe
-// characters, or single-quoted, each quote inside closing the quotes,
-// escaped and reopening them; word captures it.
-const (
-	wordNC = `(?:'[^']*'|\\.|[A-Za-z0-9@%+=:,./_-])+`
-	word   = `(` + wordNC + `)`
-)
-
-// compile turns a pattern into a regexp: {W} is a word, captured; {V} a
-// word, not captured (inside repeated lines); `set -e` (which nodeOps.run
-// puts first) is optional, and the match is whole.
-func compile(pattern string) *regexp.Regexp {
-	pattern = strings.NewReplacer("{W}", word, "{V}", wordNC).Replace(pattern)
-	return regexp.MustCompile(`(?s)^(?:set -e\n)?` + pattern + `\n?$`)
+// handlers maps each nodescript script's name to the handler playing it,
+// named as the fleet's statistics (and the scale tests) call it.
+var handlers = map[string]handler{
+	"facts":         {"facts", playFacts},
+	"list-staged":   {"list staged", playListStaged},
+	"stage-file":    {"stage file", playStage},
+	"backup":        {"back up", playBackup},
+	"swap":          {"swap", playSwap},
+	"restore":       {"restore", playRestore},
+	"write-file":    {"write hash-skip", playWriteFile},
+	"running":       {"running version", playRunning},
+	"containers":    {"crictl ps", playCrictl},
+	"etcd-snapshot": {"etcd snapshot", playEtcd},
+	"exists":        {"exists", playExists},
+	"remove":        {"rm", playRm},
 }
 
-// handlers are tried in order; the first that matches plays the command.
-// Each names the engine function whose script it plays.
-var handlers = []handler{
-	// inplace.ReadFacts (factsScript): versions, command lines, unit and
-	// environment files of every component, the staged files, free space
-	// and the containers, in "### " sections.
-	{"facts", compile(`export LC_ALL=C PATH=\S+\nfor c in ([a-z -]+); do\n.*\n  for f in ([^;]+); do\n.*` +
-		`echo '### staged'; \[ -d {W} \] && \(cd {W} && sha256sum -- \* 2>/dev/null\)\n` +
-		`d={W}; while \[ ! -d "\$d" \]; do d=\$\(dirname "\$d"\); done; echo '### df'; df -Pk "\$d" \| tail -n 1\n` +
-		`echo '### crictl'; crictl ps -o json 2>&1 \|\| echo '### crictl-failed'`), playFacts},
-	// inplace.stageNode: the files already staged, to skip them.
-	{"list staged", compile(`\[ -d {W} \] && cd {W} && sha256sum -- \* 2>/dev/null; true`), playListStaged},
-	// inplace.sendFile: stdin is a gzip stream, decompressed to a
-	// temporary file, checked against the signed sha256 (exit 65) and
-	// renamed into place.
-	{"stage file", compile(`umask 022\nmkdir -p {W}\ntrap 'rm -f {W}' EXIT\nsum=\$\(gzip -dc \| tee {W} \| sha256sum \| cut -d ' ' -f 1\)\n` +
-		`\[ -n "\$sum" \]\nif \[ "\$sum" != {W} \]; then echo "sha256 \$sum on the node, signed {W}" >&2; exit 65; fi\n` +
-		`chmod 0755 {W}\nmv -f {W} {W}\ntrap - EXIT`), playStage},
-	// nodeOps.backup: the binary (if it runs FROM; exit 66 if not) and,
-	// for the kubelet, its checkpoint files, to BACKUP/FROM once.
-	{"back up", compile(`b={W}; mkdir -p "\$b"\nif \[ ! -e "\$b/{W}" \]; then\n  v=\$\({W} --version 2>&1 \| head -n 1\)\n` +
-		`  case "\$v" in \*([^)]+)\) ;; \*\) echo "[^\n]*" >&2; exit 66;; esac\n` +
-		`  cp -p {W} "\$b/{W}"; mv -f "\$b/{W}" "\$b/{W}"\nfi\n` +
-		`((?:if \[ -f {V} \] && \[ ! -e "\$b/{V}" \]; then cp -p {V} "\$b/{V}"; mv -f "\$b/{V}" "\$b/{V}"; fi\n)*)`), playBackup},
-	// nodeOps.swap: check the staged file, copy it over the binary,
-	// restart the unit.
-	{"swap", compile(`echo {W} \| sha256sum -c --quiet - >&2\ncp {W} {W}; chmod 0755 {W}; mv -f {W} {W}\nsystemctl restart {W}`), playSwap},
-	// nodeOps.restore: the backed-up binary (and checkpoint files) back,
-	// the hash-skip file removed, the unit restarted.
-	{"restore", compile(`cp -p {W} {W}; mv -f {W} {W}\n` +
-		`((?:if \[ -f {V} \]; then cp -p {V} {V}; mv -f {V} {V}; fi\n)*)` +
-		`((?:rm -f {V}\n)?)systemctl restart {W}`), playRestore},
-	// nodeOps.writeHashSkip: printf the JSON to a temporary file, rename.
-	{"write hash-skip", compile(`printf '%s\\n' {W} > {W}; mv -f {W} {W}`), playWriteFile},
-	// nodeOps.running: the version the unit's main process runs.
-	{"running version", compile(`pid=\$\(systemctl show {W} -p MainPID 2>/dev/null \| sed -n 's/\^MainPID=//p'\)\n` +
-		`if \[ -n "\$pid" \] && \[ "\$pid" != 0 \] && \[ -e "/proc/\$pid/exe" \]; then "/proc/\$pid/exe" --version 2>&1 \| head -n 1; fi`), playRunning},
-	// nodeOps.containers (verify, and the containers before a swap).
-	{"crictl ps", compile(`crictl ps -o json`), playCrictl},
-	// applyRun.etcdStep: a snapshot with the API server's etcd client
-	// flags; a small file says it is simulated.
-	{"etcd snapshot", compile(`mkdir -p {W}; ETCDCTL_API=3 etcdctl --endpoints={W}((?: --[a-z]+={V})*) snapshot save {W} >&2`), playEtcd},
-	// cleanupNode: is the hash-skip file there?
-	{"exists", compile(`\[ -e {W} \] && echo yes \|\| echo no`), playExists},
-	// cleanupNode: remove the hash-skip file.
-	{"rm", compile(`rm -f {W}`), playRm},
-}
-
-// Regexps for the repeated lines inside some scripts.
-var (
-	backupExtraRE  = regexp.MustCompile(`if \[ -f ` + word + ` \] && \[ ! -e "\$b/` + word + `" \]`)
-	restoreExtraRE = regexp.MustCompile(`if \[ -f ` + word + ` \]; then cp -p ` + word + ` ` + word + `; mv -f ` + word + ` ` + word + `; fi`)
-	rmRE           = regexp.MustCompile(`rm -f ` + word)
-)
-
-// exec plays cmd on n.
+// exec plays cmd on n: one of the engine's node scripts, exactly as
+// embedded, or a failure (exit 127) naming what it is not.
 func (f *Fleet) exec(n *node, cmd string, io *stdio) int {
-	for _, h := range handlers {
-		m := h.re.FindStringSubmatch(cmd)
-		if m == nil {
-			continue
-		}
-		f.count(h.name)
-		args := make([]string, len(m)-1)
-		for i, a := range m[1:] {
-			args[i] = unquote(a)
-		}
-		began := time.Now()
-		code := h.run(f, n, args, io)
-		n.mu.Lock()
-		n.commands = append(n.commands, Command{Handler: h.name, Began: began, Ended: time.Now(), Code: code})
-		n.mu.Unlock()
-		return code
+	s, args, err := nodescript.Parse(cmd)
+	h, ok := handlers[s.Name]
+	if err != nil || !ok {
+		f.count("not played")
+		first, _, _ := strings.Cut(cmd, "\n")
+		msg := fmt.Sprintf("fleet: %s: command not played (%v): %s", n.spec.Name, err, first)
+		f.cfg.Log("%s", msg)
+		fmt.Fprintln(io.err, msg)
+		return 127
 	}
-	f.count("not played")
-	first := strings.TrimPrefix(cmd, "set -e\n")
-	first, _, _ = strings.Cut(first, "\n")
-	msg := fmt.Sprintf("fleet: %s: command not played: %s", n.spec.Name, first)
-	f.cfg.Log("%s", msg)
-	fmt.Fprintln(io.err, msg)
-	return 127
+	f.count(h.name)
+	began := time.Now()
+	code := h.run(f, n, args, io)
+	n.mu.Lock()
+	n.commands = append(n.commands, Command{Handler: h.name, Began: began, Ended: time.Now(), Code: code})
+	n.mu.Unlock()
+	return code
 }
 
-// unquote undoes nodeaccess.Quote (and backslash escapes).
-func unquote(s string) string {
-	if !strings.ContainsAny(s, `'\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '\'':
-			j := strings.IndexByte(s[i+1:], '\'')
-			if j < 0 {
-				j = len(s) - i - 1
-			}
-			b.WriteString(s[i+1 : i+1+j])
-			i += j + 1
-		case '\\':
-			if i+1 < len(s) {
-				i++
-				b.WriteByte(s[i])
-			}
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
+// unitPaths are where the facts script looks for a component's unit
+// file and drop-ins, in its order ($c is the component).
+var unitPaths = []string{"/etc/systemd/system/$c.service", "/run/systemd/system/$c.service", "/lib/systemd/system/$c.service", "/usr/lib/systemd/system/$c.service",
+	"/etc/systemd/system/$c.service.d/*.conf", "/run/systemd/system/$c.service.d/*.conf", "/lib/systemd/system/$c.service.d/*.conf", "/usr/lib/systemd/system/$c.service.d/*.conf"}
 
-// playFacts answers factsScript. args: components, unit file patterns
-// (with $c), staged dir (twice), stage dir.
+// playFacts answers the facts script. args: VERSION_DIR STAGE_DIR
+// COMPONENT...
 func playFacts(f *Fleet, n *node, args []string, io *stdio) int {
-	comps := strings.Fields(args[0])
-	var patterns []string
-	for _, w := range strings.Fields(args[1]) {
-		if w != `\` {
-			patterns = append(patterns, w)
-		}
+	if len(args) < 2 {
+		return 2
 	}
+	vdir, comps := args[0], args[2:]
 	var b bytes.Buffer
 	n.mu.Lock()
 	for _, c := range comps {
@@ -166,7 +79,7 @@ func playFacts(f *Fleet, n *node, args []string, io *stdio) int {
 			}
 			b.WriteString("\n")
 		}
-		for _, pat := range patterns {
+		for _, pat := range unitPaths {
 			pat = strings.ReplaceAll(pat, "$c", c)
 			for _, file := range n.glob(pat) {
 				v, ok := n.files[file]
@@ -189,7 +102,7 @@ func playFacts(f *Fleet, n *node, args []string, io *stdio) int {
 		}
 	}
 	b.WriteString("### staged\n")
-	n.writeSums(&b, args[2])
+	n.writeSums(&b, path.Clean(vdir))
 	n.mu.Unlock()
 	// df -Pk: 1 TiB, a tenth used.
 	b.WriteString("### df\n/dev/vda1 1073741824 107374182 966367642 10% /\n")
@@ -237,20 +150,21 @@ func (n *node) writeSums(b *bytes.Buffer, dir string) {
 	}
 }
 
-// playListStaged answers stageNode's listing. args: dir, dir.
+// playListStaged answers the list-staged script. args: VERSION_DIR.
 func playListStaged(_ *Fleet, n *node, args []string, io *stdio) int {
 	var b bytes.Buffer
 	n.mu.Lock()
-	n.writeSums(&b, args[0])
+	n.writeSums(&b, path.Clean(args[0]))
 	n.mu.Unlock()
 	io.out.Write(b.Bytes())
 	return 0
 }
 
-// playStage answers sendFile. args: dir, tmp, tmp, sha256, sha256, tmp,
-// tmp, dst.
+// playStage answers the stage-file script. args: VERSION_DIR NAME
+// SHA256; stdin is the gzip stream.
 func playStage(f *Fleet, n *node, args []string, io *stdio) int {
-	dir, want, dst := args[0], args[3], args[7]
+	dir, want := path.Clean(args[0]), args[2]
+	dst := dir + "/" + args[1]
 	got, read, err := f.stream.read(f.ctx, io.in)
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -267,34 +181,34 @@ func playStage(f *Fleet, n *node, args []string, io *stdio) int {
 	return 0
 }
 
-// playBackup answers nodeOps.backup. args: dir, name, binary, from,
-// then the .partial names, then the checkpoint lines.
+// playBackup answers the backup script. args: BACKUP_DIR NAME BINARY
+// FROM [KUBELET_ROOT CHECKPOINT...].
 func playBackup(f *Fleet, n *node, args []string, io *stdio) int {
-	dir, name, bin, from := args[0], args[1], args[2], args[3]
+	dir, name, bin, from := path.Clean(args[0]), args[1], args[2], args[3]
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.mkdirAll(dir)
 	if !n.exists(dir + "/" + name) {
-		if v := f.versionOf(n, bin); !strings.HasSuffix(v, from) {
+		if v := f.versionOf(n, bin); !strings.HasSuffix(v, " "+from) {
 			fmt.Fprintf(io.err, "%s is %s, not %s: no backup of the old binary can be taken\n", bin, v, from)
 			return 66
 		}
 		n.files[dir+"/"+name] = n.files[bin]
 	}
-	for _, m := range backupExtraRE.FindAllStringSubmatch(args[len(args)-1], -1) {
-		src, dst := unquote(m[1]), dir+"/"+unquote(m[2])
-		if v, ok := n.files[src]; ok && !n.exists(dst) {
-			n.files[dst] = v
+	if len(args) > 4 {
+		root := args[4]
+		for _, c := range args[5:] {
+			if v, ok := n.files[root+"/"+c]; ok && !n.exists(dir+"/"+c) {
+				n.files[dir+"/"+c] = v
+			}
 		}
 	}
 	return 0
 }
 
-// playSwap answers nodeOps.swap. args: "SHA256  STAGED", staged, tmp
-// (three times), binary, unit.
+// playSwap answers the swap script. args: STAGED SHA256 BINARY UNIT.
 func playSwap(f *Fleet, n *node, args []string, io *stdio) int {
-	want, staged, _ := strings.Cut(args[0], "  ")
-	bin, comp := args[5], args[6]
+	staged, want, bin, comp := args[0], args[1], args[2], args[3]
 	n.mu.Lock()
 	v, ok := n.files[staged]
 	switch {
@@ -308,7 +222,7 @@ func playSwap(f *Fleet, n *node, args []string, io *stdio) int {
 		return 1
 	case !n.dirs[path.Dir(bin)]:
 		n.mu.Unlock()
-		fmt.Fprintf(io.err, "cp: cannot create regular file '%s': No such file or directory\n", args[2])
+		fmt.Fprintf(io.err, "cp: cannot create regular file '%s/.%s.kubelift-new': No such file or directory\n", path.Dir(bin), comp)
 		return 1
 	}
 	n.files[bin] = v
@@ -316,10 +230,11 @@ func playSwap(f *Fleet, n *node, args []string, io *stdio) int {
 	return f.systemctlRestart(n, comp, io)
 }
 
-// playRestore answers nodeOps.restore. args: backup, tmp, tmp, binary,
-// checkpoint lines, rm line, unit.
+// playRestore answers the restore script. args: BACKUP_DIR BINARY UNIT
+// [KUBELET_ROOT HASH_SKIP_FILE CHECKPOINT...].
 func playRestore(f *Fleet, n *node, args []string, io *stdio) int {
-	backup, bin, comp := args[0], args[3], args[len(args)-1]
+	dir, bin, comp := path.Clean(args[0]), args[1], args[2]
+	backup := dir + "/" + comp
 	n.mu.Lock()
 	v, ok := n.files[backup]
 	if !ok {
@@ -328,13 +243,14 @@ func playRestore(f *Fleet, n *node, args []string, io *stdio) int {
 		return 1
 	}
 	n.files[bin] = v
-	for _, m := range restoreExtraRE.FindAllStringSubmatch(args[4], -1) {
-		if v, ok := n.files[unquote(m[1])]; ok {
-			n.put(unquote(m[5]), v)
+	if len(args) > 4 {
+		root, skip := args[3], args[4]
+		for _, c := range args[5:] {
+			if v, ok := n.files[dir+"/"+c]; ok {
+				n.put(root+"/"+c, v)
+			}
 		}
-	}
-	if m := rmRE.FindStringSubmatch(args[len(args)-2]); m != nil {
-		delete(n.files, unquote(m[1]))
+		delete(n.files, root+"/"+skip)
 	}
 	n.mu.Unlock()
 	return f.systemctlRestart(n, comp, io)
@@ -348,21 +264,21 @@ func (f *Fleet) systemctlRestart(n *node, comp string, io *stdio) int {
 	return 0
 }
 
-// playWriteFile answers nodeOps.writeHashSkip. args: content, tmp, tmp,
-// file.
+// playWriteFile answers the write-file script (the hash-skip file).
+// args: FILE CONTENT.
 func playWriteFile(_ *Fleet, n *node, args []string, io *stdio) int {
-	data, file := args[0], args[3]
+	file, data := args[0], args[1]
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !n.dirs[path.Dir(file)] {
-		fmt.Fprintf(io.err, "sh: 1: cannot create %s: Directory nonexistent\n", args[1])
+		fmt.Fprintf(io.err, "sh: 1: cannot create %s.kubelift-tmp: Directory nonexistent\n", file)
 		return 2
 	}
 	n.files[file] = vfile{data: []byte(data + "\n")}
 	return 0
 }
 
-// playRunning answers nodeOps.running. args: unit.
+// playRunning answers the running script. args: UNIT.
 func playRunning(_ *Fleet, n *node, args []string, io *stdio) int {
 	n.mu.Lock()
 	u := n.units[args[0]]
@@ -377,7 +293,7 @@ func playRunning(_ *Fleet, n *node, args []string, io *stdio) int {
 	return 0
 }
 
-// playCrictl answers nodeOps.containers.
+// playCrictl answers the containers script.
 func playCrictl(f *Fleet, n *node, _ []string, io *stdio) int {
 	out, err := f.crictlPS(n)
 	if err != nil {
@@ -388,10 +304,11 @@ func playCrictl(f *Fleet, n *node, _ []string, io *stdio) int {
 	return 0
 }
 
-// playEtcd answers etcdStep with a small file that says what it is.
-// args: dir, endpoint, flags (the last one's value), snapshot path.
+// playEtcd answers the etcd-snapshot script with a small file that says
+// what it is. args: SNAPSHOT ENDPOINT CACERT CERT KEY.
 func playEtcd(_ *Fleet, n *node, args []string, io *stdio) int {
-	dir, endpoint, snap := args[0], args[1], args[len(args)-1]
+	snap, endpoint := args[0], args[1]
+	dir := path.Dir(snap)
 	if !n.spec.ControlPlane {
 		fmt.Fprintln(io.err, "sh: 1: etcdctl: not found")
 		return 127
@@ -408,7 +325,7 @@ func playEtcd(_ *Fleet, n *node, args []string, io *stdio) int {
 	return 0
 }
 
-// playExists answers cleanupNode's check. args: file.
+// playExists answers the exists script. args: FILE.
 func playExists(_ *Fleet, n *node, args []string, io *stdio) int {
 	n.mu.Lock()
 	ok := n.exists(args[0])
@@ -421,7 +338,7 @@ func playExists(_ *Fleet, n *node, args []string, io *stdio) int {
 	return 0
 }
 
-// playRm answers cleanupNode's removal. args: file.
+// playRm answers the remove script. args: FILE.
 func playRm(_ *Fleet, n *node, args []string, io *stdio) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
