@@ -98,7 +98,7 @@ upgrading-kubelets) for a later apply.`,
 	f.StringVar(&opts.Selector, "selector", "", "manual mode: move only the kubelets of workers with these labels (e.g. pool=blue)")
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
 	f.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "the upgrade lock lasts this long unless renewed: a run that died is taken over after it")
-	f.BoolVar(&opts.DryRun, "dry-run", false, "plan and say what would be done; change nothing")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "walk every step, print each change and node script it would make; change nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json (the plan, the state, timings)")
 	return cmd
@@ -170,7 +170,8 @@ func printApply(w io.Writer, res *inplace.ApplyResult, dry bool, took time.Durat
 	switch {
 	case dry && res.Plan != nil:
 		printPlan(w, res.Plan)
-		fmt.Fprintln(w, "\ndry run: nothing was changed")
+		fmt.Fprintln(w)
+		printActions(w, res.DryRun)
 		return
 	case res.NothingToDo:
 		fmt.Fprintf(w, "every node already runs %s: nothing to do\n", res.Plan.To)
@@ -188,4 +189,27 @@ func printApply(w io.Writer, res *inplace.ApplyResult, dry bool, took time.Durat
 	if res.State != nil && res.State.State == inplace.StateComplete {
 		fmt.Fprintf(w, "upgraded to %s in %s\n", res.State.To, took.Round(time.Second))
 	}
+}
+
+// printActions prints what a dry run walked past, step by step.
+func printActions(w io.Writer, actions []inplace.Action) {
+	step := ""
+	for _, a := range actions {
+		if a.Step != step {
+			step = a.Step
+			fmt.Fprintf(w, "step %s:\n", step)
+		}
+		line := "  "
+		if a.Node != "" {
+			line += a.Node + ": "
+		}
+		switch {
+		case a.What != "" && a.Command != "":
+			line += a.What + ": " + a.Command
+		default:
+			line += a.What + a.Command
+		}
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintf(w, "dry run: %d changes walked past, nothing was changed\n", len(actions))
 }

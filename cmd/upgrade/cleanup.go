@@ -64,6 +64,11 @@ old kubelet still run, the file stays and the count says how many.`,
 				fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%v\t%s\n", n.Node, n.File, n.Containers, n.Old, n.Removed, n.Error)
 			}
 			tw.Flush()
+			for _, n := range res {
+				if n.DryRun != "" {
+					fmt.Fprintf(opts.IO.Out, "dry run: would run on %s: %s\n", n.Node, n.DryRun)
+				}
+			}
 			return err
 		},
 	}

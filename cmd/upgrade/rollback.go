@@ -19,6 +19,7 @@ type rollbackOptions struct {
 	BackupDir    string
 	ReadyTimeout time.Duration
 	Quiet        bool
+	DryRun       bool
 }
 
 func newCmdRollback(s *cli.IO) *cobra.Command {
@@ -55,12 +56,15 @@ saying why: a minor upgrade goes forward once an API server has moved.`,
 			if err != nil {
 				return err
 			}
-			st, err := inplace.Rollback(cmd.Context(), inplace.ApplyOptions{
+			res, err := inplace.Rollback(cmd.Context(), inplace.ApplyOptions{
 				Plan: inplace.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel,
 					Log: opts.IO.Logger(opts.Quiet)},
-				BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout})
-			if st != nil && err == nil {
-				printState(opts.IO.Out, st, nil)
+				BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun})
+			switch {
+			case res != nil && opts.DryRun:
+				printActions(opts.IO.Out, res.DryRun)
+			case res != nil && res.State != nil && err == nil:
+				printState(opts.IO.Out, res.State, nil)
 			}
 			return err
 		},
@@ -72,5 +76,6 @@ saying why: a minor upgrade goes forward once an API server has moved.`,
 	f.StringVar(&opts.BackupDir, "backup-dir", inplace.DefaultBackupDir, "where apply kept the replaced binaries on the nodes")
 	f.DurationVar(&opts.ReadyTimeout, "ready-timeout", 5*time.Minute, "how long to wait for each restored component")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "read what runs and print every restore and node script the rollback would run; change nothing")
 	return cmd
 }

@@ -89,6 +89,19 @@ type ApplyResult struct {
 	Steps    []StepTime `json:"steps,omitempty"`
 	Waiting  float64    `json:"waitingSeconds"`
 	Settling float64    `json:"settlingSeconds"`
+	// DryRun lists, for a dry run, every change the run would make, in
+	// order: nothing was changed.
+	DryRun []Action `json:"dryRun,omitempty"`
+}
+
+// Action is one change a dry run walked past without making it.
+type Action struct {
+	Step string `json:"step"`
+	Node string `json:"node,omitempty"`
+	// What says it in words; Command is the node script with its
+	// arguments (kubelift-NAME ARG...), or the API patch.
+	What    string `json:"what,omitempty"`
+	Command string `json:"command,omitempty"`
 }
 
 // StepTime is how long one step of Apply took.
@@ -144,6 +157,10 @@ type applyRun struct {
 	events *eventQueue
 	// cordoned holds the nodes this run cordoned.
 	cordoned sync.Map
+	// dry: walk the steps, run what only reads, and record in res.DryRun
+	// what would change instead of changing it. step is the step walked.
+	dry  bool
+	step string
 	// writer stores the state; dirty asks flushLoop for a write.
 	writerOnce sync.Once
 	writer     *stateWriter
@@ -163,31 +180,31 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, err
 	}
 	p := &opts.Plan
-	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}}
-	if opts.DryRun {
-		return r.res, r.planStep(ctx)
-	}
-	lock, err := AcquireLock(ctx, r.client, opts.Holder, opts.LockDuration, p.Now)
-	if err != nil {
-		return nil, err
-	}
-	if lock.TakenOver != "" {
-		r.log.Warn("took over the lock of a run that stopped", "holder", lock.TakenOver)
-	}
-	ctx, stopKeeping := keepLock(ctx, lock, r.log)
-	defer stopKeeping()
-	// Deferred in reverse: cordons this run left undone, events posted
-	// and the state written before the lock is released.
-	defer r.startFlushing(ctx)()
-	r.events = newEventQueue(ctx, r.client, r.log)
-	defer func() {
-		wait := 30 * time.Second
-		if ctx.Err() != nil {
-			wait = 3 * time.Second // interrupted: the API may be what failed
+	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}, dry: opts.DryRun}
+	if !r.dry {
+		lock, err := AcquireLock(ctx, r.client, opts.Holder, opts.LockDuration, p.Now)
+		if err != nil {
+			return nil, err
 		}
-		r.events.close(wait)
-	}()
-	defer r.uncordonLeftovers(ctx)
+		if lock.TakenOver != "" {
+			r.log.Warn("took over the lock of a run that stopped", "holder", lock.TakenOver)
+		}
+		var stopKeeping func()
+		ctx, stopKeeping = keepLock(ctx, lock, r.log)
+		defer stopKeeping()
+		// Deferred in reverse: cordons this run left undone, events posted
+		// and the state written before the lock is released.
+		defer r.startFlushing(ctx)()
+		r.events = newEventQueue(ctx, r.client, r.log)
+		defer func() {
+			wait := 30 * time.Second
+			if ctx.Err() != nil {
+				wait = 3 * time.Second // interrupted: the API may be what failed
+			}
+			r.events.close(wait)
+		}()
+		defer r.uncordonLeftovers(ctx)
+	}
 
 	for _, s := range []struct {
 		name string
@@ -205,7 +222,8 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		if r.res.NothingToDo {
 			break
 		}
-		r.log.Info("step", "name", s.name)
+		r.log.Info("step", "name", s.name, "dryRun", r.dry)
+		r.step = s.name
 		began := time.Now()
 		err := s.fn(ctx)
 		r.res.Steps = append(r.res.Steps, StepTime{Name: s.name, Seconds: time.Since(began).Seconds()})
@@ -256,8 +274,19 @@ func keepLock(ctx context.Context, lock *Lock, log *slog.Logger) (context.Contex
 	}
 }
 
-// save writes the state now.
+// would records, in a dry run, a change the run walks past.
+func (r *applyRun) would(node, what, command string) {
+	r.mu.Lock()
+	r.res.DryRun = append(r.res.DryRun, Action{Step: r.step, Node: node, What: what, Command: command})
+	r.mu.Unlock()
+	r.log.Info("dry run: would", "step", r.step, "node", node, "what", what, "command", command)
+}
+
+// save writes the state now (a dry run keeps it in memory).
 func (r *applyRun) save(ctx context.Context) error {
+	if r.dry {
+		return nil
+	}
 	r.writerOnce.Do(func() { r.writer = &stateWriter{client: r.client} })
 	return r.writer.write(ctx, func() ([]byte, error) {
 		r.mu.Lock()
@@ -454,6 +483,17 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 	if len(missing) == 0 {
 		return nil
 	}
+	if r.dry {
+		for _, t := range missing {
+			arch := archOr(r.nodeState(t.Name).Arch)
+			for _, name := range FilesFor(t.Role) {
+				if f, _, ok := r.target.File(name, arch); ok {
+					r.would(t.Name, "stage "+name, nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, r.target.Version.String(), ""), f.Name, f.SHA256))
+				}
+			}
+		}
+		return nil
+	}
 	_, err := Stage(ctx, StageOptions{Target: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Targets: missing,
 		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Log: r.log})
 	return err
@@ -568,7 +608,11 @@ func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(co
 	if f == nil {
 		return fmt.Errorf("node %s: not read by the plan", name)
 	}
-	return fn(ctx, &nodeOps{n: n, name: name, stageDir: r.opts.Plan.StageDir, backupDir: r.opts.BackupDir, from: from, to: r.target.Version.String(), facts: f})
+	o := &nodeOps{n: n, name: name, stageDir: r.opts.Plan.StageDir, backupDir: r.opts.BackupDir, from: from, to: r.target.Version.String(), facts: f}
+	if r.dry {
+		o.dry = func(node, command string) { r.would(node, "", command) }
+	}
+	return fn(ctx, o)
 }
 
 func (r *applyRun) nodeState(name string) *NodeState {
@@ -634,6 +678,10 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 // waitComponent waits for comp to run the version (and the API server to
 // answer /readyz and /version at the node's address).
 func (r *applyRun) waitComponent(ctx context.Context, o *nodeOps, comp, version string) error {
+	if r.dry {
+		r.would(o.name, fmt.Sprintf("wait for %s to run %s and be healthy", comp, version), "")
+		return nil
+	}
 	defer r.timed(&r.res.Waiting)()
 	deadline := time.Now().Add(r.opts.ReadyTimeout)
 	var last error
@@ -712,6 +760,11 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 		if patch == nil {
 			continue
 		}
+		if r.dry {
+			r.would(pod.Spec.NodeName, "add tolerations to pod "+pod.Namespace+"/"+pod.Name, string(patch))
+			r.res.Patched = append(r.res.Patched, pod.Namespace+"/"+pod.Name)
+			continue
+		}
 		if _, err := r.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("pod %s/%s: add tolerations: %w", pod.Namespace, pod.Name, err)
 		}
@@ -762,6 +815,10 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if r.dry {
+			r.would(n, "restore labels "+strings.Join(kv, ", "), string(patch))
+			continue
+		}
 		if _, err := r.client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("node %s: restore labels: %w", n, err)
 		}
@@ -809,7 +866,7 @@ func annotationsPatch(a map[string]any) ([]byte, error) {
 func (r *applyRun) kubeletsStep(ctx context.Context) error {
 	to := r.target.Version.String()
 	for _, n := range r.plan.Nodes {
-		if n.Role != RoleControlPlane {
+		if n.Role != RoleControlPlane || r.dry { // a dry run moved no API server
 			continue
 		}
 		if err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
@@ -828,12 +885,14 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 	if err := r.setState(ctx, StateUpgradingKubelets); err != nil {
 		return err
 	}
-	w, err := watchNodes(ctx, r.client)
-	if err != nil {
-		return err
+	if !r.dry {
+		w, err := watchNodes(ctx, r.client)
+		if err != nil {
+			return err
+		}
+		defer w.close()
+		r.watch = w
 	}
-	defer w.close()
-	r.watch = w
 	var cps, workers []string
 	for _, n := range r.plan.Nodes {
 		switch {
@@ -941,6 +1000,10 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
+		if v == to && r.dry {
+			r.would(name, "kubelet runs "+to+" already: wait for the node Ready and mark it done", "")
+			return nil
+		}
 		if v == to {
 			if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
@@ -952,7 +1015,9 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			}
 			return r.markDone(ctx, name)
 		}
-		if r.opts.Hook != nil {
+		if r.opts.Hook != nil && r.dry {
+			r.would(name, "run the pre-hook", "")
+		} else if r.opts.Hook != nil {
 			if err := r.opts.Hook(ctx, "pre", name, o.from, to); err != nil {
 				return fmt.Errorf("node %s: pre-hook: %w", name, err)
 			}
@@ -960,7 +1025,9 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
 		r.event(ctx, name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", o.from, to))
 		// drain
-		if r.opts.Drain {
+		if r.opts.Drain && r.dry {
+			r.would(name, "cordon the node and evict its pods (PodDisruptionBudgets hold)", "")
+		} else if r.opts.Drain {
 			if err := r.drain(ctx, name); err != nil {
 				return err
 			}
@@ -1003,6 +1070,13 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			return r.rollback(ctx, o, "kubelet", err)
 		}
 		swapped = time.Now()
+		if r.dry {
+			r.would(name, fmt.Sprintf("wait for the node Ready at %s, settle %s, verify the same containers run and no pod is lost; roll back on failure", to, r.opts.Settle), "")
+			if r.opts.Hook != nil {
+				r.would(name, "run the post-hook", "")
+			}
+			return r.markDone(ctx, name)
+		}
 		// wait Ready at the target
 		stopWait := r.timed(&r.res.Waiting)
 		err = r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
@@ -1155,6 +1229,10 @@ func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) erro
 	if err != nil {
 		return err
 	}
+	if r.dry {
+		r.would(name, "annotate the node upgraded", string(patch))
+		return nil
+	}
 	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("node %s: mark done: %w", name, err)
 	}
@@ -1177,6 +1255,9 @@ func (r *applyRun) completeStep(ctx context.Context) error {
 // event records a Kubernetes Event on a Node (best effort): through the
 // run's event queue when it has one, so no node waits on it.
 func (r *applyRun) event(ctx context.Context, node, reason, msg string) {
+	if r.dry {
+		return
+	}
 	now := metav1.NewTime(r.opts.Plan.Now())
 	ev := &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: node + ".kubelift-", Namespace: metav1.NamespaceDefault},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}, Reason: reason, Message: msg,

@@ -42,6 +42,8 @@ type NodeCleanup struct {
 	Old        int    `json:"old"`
 	Removed    bool   `json:"removed"`
 	Error      string `json:"error,omitempty"`
+	// DryRun is, in a dry run, the node script that would remove the file.
+	DryRun string `json:"dryRun,omitempty"`
 	// converged: no running container needs the file.
 	converged bool
 }
@@ -85,7 +87,13 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 		sort.Slice(bad, func(i, j int) bool { return bad[i].Node < bad[j].Node })
 		return nil, badValuesError(bad)
 	}
-	if !opts.DryRun {
+	if opts.DryRun {
+		for _, t := range tgts {
+			if nc := res[t.Name]; nc != nil && failed[t.Name] == nil && nc.File && nc.converged {
+				nc.DryRun = nodescript.Remove.Show(files[t.Name])
+			}
+		}
+	} else {
 		var remove []nodeaccess.Target
 		for _, t := range tgts {
 			if nc := res[t.Name]; nc != nil && failed[t.Name] == nil && nc.File && nc.converged {

@@ -52,6 +52,9 @@ func (r *applyRun) cordon(ctx context.Context, name string) error {
 // this run cordoned is always read from the API, which may be ahead of
 // the informer.
 func (r *applyRun) uncordon(ctx context.Context, name string) error {
+	if r.dry {
+		return nil // a dry run cordoned nothing
+	}
 	if _, mine := r.cordoned.Load(name); !mine && r.watch != nil {
 		if n, err := r.watch.lister(name); err == nil && n.Annotations[AnnotationCordoned] != "true" {
 			return nil

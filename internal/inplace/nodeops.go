@@ -29,10 +29,17 @@ type nodeOps struct {
 	backupDir string
 	from, to  string // versions
 	facts     *NodeFacts
+	// dry, in a dry run, is told each script that would change the node
+	// instead of it being run (scripts that only read still run).
+	dry func(node, command string)
 }
 
 // run runs one node script with its arguments, bounded by defaultTimeout.
 func (o *nodeOps) run(ctx context.Context, step string, sc nodescript.Script, args ...string) (string, error) {
+	if o.dry != nil && !sc.ReadOnly {
+		o.dry(o.name, sc.Show(args...))
+		return "", nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, defaultTimeout)
 	defer cancel()
 	out, err := o.n.Run(ctx, sc.Command(args...), nil)

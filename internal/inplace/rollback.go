@@ -54,7 +54,10 @@ func downgrades(rel *catalog.Release) []string {
 // control-plane nodes), then the control plane (scheduler, controller
 // manager, API server) node by node, each waited for at the old version.
 // It holds the upgrade lock, and refuses what RollbackAllowed refuses.
-func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
+//
+// With DryRun it reads what runs, takes no lock and changes nothing: the
+// result lists each restore it would make (ApplyResult.DryRun).
+func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
@@ -73,12 +76,15 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 	if tv, err := catalog.ParseVersion(to); err != nil || tv.String() != to {
 		return nil, fmt.Errorf("%w: the recorded upgrade went to %q, not a version", ErrRollbackRefused, to)
 	}
-	lock, err := AcquireLock(ctx, p.Client, opts.Holder, opts.LockDuration, p.Now)
-	if err != nil {
-		return nil, err
+	if !opts.DryRun {
+		lock, err := AcquireLock(ctx, p.Client, opts.Holder, opts.LockDuration, p.Now)
+		if err != nil {
+			return nil, err
+		}
+		var stopKeeping func()
+		ctx, stopKeeping = keepLock(ctx, lock, p.Log)
+		defer stopKeeping()
 	}
-	ctx, stopKeeping := keepLock(ctx, lock, p.Log)
-	defer stopKeeping()
 
 	tv, err := catalog.ParseVersion(to)
 	if err != nil {
@@ -113,18 +119,20 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 	if err := RollbackAllowed(p.Catalog, from, to, apiservers); err != nil {
 		return nil, err
 	}
-	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{},
-		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}}
+	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{State: st},
+		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, step: "rollback"}
 	for _, t := range v.tgts {
 		r.tgts[t.Name] = t
 	}
-	defer r.startFlushing(ctx)()
-	w, err := watchNodes(ctx, p.Client)
-	if err != nil {
-		return nil, err
+	if !r.dry {
+		defer r.startFlushing(ctx)()
+		w, err := watchNodes(ctx, p.Client)
+		if err != nil {
+			return nil, err
+		}
+		defer w.close()
+		r.watch = w
 	}
-	defer w.close()
-	r.watch = w
 	var cps, workers []string
 	for _, t := range v.tgts {
 		if t.Role == RoleControlPlane {
@@ -149,8 +157,10 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 			if err := r.waitComponent(ctx, o, comp, from); err != nil {
 				return err
 			}
-			if comp == "kubelet" {
-				if err := w.until(ctx, node, opts.ReadyTimeout, func(n *corev1.Node) bool {
+			if comp == "kubelet" && r.dry {
+				r.would(node, "wait for the node Ready at "+from+"; remove kubelift's annotations", "")
+			} else if comp == "kubelet" {
+				if err := r.watch.until(ctx, node, opts.ReadyTimeout, func(n *corev1.Node) bool {
 					return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == from
 				}); err != nil {
 					return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
@@ -170,7 +180,7 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 	for _, n := range append(append([]string{}, workers...), cps...) {
 		if err := restore(n, "kubelet"); err != nil {
 			r.fail(ctx, err)
-			return st, err
+			return r.res, err
 		}
 	}
 	for _, n := range cps {
@@ -180,9 +190,9 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*UpgradeState, error) {
 			}
 			if err := restore(n, comp); err != nil {
 				r.fail(ctx, err)
-				return st, err
+				return r.res, err
 			}
 		}
 	}
-	return st, r.setState(ctx, StateRolledBack)
+	return r.res, r.setState(ctx, StateRolledBack)
 }

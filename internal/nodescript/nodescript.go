@@ -27,22 +27,30 @@ type Script struct {
 	Name string
 	// Text is the script, byte for byte as embedded.
 	Text string
+	// ReadOnly: the script changes nothing on the node.
+	ReadOnly bool
 }
 
-// The scripts, one per node operation.
+// The scripts, one per node operation. Those that only read are marked:
+// a dry run runs them, and only says the others.
 var (
-	Facts        = load("facts")
-	ListStaged   = load("list-staged")
-	StageFile    = load("stage-file")
-	Backup       = load("backup")
-	Swap         = load("swap")
-	Restore      = load("restore")
-	WriteFile    = load("write-file")
-	Running      = load("running")
-	Containers   = load("containers")
-	EtcdSnapshot = load("etcd-snapshot")
-	Exists       = load("exists")
-	Remove       = load("remove")
+	Facts        = load("facts", readOnly)
+	ListStaged   = load("list-staged", readOnly)
+	StageFile    = load("stage-file", writes)
+	Backup       = load("backup", writes)
+	Swap         = load("swap", writes)
+	Restore      = load("restore", writes)
+	WriteFile    = load("write-file", writes)
+	Running      = load("running", readOnly)
+	Containers   = load("containers", readOnly)
+	EtcdSnapshot = load("etcd-snapshot", writes)
+	Exists       = load("exists", readOnly)
+	Remove       = load("remove", writes)
+)
+
+const (
+	readOnly = true
+	writes   = false
 )
 
 // All lists every script, by name.
@@ -57,12 +65,12 @@ func All() []Script {
 
 var byName = map[string]Script{}
 
-func load(name string) Script {
+func load(name string, ro bool) Script {
 	b, err := files.ReadFile(path.Join("scripts", name+".sh"))
 	if err != nil {
 		panic(fmt.Sprintf("nodescript: %s: %v", name, err)) // a build without the file is broken
 	}
-	s := Script{Name: name, Text: string(b)}
+	s := Script{Name: name, Text: string(b), ReadOnly: ro}
 	byName[name] = s
 	return s
 }
@@ -79,6 +87,18 @@ func (s Script) Command(args ...string) string {
 	b.WriteString("sh -c ")
 	b.WriteString(nodeaccess.Quote(s.Text))
 	b.WriteByte(' ')
+	b.WriteString(s.argv0())
+	for _, a := range args {
+		b.WriteByte(' ')
+		b.WriteString(nodeaccess.Quote(a))
+	}
+	return b.String()
+}
+
+// Show is the command as a person reads it: the script's name and its
+// quoted arguments, without the text (a dry run prints it).
+func (s Script) Show(args ...string) string {
+	var b strings.Builder
 	b.WriteString(s.argv0())
 	for _, a := range args {
 		b.WriteByte(' ')
@@ -110,7 +130,7 @@ func Parse(cmd string) (Script, []string, error) {
 }
 
 // splitWords splits what Quote-joined words make: blanks between words,
-// single quotes around, '\'' for a quote inside.
+// single quotes around, '\” for a quote inside.
 func splitWords(s string) ([]string, error) {
 	var words []string
 	var w strings.Builder
