@@ -666,7 +666,7 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 				return nil
 			})
 			if err != nil {
-				r.setNode(ctx, n.Name, NodeFailed, comp, err)
+				r.setNode(ctx, n.Name, failedStatus(err), comp, err)
 				return err
 			}
 		}
@@ -1129,14 +1129,19 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				err = fmt.Errorf("%w; %w", err, uerr)
 			}
 		}
-		status := NodeFailed
-		if errors.Is(err, ErrNodeFailed) {
-			status = NodeRolledBack
-		}
-		r.setNode(ctx, name, status, "kubelet", err)
+		r.setNode(ctx, name, failedStatus(err), "kubelet", err)
 		return err
 	}
 	return nil
+}
+
+// failedStatus is the status of a node whose step failed with err:
+// rolled back when the step undid itself, else failed.
+func failedStatus(err error) string {
+	if errors.Is(err, ErrNodeFailed) {
+		return NodeRolledBack
+	}
+	return NodeFailed
 }
 
 // timed adds the time until the returned func is called to *sum.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,9 +35,23 @@ func (n *sshNode) fail(op string, err error) error {
 func (n *sshNode) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
 	out, err := n.run(ctx, cmd, stdin)
 	if err != nil {
-		return out, n.fail(fmt.Sprintf("run %q", cmd), err)
+		return out, n.fail(fmt.Sprintf("run %q", firstLine(cmd)), err)
 	}
 	return out, nil
+}
+
+// firstLine names a command in an error: its first line, at most 80
+// bytes (a node script's first line says which script it is; its whole
+// text would drown the error).
+func firstLine(cmd string) string {
+	line, _, more := strings.Cut(cmd, "\n")
+	if len(line) > 80 {
+		line, more = line[:80], true
+	}
+	if more {
+		line += " ..."
+	}
+	return line
 }
 
 func (n *sshNode) Upload(ctx context.Context, p string, mode os.FileMode, r io.Reader) (int64, error) {

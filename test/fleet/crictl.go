@@ -169,6 +169,7 @@ func (f *Fleet) crictlPS(n *node) ([]byte, error) {
 				// Seen by the index before its handler ran: created now.
 				version = n.kubelet
 			}
+			generation := n.generation
 			n.mu.Unlock()
 			h := f.hashers.get(version, f.cfg.Log)
 			created := p.CreationTimestamp.Time
@@ -197,7 +198,7 @@ func (f *Fleet) crictlPS(n *node) ([]byte, error) {
 					}
 				}
 				doc.Containers = append(doc.Containers, crictlContainer{
-					ID: ContainerID(p.UID, c.Name), PodSandboxID: sandbox,
+					ID: containerID(p.UID, c.Name, generation), PodSandboxID: sandbox,
 					Metadata: map[string]any{"name": c.Name, "attempt": restarts[c.Name]},
 					Image:    map[string]string{"image": c.Image}, ImageRef: c.Image, State: "CONTAINER_RUNNING",
 					CreatedAt: strconv.FormatInt(created.UnixNano(), 10),

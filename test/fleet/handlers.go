@@ -49,7 +49,12 @@ func (f *Fleet) exec(n *node, cmd string, io *stdio) int {
 	}
 	f.count(h.name)
 	began := time.Now()
-	code := h.run(f, n, args, io)
+	code := n.injected(h.name)
+	if code != 0 {
+		fmt.Fprintln(io.err, injectedMessage(n.spec.Name, h.name, code))
+	} else {
+		code = h.run(f, n, args, io)
+	}
 	n.mu.Lock()
 	n.commands = append(n.commands, Command{Handler: h.name, Began: began, Ended: time.Now(), Code: code})
 	n.mu.Unlock()

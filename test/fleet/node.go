@@ -35,6 +35,12 @@ type node struct {
 	received int64
 	restarts []Restart
 	commands []Command
+	// faults are the failures injected by handler name (Fail);
+	// restartsContainers and generation: kubelet restarts restart every
+	// container (RestartContainers), generation counts them.
+	faults             map[string]*fault
+	restartsContainers bool
+	generation         int
 }
 
 // vfile is a file: its content when small (unit files, what the engine
@@ -261,6 +267,9 @@ func (f *Fleet) restart(n *node, name string) error {
 	}
 	f.start(n, name, u)
 	version := u.version
+	if name == "kubelet" && n.restartsContainers && version != "" {
+		n.generation++
+	}
 	n.restarts = append(n.restarts, Restart{Unit: name, Version: version, At: time.Now()})
 	n.mu.Unlock()
 	if name == "kubelet" && version != "" && f.cfg.Client != nil {

@@ -1,0 +1,70 @@
+package fleet
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// fault makes a handler fail on a node: the next times commands (times <
+// 0: every one) exit with code, saying so on stderr.
+type fault struct {
+	code, times int
+}
+
+// Fail makes the next times commands that handler plays on node exit with
+// code (times < 0: all of them from now on); handler is a name of Stats'
+// Commands ("back up", "swap", "running version" ...). For tests that
+// inject a failure at each step of the engine.
+func (f *Fleet) Fail(node, handler string, code, times int) {
+	n := f.nodes[node]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.faults == nil {
+		n.faults = map[string]*fault{}
+	}
+	n.faults[handler] = &fault{code: code, times: times}
+}
+
+// injected reports the exit code of a fault for handler on n, consuming
+// one of its times (0: none).
+func (n *node) injected(handler string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ft := n.faults[handler]
+	if ft == nil || ft.times == 0 {
+		return 0
+	}
+	if ft.times > 0 {
+		ft.times--
+	}
+	return ft.code
+}
+
+// RestartContainers makes every kubelet restart on node restart every
+// container too (new container IDs), as upstream's kubelet does when the
+// hash of every container changes: for tests of what the engine does
+// once containers restarted.
+func (f *Fleet) RestartContainers(node string) {
+	n := f.nodes[node]
+	n.mu.Lock()
+	n.restartsContainers = true
+	n.mu.Unlock()
+}
+
+// containerID is a container's ID on a node: ContainerID, and after
+// restarts forced by RestartContainers, one per generation.
+func containerID(uid types.UID, container string, generation int) string {
+	if generation == 0 {
+		return ContainerID(uid, container)
+	}
+	s := sha256.Sum256([]byte(string(uid) + "/" + container + "/" + strconv.Itoa(generation)))
+	return hex.EncodeToString(s[:])
+}
+
+func injectedMessage(node, handler string, code int) string {
+	return fmt.Sprintf("fleet: %s: %s: injected failure (exit %d)", node, handler, code)
+}

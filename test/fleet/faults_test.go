@@ -1,0 +1,421 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kubelift/kubelift/internal/inplace"
+)
+
+// faultRun is one apply on a fresh fleet, with the options the failure
+// tests share; change adjusts them.
+type faultRun struct {
+	w      *testWorld
+	target *inplace.Target
+	src    *memSource
+	opts   inplace.ApplyOptions
+}
+
+func newFaultRun(t *testing.T) *faultRun {
+	t.Helper()
+	target, src, bins := newTarget(t, mustCatalog(t))
+	w := newWorld(t, bins)
+	return &faultRun{w: w, target: target, src: src, opts: inplace.ApplyOptions{
+		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3,
+			MaxUnavailable: "1", Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))},
+		Source: src, CacheDir: t.TempDir(), Settle: time.Millisecond, ReadyTimeout: 5 * time.Second, LockDuration: 3 * time.Second,
+	}}
+}
+
+func (r *faultRun) apply(ctx context.Context) (*inplace.ApplyResult, error) {
+	return inplace.Apply(ctx, r.opts)
+}
+
+// played counts the commands a handler played on a node.
+func (r *faultRun) played(node, handler string) int {
+	n := 0
+	for _, c := range r.w.fleet.Stats().Nodes[node].Commands {
+		if c.Handler == handler {
+			n++
+		}
+	}
+	return n
+}
+
+// state reads the recorded upgrade.
+func (r *faultRun) state(t *testing.T) *inplace.UpgradeState {
+	t.Helper()
+	st, err := inplace.ReadState(context.Background(), r.w.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// nodeEntry is a node's entry in the recorded state.
+func nodeEntry(st *inplace.UpgradeState, name string) inplace.NodeEntry {
+	for _, n := range st.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return inplace.NodeEntry{}
+}
+
+// noCordonOfOurs: no Node is left cordoned by kubelift.
+func (r *faultRun) noCordonOfOurs(t *testing.T) {
+	t.Helper()
+	for _, s := range specs {
+		n, err := r.w.client.CoreV1().Nodes().Get(context.Background(), s.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Annotations[inplace.AnnotationCordoned] != "" {
+			t.Errorf("%s left cordoned by the run (unschedulable %v)", s.Name, n.Spec.Unschedulable)
+		}
+	}
+}
+
+// The failure-injection table, in the style of kubeadm's
+// staticpods_test.go: a fault at each step of apply, and the end state it
+// must leave: the failed node restored or untouched, nothing left
+// cordoned, the state upgrade-failed with the reason, the error naming
+// the node and step.
+func TestApplyFaultAtEachStep(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// inject sets the fault up on the fleet.
+		inject func(f *Fleet)
+		// wantErr are parts of the error.
+		wantErr []string
+		// failedNode, when set, is the node the state says failed, with
+		// status.
+		failedNode, status string
+		// check the end state.
+		check func(t *testing.T, r *faultRun)
+	}{
+		{
+			name:    "staging a file fails: no node is touched",
+			inject:  func(f *Fleet) { f.Fail("worker-1", "stage file", 1, -1) },
+			wantErr: []string{"stage", "worker-1", "injected failure"},
+			check: func(t *testing.T, r *faultRun) {
+				for _, s := range specs {
+					if n := r.played(s.Name, "back up") + r.played(s.Name, "swap"); n != 0 {
+						t.Errorf("%s: %d backups and swaps after staging failed", s.Name, n)
+					}
+				}
+				if st := r.state(t); st != nil {
+					t.Errorf("a state was recorded before anything was done: %+v", st)
+				}
+			},
+		},
+		{
+			name:    "the etcd snapshot fails: the control plane is not touched",
+			inject:  func(f *Fleet) { f.Fail("cp-1", "etcd snapshot", 1, 1) },
+			wantErr: []string{"back up etcd", "node cp-1", "--skip-etcd-backup"},
+			check: func(t *testing.T, r *faultRun) {
+				if n := r.played("cp-1", "swap"); n != 0 {
+					t.Errorf("%d swaps after the snapshot failed", n)
+				}
+				if v := r.w.fleet.Running("cp-1", "kube-apiserver"); v != oldVersion {
+					t.Errorf("cp-1 kube-apiserver runs %s", v)
+				}
+			},
+		},
+		{
+			name:       "backing up the API server fails: it is not swapped",
+			inject:     func(f *Fleet) { f.Fail("cp-1", "back up", 1, 1) },
+			wantErr:    []string{"node cp-1", "back up kube-apiserver", "injected failure"},
+			failedNode: "cp-1", status: inplace.NodeFailed,
+			check: func(t *testing.T, r *faultRun) {
+				if n := r.played("cp-1", "swap"); n != 0 {
+					t.Errorf("%d swaps after the backup failed", n)
+				}
+				if v := r.w.fleet.Running("cp-1", "kube-apiserver"); v != oldVersion {
+					t.Errorf("cp-1 kube-apiserver runs %s", v)
+				}
+			},
+		},
+		{
+			name:       "swapping the API server fails: it is restored",
+			inject:     func(f *Fleet) { f.Fail("cp-1", "swap", 1, 1) },
+			wantErr:    []string{"node cp-1", "swap kube-apiserver", "rolled back to " + oldVersion},
+			failedNode: "cp-1", status: inplace.NodeRolledBack,
+			check: func(t *testing.T, r *faultRun) {
+				if n := r.played("cp-1", "restore"); n != 1 {
+					t.Errorf("%d restores on cp-1", n)
+				}
+				if v := r.w.fleet.Running("cp-1", "kube-apiserver"); v != oldVersion {
+					t.Errorf("cp-1 kube-apiserver runs %s", v)
+				}
+			},
+		},
+		{
+			name:       "a node's running version cannot be read: it is not touched",
+			inject:     func(f *Fleet) { f.Fail("worker-2", "running version", 255, -1) },
+			wantErr:    []string{"node worker-2", "read kubelet's version", "injected failure"},
+			failedNode: "worker-2", status: inplace.NodeFailed,
+			check: func(t *testing.T, r *faultRun) {
+				if n := r.played("worker-2", "back up") + r.played("worker-2", "swap"); n != 0 {
+					t.Errorf("worker-2: %d backups and swaps", n)
+				}
+				if v := r.w.fleet.Running("worker-2", "kubelet"); v != oldVersion {
+					t.Errorf("worker-2 kubelet runs %s", v)
+				}
+				if v := r.w.fleet.Running("worker-1", "kubelet"); v != newVersion {
+					t.Errorf("worker-1, before it in the window, runs %s", v)
+				}
+			},
+		},
+		{
+			name:       "writing the hash-skip file fails: the kubelet is not swapped",
+			inject:     func(f *Fleet) { f.Fail("worker-1", "write hash-skip", 1, 1) },
+			wantErr:    []string{"node worker-1", "write the hash-skip file"},
+			failedNode: "worker-1", status: inplace.NodeFailed,
+			check: func(t *testing.T, r *faultRun) {
+				if n := r.played("worker-1", "swap"); n != 0 {
+					t.Errorf("worker-1: %d swaps", n)
+				}
+			},
+		},
+		{
+			name:       "containers restarted under the new kubelet: it stays (a rollback would restart them again)",
+			inject:     func(f *Fleet) { f.RestartContainers("worker-1") },
+			wantErr:    []string{"node worker-1", "containers restarted", "stays at " + newVersion},
+			failedNode: "worker-1", status: inplace.NodeFailed,
+			check: func(t *testing.T, r *faultRun) {
+				if n := r.played("worker-1", "restore"); n != 0 {
+					t.Errorf("worker-1: %d restores: the rollback restarted the containers a second time", n)
+				}
+				if v := r.w.fleet.Running("worker-1", "kubelet"); v != newVersion {
+					t.Errorf("worker-1 kubelet runs %s", v)
+				}
+				if n := r.played("worker-2", "swap"); n != 0 {
+					t.Errorf("the run went on to worker-2 (%d swaps)", n)
+				}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newFaultRun(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			kwok(ctx, t, r.w.client)
+			tc.inject(r.w.fleet)
+			_, err := r.apply(ctx)
+			if err == nil {
+				t.Fatal("apply succeeded")
+			}
+			for _, part := range tc.wantErr {
+				if !strings.Contains(err.Error(), part) {
+					t.Errorf("error %q lacks %q", err, part)
+				}
+			}
+			if st := r.state(t); st != nil {
+				if st.State != inplace.StateFailed || st.LastError == "" {
+					t.Errorf("state %s, last error %q", st.State, st.LastError)
+				}
+				if tc.failedNode != "" {
+					if e := nodeEntry(st, tc.failedNode); e.Status != tc.status || e.LastError == "" {
+						t.Errorf("%s recorded %q (%q), want %s", tc.failedNode, e.Status, e.LastError, tc.status)
+					}
+				}
+			}
+			r.noCordonOfOurs(t)
+			tc.check(t, r)
+		})
+	}
+}
+
+// A cancel (or any failure) after a node was cordoned and drained, while
+// its kubelet settles, leaves no cordon of the run behind; a node the
+// operator cordoned stays cordoned.
+func TestApplyCancelledWhileSettlingUncordons(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.opts.Drain, r.opts.Settle = true, time.Minute
+	// The fake API server deletes a pod on its eviction, as the real one
+	// does when no budget refuses.
+	r.w.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		ca, ok := a.(k8stesting.CreateAction)
+		if !ok || a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		ev, ok := ca.GetObject().(*policyv1.Eviction)
+		if !ok {
+			return false, nil, nil
+		}
+		return true, nil, r.w.client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), ev.Namespace, ev.Name)
+	})
+	// Pods a ReplicaSet would recreate: a drain evicts them.
+	for _, name := range []string{"web", "db"} {
+		p, err := r.w.client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		yes := true
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: name, UID: "rs-" + p.UID, Controller: &yes}}
+		if _, err := r.w.client.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// worker-2 cordoned by its operator, before the run.
+	n, err := r.w.client.CoreV1().Nodes().Get(ctx, "worker-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Unschedulable = true
+	if _, err := r.w.client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Cancel once cp-1's kubelet swap was played: the run is in its
+	// settle pause, its node cordoned.
+	go func() {
+		for ctx.Err() == nil && r.played("cp-1", "swap") < 4 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		for ctx.Err() == nil {
+			n, err := r.w.client.CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{})
+			if err == nil && n.Spec.Unschedulable && n.Annotations[inplace.AnnotationCordoned] == "true" {
+				time.Sleep(200 * time.Millisecond) // into the settle pause
+				cancel()
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	_, err = r.apply(ctx)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("apply: %v", err)
+	}
+	r.noCordonOfOurs(t)
+	for name, want := range map[string]bool{"cp-1": false, "worker-2": true} {
+		n, err := r.w.client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Spec.Unschedulable != want {
+			t.Errorf("%s unschedulable %v, want %v", name, n.Spec.Unschedulable, want)
+		}
+	}
+}
+
+// Losing the upgrade lock to another holder stops the run, saying so.
+func TestApplyStopsOnLostLock(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.opts.Settle = 30 * time.Second
+	go func() {
+		for ctx.Err() == nil && r.played("cp-1", "swap") < 4 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		leases := r.w.client.CoordinationV1().Leases("kube-system")
+		l, err := leases.Get(ctx, inplace.LockName, metav1.GetOptions{})
+		if err != nil {
+			return
+		}
+		other, now := "someone-else", metav1.NewMicroTime(time.Now())
+		l.Spec = coordinationv1.LeaseSpec{HolderIdentity: &other, LeaseDurationSeconds: l.Spec.LeaseDurationSeconds, RenewTime: &now, AcquireTime: &now}
+		_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
+	}()
+	_, err := r.apply(ctx)
+	if err == nil || !strings.Contains(err.Error(), "lost the upgrade lock") {
+		t.Fatalf("apply: %v", err)
+	}
+	if st := r.state(t); st == nil || st.State != inplace.StateFailed {
+		t.Errorf("state %+v", st)
+	}
+}
+
+// A rollback that cannot read what a node runs stops, naming the node:
+// it never reports a node it could not read as rolled back. (The apply
+// before it failed at the API server's swap and restored it: no API
+// server moved, so a rollback is allowed.)
+func TestRollbackStopsOnUnreadableNode(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.w.fleet.Fail("cp-1", "swap", 1, 1)
+	if _, err := r.apply(ctx); !errors.Is(err, inplace.ErrNodeFailed) {
+		t.Fatalf("apply: %v", err)
+	}
+	r.w.fleet.Fail("worker-2", "running version", 255, -1)
+	res, err := inplace.Rollback(ctx, r.opts)
+	if err == nil || !strings.Contains(err.Error(), "node worker-2: cannot tell whether kubelet moved") {
+		t.Fatalf("rollback: %v", err)
+	}
+	st := r.state(t)
+	if e := nodeEntry(st, "worker-2"); e.Status == inplace.NodeRolledBack {
+		t.Errorf("worker-2, unread, recorded %s", e.Status)
+	}
+	if st.State != inplace.StateFailed || !strings.Contains(st.LastError, "worker-2") {
+		t.Errorf("state %s (%s)", st.State, st.LastError)
+	}
+	if res == nil || res.State == nil || res.State.State == inplace.StateRolledBack {
+		t.Errorf("rollback reported %+v", res)
+	}
+}
+
+// A dry run walks every step and changes nothing: only scripts that read
+// are played, no state or annotation is written, and the result lists
+// each change with its node script.
+func TestApplyDryRunChangesNothing(t *testing.T) {
+	r := newFaultRun(t)
+	ctx := context.Background()
+	r.opts.DryRun = true
+	res, err := r.apply(ctx)
+	if err != nil {
+		t.Fatalf("dry run: %v", err)
+	}
+	for name, n := range r.w.fleet.Stats().Commands {
+		switch name {
+		case "facts", "running version", "crictl ps":
+		default:
+			if n > 0 {
+				t.Errorf("a dry run played %d %q", n, name)
+			}
+		}
+	}
+	if st := r.state(t); st != nil {
+		t.Errorf("a dry run recorded a state: %+v", st)
+	}
+	nodes, err := r.w.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		if len(n.Annotations) > 0 {
+			t.Errorf("%s annotated: %v", n.Name, n.Annotations)
+		}
+	}
+	want := map[string]bool{}
+	for _, a := range res.DryRun {
+		script, _, _ := strings.Cut(a.Command, " ")
+		want[a.Step+" "+a.Node+" "+script] = true
+	}
+	for _, k := range []string{"stage worker-1 kubelift-stage-file", "back up etcd cp-1 kubelift-etcd-snapshot", "control plane cp-1 kubelift-backup",
+		"control plane cp-1 kubelift-swap", "kubelets cp-1 kubelift-write-file", "kubelets worker-2 kubelift-swap"} {
+		if !want[k] {
+			t.Errorf("the dry run does not list %q: %+v", k, res.DryRun)
+		}
+	}
+	if len(res.Patched) != 2 {
+		t.Errorf("tolerations it would add: %v", res.Patched)
+	}
+}
