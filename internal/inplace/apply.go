@@ -157,6 +157,9 @@ type applyRun struct {
 	events *eventQueue
 	// cordoned holds the nodes this run cordoned.
 	cordoned sync.Map
+	// stateIdx indexes plan.Nodes by name (built once).
+	indexOnce sync.Once
+	stateIdx  map[string]int
 	// dry: walk the steps, run what only reads, and record in res.DryRun
 	// what would change instead of changing it. step is the step walked.
 	dry  bool
@@ -448,10 +451,8 @@ func (r *applyRun) selected(name string) bool {
 	if r.tgts[name].Role == RoleControlPlane || slices.Contains(r.opts.Nodes, name) {
 		return true
 	}
-	for i := range r.view.nodes {
-		if n := &r.view.nodes[i]; n.Name == name && r.opts.Selector != nil {
-			return r.opts.Selector.Matches(labels.Set(n.Labels))
-		}
+	if n := r.view.node(name); n != nil && r.opts.Selector != nil {
+		return r.opts.Selector.Matches(labels.Set(n.Labels))
 	}
 	return false
 }
@@ -616,10 +617,14 @@ func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(co
 }
 
 func (r *applyRun) nodeState(name string) *NodeState {
-	for i := range r.plan.Nodes {
-		if r.plan.Nodes[i].Name == name {
-			return &r.plan.Nodes[i]
+	r.indexOnce.Do(func() {
+		r.stateIdx = make(map[string]int, len(r.plan.Nodes))
+		for i := range r.plan.Nodes {
+			r.stateIdx[r.plan.Nodes[i].Name] = i
 		}
+	})
+	if i, ok := r.stateIdx[name]; ok {
+		return &r.plan.Nodes[i]
 	}
 	return nil
 }

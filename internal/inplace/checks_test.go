@@ -61,7 +61,7 @@ func pod(name, nodeName string, tolerate bool) corev1.Pod {
 	return p
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	t.Helper()
 	cat, err := catalog.Default()
 	if err != nil {

@@ -65,6 +65,10 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 		opts.StageDir = DefaultStageDir
 	}
 	version, bad := kubeletVersions(nodes)
+	onNode := map[string][]corev1.Pod{}
+	for i := range pods {
+		onNode[pods[i].Spec.NodeName] = append(onNode[pods[i].Spec.NodeName], pods[i])
+	}
 	// Read every node first, change nothing: a value a node reported
 	// that does not parse refuses the whole cleanup before any node is
 	// touched.
@@ -76,7 +80,7 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 		if !ok {
 			return nil // refused above
 		}
-		nc, file, nodeBad, err := inspectNode(ctx, n, t.Name, kubelet, pods, opts)
+		nc, file, nodeBad, err := inspectNode(ctx, n, t.Name, kubelet, onNode[t.Name], opts)
 		mu.Lock()
 		defer mu.Unlock()
 		res[t.Name], files[t.Name] = nc, file

@@ -136,6 +136,23 @@ type clusterView struct {
 	facts map[string]*NodeFacts
 	ssh   map[string]error
 	tgts  []nodeaccess.Target
+	// nodeIdx indexes nodes by name (built once, by node).
+	indexOnce sync.Once
+	nodeIdx   map[string]int
+}
+
+// node is the Node named name, or nil.
+func (v *clusterView) node(name string) *corev1.Node {
+	v.indexOnce.Do(func() {
+		v.nodeIdx = make(map[string]int, len(v.nodes))
+		for i := range v.nodes {
+			v.nodeIdx[v.nodes[i].Name] = i
+		}
+	})
+	if i, ok := v.nodeIdx[name]; ok {
+		return &v.nodes[i]
+	}
+	return nil
 }
 
 // BuildPlan reads the cluster and its nodes and returns the plan. It
@@ -178,6 +195,7 @@ func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, err
 	t := opts.Target
 	p := &Plan{To: t.Version.String(), HashSkipKubelet: t.Manifest.KubeletHashSkip("amd64")}
 	pc := &planCheck{opts: opts, view: v, plan: p, target: t}
+	pc.index()
 	pc.nodeStates()
 	steps, err := pc.steps()
 	if err != nil {

@@ -45,13 +45,23 @@ type Prediction struct {
 // computePodActions does. running maps node name to its runtime's
 // containers; pods are matched by UID and containers by name.
 func Predict(pods []corev1.Pod, running map[string][]RuntimeContainer, opts PredictOptions) ([]Prediction, error) {
+	ptrs := make([]*corev1.Pod, len(pods))
+	for i := range pods {
+		ptrs[i] = &pods[i]
+	}
+	return PredictPods(ptrs, running, opts)
+}
+
+// PredictPods is Predict over pods held elsewhere (a plan's pods of one
+// node, indexed without copying them).
+func PredictPods(pods []*corev1.Pod, running map[string][]RuntimeContainer, opts PredictOptions) ([]Prediction, error) {
 	start := opts.KubeletStart
 	if start.IsZero() {
 		start = time.Now()
 	}
-	byUID := map[string]*corev1.Pod{}
-	for i := range pods {
-		byUID[string(pods[i].UID)] = &pods[i]
+	byUID := make(map[string]*corev1.Pod, len(pods))
+	for _, p := range pods {
+		byUID[string(p.UID)] = p
 	}
 	var out []Prediction
 	for node, containers := range running {

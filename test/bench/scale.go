@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -45,6 +46,9 @@ func benchScale(ctx context.Context, work string) error {
 	}
 	bs, err := ints(*scaleBatches)
 	if err != nil {
+		return err
+	}
+	if err := benchPlanChecks(ctx); err != nil {
 		return err
 	}
 	fmt.Printf("\n== scale: kubelet restart %s + up to %s, --settle %s, %d pods per worker, client --kube-qps %d, node leases %s ==\n", *scaleRestart, *scaleJitter, *scaleSettle, *scalePods, *scaleQPS, *scaleLease)
@@ -342,4 +346,30 @@ func meanSeconds(ds []time.Duration) float64 {
 		s += d
 	}
 	return s.Seconds() / float64(len(ds))
+}
+
+// benchPlanChecks times the plan's checks over 500 and 5000 workers with
+// 30 pods each (internal/inplace's BenchmarkPlan: every check, restart
+// prediction included, over what the SSH reads returned) and prints the
+// 5000-node time and its ratio to linear growth from 500 (1.00x: linear).
+func benchPlanChecks(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", "^BenchmarkPlan$", "-benchtime", "3x", "./internal/inplace").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go test -bench BenchmarkPlan: %v\n%s", err, out)
+	}
+	secs := map[int]float64{}
+	for _, line := range strings.Split(string(out), "\n") {
+		var n, iters int
+		var ns float64
+		if _, err := fmt.Sscanf(strings.Join(strings.Fields(line), " "), "BenchmarkPlan/nodes=%d-%d %d %g ns/op", &n, new(int), &iters, &ns); err == nil {
+			secs[n] = ns / 1e9
+		}
+	}
+	small, big := secs[500], secs[5000]
+	if small == 0 || big == 0 {
+		return fmt.Errorf("BenchmarkPlan printed no times:\n%s", out)
+	}
+	fmt.Printf("\n== plan checks (500 and 5000 workers, 30 pods each, restart prediction included) ==\n")
+	fmt.Printf("500 nodes %.3f s, 5000 nodes (150,000 pods) %.3f s: %.2fx linear growth\n", small, big, big/(10*small))
+	return nil
 }
