@@ -7,8 +7,10 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -27,6 +29,7 @@ type planOptions struct {
 	MaxUnavailable string
 	Canary         bool
 	AllowRestarts  bool
+	HealthWindow   time.Duration
 	Output         string
 	Quiet          bool
 }
@@ -85,6 +88,7 @@ made, 2 bad flags.`,
 	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
 	f.BoolVar(&opts.Canary, "canary", false, "grow worker batches 1, 2, 4 ... up to --max-unavailable")
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "predicted container restarts are a warning, not blocking")
+	addHealthWindowFlag(f, &opts.HealthWindow)
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	return cmd
@@ -126,7 +130,14 @@ func (opts *planOptions) engine(ctx context.Context) (*inplace.PlanOptions, erro
 	}
 	return &inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat,
 		Access: access, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
-		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, Log: opts.IO.Logger(opts.Quiet)}, nil
+		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, HealthWindow: opts.HealthWindow,
+		Log: opts.IO.Logger(opts.Quiet)}, nil
+}
+
+// addHealthWindowFlag adds --health-window: a health probe is judged over
+// it, not on one answer.
+func addHealthWindowFlag(f *pflag.FlagSet, d *time.Duration) {
+	f.DurationVar(d, "health-window", 30*time.Second, "how long an API server's /readyz or a leader's lease may fail, probed with backoff, before the plan calls it unhealthy")
 }
 
 func planRun(ctx context.Context, opts *planOptions) error {

@@ -2,12 +2,16 @@ package inplace
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -422,4 +427,49 @@ func TestBatches(t *testing.T) {
 
 func targetOf(name, role string) nodeaccess.Target {
 	return nodeaccess.Target{Name: name, Role: role, Address: "10.0.0.1"}
+}
+
+// A /readyz that fails a few times and then answers ok is healthy: health
+// is judged over the window; one that never does is blocking, saying for
+// how long it failed and what it last said.
+func TestHealthOverAWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		failures int32
+		blocking bool
+	}{
+		{"fails 3 times, then ok", 3, false},
+		{"never ok", 1 << 30, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls atomic.Int32
+			srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/readyz" {
+					http.NotFound(w, r)
+					return
+				}
+				if calls.Add(1) <= tc.failures {
+					w.WriteHeader(http.StatusInternalServerError)
+					fmt.Fprint(w, "[-]etcd failed: reason withheld\nreadyz check failed")
+					return
+				}
+				fmt.Fprint(w, "ok")
+			}))
+			defer srv.Close()
+			w := newWorld(t)
+			ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+			w.opts.REST = &rest.Config{Host: srv.URL, TLSClientConfig: rest.TLSClientConfig{CAData: ca}}
+			w.opts.HealthWindow, w.opts.healthBackoff = 3*time.Second, 10*time.Millisecond
+			w.view.tgts[0].Address = "127.0.0.1"
+			p := w.plan(t)
+			h := only(p, "health")
+			if !tc.blocking {
+				if len(h) != 0 {
+					t.Errorf("findings %+v", h)
+				}
+				return
+			}
+			want(t, h, Blocking, "apiserver/cp-1", "/readyz", "[-]etcd failed", "failing for", "probes")
+		})
+	}
 }

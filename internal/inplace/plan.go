@@ -125,6 +125,13 @@ type PlanOptions struct {
 	Canary bool
 	// AllowRestarts makes predicted container restarts a warning.
 	AllowRestarts bool
+	// HealthWindow is how long a health probe (an API server's /readyz,
+	// a leader's lease) may fail before it is a finding: probes are
+	// repeated with backoff within it (default 30s).
+	HealthWindow time.Duration
+	// healthBackoff is the first pause between probes (500ms; tests
+	// shorten it).
+	healthBackoff time.Duration
 	Now           func() time.Time
 	Log           *slog.Logger
 }
@@ -179,6 +186,12 @@ func (opts *PlanOptions) defaults() error {
 	}
 	if opts.StageDir == "" {
 		opts.StageDir = DefaultStageDir
+	}
+	if opts.HealthWindow == 0 {
+		opts.HealthWindow = 30 * time.Second
+	}
+	if opts.healthBackoff == 0 {
+		opts.healthBackoff = 500 * time.Millisecond
 	}
 	if opts.Catalog == nil {
 		c, err := catalog.Default()

@@ -447,7 +447,7 @@ func TestForgedKubeletVersionIsRefused(t *testing.T) {
 		name string
 		args []string
 	}{
-		{"apply", append(append([]string{"apply", "--to", sb.NewVersion, "--key", filepath.Join(work, "team.pub"), "--ignore", "values,readmission,eviction,restarts"}, reg...), sshFlags()...)},
+		{"apply", append(append([]string{"apply", "--to", sb.NewVersion, "--key", filepath.Join(work, "team.pub"), "--ignore-preflight", "values,readmission,eviction,restarts"}, reg...), sshFlags()...)},
 		{"rollback", append([]string{"rollback"}, sshFlags()...)},
 		{"compat cleanup", append([]string{"compat", "cleanup"}, sshFlags()...)},
 	} {
