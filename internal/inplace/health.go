@@ -1,0 +1,164 @@
+package inplace
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// health: every node Ready, every API server ready, controller manager and
+// scheduler leading (or running, without leader election). A cluster
+// under load answers a probe badly now and then (an API server's
+// /readyz says [-]etcd failed for a few seconds): each probe is judged
+// over HealthWindow with backoff, as kubeadm's waiter does, and a
+// finding says for how long it failed.
+func (pc *planCheck) health(ctx context.Context) {
+	for _, s := range pc.plan.Nodes {
+		if !s.Ready {
+			pc.add(Blocking, "health", "node/"+s.Name, "not Ready", "bring the node back, or remove it from the cluster, before upgrading")
+		}
+	}
+	type result struct {
+		object, msg, fix string
+		sev              Severity
+	}
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		results = map[string]result{}
+	)
+	// The probes run side by side: an unhealthy cluster costs one window.
+	probe := func(object string, sev Severity, fix string, check func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := pc.probe(ctx, check); err != nil {
+				mu.Lock()
+				results[object] = result{object: object, msg: err.Error(), fix: fix, sev: sev}
+				mu.Unlock()
+			}
+		}()
+	}
+	if pc.opts.REST != nil {
+		for _, t := range pc.view.tgts {
+			if t.Role != RoleControlPlane {
+				continue
+			}
+			addr := t.Address
+			probe("apiserver/"+t.Name, Blocking, "", func(ctx context.Context) error {
+				if err := readyz(ctx, pc.opts.REST, addr); err != nil {
+					return fmt.Errorf("/readyz: %w", err)
+				}
+				return nil
+			})
+		}
+	}
+	var mustRun []string
+	for _, comp := range []string{"kube-controller-manager", "kube-scheduler"} {
+		_, err := pc.opts.Client.CoordinationV1().Leases("kube-system").Get(ctx, comp, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			probe("lease/kube-system/"+comp, Blocking, "check the "+comp+" units on the control-plane nodes", func(ctx context.Context) error {
+				l, err := pc.opts.Client.CoordinationV1().Leases("kube-system").Get(ctx, comp, metav1.GetOptions{})
+				if err != nil {
+					return fmt.Errorf("cannot read the lease: %w", err)
+				}
+				d := 15 * time.Second
+				if l.Spec.LeaseDurationSeconds != nil {
+					d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+				}
+				if l.Spec.RenewTime == nil || pc.opts.Now().Sub(l.Spec.RenewTime.Time) > 2*d {
+					return fmt.Errorf("%s holds no live lease (last renewed %v)", comp, l.Spec.RenewTime)
+				}
+				return nil
+			})
+		case apierrors.IsNotFound(err):
+			mustRun = append(mustRun, comp)
+		default:
+			pc.add(Warning, "health", "lease/kube-system/"+comp, fmt.Sprintf("cannot read the lease: %v", err), "")
+		}
+	}
+	wg.Wait()
+	objects := make([]string, 0, len(results))
+	for o := range results {
+		objects = append(objects, o)
+	}
+	sort.Strings(objects)
+	for _, o := range objects {
+		r := results[o]
+		pc.add(r.sev, "health", r.object, r.msg, r.fix)
+	}
+	// No leader election: it must run on the control-plane nodes.
+	for _, comp := range mustRun {
+		for _, s := range pc.plan.Nodes {
+			if s.Role == RoleControlPlane && pc.view.facts[s.Name] != nil && s.Components[comp] == "" {
+				pc.add(Blocking, "health", "node/"+s.Name, comp+" is not running and holds no lease", "start the "+comp+" unit")
+			}
+		}
+	}
+}
+
+// probe runs check until it passes or HealthWindow has passed, backing
+// off between tries (from healthBackoff, doubling, at most 5 s). It
+// returns nil, or the last failure with how long and how many probes it
+// failed for.
+func (pc *planCheck) probe(ctx context.Context, check func(context.Context) error) error {
+	began := time.Now()
+	windowCtx, cancel := context.WithTimeout(ctx, pc.opts.HealthWindow)
+	defer cancel()
+	tries := 0
+	var last error
+	b := wait.Backoff{Duration: max(pc.opts.healthBackoff, time.Millisecond), Factor: 2, Cap: 5 * time.Second, Steps: math.MaxInt32}
+	_ = wait.ExponentialBackoffWithContext(windowCtx, b, func(context.Context) (bool, error) {
+		tries++
+		last = check(ctx) // the probe itself is not cut short by the window's end
+		return last == nil, nil
+	})
+	if tries == 0 { // no window at all: one probe
+		tries, last = 1, check(ctx)
+	}
+	if last == nil {
+		return nil
+	}
+	return fmt.Errorf("%w (failing for %s, %d probes)", last, time.Since(began).Round(100*time.Millisecond), tries)
+}
+
+func readyz(ctx context.Context, cfg *rest.Config, addr string) error {
+	c := rest.CopyConfig(cfg)
+	host := c.Host
+	if i := strings.LastIndex(host, ":"); i > strings.Index(host, "://")+2 {
+		c.Host = "https://" + addr + host[i:]
+	} else {
+		c.Host = "https://" + addr
+	}
+	if c.TLSClientConfig.ServerName == "" {
+		// Verify the certificate against the name the kubeconfig uses.
+		if u, err := url.Parse(host); err == nil {
+			c.TLSClientConfig.ServerName = u.Hostname()
+		}
+	}
+	c.Timeout = 10 * time.Second
+	cs, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		return err
+	}
+	body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.Host, err)
+	}
+	if strings.TrimSpace(string(body)) != "ok" {
+		return fmt.Errorf("%s: %s", c.Host, body)
+	}
+	return nil
+}

@@ -1,0 +1,413 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// kubeletsStep moves kubelets once every API server runs the target:
+// control-plane nodes one at a time, then workers in a sliding window of
+// at most MaxUnavailable nodes (growing 1, 2, 4 ... with Canary).
+func (r *applyRun) kubeletsStep(ctx context.Context) error {
+	to := r.target.Version.String()
+	for _, n := range r.plan.Nodes {
+		if n.Role != RoleControlPlane || r.dry { // a dry run moved no API server
+			continue
+		}
+		if err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
+			v, err := o.running(ctx, "kube-apiserver")
+			if err != nil {
+				return err
+			}
+			if v != "" && v != to {
+				return fmt.Errorf("node %s: kube-apiserver runs %s: kubelets move only after every API server runs %s", n.Name, v, to)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	if err := r.setState(ctx, StateUpgradingKubelets); err != nil {
+		return err
+	}
+	if !r.dry {
+		w, err := watchNodes(ctx, r.client)
+		if err != nil {
+			return err
+		}
+		defer w.close()
+		r.watch = w
+	}
+	var cps, workers []string
+	for _, n := range r.plan.Nodes {
+		switch {
+		case n.Role == RoleControlPlane:
+			cps = append(cps, n.Name)
+		case r.selected(n.Name):
+			workers = append(workers, n.Name)
+		}
+	}
+	for _, n := range cps {
+		if err := r.upgradeKubelet(ctx, n); err != nil {
+			return err
+		}
+	}
+	maxU, err := ParseMaxUnavailable(r.opts.Plan.MaxUnavailable, len(workers))
+	if err != nil {
+		return err
+	}
+	return r.window(ctx, workers, maxU)
+}
+
+// window upgrades workers with at most limit in flight: a slot frees as
+// soon as a node is done; with Canary the limit grows 1, 2, 4 ... while
+// nodes succeed. The first failure stops new nodes; those in flight
+// finish.
+func (r *applyRun) window(ctx context.Context, workers []string, limit int) error {
+	width := limit
+	if r.opts.Plan.Canary {
+		width = 1
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		inFlight int
+		done     int
+		firstErr error
+		freed    = make(chan struct{}, len(workers))
+	)
+	for i := 0; i < len(workers); {
+		mu.Lock()
+		stop := firstErr != nil
+		if !stop && inFlight < width {
+			n := workers[i]
+			i++
+			inFlight++
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := r.upgradeKubelet(ctx, n)
+				mu.Lock()
+				inFlight--
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if err == nil {
+					done++
+					if r.opts.Plan.Canary && done >= width {
+						width = min(width*2, limit)
+					}
+				}
+				mu.Unlock()
+				freed <- struct{}{}
+			}()
+			continue
+		}
+		mu.Unlock()
+		if stop {
+			break
+		}
+		select {
+		case <-freed:
+			if r.opts.Soak > 0 {
+				select {
+				case <-time.After(r.opts.Soak):
+				case <-ctx.Done():
+				}
+			}
+		case <-ctx.Done():
+			mu.Lock()
+			if firstErr == nil {
+				firstErr = ctx.Err()
+			}
+			mu.Unlock()
+		}
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// upgradeKubelet is one node's kubelet, in named steps: check, back up,
+// record containers, hash-skip file, swap and restart, wait Ready at the
+// target, verify no container restarted, mark done. Any failure after the
+// swap restores the old kubelet.
+func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
+	to := r.target.Version.String()
+	st := r.nodeState(name)
+	// When the node started, its kubelet was swapped and it was Ready: the
+	// log line of a node done says where its time went.
+	began := time.Now()
+	var swapped, readyAt time.Time
+	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) error {
+		// check
+		v, err := o.running(ctx, "kubelet")
+		if err != nil {
+			return err
+		}
+		if v == to && r.dry {
+			r.would(name, "kubelet runs "+to+" already: wait for the node Ready and mark it done", "")
+			return nil
+		}
+		if v == to {
+			if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
+			}); err != nil {
+				return fmt.Errorf("node %s: kubelet %s already, but not Ready: %w", name, to, err)
+			}
+			if err := r.uncordon(ctx, name); err != nil {
+				return err
+			}
+			return r.markDone(ctx, name)
+		}
+		if r.opts.Hook != nil && r.dry {
+			r.would(name, "run the pre-hook", "")
+		} else if r.opts.Hook != nil {
+			if err := r.opts.Hook(ctx, "pre", name, o.from, to); err != nil {
+				return fmt.Errorf("node %s: pre-hook: %w", name, err)
+			}
+		}
+		r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
+		r.event(ctx, name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", o.from, to))
+		// drain
+		if r.opts.Drain && r.dry {
+			r.would(name, "cordon the node and evict its pods (PodDisruptionBudgets hold)", "")
+		} else if r.opts.Drain {
+			if err := r.drain(ctx, name); err != nil {
+				return err
+			}
+		}
+		// record the node's pods (from the API, while the node is worked
+		// on over SSH)
+		type podsResult struct {
+			pods map[types.UID]string
+			err  error
+		}
+		podsCh := make(chan podsResult, 1)
+		go func() {
+			p, err := r.podsOn(ctx, name)
+			podsCh <- podsResult{p, err}
+		}()
+		// back up
+		if err := o.backup(ctx, "kubelet"); err != nil {
+			return err
+		}
+		// record containers
+		before, err := o.containers(ctx)
+		if err != nil {
+			return err
+		}
+		pr := <-podsCh
+		if pr.err != nil {
+			return pr.err
+		}
+		podsBefore := pr.pods
+		// hash-skip file, when the hash era changes and the kubelet reads it
+		if r.target.Manifest.KubeletHashSkip(archOr(st.Arch)) {
+			if era, err := r.eraOf(o.from); err != nil || era != r.target.Release.KubeletHashEra {
+				if err := o.writeHashSkip(ctx, r.opts.Plan.Now()); err != nil {
+					return err
+				}
+			}
+		}
+		// swap and restart
+		if err := o.swap(ctx, "kubelet", r.fileSHA("kubelet", st.Arch)); err != nil {
+			return r.rollback(ctx, o, "kubelet", err)
+		}
+		swapped = time.Now()
+		if r.dry {
+			r.would(name, fmt.Sprintf("wait for the node Ready at %s, settle %s, verify the same containers run and no pod is lost; roll back on failure", to, r.opts.Settle), "")
+			if r.opts.Hook != nil {
+				r.would(name, "run the post-hook", "")
+			}
+			return r.markDone(ctx, name)
+		}
+		// wait Ready at the target
+		stopWait := r.timed(&r.res.Waiting)
+		err = r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+			return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
+		})
+		stopWait()
+		readyAt = time.Now()
+		if err != nil {
+			return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s not Ready at %s within %s: %w", name, to, r.opts.ReadyTimeout, err))
+		}
+		// verify: the kubelet has had time to act on every pod
+		stopSettle := r.timed(&r.res.Settling)
+		select {
+		case <-time.After(r.opts.Settle):
+		case <-ctx.Done():
+			stopSettle()
+			return ctx.Err()
+		}
+		stopSettle()
+		if err := r.verify(ctx, o, before, podsBefore); err != nil {
+			var restarted *restartedError
+			if errors.As(err, &restarted) {
+				// Rolling the kubelet back would restart the same containers
+				// once more (the old kubelet's hash of what the new one
+				// started differs again): it stays at the target.
+				r.log.Error("containers restarted: the kubelet stays at the target, since rolling it back would restart them again", "node", name, "version", to, "containers", restarted.containers)
+				r.event(ctx, name, "ContainersRestarted", fmt.Sprintf("kubelift: %v; kubelet left at %s (a rollback would restart them again)", err, to))
+				return fmt.Errorf("%w; the kubelet stays at %s: rolling it back would restart them a second time", err, to)
+			}
+			return r.rollback(ctx, o, "kubelet", err)
+		}
+		if r.opts.Hook != nil {
+			if err := r.opts.Hook(ctx, "post", name, o.from, to); err != nil {
+				return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s: post-hook: %w", name, err))
+			}
+		}
+		// uncordon (only what this run cordoned)
+		if err := r.uncordon(ctx, name); err != nil {
+			return err
+		}
+		ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+		return r.markDone(ctx, name, "took", ms(time.Since(began)),
+			"before-restart", ms(swapped.Sub(began)), "until-ready", ms(readyAt.Sub(swapped)), "after-ready", ms(time.Since(readyAt)))
+	})
+	if err != nil {
+		// Whatever failed, a cordon of this run's is undone now, not at
+		// the run's end.
+		if _, mine := r.cordoned.Load(name); mine {
+			if uerr := r.uncordon(context.WithoutCancel(ctx), name); uerr != nil {
+				err = fmt.Errorf("%w; %w", err, uerr)
+			}
+		}
+		r.setNode(ctx, name, failedStatus(err), "kubelet", err)
+		return err
+	}
+	return nil
+}
+
+// failedStatus is the status of a node whose step failed with err:
+// rolled back when the step undid itself, else failed.
+func failedStatus(err error) string {
+	if errors.Is(err, ErrNodeFailed) {
+		return NodeRolledBack
+	}
+	return NodeFailed
+}
+
+// timed adds the time until the returned func is called to *sum.
+func (r *applyRun) timed(sum *float64) func() {
+	began := time.Now()
+	return func() {
+		r.mu.Lock()
+		*sum += time.Since(began).Seconds()
+		r.mu.Unlock()
+	}
+}
+
+func (r *applyRun) eraOf(v string) (string, error) {
+	pv, err := catalog.ParseVersion(v)
+	if err != nil {
+		return "", err
+	}
+	return r.opts.Plan.Catalog.HashEraFor(pv)
+}
+
+// verify: every container that ran before the swap still runs (same IDs),
+// and every pod is still there and not failed.
+func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]string, podsBefore map[types.UID]string) error {
+	after, err := o.containers(ctx)
+	if err != nil {
+		return err
+	}
+	var gone []string
+	for id, what := range before {
+		if _, ok := after[id]; !ok {
+			gone = append(gone, what)
+		}
+	}
+	sort.Strings(gone)
+	if len(gone) > 0 && !r.opts.Plan.AllowRestarts && !r.opts.Drain {
+		return &restartedError{node: o.name, containers: gone}
+	}
+	podsAfter, err := r.podsOn(ctx, o.name)
+	if err != nil {
+		return err
+	}
+	for uid, p := range podsBefore {
+		if strings.HasSuffix(p, " Failed") || strings.HasSuffix(p, " Succeeded") {
+			continue
+		}
+		if q, ok := podsAfter[uid]; !ok {
+			return fmt.Errorf("node %s: pod %s is gone (evicted?)", o.name, p)
+		} else if strings.HasSuffix(q, " Failed") {
+			return fmt.Errorf("node %s: pod %s failed", o.name, q)
+		}
+	}
+	return nil
+}
+
+// restartedError: containers that ran before the swap do not any more.
+type restartedError struct {
+	node       string
+	containers []string
+}
+
+func (e *restartedError) Error() string {
+	return fmt.Sprintf("node %s: %d containers restarted: %s", e.node, len(e.containers), strings.Join(e.containers, ", "))
+}
+
+// podsOn maps the UIDs of a node's pods to "ns/name PHASE"; pods that had
+// already ended are left out. The list is served from the API server's
+// watch cache (resourceVersion 0), indexed by node: a consistent list
+// from an API server before 1.31 reads every pod of the cluster from etcd
+// to keep one node's, twice per node (the scale benchmark's 5000 nodes
+// saturated the API server so). The cache trails etcd by the watch's
+// latency, milliseconds, far less than the --settle pause before the
+// list that verifies.
+func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]string, error) {
+	l, err := r.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, ResourceVersion: "0"})
+	if err != nil {
+		return nil, fmt.Errorf("list pods on %s: %w", node, err)
+	}
+	out := map[types.UID]string{}
+	for _, p := range l.Items {
+		out[p.UID] = p.Namespace + "/" + p.Name + " " + string(p.Status.Phase)
+	}
+	return out, nil
+}
+
+// markDone annotates the Node with the version and bundle it was upgraded
+// to, and records it done.
+func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) error {
+	to := r.target.Version.String()
+	patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: to, AnnotationBundle: r.target.Record.BundleDigest})
+	if err != nil {
+		return err
+	}
+	if r.dry {
+		r.would(name, "annotate the node upgraded", string(patch))
+		return nil
+	}
+	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("node %s: mark done: %w", name, err)
+	}
+	r.setNode(ctx, name, NodeDone, "", nil)
+	r.event(ctx, name, "Upgraded", "kubelift: upgraded to "+to)
+	r.log.Info("upgraded", append([]any{"node", name, "version", to}, attrs...)...)
+	return nil
+}
+
+func (r *applyRun) completeStep(ctx context.Context) error {
+	for _, n := range r.plan.Nodes {
+		if !r.selected(n.Name) && n.Kubelet != r.target.Version.String() {
+			r.log.Info("left for a later apply", "node", n.Name)
+			return r.setState(ctx, StateUpgradingKubelets) // manual mode: some remain
+		}
+	}
+	return r.setState(ctx, StateComplete)
+}

@@ -1,0 +1,173 @@
+package inplace
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/pkg/hashskip"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+)
+
+// readmission: the kubelet re-admits every pod when it restarts; a pod
+// whose nodeSelector or required node affinity no longer matches its
+// node's labels fails with NodeAffinity.
+func (pc *planCheck) readmission() {
+	nodes := map[string]*corev1.Node{}
+	for i := range pc.view.nodes {
+		nodes[pc.view.nodes[i].Name] = &pc.view.nodes[i]
+	}
+	for i := range pc.view.pods {
+		pod := &pc.view.pods[i]
+		node := nodes[pod.Spec.NodeName]
+		if node == nil {
+			continue
+		}
+		ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node)
+		if ok && err == nil {
+			continue
+		}
+		var missing []string
+		for k, v := range pod.Spec.NodeSelector {
+			if have, ok := node.Labels[k]; !ok || have != v {
+				missing = append(missing, k+"="+v)
+			}
+		}
+		sort.Strings(missing)
+		why := "its required node affinity no longer matches node " + node.Name + "'s labels"
+		fix := "restore the labels the pod requires on node " + node.Name + " (apply --restore-labels does), or delete the pod"
+		if len(missing) > 0 {
+			why = fmt.Sprintf("node %s lacks the label %s its nodeSelector requires", node.Name, strings.Join(missing, ", "))
+		}
+		pc.add(Blocking, "readmission", "pod/"+pod.Namespace+"/"+pod.Name,
+			"the restarted kubelet would reject it (reason NodeAffinity, the pod fails): "+why, fix)
+	}
+}
+
+// eviction: pods without not-ready/unreachable NoExecute tolerations are
+// evicted at once if their node is NotReady while its kubelet restarts.
+func (pc *planCheck) eviction() {
+	for i := range pc.view.pods {
+		pod := &pc.view.pods[i]
+		if pod.Spec.NodeName == "" || isDaemonSetPod(pod) {
+			continue
+		}
+		var lack []string
+		for _, key := range []string{"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"} {
+			if !tolerates(pod.Spec.Tolerations, key) {
+				lack = append(lack, key)
+			}
+		}
+		if len(lack) > 0 {
+			pc.add(Warning, "eviction", "pod/"+pod.Namespace+"/"+pod.Name,
+				fmt.Sprintf("no NoExecute toleration for %s: evicted at once if node %s turns NotReady while its kubelet restarts", strings.Join(lack, ", "), pod.Spec.NodeName),
+				"apply adds them (tolerationSeconds 300) before any kubelet restarts")
+		}
+	}
+	// DefaultTolerationSeconds adds them to new pods; if it is off, they
+	// will keep arriving without.
+	for _, s := range pc.plan.Nodes {
+		f := pc.view.facts[s.Name]
+		if f == nil || s.Components["kube-apiserver"] == "" {
+			continue
+		}
+		for _, p := range strings.Split(f.Values["kube-apiserver --disable-admission-plugins"], ",") {
+			if p == "DefaultTolerationSeconds" {
+				pc.add(Warning, "eviction", "apiserver/"+s.Name, "the DefaultTolerationSeconds admission plugin is disabled: new pods lack the not-ready/unreachable tolerations too", "enable it (remove it from --disable-admission-plugins)")
+			}
+		}
+	}
+}
+
+func isDaemonSetPod(p *corev1.Pod) bool {
+	for _, o := range p.OwnerReferences {
+		if o.Kind == "DaemonSet" {
+			return true
+		}
+	}
+	return false
+}
+
+// tolerates reports whether tolerations cover key:NoExecute for good (or
+// for a while: tolerationSeconds is what DefaultTolerationSeconds gives).
+func tolerates(ts []corev1.Toleration, key string) bool {
+	for _, t := range ts {
+		if t.Effect != "" && t.Effect != corev1.TaintEffectNoExecute {
+			continue
+		}
+		if t.Key == key || (t.Key == "" && t.Operator == corev1.TolerationOpExists) {
+			return true
+		}
+	}
+	return false
+}
+
+// restarts predicts, from each node's runtime, which running containers
+// the bundled kubelet would restart, and which the hash-skip file keeps.
+func (pc *planCheck) restarts() {
+	t := pc.target
+	hasher := &kubeletcompat.Hasher{Version: t.Version, Era: t.Release.KubeletHashEra}
+	start := pc.opts.Now().Add(time.Hour) // the upgraded kubelet starts after every running container
+	for i := range pc.plan.Nodes {
+		s := &pc.plan.Nodes[i]
+		f := pc.view.facts[s.Name]
+		if f == nil || s.Kubelet == t.Version.String() {
+			continue // a kubelet already at the target is not restarted
+		}
+		if f.ContainersErr != "" {
+			pc.add(Warning, "restarts", "node/"+s.Name, "cannot read the runtime's containers (crictl ps -o json): "+f.ContainersErr, "install crictl on the node")
+			continue
+		}
+		var cache *hashskip.File
+		era := "unknown"
+		if kv, err := catalog.ParseVersion(s.Kubelet); err == nil {
+			if e, err := pc.opts.Catalog.HashEraFor(kv); err == nil {
+				era = e
+			}
+		}
+		if t.Manifest.KubeletHashSkip(archOr(s.Arch)) && era != t.Release.KubeletHashEra {
+			cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: s.Kubelet, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
+		}
+		preds, err := kubeletcompat.PredictPods(pc.onNode[s.Name], map[string][]kubeletcompat.RuntimeContainer{s.Name: f.Containers},
+			kubeletcompat.PredictOptions{Target: hasher, Cache: cache, KubeletStart: start})
+		if err != nil {
+			pc.add(Warning, "restarts", "node/"+s.Name, "cannot predict restarts: "+err.Error(), "")
+			continue
+		}
+		for _, p := range preds {
+			s.Containers++
+			if p.Restart {
+				s.Restarts++
+			}
+			if p.Protected {
+				s.Protected++
+			}
+		}
+		why := fmt.Sprintf("the kubelet's container hash changes (era %s to %s)", era, t.Release.KubeletHashEra)
+		if era == t.Release.KubeletHashEra {
+			why = "their spec hashes differ under " + t.Version.String()
+		}
+		if s.Restarts > 0 {
+			sev := Blocking
+			if pc.opts.AllowRestarts {
+				sev = Warning
+			}
+			fix := "bundle kubelift's hash-skip kubelet (make kubelet; bundle create --kubelet-binary), or pass --allow-restarts, or --drain"
+			pc.add(sev, "restarts", "node/"+s.Name, fmt.Sprintf("%d of %d running containers would restart: %s and the bundled kubelet does not keep them", s.Restarts, s.Containers, why), fix)
+		}
+		if s.Protected > 0 {
+			pc.add(Info, "restarts", "node/"+s.Name, fmt.Sprintf("%d of %d running containers kept running by the hash-skip file (%s)", s.Protected, s.Containers, why), "")
+		}
+	}
+}
+
+func archOr(a string) string {
+	if a == "" {
+		return "amd64"
+	}
+	return a
+}
