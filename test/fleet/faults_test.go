@@ -13,6 +13,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kubelift/kubelift/internal/inplace"
@@ -95,8 +96,9 @@ func (r *faultRun) noCordonOfOurs(t *testing.T) {
 func TestApplyFaultAtEachStep(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		// inject sets the fault up on the fleet.
+		// inject sets the fault up on the fleet; api on the API server.
 		inject func(f *Fleet)
+		api    func(c *fake.Clientset)
 		// wantErr are parts of the error.
 		wantErr []string
 		// failedNode, when set, is the node the state says failed, with
@@ -190,6 +192,57 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			},
 		},
 		{
+			name:    "recording the state fails: no node is touched",
+			inject:  func(*Fleet) {},
+			api:     func(c *fake.Clientset) { c.PrependReactor("create", "configmaps", refuse) },
+			wantErr: []string{"record", "refused by the test"},
+			check: func(t *testing.T, r *faultRun) {
+				for _, s := range specs {
+					if n := r.played(s.Name, "back up") + r.played(s.Name, "etcd snapshot"); n != 0 {
+						t.Errorf("%s: %d backups", s.Name, n)
+					}
+				}
+			},
+		},
+		{
+			name:    "adding tolerations fails: no kubelet moves",
+			inject:  func(*Fleet) {},
+			api:     func(c *fake.Clientset) { c.PrependReactor("patch", "pods", refuse) },
+			wantErr: []string{"workloads", "add tolerations", "refused by the test"},
+			check: func(t *testing.T, r *faultRun) {
+				for _, s := range specs {
+					if v := r.w.fleet.Running(s.Name, "kubelet"); v != oldVersion {
+						t.Errorf("%s kubelet runs %s", s.Name, v)
+					}
+				}
+				if v := r.w.fleet.Running("cp-1", "kube-apiserver"); v != newVersion {
+					t.Errorf("cp-1 kube-apiserver runs %s: the control plane step before it is kept", v)
+				}
+			},
+		},
+		{
+			name:   "marking a node done fails: it stays upgraded, the run stops, a re-run marks it",
+			inject: func(*Fleet) {},
+			api: func(c *fake.Clientset) {
+				c.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					if pa, ok := a.(k8stesting.PatchAction); ok && pa.GetName() == "worker-1" && strings.Contains(string(pa.GetPatch()), inplace.AnnotationUpgradedTo) {
+						return true, nil, errors.New("refused by the test")
+					}
+					return false, nil, nil
+				})
+			},
+			wantErr:    []string{"node worker-1: mark done", "refused by the test"},
+			failedNode: "worker-1", status: inplace.NodeFailed,
+			check: func(t *testing.T, r *faultRun) {
+				if v := r.w.fleet.Running("worker-1", "kubelet"); v != newVersion {
+					t.Errorf("worker-1 kubelet runs %s", v)
+				}
+				if n := r.played("worker-1", "restore"); n != 0 {
+					t.Errorf("worker-1 restored %d times: a node that works is not rolled back for an annotation", n)
+				}
+			},
+		},
+		{
 			name:       "containers restarted under the new kubelet: it stays (a rollback would restart them again)",
 			inject:     func(f *Fleet) { f.RestartContainers("worker-1") },
 			wantErr:    []string{"node worker-1", "containers restarted", "stays at " + newVersion},
@@ -213,6 +266,9 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			defer cancel()
 			kwok(ctx, t, r.w.client)
 			tc.inject(r.w.fleet)
+			if tc.api != nil {
+				tc.api(r.w.client)
+			}
 			_, err := r.apply(ctx)
 			if err == nil {
 				t.Fatal("apply succeeded")
@@ -236,6 +292,11 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			tc.check(t, r)
 		})
 	}
+}
+
+// refuse is a fake API server's answer to a request the test refuses.
+func refuse(k8stesting.Action) (bool, runtime.Object, error) {
+	return true, nil, errors.New("refused by the test")
 }
 
 // A cancel (or any failure) after a node was cordoned and drained, while
