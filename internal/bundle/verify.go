@@ -13,6 +13,8 @@ import (
 	"hash"
 	"io"
 	"os"
+
+	"github.com/kubelift/kubelift/internal/iocount"
 )
 
 // Rejections, each wrapped in a *VerifyError naming the entry.
@@ -125,10 +127,10 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		cr = &seekCounter{r: io.NewSectionReader(file, base, end-base)}
 	case stub != nil:
 		base = StubSize
-		cr = &countingReader{r: io.LimitReader(br, stub.PayloadSize)}
+		cr = iocount.NewReader(io.LimitReader(br, stub.PayloadSize))
 		rest = br
 	default:
-		cr = &countingReader{r: br}
+		cr = iocount.NewReader(br)
 	}
 	tr := tar.NewReader(cr)
 
@@ -198,7 +200,7 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		}
 		// tar.Reader reads exactly the header blocks, so the position is
 		// where this entry's data begins.
-		e.Offset = base + cr.pos()
+		e.Offset = base + cr.N()
 		last = &e
 		if parallel {
 			if err := hashers.add(e); err != nil {
@@ -223,7 +225,7 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		return nil, err
 	}
 	if stub != nil {
-		if cr.pos() != stub.PayloadSize {
+		if cr.N() != stub.PayloadSize {
 			return nil, &VerifyError{Entry: "payload", Err: ErrTruncated}
 		}
 		if err := checkInstaller(rest, m); err != nil {
@@ -387,21 +389,8 @@ func (h *hashingReader) Read(p []byte) (int, error) {
 // posReader knows how far into the tar stream it is.
 type posReader interface {
 	io.Reader
-	pos() int64
+	N() int64
 }
-
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
-}
-
-func (c *countingReader) pos() int64 { return c.n }
 
 // seekCounter lets tar.Reader seek over entry data it is not asked for.
 type seekCounter struct {
@@ -423,7 +412,7 @@ func (c *seekCounter) Seek(offset int64, whence int) (int64, error) {
 	return n, err
 }
 
-func (c *seekCounter) pos() int64 { return c.n }
+func (c *seekCounter) N() int64 { return c.n }
 
 // regularFile returns r as a ReaderAt with its size when it is a regular file.
 func regularFile(r io.Reader) (io.ReaderAt, int64) {

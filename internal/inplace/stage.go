@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/gzip"
@@ -21,6 +20,7 @@ import (
 	"github.com/kubelift/kubelift/internal/atomicfile"
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cas"
+	"github.com/kubelift/kubelift/internal/iocount"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/registry"
@@ -230,23 +230,9 @@ func sendFile(ctx context.Context, n nodeaccess.Node, vdir string, f bundle.File
 		return 0, err
 	}
 	defer in.Close()
-	cr := &countingReader{r: in}
+	cr := iocount.NewReader(in)
 	_, err = n.Run(ctx, nodescript.StageFile.Command(vdir, f.Name, f.SHA256), cr)
-	return cr.n.Load(), err
-}
-
-// countingReader counts what was read through it. The SSH session may
-// still be reading when Run returns (its stdin copy is a goroutine of its
-// own), so the count is atomic.
-type countingReader struct {
-	r io.Reader
-	n atomic.Int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n.Add(int64(n))
-	return n, err
+	return cr.N(), err
 }
 
 // compressedCache fetches each file once, checks it, and keeps it gzipped

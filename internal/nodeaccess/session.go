@@ -11,9 +11,9 @@ import (
 	"os"
 	"path"
 	"strings"
-	"sync/atomic"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/iocount"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -75,10 +75,10 @@ func (n *sshNode) upload(ctx context.Context, p string, mode os.FileMode, r io.R
 		return 0, err
 	}
 	tmp := Quote(path.Join(path.Dir(p), "."+path.Base(p)+".tmp."+hex.EncodeToString(random[:])))
-	cr := &countingReader{r: r}
+	cr := iocount.NewReader(r)
 	_, err := n.run(ctx, fmt.Sprintf("mkdir -p -- %s && umask 077 && cat >%s", Quote(path.Dir(p)), tmp), cr)
 	if err == nil {
-		_, err = n.run(ctx, fmt.Sprintf(commitScript, tmp, cr.n.Load(), uint32(mode.Perm()), Quote(p)), nil)
+		_, err = n.run(ctx, fmt.Sprintf(commitScript, tmp, cr.N(), uint32(mode.Perm()), Quote(p)), nil)
 	}
 	if err != nil {
 		// Even when ctx is done: else the temporary file stays for good.
@@ -86,7 +86,7 @@ func (n *sshNode) upload(ctx context.Context, p string, mode os.FileMode, r io.R
 		defer cancel()
 		_, _ = n.run(ctx, "rm -f -- "+tmp, nil)
 	}
-	return cr.n.Load(), err
+	return cr.N(), err
 }
 
 // commitScript installs the temporary file %[1]s of %[2]d bytes as %[4]s
@@ -170,17 +170,4 @@ func (t *tail) Write(p []byte) (int, error) {
 		t.b = append(t.b[:0], t.b[over:]...)
 	}
 	return len(p), nil
-}
-
-// countingReader counts what it reads, atomically: after a failure the
-// session may still be reading it.
-type countingReader struct {
-	r io.Reader
-	n atomic.Int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n.Add(int64(n))
-	return n, err
 }

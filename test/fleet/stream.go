@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/klauspost/compress/gzip"
+	"github.com/kubelift/kubelift/internal/iocount"
 )
 
 // prefixLen is how much of a staged stream is read before deciding
@@ -63,11 +64,11 @@ func (c *streamCache) read(ctx context.Context, in io.Reader) (content, int64, e
 	}
 	prefix := buf[:n]
 	whole := sha256.New()
-	counted := &countingReader{r: io.TeeReader(io.MultiReader(bytes.NewReader(prefix), in), whole)}
+	counted := iocount.NewReader(io.TeeReader(io.MultiReader(bytes.NewReader(prefix), in), whole))
 	if n < prefixLen {
 		// Small: decompressing is as cheap as looking up.
 		got, err := decompress(counted)
-		return got, counted.n, err
+		return got, counted.N(), err
 	}
 	key := sha256.Sum256(prefix)
 	c.mu.Lock()
@@ -92,24 +93,24 @@ func (c *streamCache) read(ctx context.Context, in io.Reader) (content, int64, e
 		}
 		c.mu.Unlock()
 		close(l.done)
-		return got, counted.n, err
+		return got, counted.N(), err
 	}
 	if _, err := io.Copy(io.Discard, counted); err != nil {
-		return content{}, counted.n, err
+		return content{}, counted.N(), err
 	}
 	select {
 	case <-l.done:
 	case <-ctx.Done():
-		return content{}, counted.n, ctx.Err()
+		return content{}, counted.N(), ctx.Err()
 	}
 	c.mu.Lock()
 	got, ok := c.byStream[sum32(whole)]
 	c.mu.Unlock()
 	if !ok {
-		return content{}, counted.n, errUnverifiable
+		return content{}, counted.N(), errUnverifiable
 	}
 	c.hits.Add(1)
-	return got, counted.n, nil
+	return got, counted.N(), nil
 }
 
 // decompress is `gzip -dc | sha256sum` (and the size): it reads r to its
@@ -132,15 +133,4 @@ func sum32(h hash.Hash) [32]byte {
 	var k [32]byte
 	copy(k[:], h.Sum(nil))
 	return k
-}
-
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
 }
