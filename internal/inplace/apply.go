@@ -13,10 +13,12 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // Annotations the engine leaves on a Node it upgraded: the cluster itself
@@ -67,6 +69,9 @@ type ApplyOptions struct {
 	// workers wait for a later apply, and status shows them pending.
 	Nodes    []string
 	Selector labels.Selector
+	// Clock is what every wait of the run waits on (the real clock when
+	// nil; unit tests drive a fake one).
+	Clock clock.Clock
 }
 
 // ApplyResult reports Apply.
@@ -145,8 +150,10 @@ type applyRun struct {
 	tgts   map[string]nodeaccess.Target
 	state  *UpgradeState
 	watch  *nodeWatch
-	mu     sync.Mutex // state
-	res    *ApplyResult
+	// wait is every wait and every time read of the run.
+	wait waiter.Waiter
+	mu   sync.Mutex // state
+	res  *ApplyResult
 	// events posts Events in the background (nil: at once).
 	events *eventQueue
 	// cordoned holds the nodes this run cordoned.
@@ -177,7 +184,7 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, err
 	}
 	p := &opts.Plan
-	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}, dry: opts.DryRun}
+	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}}
 	if !r.dry {
 		lock, err := AcquireLock(ctx, r.client, opts.Holder, opts.LockDuration, p.Now)
 		if err != nil {
@@ -221,9 +228,9 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		}
 		r.log.Info("step", "name", s.name, "dryRun", r.dry)
 		r.step = s.name
-		began := time.Now()
+		began := r.wait.Now()
 		err := s.fn(ctx)
-		r.res.Steps = append(r.res.Steps, StepTime{Name: s.name, Seconds: time.Since(began).Seconds()})
+		r.res.Steps = append(r.res.Steps, StepTime{Name: s.name, Seconds: r.wait.Since(began).Seconds()})
 		r.res.State = r.state
 		if err != nil {
 			if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {

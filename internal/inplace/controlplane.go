@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/waiter"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -117,31 +118,22 @@ func (r *applyRun) waitComponent(ctx context.Context, o *nodeOps, comp, version 
 		return nil
 	}
 	defer r.timed(&r.res.Waiting)()
-	deadline := time.Now().Add(r.opts.ReadyTimeout)
-	var last error
-	for time.Now().Before(deadline) {
+	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
 		v, err := o.running(ctx, comp)
 		switch {
 		case err != nil:
-			last = err
+			return err
 		case v != version:
-			last = fmt.Errorf("%s runs %q, want %s", comp, v, version)
+			return fmt.Errorf("%s runs %q, want %s", comp, v, version)
 		case comp == "kube-apiserver" && r.opts.Plan.REST != nil:
-			if err := readyz(ctx, r.opts.Plan.REST, r.tgts[o.name].Address); err != nil {
-				last = err
-			} else {
-				return nil
-			}
-		default:
-			return nil
+			return readyz(ctx, r.opts.Plan.REST, r.tgts[o.name].Address)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
+		return nil
+	})
+	if errors.Is(err, waiter.ErrTimeout) {
+		return fmt.Errorf("node %s: %s not healthy at %s within %s: %w", o.name, comp, version, r.opts.ReadyTimeout, err)
 	}
-	return fmt.Errorf("node %s: %s not healthy at %s within %s: %w", o.name, comp, version, r.opts.ReadyTimeout, last)
+	return err
 }
 
 // rollback restores comp after a failed swap and waits for the old

@@ -14,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // AnnotationCordoned marks a Node this tool cordoned, so that only those
@@ -129,41 +131,42 @@ func (r *applyRun) drain(ctx context.Context, name string) error {
 		}
 		return err
 	}
-	deadline := time.Now().Add(r.opts.DrainTimeout)
+	// One deadline for the whole drain: evictions, then the evicted pods
+	// gone.
+	began := r.wait.Now()
+	left := func() time.Duration { return r.opts.DrainTimeout - r.wait.Since(began) }
 	for _, p := range evict {
-		for {
+		err := r.wait.Poll(ctx, 2*time.Second, left(), func(ctx context.Context) error {
 			err := r.client.CoreV1().Pods(p.Namespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
-			if err == nil || apierrors.IsNotFound(err) {
-				break
+			switch {
+			case err == nil || apierrors.IsNotFound(err):
+				return nil
+			case apierrors.IsTooManyRequests(err):
+				return err // a PodDisruptionBudget says not now
 			}
-			if !apierrors.IsTooManyRequests(err) {
-				return fail(fmt.Errorf("node %s: evict pod %s/%s: %w", name, p.Namespace, p.Name, err))
-			}
-			if time.Now().After(deadline) {
-				return fail(fmt.Errorf("node %s: %w: evicting pod %s/%s is refused by its PodDisruptionBudget (%v) for %s; the node is uncordoned again", name, ErrDrainBlocked, p.Namespace, p.Name, err, r.opts.DrainTimeout))
-			}
-			select {
-			case <-ctx.Done():
-				return fail(ctx.Err())
-			case <-time.After(2 * time.Second):
-			}
+			return waiter.Stop(fmt.Errorf("node %s: evict pod %s/%s: %w", name, p.Namespace, p.Name, err))
+		})
+		if errors.Is(err, waiter.ErrTimeout) {
+			err = fmt.Errorf("node %s: %w: evicting pod %s/%s is refused by its PodDisruptionBudget (%v) for %s; the node is uncordoned again", name, ErrDrainBlocked, p.Namespace, p.Name, err, r.opts.DrainTimeout)
+		}
+		if err != nil {
+			return fail(err)
 		}
 	}
 	// The evicted pods must be gone before the kubelet restarts.
 	for _, p := range evict {
-		for {
+		err := r.wait.Poll(ctx, time.Second, left(), func(ctx context.Context) error {
 			q, err := r.client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) || (err == nil && q.UID != p.UID) {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				return fail(fmt.Errorf("node %s: pod %s/%s still terminating after %s", name, p.Namespace, p.Name, r.opts.DrainTimeout))
-			}
-			select {
-			case <-ctx.Done():
-				return fail(ctx.Err())
-			case <-time.After(time.Second):
-			}
+			return fmt.Errorf("pod %s/%s still there", p.Namespace, p.Name)
+		})
+		if errors.Is(err, waiter.ErrTimeout) {
+			err = fmt.Errorf("node %s: pod %s/%s still terminating after %s", name, p.Namespace, p.Name, r.opts.DrainTimeout)
+		}
+		if err != nil {
+			return fail(err)
 		}
 	}
 	r.log.Info("drained", "node", name, "evicted", len(evict))

@@ -41,7 +41,7 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 		return err
 	}
 	if !r.dry {
-		w, err := watchNodes(ctx, r.client)
+		w, err := watchNodes(ctx, r.client, r.wait)
 		if err != nil {
 			return err
 		}
@@ -121,10 +121,7 @@ func (r *applyRun) window(ctx context.Context, workers []string, limit int) erro
 		select {
 		case <-freed:
 			if r.opts.Soak > 0 {
-				select {
-				case <-time.After(r.opts.Soak):
-				case <-ctx.Done():
-				}
+				_ = r.wait.Pause(ctx, r.opts.Soak) // a cancel is seen below
 			}
 		case <-ctx.Done():
 			mu.Lock()
@@ -147,7 +144,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 	st := r.nodeState(name)
 	// When the node started, its kubelet was swapped and it was Ready: the
 	// log line of a node done says where its time went.
-	began := time.Now()
+	began := r.wait.Now()
 	var swapped, readyAt time.Time
 	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) error {
 		// check
@@ -224,7 +221,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		if err := o.swap(ctx, "kubelet", r.fileSHA("kubelet", st.Arch)); err != nil {
 			return r.rollback(ctx, o, "kubelet", err)
 		}
-		swapped = time.Now()
+		swapped = r.wait.Now()
 		if r.dry {
 			r.would(name, fmt.Sprintf("wait for the node Ready at %s, settle %s, verify the same containers run and no pod is lost; roll back on failure", to, r.opts.Settle), "")
 			if r.opts.Hook != nil {
@@ -238,19 +235,17 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
 		})
 		stopWait()
-		readyAt = time.Now()
+		readyAt = r.wait.Now()
 		if err != nil {
 			return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s not Ready at %s within %s: %w", name, to, r.opts.ReadyTimeout, err))
 		}
 		// verify: the kubelet has had time to act on every pod
 		stopSettle := r.timed(&r.res.Settling)
-		select {
-		case <-time.After(r.opts.Settle):
-		case <-ctx.Done():
-			stopSettle()
-			return ctx.Err()
-		}
+		err = r.wait.Pause(ctx, r.opts.Settle)
 		stopSettle()
+		if err != nil {
+			return err
+		}
 		if err := r.verify(ctx, o, before, podsBefore); err != nil {
 			var restarted *restartedError
 			if errors.As(err, &restarted) {
@@ -273,8 +268,8 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			return err
 		}
 		ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
-		return r.markDone(ctx, name, "took", ms(time.Since(began)),
-			"before-restart", ms(swapped.Sub(began)), "until-ready", ms(readyAt.Sub(swapped)), "after-ready", ms(time.Since(readyAt)))
+		return r.markDone(ctx, name, "took", ms(r.wait.Since(began)),
+			"before-restart", ms(swapped.Sub(began)), "until-ready", ms(readyAt.Sub(swapped)), "after-ready", ms(r.wait.Since(readyAt)))
 	})
 	if err != nil {
 		// Whatever failed, a cordon of this run's is undone now, not at
@@ -301,10 +296,10 @@ func failedStatus(err error) string {
 
 // timed adds the time until the returned func is called to *sum.
 func (r *applyRun) timed(sum *float64) func() {
-	began := time.Now()
+	began := r.wait.Now()
 	return func() {
 		r.mu.Lock()
-		*sum += time.Since(began).Seconds()
+		*sum += r.wait.Since(began).Seconds()
 		r.mu.Unlock()
 	}
 }

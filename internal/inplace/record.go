@@ -90,10 +90,8 @@ func (r *applyRun) flushLoop(ctx context.Context) {
 		if err := r.save(context.WithoutCancel(ctx)); err != nil {
 			r.log.Warn("cannot record the state", "err", err)
 		}
-		select {
-		case <-ctx.Done():
+		if r.wait.Pause(ctx, stateFlushInterval) != nil {
 			return
-		case <-time.After(stateFlushInterval):
 		}
 	}
 }

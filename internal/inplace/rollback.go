@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // StateRolledBack: an upgrade undone by Rollback.
@@ -120,13 +121,13 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, err
 	}
 	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{State: st},
-		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, step: "rollback"}
+		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, step: "rollback", wait: waiter.Waiter{Clock: opts.Clock}}
 	for _, t := range v.tgts {
 		r.tgts[t.Name] = t
 	}
 	if !r.dry {
 		defer r.startFlushing(ctx)()
-		w, err := watchNodes(ctx, p.Client)
+		w, err := watchNodes(ctx, p.Client, r.wait)
 		if err != nil {
 			return nil, err
 		}

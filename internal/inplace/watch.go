@@ -10,6 +10,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // nodeWatch serves every wait on Nodes from one shared informer (one LIST,
@@ -19,13 +21,14 @@ type nodeWatch struct {
 	mu     sync.Mutex
 	wake   chan struct{} // closed and replaced on every change
 	stop   context.CancelFunc
+	wait   waiter.Waiter
 }
 
-func watchNodes(ctx context.Context, c kubernetes.Interface) (*nodeWatch, error) {
+func watchNodes(ctx context.Context, c kubernetes.Interface, wt waiter.Waiter) (*nodeWatch, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	f := informers.NewSharedInformerFactory(c, 0)
 	inf := f.Core().V1().Nodes()
-	w := &nodeWatch{wake: make(chan struct{}), stop: cancel}
+	w := &nodeWatch{wake: make(chan struct{}), stop: cancel, wait: wt}
 	notify := func(any) {
 		w.mu.Lock()
 		close(w.wake)
@@ -47,10 +50,16 @@ func watchNodes(ctx context.Context, c kubernetes.Interface) (*nodeWatch, error)
 	return w, nil
 }
 
-// until waits, at most timeout, for cond to hold for node name.
+// until waits, at most timeout (on the run's clock), for cond to hold
+// for node name.
 func (w *nodeWatch) until(ctx context.Context, name string, timeout time.Duration, cond func(*corev1.Node) bool) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		if w.wait.Pause(ctx, timeout) == nil {
+			cancel(context.DeadlineExceeded)
+		}
+	}()
 	for {
 		w.mu.Lock()
 		wake := w.wake
@@ -61,7 +70,7 @@ func (w *nodeWatch) until(ctx context.Context, name string, timeout time.Duratio
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			return ctx.Err()
+			return context.Cause(ctx)
 		}
 	}
 }

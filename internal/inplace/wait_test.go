@@ -1,0 +1,73 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/waiter"
+)
+
+// stuckNode is a node whose component never moves: every read of what
+// runs says v1.30.14.
+type stuckNode struct{ reads atomic.Int32 }
+
+func (n *stuckNode) Run(_ context.Context, cmd string, _ io.Reader) ([]byte, error) {
+	if sc, _, err := nodescript.Parse(cmd); err == nil && sc.Name == nodescript.Running.Name {
+		n.reads.Add(1)
+		return []byte("Kubernetes v1.30.14\n"), nil
+	}
+	return nil, errors.New("unexpected command")
+}
+func (n *stuckNode) Upload(context.Context, string, os.FileMode, io.Reader) (int64, error) {
+	return 0, errors.New("unexpected upload")
+}
+func (n *stuckNode) Close() error { return nil }
+
+// A component that never comes up at the target is given up after
+// --ready-timeout of the run's clock, read once a second, with the last
+// reason: five minutes of waiting take no real five minutes.
+func TestComponentWaitIsOnTheRunsClock(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(start)
+	go func() { // time passes only while the run waits
+		for ctx.Err() == nil {
+			if clk.HasWaiters() {
+				clk.Step(time.Second)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	node := &stuckNode{}
+	r := &applyRun{opts: ApplyOptions{ReadyTimeout: 5 * time.Minute}, res: &ApplyResult{}, wait: waiter.Waiter{Clock: clk}}
+	o := &nodeOps{n: node, name: "cp-1", facts: &NodeFacts{}}
+
+	err := r.waitComponent(ctx, o, "kube-scheduler", "v1.31.4")
+	if err == nil {
+		t.Fatal("a component that never moves was taken for healthy")
+	}
+	for _, want := range []string{"node cp-1", "kube-scheduler not healthy at v1.31.4 within 5m0s", `runs "v1.30.14", want v1.31.4`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if got := clk.Since(start); got != 5*time.Minute {
+		t.Errorf("waited %s of the run's clock, want the 5m timeout", got)
+	}
+	if got := node.reads.Load(); got != 301 {
+		t.Errorf("read what runs %d times, want 301 (at once, then every second for 5m)", got)
+	}
+	if r.res.Waiting != (5 * time.Minute).Seconds() {
+		t.Errorf("Waiting = %vs, want 300 (the run's clock)", r.res.Waiting)
+	}
+}
