@@ -172,7 +172,7 @@ func planRun(ctx context.Context, opts *planOptions) error {
 }
 
 func printPlan(w io.Writer, p *inplace.Plan) {
-	fmt.Fprintf(w, "Upgrade to %s (from %s)\n\n", p.To, strings.Join(p.From, ", "))
+	fmt.Fprintf(w, "Upgrade to %s (from %s), control plane: %s\n\n", p.To, strings.Join(p.From, ", "), p.ControlPlane)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tROLE\tREADY\tKUBELET\tAPISERVER\tCONTROLLER-MANAGER\tSCHEDULER\tSTAGED\tCONTAINERS\tWOULD RESTART\tKEPT BY HASH-SKIP")
 	for _, n := range p.Nodes {

@@ -150,6 +150,8 @@ type applyRun struct {
 	tgts   map[string]nodeaccess.Target
 	state  *UpgradeState
 	watch  *nodeWatch
+	// driver moves the control plane (the cluster's kind).
+	driver controlPlane
 	// wait is every wait and every time read of the run.
 	wait waiter.Waiter
 	mu   sync.Mutex // state
@@ -263,6 +265,7 @@ func (r *applyRun) planStep(ctx context.Context) error {
 		return err
 	}
 	r.plan, r.view, r.res.Plan = p, v, p
+	r.driver = driverFor(v)
 	r.tgts = map[string]nodeaccess.Target{}
 	for _, t := range v.tgts {
 		r.tgts[t.Name] = t

@@ -24,6 +24,8 @@ type planCheck struct {
 	view   *clusterView
 	plan   *Plan
 	target *Target
+	// driver is the cluster's kind of control plane.
+	driver controlPlane
 	// Indexes of the view, built once: a plan of 5000 nodes and 150,000
 	// pods stays linear.
 	podNode map[string]string        // "ns/name" -> node
@@ -137,8 +139,10 @@ func (pc *planCheck) steps() ([]Step, error) {
 		return nil, err
 	}
 	var steps []Step
-	for _, n := range cps {
-		steps = append(steps, Step{Phase: PhaseControlPlane, Nodes: []string{n}, Components: controlPlaneFiles})
+	for i := range pc.plan.Nodes {
+		if n := &pc.plan.Nodes[i]; n.Role == RoleControlPlane {
+			steps = append(steps, Step{Phase: PhaseControlPlane, Nodes: []string{n.Name}, Components: pc.driver.Components(n)})
+		}
 	}
 	steps = append(steps, Step{Phase: PhaseTolerations})
 	for _, n := range cps {

@@ -4,18 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
-	"strings"
 	"time"
 
-	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/waiter"
 	corev1 "k8s.io/api/core/v1"
 )
 
-// etcdStep snapshots etcd before the control plane is touched, with the
-// API server's own etcd endpoints and client certificates, on a
-// control-plane node.
+// etcdStep snapshots etcd before the control plane is touched (the
+// driver says how).
 func (r *applyRun) etcdStep(ctx context.Context) error {
 	if r.opts.SkipEtcdBackup || r.state.Backup != "" {
 		return nil
@@ -23,40 +19,24 @@ func (r *applyRun) etcdStep(ctx context.Context) error {
 	if r.controlPlaneDone() {
 		return nil
 	}
-	for _, n := range r.plan.Nodes {
-		f := r.view.facts[n.Name]
-		if n.Role != RoleControlPlane || f == nil || f.Values["kube-apiserver --etcd-servers"] == "" {
-			continue
-		}
-		snap := path.Join(r.opts.BackupDir, r.plan.From[0], fmt.Sprintf("etcd-snapshot-%s.db", r.opts.Plan.Now().UTC().Format("20060102T150405Z")))
-		endpoint, _, _ := strings.Cut(f.Values["kube-apiserver --etcd-servers"], ",")
-		// The API server's own client flags, in etcdctl's order: --cacert,
-		// --cert, --key (each empty when not given).
-		args := []string{snap, endpoint}
-		for _, flag := range []string{"--etcd-cafile", "--etcd-certfile", "--etcd-keyfile"} {
-			args = append(args, f.Values["kube-apiserver "+flag])
-		}
-		err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
-			_, err := o.run(ctx, "etcd snapshot", nodescript.EtcdSnapshot, args...)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("%w (pass --skip-etcd-backup to upgrade without one)", err)
-		}
-		r.mu.Lock()
-		r.state.Backup = n.Name + ":" + snap
-		r.mu.Unlock()
-		r.log.Info("etcd snapshot", "node", n.Name, "path", snap)
-		return r.save(ctx)
+	where, err := r.driver.BackupEtcd(ctx, r)
+	if err != nil {
+		return fmt.Errorf("%w (pass --skip-etcd-backup to upgrade without one)", err)
 	}
-	return errors.New("no control-plane node runs kube-apiserver with --etcd-servers to back etcd up from (pass --skip-etcd-backup)")
+	r.mu.Lock()
+	r.state.Backup = where
+	r.mu.Unlock()
+	r.log.Info("etcd snapshot", "at", where)
+	return r.save(ctx)
 }
 
+// controlPlaneDone: every control-plane part runs the target.
 func (r *applyRun) controlPlaneDone() bool {
 	to := r.target.Version.String()
-	for _, n := range r.plan.Nodes {
-		for _, c := range controlPlaneFiles {
-			if v, ok := n.Components[c]; ok && v != to {
+	for i := range r.plan.Nodes {
+		n := &r.plan.Nodes[i]
+		for _, c := range r.driver.Components(n) {
+			if n.Components[c] != to {
 				return false
 			}
 		}
@@ -64,9 +44,8 @@ func (r *applyRun) controlPlaneDone() bool {
 	return true
 }
 
-// controlPlaneStep moves each control-plane node's apiserver, controller
-// manager and scheduler, one node at a time, each waiting for its health
-// at the target before the next; any failure restores that component.
+// controlPlaneStep moves each control-plane node's control plane, one
+// node at a time, through the cluster's driver.
 func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 	if err := r.setState(ctx, StateUpgradingControlPlane); err != nil {
 		return err
@@ -76,34 +55,8 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 		if n.Role != RoleControlPlane {
 			continue
 		}
-		for _, comp := range controlPlaneFiles {
-			if _, ok := n.Components[comp]; !ok {
-				continue // not run on this node
-			}
-			err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
-				if v, err := o.running(ctx, comp); err != nil {
-					return err
-				} else if v == to {
-					return nil // already at the target: a re-run skips it
-				}
-				r.setNode(ctx, n.Name, NodeUpgrading, comp, nil)
-				r.event(ctx, n.Name, "UpgradingComponent", fmt.Sprintf("kubelift: %s %s -> %s", comp, o.from, to))
-				if err := o.backup(ctx, comp); err != nil {
-					return err
-				}
-				if err := o.swap(ctx, comp, r.fileSHA(comp, n.Arch)); err != nil {
-					return r.rollback(ctx, o, comp, err)
-				}
-				if err := r.waitComponent(ctx, o, comp, to); err != nil {
-					return r.rollback(ctx, o, comp, err)
-				}
-				r.log.Info("upgraded", "node", n.Name, "component", comp, "version", to)
-				return nil
-			})
-			if err != nil {
-				r.setNode(ctx, n.Name, failedStatus(err), comp, err)
-				return err
-			}
+		if err := r.driver.Upgrade(ctx, r, n.Name); err != nil {
+			return err
 		}
 		r.setNode(ctx, n.Name, NodePending, "control plane at "+to, nil)
 	}

@@ -87,11 +87,14 @@ const (
 
 // Plan is what an upgrade would do and what stands in its way.
 type Plan struct {
-	To       string      `json:"to"`
-	From     []string    `json:"from"`
-	Nodes    []NodeState `json:"nodes"`
-	Steps    []Step      `json:"steps"`
-	Findings []Finding   `json:"findings"`
+	To string `json:"to"`
+	// ControlPlane is the cluster's kind, which says how its control
+	// plane is moved ("binary": systemd units whose programs are swapped).
+	ControlPlane string      `json:"controlPlane"`
+	From         []string    `json:"from"`
+	Nodes        []NodeState `json:"nodes"`
+	Steps        []Step      `json:"steps"`
+	Findings     []Finding   `json:"findings"`
 	// HashSkipKubelet says the bundled kubelet honours the hash-skip file.
 	HashSkipKubelet bool `json:"hashSkipKubelet"`
 	Blocked         bool `json:"blocked"`
@@ -206,8 +209,9 @@ func (opts *PlanOptions) defaults() error {
 // evaluate runs every check over what was read.
 func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, error) {
 	t := opts.Target
-	p := &Plan{To: t.Version.String(), HashSkipKubelet: t.Manifest.KubeletHashSkip("amd64")}
-	pc := &planCheck{opts: opts, view: v, plan: p, target: t}
+	drv := driverFor(v)
+	p := &Plan{To: t.Version.String(), ControlPlane: drv.Kind(), HashSkipKubelet: t.Manifest.KubeletHashSkip("amd64")}
+	pc := &planCheck{opts: opts, view: v, plan: p, target: t, driver: drv}
 	pc.index()
 	pc.nodeStates()
 	steps, err := pc.steps()

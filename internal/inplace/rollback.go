@@ -142,58 +142,75 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 			workers = append(workers, t.Name)
 		}
 	}
-	restore := func(node, comp string) error {
-		return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeOps) error {
-			now, err := o.running(ctx, comp)
-			if err != nil {
-				return fmt.Errorf("node %s: cannot tell whether %s moved, so it is not rolled back: %w", node, comp, err)
-			}
-			if now != to {
-				return nil // not moved (or back already)
-			}
-			r.log.Info("rolling back", "node", node, "component", comp, "to", from)
-			if err := o.restore(ctx, comp); err != nil {
-				return err
-			}
-			if err := r.waitComponent(ctx, o, comp, from); err != nil {
-				return err
-			}
-			if comp == "kubelet" && r.dry {
-				r.would(node, "wait for the node Ready at "+from+"; remove kubelift's annotations", "")
-			} else if comp == "kubelet" {
-				if err := r.watch.until(ctx, node, opts.ReadyTimeout, func(n *corev1.Node) bool {
-					return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == from
-				}); err != nil {
-					return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
-				}
-				patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil})
-				if err != nil {
-					return err
-				}
-				if _, err := p.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-					return fmt.Errorf("node %s: %w", node, err)
+	r.driver = driverFor(v)
+	// The nodes as they are now, for the driver (which parts each runs).
+	for _, t := range v.tgts {
+		ns := NodeState{Name: t.Name, Role: t.Role, Components: map[string]string{}}
+		if f := v.facts[t.Name]; f != nil {
+			for c, ver := range f.Components {
+				if ver != "" {
+					ns.Components[c] = ver
 				}
 			}
-			r.setNode(ctx, node, NodeRolledBack, comp, nil)
-			return nil
-		})
+		}
+		r.plan.Nodes = append(r.plan.Nodes, ns)
 	}
+	// Undo in reverse: kubelets (workers, then control-plane nodes), then
+	// the control plane node by node.
 	for _, n := range append(append([]string{}, workers...), cps...) {
-		if err := restore(n, "kubelet"); err != nil {
+		if err := r.undoComponent(ctx, n, "kubelet"); err != nil {
 			r.fail(ctx, err)
 			return r.res, err
 		}
 	}
 	for _, n := range cps {
-		for _, comp := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver"} {
-			if v.facts[n] == nil || v.facts[n].Components[comp] == "" {
-				continue
-			}
-			if err := restore(n, comp); err != nil {
-				r.fail(ctx, err)
-				return r.res, err
-			}
+		if err := r.driver.Undo(ctx, r, n); err != nil {
+			r.fail(ctx, err)
+			return r.res, err
 		}
 	}
 	return r.res, r.setState(ctx, StateRolledBack)
+}
+
+// undoComponent puts comp on node back at the version the recorded
+// upgrade started from, when it runs the version it went to (a part that
+// never moved, or is back already, is left alone), and waits for it; a
+// kubelet's node must be Ready at the old version, and loses kubelift's
+// annotations.
+func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
+	from, to := r.plan.From[0], r.target.Version.String()
+	return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeOps) error {
+		now, err := o.running(ctx, comp)
+		if err != nil {
+			return fmt.Errorf("node %s: cannot tell whether %s moved, so it is not rolled back: %w", node, comp, err)
+		}
+		if now != to {
+			return nil // not moved (or back already)
+		}
+		r.log.Info("rolling back", "node", node, "component", comp, "to", from)
+		if err := o.restore(ctx, comp); err != nil {
+			return err
+		}
+		if err := r.waitComponent(ctx, o, comp, from); err != nil {
+			return err
+		}
+		if comp == "kubelet" && r.dry {
+			r.would(node, "wait for the node Ready at "+from+"; remove kubelift's annotations", "")
+		} else if comp == "kubelet" {
+			if err := r.watch.until(ctx, node, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == from
+			}); err != nil {
+				return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
+			}
+			patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil})
+			if err != nil {
+				return err
+			}
+			if _, err := r.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				return fmt.Errorf("node %s: %w", node, err)
+			}
+		}
+		r.setNode(ctx, node, NodeRolledBack, comp, nil)
+		return nil
+	})
 }

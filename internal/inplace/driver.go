@@ -1,0 +1,130 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/kubelift/kubelift/internal/nodescript"
+)
+
+// controlPlane moves one kind of cluster's control plane: the seam where
+// a second kind (kubeadm's static pods and `kubeadm upgrade`) plugs in
+// beside the binary one. Apply and Rollback keep what every kind shares
+// (the order of nodes, the lock, the state, the events, the kubelets); a
+// driver does what happens on one control-plane node.
+type controlPlane interface {
+	// Kind names the cluster kind, as the plan says it.
+	Kind() string
+	// Components lists the parts the driver moves on node n, in the order
+	// it moves them.
+	Components(n *NodeState) []string
+	// BackupEtcd snapshots etcd from the first control-plane node that
+	// can, and returns "NODE:PATH".
+	BackupEtcd(ctx context.Context, r *applyRun) (string, error)
+	// Upgrade moves node's control plane to the run's target, each part
+	// healthy at the target before the next; a part that fails is put
+	// back and the error wraps ErrNodeFailed. Parts at the target already
+	// are skipped, so a re-run continues.
+	Upgrade(ctx context.Context, r *applyRun, node string) error
+	// Undo puts node's control plane back at the version the run started
+	// from, in the reverse order of Upgrade (Rollback).
+	Undo(ctx context.Context, r *applyRun, node string) error
+}
+
+// driverFor is the driver for the cluster read: the binary one (each part
+// a systemd unit whose program is swapped), the only kind kubelift
+// upgrades so far.
+func driverFor(*clusterView) controlPlane { return binaryDriver{} }
+
+// binaryDriver upgrades a binary-deployed control plane: kube-apiserver,
+// kube-controller-manager and kube-scheduler as systemd units, each
+// program swapped for the staged one and its unit restarted.
+type binaryDriver struct{}
+
+func (binaryDriver) Kind() string { return "binary" }
+
+func (binaryDriver) Components(n *NodeState) []string {
+	var out []string
+	for _, c := range controlPlaneFiles {
+		if _, ok := n.Components[c]; ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// BackupEtcd runs etcdctl's snapshot with the API server's own etcd
+// endpoints and client certificates.
+func (binaryDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, error) {
+	for _, n := range r.plan.Nodes {
+		f := r.view.facts[n.Name]
+		if n.Role != RoleControlPlane || f == nil || f.Values["kube-apiserver --etcd-servers"] == "" {
+			continue
+		}
+		snap := path.Join(r.opts.BackupDir, r.plan.From[0], fmt.Sprintf("etcd-snapshot-%s.db", r.opts.Plan.Now().UTC().Format("20060102T150405Z")))
+		endpoint, _, _ := strings.Cut(f.Values["kube-apiserver --etcd-servers"], ",")
+		// The API server's own client flags, in etcdctl's order: --cacert,
+		// --cert, --key (each empty when not given).
+		args := []string{snap, endpoint}
+		for _, flag := range []string{"--etcd-cafile", "--etcd-certfile", "--etcd-keyfile"} {
+			args = append(args, f.Values["kube-apiserver "+flag])
+		}
+		err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
+			_, err := o.run(ctx, "etcd snapshot", nodescript.EtcdSnapshot, args...)
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+		return n.Name + ":" + snap, nil
+	}
+	return "", errors.New("no control-plane node runs kube-apiserver with --etcd-servers to back etcd up from")
+}
+
+// Upgrade swaps each part in turn: back up, swap, wait healthy, and on a
+// failure restore it.
+func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string) error {
+	to := r.target.Version.String()
+	for _, comp := range d.Components(r.nodeState(node)) {
+		err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
+			if v, err := o.running(ctx, comp); err != nil {
+				return err
+			} else if v == to {
+				return nil // already at the target: a re-run skips it
+			}
+			r.setNode(ctx, node, NodeUpgrading, comp, nil)
+			r.event(ctx, node, "UpgradingComponent", fmt.Sprintf("kubelift: %s %s -> %s", comp, o.from, to))
+			if err := o.backup(ctx, comp); err != nil {
+				return err
+			}
+			if err := o.swap(ctx, comp, r.fileSHA(comp, r.nodeState(node).Arch)); err != nil {
+				return r.rollback(ctx, o, comp, err)
+			}
+			if err := r.waitComponent(ctx, o, comp, to); err != nil {
+				return r.rollback(ctx, o, comp, err)
+			}
+			r.log.Info("upgraded", "node", node, "component", comp, "version", to)
+			return nil
+		})
+		if err != nil {
+			r.setNode(ctx, node, failedStatus(err), comp, err)
+			return err
+		}
+	}
+	return nil
+}
+
+// Undo restores the parts newest first: scheduler, controller manager,
+// API server.
+func (d binaryDriver) Undo(ctx context.Context, r *applyRun, node string) error {
+	parts := d.Components(r.nodeState(node))
+	for i := len(parts) - 1; i >= 0; i-- {
+		if err := r.undoComponent(ctx, node, parts[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
