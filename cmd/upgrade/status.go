@@ -1,25 +1,30 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
 )
 
 type statusOptions struct {
-	IO     *cli.IO
-	Kube   kubeFlags
-	Output string
+	IO   *cli.IO
+	Kube kubeFlags
+	// KubeClient makes the API client (from Kube unless a test sets it).
+	KubeClient func() (kubernetes.Interface, error)
+	Output     string
 }
 
-func newCmdStatus(s *cli.IO) *cobra.Command {
+func newCmdStatus(s *cli.IO, runF func(context.Context, *statusOptions) error) *cobra.Command {
 	opts := &statusOptions{IO: s}
+	opts.KubeClient = opts.Kube.client
 	cmd := &cobra.Command{
 		Use:   "status [-o json]",
 		Short: "Show the upgrade's state and every node's, with versions read live",
@@ -29,43 +34,44 @@ the kubelet version the Node reports now (StarlingX's kube-upgrade-show and
 kube-host-upgrade-list).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := cli.OutputFlag(opts.Output)
-			if err != nil {
+			if _, err := cli.OutputFlag(opts.Output); err != nil {
 				return err
 			}
-			client, err := opts.Kube.client()
-			if err != nil {
-				return err
+			if runF != nil {
+				return runF(cmd.Context(), opts)
 			}
-			st, err := inplace.ReadState(cmd.Context(), client)
-			if err != nil {
-				return err
-			}
-			if st == nil {
-				fmt.Fprintln(opts.IO.Out, "no upgrade has run in this cluster")
-				return nil
-			}
-			nodes, err := inplace.ListNodes(cmd.Context(), client)
-			if err != nil {
-				return err
-			}
-			live := map[string]string{}
-			for _, n := range nodes {
-				live[n.Name] = n.Status.NodeInfo.KubeletVersion
-			}
-			if asJSON {
-				return cli.PrintJSON(opts.IO.Out, struct {
-					*inplace.UpgradeState
-					Kubelets map[string]string `json:"kubelets"`
-				}{st, live})
-			}
-			printState(opts.IO.Out, st, live)
-			return nil
+			return statusRun(cmd.Context(), opts)
 		},
 	}
 	opts.Kube.addFlags(cmd)
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	return cmd
+}
+
+func statusRun(ctx context.Context, opts *statusOptions) error {
+	asJSON, err := cli.OutputFlag(opts.Output)
+	if err != nil {
+		return err
+	}
+	client, err := opts.KubeClient()
+	if err != nil {
+		return err
+	}
+	st, err := inplace.ReadStatus(ctx, client)
+	if err != nil {
+		return err
+	}
+	switch {
+	case st == nil && asJSON:
+		return cli.PrintJSON(opts.IO.Out, struct{}{})
+	case st == nil:
+		fmt.Fprintln(opts.IO.Out, "no upgrade has run in this cluster")
+		return nil
+	case asJSON:
+		return cli.PrintJSON(opts.IO.Out, st)
+	}
+	printState(opts.IO.Out, st.UpgradeState, st.Kubelets)
+	return nil
 }
 
 func printState(w io.Writer, st *inplace.UpgradeState, live map[string]string) {

@@ -148,3 +148,28 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 		}
 	}
 }
+
+// Status is the recorded upgrade with each node's kubelet version read
+// live from its Node.
+type Status struct {
+	*UpgradeState
+	Kubelets map[string]string `json:"kubelets"`
+}
+
+// ReadStatus reads the recorded upgrade and the kubelet version each
+// Node reports now; nil when no upgrade has run in the cluster.
+func ReadStatus(ctx context.Context, c kubernetes.Interface) (*Status, error) {
+	st, err := ReadState(ctx, c)
+	if err != nil || st == nil {
+		return nil, err
+	}
+	nodes, err := ListNodes(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	live := make(map[string]string, len(nodes))
+	for _, n := range nodes {
+		live[n.Name] = n.Status.NodeInfo.KubeletVersion
+	}
+	return &Status{UpgradeState: st, Kubelets: live}, nil
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/inplace"
+)
+
+// runStatus runs `upgrade status ARGS` against client, as the command
+// line would, and returns what it printed.
+func runStatus(t *testing.T, client kubernetes.Interface, args ...string) (string, error) {
+	t.Helper()
+	out := &bytes.Buffer{}
+	s := &cli.IO{In: strings.NewReader(""), Out: out, ErrOut: &bytes.Buffer{}}
+	cmd := newCmdStatus(s, func(ctx context.Context, o *statusOptions) error {
+		o.KubeClient = func() (kubernetes.Interface, error) { return client, nil }
+		return statusRun(ctx, o)
+	})
+	cmd.SetArgs(args)
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestStatus(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewSimpleClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-1"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.31.4"}}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.30.14"}}},
+	)
+	out, err := runStatus(t, client)
+	if err != nil || out != "no upgrade has run in this cluster\n" {
+		t.Fatalf("no state recorded: %q, %v", out, err)
+	}
+
+	st := &inplace.UpgradeState{From: "v1.30.14", To: "v1.31.4", State: inplace.StateFailed, LastError: "node worker-1: swap kubelet: exit status 1",
+		Updated: time.Date(2026, 11, 25, 3, 0, 0, 0, time.UTC), Backup: "cp-1:/var/lib/kubelift/backup/v1.30.14/etcd-snapshot.db"}
+	st.Node("cp-1", "control-plane").Status = inplace.NodeDone
+	w := st.Node("worker-1", "worker")
+	w.Status, w.Step, w.LastError = inplace.NodeRolledBack, "kubelet", "exit status 1"
+	if err := inplace.WriteState(ctx, client, st); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runStatus(t, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"upgrade v1.30.14 -> v1.31.4: upgrade-failed",
+		"etcd snapshot: cp-1:/var/lib/kubelift/backup/v1.30.14/etcd-snapshot.db",
+		"last error: node worker-1: swap kubelet: exit status 1",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not say %q:\n%s", want, out)
+		}
+	}
+	// Each node's row carries the version its Node reports now.
+	rows := map[string][]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 4 {
+			rows[f[0]] = f
+		}
+	}
+	if r := rows["cp-1"]; len(r) < 4 || r[2] != "upgraded" || r[3] != "v1.31.4" {
+		t.Errorf("cp-1's row = %v", r)
+	}
+	if r := rows["worker-1"]; len(r) < 5 || r[2] != "rolled-back" || r[3] != "v1.30.14" || r[4] != "kubelet" {
+		t.Errorf("worker-1's row = %v", r)
+	}
+
+	out, err = runStatus(t, client, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got inplace.Status
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("-o json is not JSON: %v\n%s", err, out)
+	}
+	if got.UpgradeState == nil || got.State != inplace.StateFailed || got.Kubelets["worker-1"] != "v1.30.14" || len(got.Nodes) != 2 {
+		t.Errorf("-o json = %+v", got)
+	}
+
+	if _, err := runStatus(t, client, "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "yaml") {
+		t.Errorf("-o yaml: %v, want an error naming it", err)
+	}
+}
