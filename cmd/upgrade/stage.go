@@ -6,7 +6,6 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
@@ -17,7 +16,6 @@ import (
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace"
-	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/registry"
 )
 
@@ -214,21 +212,8 @@ func stage(ctx context.Context, s *cli.IO, client kubernetes.Interface, nf *cli.
 	if err != nil {
 		return nil, err
 	}
-	nodes, err := inplace.ListNodes(ctx, client)
-	if err != nil {
-		return nil, err
-	}
-	targets, err := nodeaccess.Targets(nodes, inv)
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	res, err := inplace.Stage(ctx, inplace.StageOptions{Target: target, Source: source, Nodes: nodes, Targets: targets, Connector: dialer,
+	return inplace.StageCluster(ctx, client, inv, inplace.StageOptions{Target: target, Source: source, Connector: dialer,
 		Parallel: nf.Parallel, StageDir: stageDir, CacheDir: cacheDir, Log: s.Logger(quiet)})
-	if res != nil {
-		res.Took = time.Since(start).Round(time.Millisecond).String()
-	}
-	return res, err
 }
 
 func printStage(w io.Writer, res *inplace.StageResult) {

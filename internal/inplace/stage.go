@@ -11,11 +11,13 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/gzip"
 	"github.com/opencontainers/go-digest"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/atomicfile"
 	"github.com/kubelift/kubelift/internal/bundle"
@@ -97,7 +99,7 @@ type StageResult struct {
 	Version string      `json:"version"`
 	Dir     string      `json:"dir"`
 	Nodes   []NodeStage `json:"nodes"`
-	// Took is the wall time, set by the caller.
+	// Took is the wall time (set by StageCluster).
 	Took string `json:"took,omitempty"`
 }
 
@@ -116,6 +118,27 @@ var ErrStage = errors.New("staging failed")
 // Stage puts every node's files of the target under StageDir/VERSION on
 // it: compressed in transit, the sha256 checked on the node, placed
 // atomically, and skipped where the right file is already there (a re-run
+// StageCluster stages opts.Target on every node of the cluster: its Nodes
+// as the API lists them, each reached where inv says (nil: at its
+// InternalIP); opts.Nodes and opts.Targets are filled in.
+func StageCluster(ctx context.Context, client kubernetes.Interface, inv *nodeaccess.Inventory, opts StageOptions) (*StageResult, error) {
+	nodes, err := ListNodes(ctx, client)
+	if err != nil {
+		return nil, err
+	}
+	targets, err := nodeaccess.Targets(nodes, inv)
+	if err != nil {
+		return nil, err
+	}
+	opts.Nodes, opts.Targets = nodes, targets
+	start := time.Now()
+	res, err := Stage(ctx, opts)
+	if res != nil {
+		res.Took = time.Since(start).Round(time.Millisecond).String()
+	}
+	return res, err
+}
+
 // sends nothing). One unreachable node is reported and the others staged.
 func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 	log := opts.Log
