@@ -37,7 +37,7 @@ type applyOptions struct {
 	PostHook       string
 }
 
-func newCmdApply(s *cli.IO) *cobra.Command {
+func newCmdApply(s *cli.IO, runF func(context.Context, *applyOptions) error) *cobra.Command {
 	opts := &applyOptions{planOptions: planOptions{IO: s}}
 	cmd := &cobra.Command{
 		Use:   "apply --to VERSION --key PUB [flags]",
@@ -73,7 +73,21 @@ Manual mode: --nodes or --selector choose the workers whose kubelets move
 now; the rest wait (status shows them pending, the state stays
 upgrading-kubelets) for a later apply.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return applyRun(cmd.Context(), opts) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(opts.Workers) > 0 && opts.Selector != "" {
+				return cli.Usagef("--nodes and --selector exclude each other")
+			}
+			if _, err := labels.Parse(opts.Selector); err != nil {
+				return cli.Usagef("--selector %q: %v", opts.Selector, err)
+			}
+			if _, err := cli.OutputFlag(opts.Output); err != nil {
+				return err
+			}
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return applyRun(cmd.Context(), opts)
+		},
 	}
 	opts.Cluster.addFlags(cmd)
 	opts.Nodes.AddFlags(cmd)
@@ -107,10 +121,7 @@ upgrading-kubelets) for a later apply.`,
 
 func applyRun(ctx context.Context, opts *applyOptions) error {
 	var selector labels.Selector
-	switch {
-	case len(opts.Workers) > 0 && opts.Selector != "":
-		return cli.Usagef("--nodes and --selector exclude each other")
-	case opts.Selector != "":
+	if opts.Selector != "" {
 		sel, err := labels.Parse(opts.Selector)
 		if err != nil {
 			return cli.Usagef("--selector %q: %v", opts.Selector, err)

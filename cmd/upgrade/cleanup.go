@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"text/tabwriter"
 
@@ -21,7 +22,7 @@ type cleanupOptions struct {
 	StageDir    string
 }
 
-func newCmdCompatCleanup(s *cli.IO) *cobra.Command {
+func newCmdCompatCleanup(s *cli.IO, runF func(context.Context, *cleanupOptions) error) *cobra.Command {
 	opts := &cleanupOptions{IO: s}
 	cmd := &cobra.Command{
 		Use:   "cleanup [ssh flags] [--dry-run] [-o json]",
@@ -34,42 +35,13 @@ upstream (a spec change is acted on again). Where containers started by the
 old kubelet still run, the file stays and the count says how many.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := cli.OutputFlag(opts.Output)
-			if err != nil {
+			if _, err := cli.OutputFlag(opts.Output); err != nil {
 				return err
 			}
-			cat, err := catalog.Load(opts.CatalogFile)
-			if err != nil {
-				return err
+			if runF != nil {
+				return runF(cmd.Context(), opts)
 			}
-			client, err := opts.Kube.client()
-			if err != nil {
-				return err
-			}
-			inv, dialer, err := opts.Nodes.Access()
-			if err != nil {
-				return err
-			}
-			res, err := inplace.Cleanup(cmd.Context(), inplace.CleanupOptions{Client: client, Catalog: cat, Connector: dialer, Inventory: inv,
-				Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir, DryRun: opts.DryRun})
-			if asJSON {
-				if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
-					return perr
-				}
-				return err
-			}
-			tw := tabwriter.NewWriter(opts.IO.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tHASH-SKIP FILE\tCONTAINERS\tWITH THE OLD KUBELET'S HASH\tREMOVED\tERROR")
-			for _, n := range res {
-				fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%v\t%s\n", n.Node, n.File, n.Containers, n.Old, n.Removed, n.Error)
-			}
-			tw.Flush()
-			for _, n := range res {
-				if n.DryRun != "" {
-					fmt.Fprintf(opts.IO.Out, "dry run: would run on %s: %s\n", n.Node, n.DryRun)
-				}
-			}
-			return err
+			return cleanupRun(cmd.Context(), opts)
 		},
 	}
 	opts.Kube.addFlags(cmd)
@@ -79,4 +51,43 @@ old kubelet still run, the file stays and the count says how many.`,
 	cmd.Flags().StringVar(&opts.StageDir, "stage-dir", inplace.DefaultStageDir, "where binaries are staged on the nodes (as given to stage and apply)")
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	return cmd
+}
+
+func cleanupRun(ctx context.Context, opts *cleanupOptions) error {
+	asJSON, err := cli.OutputFlag(opts.Output)
+	if err != nil {
+		return err
+	}
+	cat, err := catalog.Load(opts.CatalogFile)
+	if err != nil {
+		return err
+	}
+	client, err := opts.Kube.client()
+	if err != nil {
+		return err
+	}
+	inv, dialer, err := opts.Nodes.Access()
+	if err != nil {
+		return err
+	}
+	res, err := inplace.Cleanup(ctx, inplace.CleanupOptions{Client: client, Catalog: cat, Connector: dialer, Inventory: inv,
+		Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir, DryRun: opts.DryRun})
+	if asJSON {
+		if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
+			return perr
+		}
+		return err
+	}
+	tw := tabwriter.NewWriter(opts.IO.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tHASH-SKIP FILE\tCONTAINERS\tWITH THE OLD KUBELET'S HASH\tREMOVED\tERROR")
+	for _, n := range res {
+		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%v\t%s\n", n.Node, n.File, n.Containers, n.Old, n.Removed, n.Error)
+	}
+	tw.Flush()
+	for _, n := range res {
+		if n.DryRun != "" {
+			fmt.Fprintf(opts.IO.Out, "dry run: would run on %s: %s\n", n.Node, n.DryRun)
+		}
+	}
+	return err
 }

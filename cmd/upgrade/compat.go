@@ -19,7 +19,7 @@ func newCmdCompat(s *cli.IO) *cobra.Command {
 		Use:   "compat",
 		Short: "Kubelet compatibility tools: container hashes across kubelet versions",
 	}
-	cmd.AddCommand(newCmdCompatHash(s, nil), newCmdCompatCleanup(s))
+	cmd.AddCommand(newCmdCompatHash(s, nil), newCmdCompatCleanup(s, nil))
 	return cmd
 }
 

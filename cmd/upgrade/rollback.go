@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -22,7 +23,7 @@ type rollbackOptions struct {
 	DryRun       bool
 }
 
-func newCmdRollback(s *cli.IO) *cobra.Command {
+func newCmdRollback(s *cli.IO, runF func(context.Context, *rollbackOptions) error) *cobra.Command {
 	opts := &rollbackOptions{IO: s}
 	cmd := &cobra.Command{
 		Use:   "rollback [ssh flags]",
@@ -40,33 +41,10 @@ downgrades (same minor; StarlingX's downgrade_to). Otherwise it is refused,
 saying why: a minor upgrade goes forward once an API server has moved.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cat, err := catalog.Load(opts.CatalogFile)
-			if err != nil {
-				return err
+			if runF != nil {
+				return runF(cmd.Context(), opts)
 			}
-			cfg, err := opts.Kube.config()
-			if err != nil {
-				return err
-			}
-			client, err := kubernetes.NewForConfig(cfg)
-			if err != nil {
-				return err
-			}
-			inv, dialer, err := opts.Nodes.Access()
-			if err != nil {
-				return err
-			}
-			res, err := inplace.Rollback(cmd.Context(), inplace.ApplyOptions{
-				Plan: inplace.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel,
-					Log: opts.IO.Logger(opts.Quiet)},
-				BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun})
-			switch {
-			case res != nil && opts.DryRun:
-				printActions(opts.IO.Out, res.DryRun)
-			case res != nil && res.State != nil && err == nil:
-				printState(opts.IO.Out, res.State, nil)
-			}
-			return err
+			return rollbackRun(cmd.Context(), opts)
 		},
 	}
 	opts.Kube.addFlags(cmd)
@@ -78,4 +56,34 @@ saying why: a minor upgrade goes forward once an API server has moved.`,
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "read what runs and print every restore and node script the rollback would run; change nothing")
 	return cmd
+}
+
+func rollbackRun(ctx context.Context, opts *rollbackOptions) error {
+	cat, err := catalog.Load(opts.CatalogFile)
+	if err != nil {
+		return err
+	}
+	cfg, err := opts.Kube.config()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	inv, dialer, err := opts.Nodes.Access()
+	if err != nil {
+		return err
+	}
+	res, err := inplace.Rollback(ctx, inplace.ApplyOptions{
+		Plan: inplace.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel,
+			Log: opts.IO.Logger(opts.Quiet)},
+		BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun})
+	switch {
+	case res != nil && opts.DryRun:
+		printActions(opts.IO.Out, res.DryRun)
+	case res != nil && res.State != nil && err == nil:
+		printState(opts.IO.Out, res.State, nil)
+	}
+	return err
 }

@@ -29,7 +29,7 @@ A .run bundle carries this program: './k8s-v1.31.4-linux-amd64.run --help'.`,
 	}
 	root.SetOut(s.Out)
 	root.SetErr(s.ErrOut)
-	root.AddCommand(newCmdImport(s, nil), newCmdStage(s, nil), newCmdVersions(s), newCmdPlan(s, nil), newCmdApply(s), newCmdStatus(s, nil), newCmdRollback(s),
+	root.AddCommand(newCmdImport(s, nil), newCmdStage(s, nil), newCmdVersions(s, nil), newCmdPlan(s, nil), newCmdApply(s, nil), newCmdStatus(s, nil), newCmdRollback(s, nil),
 		cli.NewCmdVerify(s), cli.NewCmdExtract(s), cli.NewCmdInspect(s), newCmdCompat(s))
 	return root
 }

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
@@ -13,14 +15,17 @@ import (
 )
 
 type versionsOptions struct {
-	IO          *cli.IO
-	Kube        kubeFlags
+	IO   *cli.IO
+	Kube kubeFlags
+	// KubeClient makes the API client (from Kube unless a test sets it).
+	KubeClient  func() (kubernetes.Interface, error)
 	CatalogFile string
 	Output      string
 }
 
-func newCmdVersions(s *cli.IO) *cobra.Command {
+func newCmdVersions(s *cli.IO, runF func(context.Context, *versionsOptions) error) *cobra.Command {
 	opts := &versionsOptions{IO: s}
+	opts.KubeClient = opts.Kube.client
 	cmd := &cobra.Command{
 		Use:   "versions [-o json]",
 		Short: "List Kubernetes versions and their state in this cluster",
@@ -37,33 +42,43 @@ each with its state computed now from what the nodes run:
 TARGET marks the version the cluster is at, or heading for.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := cli.OutputFlag(opts.Output)
-			if err != nil {
+			if _, err := cli.OutputFlag(opts.Output); err != nil {
 				return err
 			}
-			cat, err := catalog.Load(opts.CatalogFile)
-			if err != nil {
-				return err
+			if runF != nil {
+				return runF(cmd.Context(), opts)
 			}
-			client, err := opts.Kube.client()
-			if err != nil {
-				return err
-			}
-			list, err := inplace.Versions(cmd.Context(), client, cat)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return cli.PrintJSON(opts.IO.Out, list)
-			}
-			printVersions(opts.IO.Out, list)
-			return nil
+			return versionsRun(cmd.Context(), opts)
 		},
 	}
 	opts.Kube.addFlags(cmd)
 	cmd.Flags().StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	return cmd
+}
+
+func versionsRun(ctx context.Context, opts *versionsOptions) error {
+	asJSON, err := cli.OutputFlag(opts.Output)
+	if err != nil {
+		return err
+	}
+	cat, err := catalog.Load(opts.CatalogFile)
+	if err != nil {
+		return err
+	}
+	client, err := opts.KubeClient()
+	if err != nil {
+		return err
+	}
+	list, err := inplace.Versions(ctx, client, cat)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return cli.PrintJSON(opts.IO.Out, list)
+	}
+	printVersions(opts.IO.Out, list)
+	return nil
 }
 
 func printVersions(w io.Writer, list []inplace.VersionState) {

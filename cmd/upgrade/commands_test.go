@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubelift/kubelift/internal/cli"
+)
+
+// parse runs a command's flag handling with run in place of its runX, as
+// the GitHub CLI's tests do.
+func parse(t *testing.T, mk func(*cli.IO) *cobra.Command, args ...string) error {
+	t.Helper()
+	s := &cli.IO{In: strings.NewReader(""), Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}
+	cmd := mk(s)
+	cmd.SetArgs(args)
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	return cmd.ExecuteContext(context.Background())
+}
+
+func TestApplyFlags(t *testing.T) {
+	var got *applyOptions
+	mk := func(s *cli.IO) *cobra.Command {
+		return newCmdApply(s, func(_ context.Context, o *applyOptions) error { got = o; return nil })
+	}
+	if err := parse(t, mk, "--to", "v1.31.4", "--max-unavailable", "25%", "--canary", "--drain", "--drain-timeout", "90s", "--settle", "5s",
+		"--nodes", "worker-1,worker-2", "--ignore-preflight", "removed-flags,restarts", "--dry-run", "--health-window", "10s", "-o", "json"); err != nil {
+		t.Fatal(err)
+	}
+	if got.Cluster.To != "v1.31.4" || got.MaxUnavailable != "25%" || !got.Canary || !got.Drain || got.DrainTimeout != 90*time.Second ||
+		got.Settle != 5*time.Second || strings.Join(got.Workers, ",") != "worker-1,worker-2" || strings.Join(got.Ignore, ",") != "removed-flags,restarts" ||
+		!got.DryRun || got.HealthWindow != 10*time.Second || got.Output != "json" {
+		t.Errorf("parsed %+v", got)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--to", "v1.31.4", "--nodes", "worker-1", "--selector", "pool=blue"}, "--nodes and --selector exclude each other"},
+		{[]string{"--to", "v1.31.4", "--selector", "pool in (("}, "--selector"},
+		{[]string{"--to", "v1.31.4", "-o", "yaml"}, "yaml"},
+	} {
+		got = nil
+		err := parse(t, mk, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || got != nil {
+			t.Errorf("%v: %v (ran: %v); want an error saying %q before anything runs", tc.args, err, got != nil, tc.want)
+		}
+	}
+	var ue *cli.UsageError
+	if err := parse(t, mk, "--nodes", "a", "--selector", "b=c"); !errors.As(err, &ue) {
+		t.Errorf("--nodes with --selector: %v, want a usage error (exit 2)", err)
+	}
+}
+
+func TestRollbackCleanupVersionsFlags(t *testing.T) {
+	var rb *rollbackOptions
+	if err := parse(t, func(s *cli.IO) *cobra.Command {
+		return newCmdRollback(s, func(_ context.Context, o *rollbackOptions) error { rb = o; return nil })
+	}, "--dry-run", "--backup-dir", "/srv/backup", "--ready-timeout", "2m"); err != nil {
+		t.Fatal(err)
+	}
+	if !rb.DryRun || rb.BackupDir != "/srv/backup" || rb.ReadyTimeout != 2*time.Minute {
+		t.Errorf("rollback parsed %+v", rb)
+	}
+
+	var cl *cleanupOptions
+	if err := parse(t, func(s *cli.IO) *cobra.Command {
+		return newCmdCompatCleanup(s, func(_ context.Context, o *cleanupOptions) error { cl = o; return nil })
+	}, "--dry-run", "--stage-dir", "/srv/stage", "-o", "json"); err != nil {
+		t.Fatal(err)
+	}
+	if !cl.DryRun || cl.StageDir != "/srv/stage" || cl.Output != "json" {
+		t.Errorf("cleanup parsed %+v", cl)
+	}
+
+	ran := false
+	err := parse(t, func(s *cli.IO) *cobra.Command {
+		return newCmdVersions(s, func(context.Context, *versionsOptions) error { ran = true; return nil })
+	}, "-o", "yaml")
+	if err == nil || ran {
+		t.Errorf("versions -o yaml: %v (ran: %v), want refused before running", err, ran)
+	}
+}
