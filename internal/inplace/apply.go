@@ -212,26 +212,14 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		defer r.uncordonLeftovers(ctx)
 	}
 
-	for _, s := range []struct {
-		name string
-		fn   func(context.Context) error
-	}{
-		{"plan", r.planStep},
-		{"stage", r.stageStep},
-		{"record", r.recordStep},
-		{"back up etcd", r.etcdStep},
-		{"control plane", r.controlPlaneStep},
-		{"workloads", r.workloadsStep},
-		{"kubelets", r.kubeletsStep},
-		{"complete", r.completeStep},
-	} {
+	for _, s := range r.runbook() {
 		if r.res.NothingToDo {
 			break
 		}
 		r.log.Info("step", "name", s.name, "dryRun", r.dry)
 		r.step = s.name
 		began := r.wait.Now()
-		err := s.fn(ctx)
+		err := s.do(ctx)
 		r.res.Steps = append(r.res.Steps, StepTime{Name: s.name, Seconds: r.wait.Since(began).Seconds()})
 		r.res.State = r.state
 		if err != nil {
@@ -243,6 +231,32 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		}
 	}
 	return r.res, nil
+}
+
+// step is one step of the runbook: do makes it happen (and, run again,
+// skips what is done already, so a second run continues the first); undo,
+// when the step changes something a rollback puts back, puts it back.
+type step struct {
+	name     string
+	do, undo func(context.Context) error
+}
+
+// runbook is the upgrade, in order. Apply walks it forward with do;
+// Rollback walks it backward with undo.
+func (r *applyRun) runbook() []step {
+	return []step{
+		{name: "plan", do: r.planStep},
+		{name: "stage", do: r.stageStep},
+		// Undone last: the record says the upgrade was rolled back.
+		{name: "record", do: r.recordStep, undo: r.recordUndo},
+		// The snapshot is kept: it is what a restore of etcd would need.
+		{name: "back up etcd", do: r.etcdStep},
+		{name: "control plane", do: r.controlPlaneStep, undo: r.controlPlaneUndo},
+		// Tolerations and labels added are right for the old version too.
+		{name: "workloads", do: r.workloadsStep},
+		{name: "kubelets", do: r.kubeletsStep, undo: r.kubeletsUndo},
+		{name: "complete", do: r.completeStep},
+	}
 }
 
 // would records, in a dry run, a change the run walks past.

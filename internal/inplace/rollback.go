@@ -50,7 +50,8 @@ func downgrades(rel *catalog.Release) []string {
 	return rel.DowngradeTo
 }
 
-// Rollback restores the binaries the recorded upgrade replaced, from the
+// Rollback walks the runbook backward, undoing each step that changed
+// something: it restores the binaries the recorded upgrade replaced, from the
 // backups on each node, in reverse order: kubelets (workers, then
 // control-plane nodes), then the control plane (scheduler, controller
 // manager, API server) node by node, each waited for at the old version.
@@ -121,7 +122,7 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, err
 	}
 	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{State: st},
-		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, step: "rollback", wait: waiter.Waiter{Clock: opts.Clock}}
+		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}}
 	for _, t := range v.tgts {
 		r.tgts[t.Name] = t
 	}
@@ -133,14 +134,6 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		}
 		defer w.close()
 		r.watch = w
-	}
-	var cps, workers []string
-	for _, t := range v.tgts {
-		if t.Role == RoleControlPlane {
-			cps = append(cps, t.Name)
-		} else {
-			workers = append(workers, t.Name)
-		}
 	}
 	r.driver = driverFor(v)
 	// The nodes as they are now, for the driver (which parts each runs).
@@ -155,21 +148,56 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		}
 		r.plan.Nodes = append(r.plan.Nodes, ns)
 	}
-	// Undo in reverse: kubelets (workers, then control-plane nodes), then
-	// the control plane node by node.
-	for _, n := range append(append([]string{}, workers...), cps...) {
-		if err := r.undoComponent(ctx, n, "kubelet"); err != nil {
+	// The runbook backward: each step that changed something undone.
+	steps := r.runbook()
+	for i := len(steps) - 1; i >= 0; i-- {
+		s := steps[i]
+		if s.undo == nil {
+			continue
+		}
+		r.step = s.name
+		r.log.Info("undo", "step", s.name, "dryRun", r.dry)
+		if err := s.undo(ctx); err != nil {
 			r.fail(ctx, err)
-			return r.res, err
+			return r.res, fmt.Errorf("undo %s: %w", s.name, err)
 		}
 	}
-	for _, n := range cps {
-		if err := r.driver.Undo(ctx, r, n); err != nil {
-			r.fail(ctx, err)
-			return r.res, err
+	return r.res, nil
+}
+
+// kubeletsUndo puts every kubelet back: workers, then control-plane
+// nodes.
+func (r *applyRun) kubeletsUndo(ctx context.Context) error {
+	for _, role := range []bool{false, true} {
+		for _, n := range r.plan.Nodes {
+			if (n.Role == RoleControlPlane) != role {
+				continue
+			}
+			if err := r.undoComponent(ctx, n.Name, "kubelet"); err != nil {
+				return err
+			}
 		}
 	}
-	return r.res, r.setState(ctx, StateRolledBack)
+	return nil
+}
+
+// controlPlaneUndo puts each control-plane node's control plane back,
+// through the driver.
+func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
+	for _, n := range r.plan.Nodes {
+		if n.Role != RoleControlPlane {
+			continue
+		}
+		if err := r.driver.Undo(ctx, r, n.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recordUndo records the upgrade as rolled back.
+func (r *applyRun) recordUndo(ctx context.Context) error {
+	return r.setState(ctx, StateRolledBack)
 }
 
 // undoComponent puts comp on node back at the version the recorded
