@@ -18,6 +18,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
@@ -188,7 +189,7 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	p := &opts.Plan
 	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}}
 	if !r.dry {
-		lock, err := AcquireLock(ctx, r.client, opts.Holder, opts.LockDuration, p.Now)
+		lock, err := upgradelock.Acquire(ctx, r.client, opts.Holder, opts.LockDuration, p.Now)
 		if err != nil {
 			return nil, err
 		}
@@ -196,7 +197,7 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 			r.log.Warn("took over the lock of a run that stopped", "holder", lock.TakenOver)
 		}
 		var stopKeeping func()
-		ctx, stopKeeping = keepLock(ctx, lock, r.log)
+		ctx, stopKeeping = upgradelock.Hold(ctx, lock, r.log)
 		defer stopKeeping()
 		// Deferred in reverse: cordons this run left undone, events posted
 		// and the state written before the lock is released.

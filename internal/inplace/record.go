@@ -3,7 +3,6 @@ package inplace
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -24,28 +23,6 @@ func (r *applyRun) fail(ctx context.Context, err error) {
 	r.mu.Unlock()
 	if serr := r.save(context.WithoutCancel(ctx)); serr != nil {
 		r.log.Error("cannot record the failure in the state", "err", serr, "failure", err)
-	}
-}
-
-// keepLock renews the lock in the background until the returned stop is
-// called; losing it cancels ctx with the reason. stop waits for the
-// renewals to end, then releases the lock (a failure to is logged: the
-// lease then expires by itself).
-func keepLock(ctx context.Context, lock *Lock, log *slog.Logger) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	keepCtx, stopKeep := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		lock.Keep(keepCtx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
-	}()
-	return ctx, func() {
-		stopKeep()
-		<-done
-		if err := lock.Release(context.WithoutCancel(ctx)); err != nil {
-			log.Warn("cannot release the upgrade lock: it expires by itself", "lease", "kube-system/"+LockName, "err", err)
-		}
-		cancel(nil)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
@@ -79,12 +80,12 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, fmt.Errorf("%w: the recorded upgrade went to %q, not a version", ErrRollbackRefused, to)
 	}
 	if !opts.DryRun {
-		lock, err := AcquireLock(ctx, p.Client, opts.Holder, opts.LockDuration, p.Now)
+		lock, err := upgradelock.Acquire(ctx, p.Client, opts.Holder, opts.LockDuration, p.Now)
 		if err != nil {
 			return nil, err
 		}
 		var stopKeeping func()
-		ctx, stopKeeping = keepLock(ctx, lock, p.Log)
+		ctx, stopKeeping = upgradelock.Hold(ctx, lock, p.Log)
 		defer stopKeeping()
 	}
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
@@ -75,7 +76,7 @@ func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 	ctx := context.Background()
 	holder, secs, now := "admin-2/4242", int32(600), metav1.NewMicroTime(time.Now())
 	if _, err := h.Client.CoordinationV1().Leases("kube-system").Create(ctx, &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: inplace.LockName, Namespace: "kube-system"},
+		ObjectMeta: metav1.ObjectMeta{Name: upgradelock.Name, Namespace: "kube-system"},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &now}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 	if r.Code != 1 || !strings.Contains(r.Stderr, "held by admin-2/4242") {
 		t.Errorf("apply while another holds the lease: exit %d\n%s", r.Code, r.Stderr)
 	}
-	if err := h.Client.CoordinationV1().Leases("kube-system").Delete(ctx, inplace.LockName, metav1.DeleteOptions{}); err != nil {
+	if err := h.Client.CoordinationV1().Leases("kube-system").Delete(ctx, upgradelock.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if v := apiserverVersion(t); v != h.SB.OldVersion {
@@ -170,7 +171,7 @@ func TestApplyKilledMidNode(t *testing.T) {
 		t.Fatalf("state %s after a kill mid-node", st.State)
 	}
 	harness.WaitFor(t, "the killed run's lease to expire", func() bool {
-		l, err := h.Client.CoordinationV1().Leases("kube-system").Get(context.Background(), inplace.LockName, metav1.GetOptions{})
+		l, err := h.Client.CoordinationV1().Leases("kube-system").Get(context.Background(), upgradelock.Name, metav1.GetOptions{})
 		return err == nil && l.Spec.RenewTime != nil && time.Since(l.Spec.RenewTime.Time) > 16*time.Second
 	})
 }

@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 )
 
 // faultRun is one apply on a fresh fleet, with the options the failure
@@ -386,7 +387,7 @@ func TestApplyStopsOnLostLock(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		leases := r.w.client.CoordinationV1().Leases("kube-system")
-		l, err := leases.Get(ctx, inplace.LockName, metav1.GetOptions{})
+		l, err := leases.Get(ctx, upgradelock.Name, metav1.GetOptions{})
 		if err != nil {
 			return
 		}

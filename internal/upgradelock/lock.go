@@ -1,9 +1,14 @@
-package inplace
+// Package upgradelock is the coordination.k8s.io Lease that lets one
+// upgrade at a time change a cluster: acquired (or taken over once a run
+// that died lets it expire), renewed while the run works, released at the
+// end.
+package upgradelock
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -13,9 +18,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// LockName is the coordination.k8s.io Lease in kube-system that one
+// Name is the coordination.k8s.io Lease in kube-system that one
 // upgrade at a time holds while it runs.
-const LockName = "kubelift-upgrade"
+const Name = "kubelift-upgrade"
 
 // ErrLocked means another upgrade holds the lock.
 var ErrLocked = errors.New("another upgrade holds the lock")
@@ -29,7 +34,7 @@ type LockedError struct {
 
 func (e *LockedError) Error() string {
 	return fmt.Sprintf("lease kube-system/%s is held by %s (renewed %s, expires %s unless renewed): %v; if that run is dead, run again after it expires to take over",
-		LockName, e.Holder, e.Renewed.Format(time.RFC3339), e.Expires.Format(time.RFC3339), ErrLocked)
+		Name, e.Holder, e.Renewed.Format(time.RFC3339), e.Expires.Format(time.RFC3339), ErrLocked)
 }
 
 func (e *LockedError) Unwrap() error { return ErrLocked }
@@ -46,10 +51,10 @@ type Lock struct {
 	TakenOver string
 }
 
-// AcquireLock takes the upgrade lock for holder, for duration at a time: it
+// Acquire takes the upgrade lock for holder, for duration at a time: it
 // creates the Lease, or takes it over when its holder let it expire (a
 // dead run: that is resume). A live lease of another holder is refused.
-func AcquireLock(ctx context.Context, c kubernetes.Interface, holder string, duration time.Duration, now func() time.Time) (*Lock, error) {
+func Acquire(ctx context.Context, c kubernetes.Interface, holder string, duration time.Duration, now func() time.Time) (*Lock, error) {
 	if now == nil {
 		now = time.Now
 	}
@@ -57,19 +62,19 @@ func AcquireLock(ctx context.Context, c kubernetes.Interface, holder string, dur
 	leases := c.CoordinationV1().Leases("kube-system")
 	secs := int32(duration / time.Second)
 	t := metav1.NewMicroTime(now())
-	existing, err := leases.Get(ctx, LockName, metav1.GetOptions{})
+	existing, err := leases.Get(ctx, Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LockName, Namespace: "kube-system", Labels: map[string]string{"app.kubernetes.io/managed-by": "kubelift"}},
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name, Namespace: "kube-system", Labels: map[string]string{"app.kubernetes.io/managed-by": "kubelift"}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &t, RenewTime: &t}}
 		created, err := leases.Create(ctx, lease, metav1.CreateOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("lease kube-system/%s: %w", LockName, err)
+			return nil, fmt.Errorf("lease kube-system/%s: %w", Name, err)
 		}
 		l.lease = created
 		return l, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("lease kube-system/%s: %w", LockName, err)
+		return nil, fmt.Errorf("lease kube-system/%s: %w", Name, err)
 	}
 	if h := existing.Spec.HolderIdentity; h != nil && *h != "" && *h != holder {
 		renewed := time.Time{}
@@ -88,10 +93,10 @@ func AcquireLock(ctx context.Context, c kubernetes.Interface, holder string, dur
 	existing.Spec.HolderIdentity, existing.Spec.LeaseDurationSeconds, existing.Spec.AcquireTime, existing.Spec.RenewTime = &holder, &secs, &t, &t
 	updated, err := leases.Update(ctx, existing, metav1.UpdateOptions{})
 	if apierrors.IsConflict(err) {
-		return nil, fmt.Errorf("lease kube-system/%s changed while taking it over: %w", LockName, ErrLocked)
+		return nil, fmt.Errorf("lease kube-system/%s changed while taking it over: %w", Name, ErrLocked)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("lease kube-system/%s: %w", LockName, err)
+		return nil, fmt.Errorf("lease kube-system/%s: %w", Name, err)
 	}
 	l.lease = updated
 	return l, nil
@@ -101,18 +106,18 @@ func AcquireLock(ctx context.Context, c kubernetes.Interface, holder string, dur
 func (l *Lock) Renew(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	lease, err := l.client.CoordinationV1().Leases("kube-system").Get(ctx, LockName, metav1.GetOptions{})
+	lease, err := l.client.CoordinationV1().Leases("kube-system").Get(ctx, Name, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("renew lease kube-system/%s: %w", LockName, err)
+		return fmt.Errorf("renew lease kube-system/%s: %w", Name, err)
 	}
 	if h := lease.Spec.HolderIdentity; h == nil || *h != l.holder || lease.ResourceVersion != l.lease.ResourceVersion {
-		return fmt.Errorf("renew lease kube-system/%s: taken over by %s: %w", LockName, deref(lease.Spec.HolderIdentity), ErrLocked)
+		return fmt.Errorf("renew lease kube-system/%s: taken over by %s: %w", Name, deref(lease.Spec.HolderIdentity), ErrLocked)
 	}
 	t := metav1.NewMicroTime(l.now())
 	lease.Spec.RenewTime = &t
 	updated, err := l.client.CoordinationV1().Leases("kube-system").Update(ctx, lease, metav1.UpdateOptions{})
 	if err != nil {
-		return fmt.Errorf("renew lease kube-system/%s: %w", LockName, err)
+		return fmt.Errorf("renew lease kube-system/%s: %w", Name, err)
 	}
 	l.lease = updated
 	return nil
@@ -145,9 +150,9 @@ func (l *Lock) Keep(ctx context.Context, lost func(error)) {
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	lease, err := l.client.CoordinationV1().Leases("kube-system").Get(ctx, LockName, metav1.GetOptions{})
+	lease, err := l.client.CoordinationV1().Leases("kube-system").Get(ctx, Name, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("release lease kube-system/%s: %w", LockName, err)
+		return fmt.Errorf("release lease kube-system/%s: %w", Name, err)
 	}
 	if h := lease.Spec.HolderIdentity; h == nil || *h != l.holder {
 		return nil // taken over: not ours to release
@@ -155,7 +160,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	empty := ""
 	lease.Spec.HolderIdentity = &empty
 	if _, err := l.client.CoordinationV1().Leases("kube-system").Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("release lease kube-system/%s: %w", LockName, err)
+		return fmt.Errorf("release lease kube-system/%s: %w", Name, err)
 	}
 	return nil
 }
@@ -165,4 +170,26 @@ func deref(s *string) string {
 		return "nobody"
 	}
 	return *s
+}
+
+// Hold renews lock in the background until the returned stop is called;
+// losing it cancels the returned context with the reason. stop waits for
+// the renewals to end, then releases the lock (a failure to is logged:
+// the lease then expires by itself).
+func Hold(ctx context.Context, lock *Lock, log *slog.Logger) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	keepCtx, stopKeep := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		lock.Keep(keepCtx, func(err error) { cancel(fmt.Errorf("lost the upgrade lock: %w", err)) })
+	}()
+	return ctx, func() {
+		stopKeep()
+		<-done
+		if err := lock.Release(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("cannot release the upgrade lock: it expires by itself", "lease", "kube-system/"+Name, "err", err)
+		}
+		cancel(nil)
+	}
 }

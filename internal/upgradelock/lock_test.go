@@ -1,4 +1,4 @@
-package inplace
+package upgradelock
 
 import (
 	"context"
@@ -15,12 +15,12 @@ func TestLock(t *testing.T) {
 	c := fake.NewClientset()
 	now := time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	a, err := AcquireLock(ctx, c, "admin-1/100", time.Minute, clock)
+	a, err := Acquire(ctx, c, "admin-1/100", time.Minute, clock)
 	if err != nil || a.TakenOver != "" {
 		t.Fatalf("first: %v %+v", err, a)
 	}
 	// A second run while the first holds a live lease is refused, naming it.
-	_, err = AcquireLock(ctx, c, "admin-2/200", time.Minute, clock)
+	_, err = Acquire(ctx, c, "admin-2/200", time.Minute, clock)
 	var le *LockedError
 	if !errors.Is(err, ErrLocked) || !errors.As(err, &le) || le.Holder != "admin-1/100" || !strings.Contains(err.Error(), "held by admin-1/100") {
 		t.Fatalf("second while held: %v", err)
@@ -31,12 +31,12 @@ func TestLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	now = now.Add(50 * time.Second)
-	if _, err := AcquireLock(ctx, c, "admin-2/200", time.Minute, clock); !errors.Is(err, ErrLocked) {
+	if _, err := Acquire(ctx, c, "admin-2/200", time.Minute, clock); !errors.Is(err, ErrLocked) {
 		t.Fatalf("after a renewal: %v", err)
 	}
 	// The holder dies: after expiry another run takes over (resume).
 	now = now.Add(2 * time.Minute)
-	b, err := AcquireLock(ctx, c, "admin-2/200", time.Minute, clock)
+	b, err := Acquire(ctx, c, "admin-2/200", time.Minute, clock)
 	if err != nil || b.TakenOver != "admin-1/100" {
 		t.Fatalf("take over: %v %+v", err, b)
 	}
@@ -48,14 +48,14 @@ func TestLock(t *testing.T) {
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := AcquireLock(ctx, c, "admin-3/300", time.Minute, clock); !errors.Is(err, ErrLocked) {
+	if _, err := Acquire(ctx, c, "admin-3/300", time.Minute, clock); !errors.Is(err, ErrLocked) {
 		t.Fatalf("a stale release freed the lock: %v", err)
 	}
 	// Released, anyone takes it at once.
 	if err := b.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if c2, err := AcquireLock(ctx, c, "admin-3/300", time.Minute, clock); err != nil || c2.TakenOver != "" {
+	if c2, err := Acquire(ctx, c, "admin-3/300", time.Minute, clock); err != nil || c2.TakenOver != "" {
 		t.Fatalf("after release: %v %+v", err, c2)
 	}
 }
