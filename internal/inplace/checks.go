@@ -3,6 +3,7 @@ package inplace
 import (
 	"context"
 	"fmt"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"sort"
 	"strings"
 
@@ -76,7 +77,7 @@ func (pc *planCheck) role(node string) string {
 func (pc *planCheck) nodeStates() {
 	// Only versions that parsed are kept; each refused value is a
 	// blocking finding (values), and none of them reaches a script.
-	versions, bad := kubeletVersions(pc.view.nodes)
+	versions, bad := nodefacts.KubeletVersions(pc.view.nodes)
 	for _, n := range pc.view.nodes {
 		s := NodeState{Name: n.Name, Role: pc.role(n.Name), Ready: nodeReady(&n), Arch: n.Status.NodeInfo.Architecture,
 			Kubelet: versions[n.Name]}

@@ -5,6 +5,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"io"
 	"log"
 	"net/http"
@@ -83,14 +84,14 @@ func newWorld(t testing.TB) *world {
 	}
 	target := &Target{Version: rel.Parsed(), Manifest: m, Release: &r, Record: &cluster.Available{KubernetesVersion: "v1.31.4", BundleDigest: "sha256:abc"}}
 	nodes := []corev1.Node{node("cp-1", "control-plane"), node("worker-1", "worker"), node("worker-2", "worker")}
-	w := &world{cat: cat, view: &clusterView{nodes: nodes, facts: map[string]*NodeFacts{}, ssh: map[string]error{}}}
+	w := &world{cat: cat, view: &clusterView{nodes: nodes, facts: map[string]*nodefacts.Facts{}, ssh: map[string]error{}}}
 	for _, n := range nodes {
 		role := RoleWorker
 		if n.Name == "cp-1" {
 			role = RoleControlPlane
 		}
 		w.view.tgts = append(w.view.tgts, targetOf(n.Name, role))
-		f := &NodeFacts{Name: n.Name, Components: map[string]string{"kubelet": "v1.30.14"}, Flags: map[string][]string{}, FlagSources: map[string]string{},
+		f := &nodefacts.Facts{Name: n.Name, Components: map[string]string{"kubelet": "v1.30.14"}, Flags: map[string][]string{}, FlagSources: map[string]string{},
 			Values: map[string]string{}, Staged: map[string]string{}, FreeBytes: 10 << 30}
 		if role == RoleControlPlane {
 			for _, c := range controlPlaneFiles {
@@ -251,8 +252,8 @@ func TestStagedAndDisk(t *testing.T) {
 func TestRemovedFlags(t *testing.T) {
 	w := newWorld(t)
 	w.opts.Target.Release.RemovedFlags = map[string][]string{"kube-controller-manager": {"--pod-eviction-timeout"}}
-	w.view.facts["worker-1"].addFlags("kubelet", "/var/lib/kubelet/kubeadm-flags.env", []string{"--keep-terminated-pod-volumes=false", "--v=2"})
-	w.view.facts["cp-1"].addFlags("kube-controller-manager", "/etc/systemd/system/kube-controller-manager.service", []string{"--pod-eviction-timeout=5m"})
+	w.view.facts["worker-1"].AddFlags("kubelet", "/var/lib/kubelet/kubeadm-flags.env", []string{"--keep-terminated-pod-volumes=false", "--v=2"})
+	w.view.facts["cp-1"].AddFlags("kube-controller-manager", "/etc/systemd/system/kube-controller-manager.service", []string{"--pod-eviction-timeout=5m"})
 	p := w.plan(t)
 	fs := only(p, "removed-flags")
 	want(t, fs, Blocking, "node/worker-1", "kubelet is started with --keep-terminated-pod-volumes", "/var/lib/kubelet/kubeadm-flags.env")

@@ -3,6 +3,7 @@ package inplace
 import (
 	"context"
 	"fmt"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"log/slog"
 	"path"
 	"sort"
@@ -64,7 +65,7 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 	if opts.StageDir == "" {
 		opts.StageDir = DefaultStageDir
 	}
-	version, bad := kubeletVersions(nodes)
+	version, bad := nodefacts.KubeletVersions(nodes)
 	onNode := map[string][]corev1.Pod{}
 	for i := range pods {
 		onNode[pods[i].Spec.NodeName] = append(onNode[pods[i].Spec.NodeName], pods[i])
@@ -89,7 +90,7 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 	})
 	if len(bad) > 0 {
 		sort.Slice(bad, func(i, j int) bool { return bad[i].Node < bad[j].Node })
-		return nil, badValuesError(bad)
+		return nil, nodefacts.Refused(bad)
 	}
 	if opts.DryRun {
 		for _, t := range tgts {
@@ -140,9 +141,9 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 // whether the hash-skip file is there and whether every running
 // container's recorded hash is what the kubelet computes; the file's
 // path; the values it refused.
-func inspectNode(ctx context.Context, n nodeaccess.Node, name, kubelet string, pods []corev1.Pod, opts CleanupOptions) (*NodeCleanup, string, []BadValue, error) {
+func inspectNode(ctx context.Context, n nodeaccess.Node, name, kubelet string, pods []corev1.Pod, opts CleanupOptions) (*NodeCleanup, string, []nodefacts.BadValue, error) {
 	nc := &NodeCleanup{Node: name}
-	f, err := ReadFacts(ctx, n, name, opts.StageDir, kubelet)
+	f, err := nodefacts.Read(ctx, n, name, opts.StageDir, kubelet)
 	if err != nil {
 		return nc, "", nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"path"
 	"strings"
 	"time"
@@ -28,7 +29,7 @@ type nodeOps struct {
 	stageDir  string
 	backupDir string
 	from, to  string // versions
-	facts     *NodeFacts
+	facts     *nodefacts.Facts
 	// dry, in a dry run, is told each script that would change the node
 	// instead of it being run (scripts that only read still run).
 	dry func(node, command string)
@@ -119,7 +120,7 @@ func (o *nodeOps) running(ctx context.Context, comp string) (string, error) {
 	if strings.TrimSpace(out) == "" {
 		return "", nil
 	}
-	v, bad := parseVersionLine(o.name, comp+" --version", strings.TrimSpace(out))
+	v, bad := nodefacts.ParseVersionLine(o.name, comp+" --version", strings.TrimSpace(out))
 	if bad != nil {
 		return "", bad
 	}

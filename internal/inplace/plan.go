@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"log/slog"
 	"sort"
 	"strconv"
@@ -143,7 +144,7 @@ type PlanOptions struct {
 type clusterView struct {
 	nodes []corev1.Node
 	pods  []corev1.Pod
-	facts map[string]*NodeFacts
+	facts map[string]*nodefacts.Facts
 	ssh   map[string]error
 	tgts  []nodeaccess.Target
 	// nodeIdx indexes nodes by name (built once, by node).
@@ -278,11 +279,11 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*NodeFacts{}, tgts: tgts}
+	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*nodefacts.Facts{}, tgts: tgts}
 	var mu sync.Mutex
 	opts.Log.Info("reading nodes over SSH", "nodes", len(tgts))
 	v.ssh = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
-		f, err := ReadFacts(ctx, n, t.Name, opts.StageDir, opts.Target.Version.String())
+		f, err := nodefacts.Read(ctx, n, t.Name, opts.StageDir, opts.Target.Version.String())
 		if err != nil {
 			return err
 		}

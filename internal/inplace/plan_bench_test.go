@@ -2,6 +2,7 @@ package inplace
 
 import (
 	"fmt"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"testing"
 	"time"
 
@@ -21,12 +22,12 @@ func bigWorld(tb testing.TB, n, podsPer int) *world {
 	}
 	w.view.nodes, w.view.tgts = w.view.nodes[:1], w.view.tgts[:1]
 	cpFacts := w.view.facts["cp-1"]
-	w.view.facts = map[string]*NodeFacts{"cp-1": cpFacts}
+	w.view.facts = map[string]*nodefacts.Facts{"cp-1": cpFacts}
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("worker-%05d", i)
 		w.view.nodes = append(w.view.nodes, node(name, "worker"))
 		w.view.tgts = append(w.view.tgts, targetOf(name, RoleWorker))
-		f := &NodeFacts{Name: name, Components: map[string]string{"kubelet": "v1.30.14"}, Flags: map[string][]string{}, FlagSources: map[string]string{},
+		f := &nodefacts.Facts{Name: name, Components: map[string]string{"kubelet": "v1.30.14"}, Flags: map[string][]string{}, FlagSources: map[string]string{},
 			Values: map[string]string{}, Staged: map[string]string{}, FreeBytes: 10 << 30}
 		for j := 0; j < podsPer; j++ {
 			p := pod(fmt.Sprintf("p-%05d-%02d", i, j), name, j%3 != 0)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -104,14 +105,14 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		}
 	}
 	// Nothing is rolled back on values a node reported that do not parse.
-	_, bad := kubeletVersions(v.nodes)
+	_, bad := nodefacts.KubeletVersions(v.nodes)
 	for _, t := range v.tgts {
 		if f := v.facts[t.Name]; f != nil {
 			bad = append(bad, f.Bad...)
 		}
 	}
 	if len(bad) > 0 {
-		return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, badValuesError(bad))
+		return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, nodefacts.Refused(bad))
 	}
 	apiservers := map[string]string{}
 	for _, t := range v.tgts {

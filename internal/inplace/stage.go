@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"io"
 	"log/slog"
 	"os"
@@ -245,7 +246,7 @@ func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch
 // sendFile streams a compressed file to the node, which decompresses it
 // to a temporary name, checks its sha256 and renames it into place.
 func sendFile(ctx context.Context, n nodeaccess.Node, vdir string, f bundle.File, gzPath string) (int64, error) {
-	if _, ok := under(vdir, f.Name); !ok {
+	if _, ok := nodefacts.Under(vdir, f.Name); !ok {
 		return 0, fmt.Errorf("file %s: name %q is not a file name", f.Path, f.Name)
 	}
 	in, err := os.Open(gzPath)

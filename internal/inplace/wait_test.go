@@ -3,6 +3,7 @@ package inplace
 import (
 	"context"
 	"errors"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"io"
 	"os"
 	"strings"
@@ -50,7 +51,7 @@ func TestComponentWaitIsOnTheRunsClock(t *testing.T) {
 	}()
 	node := &stuckNode{}
 	r := &applyRun{opts: ApplyOptions{ReadyTimeout: 5 * time.Minute}, res: &ApplyResult{}, wait: waiter.Waiter{Clock: clk}}
-	o := &nodeOps{n: node, name: "cp-1", facts: &NodeFacts{}}
+	o := &nodeOps{n: node, name: "cp-1", facts: &nodefacts.Facts{}}
 
 	err := r.waitComponent(ctx, o, "kube-scheduler", "v1.31.4")
 	if err == nil {

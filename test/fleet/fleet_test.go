@@ -36,6 +36,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )
@@ -149,7 +150,7 @@ func (w *testWorld) dial(t *testing.T, name string) nodeaccess.Node {
 func TestReadFacts(t *testing.T) {
 	w := newWorld(t, nil)
 	ctx := context.Background()
-	cp, err := inplace.ReadFacts(ctx, w.dial(t, "cp-1"), "cp-1", inplace.DefaultStageDir, newVersion)
+	cp, err := nodefacts.Read(ctx, w.dial(t, "cp-1"), "cp-1", inplace.DefaultStageDir, newVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestReadFacts(t *testing.T) {
 		t.Errorf("cp-1 has no pods: %v %q", cp.Containers, cp.ContainersErr)
 	}
 
-	wk, err := inplace.ReadFacts(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
+	wk, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +226,7 @@ func TestReadFacts(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		f, err := inplace.ReadFacts(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
+		f, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
 		return err == nil && len(f.Containers) == 0
 	})
 	if n := w.fleet.Stats().Commands["facts"]; n < 3 {
@@ -307,7 +308,7 @@ func TestStage(t *testing.T) {
 		t.Errorf("stream cache: %d misses, %d hits; want 3 and 3 (three files, two nodes)", s.StageCacheMisses, s.StageCacheHits)
 	}
 	// The facts list them too.
-	f, err := inplace.ReadFacts(context.Background(), w.dial(t, "worker-2"), "worker-2", inplace.DefaultStageDir, newVersion)
+	f, err := nodefacts.Read(context.Background(), w.dial(t, "worker-2"), "worker-2", inplace.DefaultStageDir, newVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -515,7 +516,7 @@ func TestApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		f, err := inplace.ReadFacts(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
+		f, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
 		return err == nil && len(f.Containers) == 1 && f.Containers[0].Pod == "web2"
 	})
 	c = cleanup()

@@ -1,4 +1,4 @@
-package inplace
+package nodefacts
 
 import (
 	"context"
@@ -13,13 +13,13 @@ type replay struct{ out []byte }
 
 func (r replay) Run(context.Context, string, io.Reader) ([]byte, error) { return r.out, nil }
 
-func readFixture(t *testing.T, node string) *NodeFacts {
+func readFixture(t *testing.T, node string) *Facts {
 	t.Helper()
 	out, err := os.ReadFile("testdata/facts-" + node + ".txt")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := ReadFacts(context.Background(), replay{out}, node, DefaultStageDir, "v1.31.4")
+	f, err := Read(context.Background(), replay{out}, node, "/var/lib/kubelift/staged", "v1.31.4")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestFlagsFromUnitBeforeCommandLine(t *testing.T) {
 	out := "### version kubelet\nKubernetes v1.30.14\n### cmdline kubelet\n/usr/local/bin/kubelet\n--stale=1\n--v=2\n" +
 		"### unit kubelet /etc/systemd/system/kubelet.service\n[Service]\nExecStart=/usr/local/bin/kubelet --v=3\n" +
 		"### version kube-proxy\nKubernetes v1.30.14\n### cmdline kube-proxy\n/opt/bin/kube-proxy\n--cluster-cidr=10.0.0.0/8\n"
-	f, err := ReadFacts(context.Background(), replay{[]byte(out)}, "n", DefaultStageDir, "v1.31.4")
+	f, err := Read(context.Background(), replay{[]byte(out)}, "n", "/var/lib/kubelift/staged", "v1.31.4")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,13 @@
-package inplace
+package nodefacts
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
 
 const forged = "$(touch /tmp/MARK)v1.30.14"
@@ -32,7 +29,7 @@ func TestParseVersionRefusesWhatDoesNotParse(t *testing.T) {
 		{"v1.30", "", false},
 		{"", "", false},
 	} {
-		v, bad := parseVersion("worker-3", "status.nodeInfo.kubeletVersion", tc.in)
+		v, bad := ParseVersion("worker-3", "status.nodeInfo.kubeletVersion", tc.in)
 		if (bad == nil) != tc.ok {
 			t.Errorf("%q: %v", tc.in, bad)
 			continue
@@ -47,11 +44,11 @@ func TestParseVersionRefusesWhatDoesNotParse(t *testing.T) {
 }
 
 func TestParseVersionLine(t *testing.T) {
-	if v, bad := parseVersionLine("n", "kubelet --version", "Kubernetes v1.31.4"); bad != nil || v.String() != "v1.31.4" {
+	if v, bad := ParseVersionLine("n", "kubelet --version", "Kubernetes v1.31.4"); bad != nil || v.String() != "v1.31.4" {
 		t.Errorf("%v %v", v, bad)
 	}
 	for _, line := range []string{"Kubernetes " + forged, "Kubernetes v1.31.4 $(id)", "", "Kubernetes v1.31.4\nrm -rf /"} {
-		if _, bad := parseVersionLine("n", "kubelet --version", line); bad == nil {
+		if _, bad := ParseVersionLine("n", "kubelet --version", line); bad == nil {
 			t.Errorf("%q accepted", line)
 		}
 	}
@@ -60,16 +57,16 @@ func TestParseVersionLine(t *testing.T) {
 func TestCheckPath(t *testing.T) {
 	for p, ok := range map[string]bool{"/var/lib/kubelet": true, "/usr/local/bin/kubelet": true, "var/lib": false, "/var/../etc": false,
 		"/var//lib": false, "/var/lib/": false, "/var/lib\nx": false, "": false} {
-		if (checkPath("n", "kubelet --root-dir", p) == nil) != ok {
+		if (CheckPath("n", "kubelet --root-dir", p) == nil) != ok {
 			t.Errorf("%q: want ok=%v", p, ok)
 		}
 	}
 	for e, ok := range map[string]bool{"https://127.0.0.1:2379": true, "http://etcd:2379": true, "https://x:1;id": false, "file:///x": false, "127.0.0.1:2379": false} {
-		if (checkEndpoint("n", "kube-apiserver --etcd-servers", e) == nil) != ok {
+		if (CheckEndpoint("n", "kube-apiserver --etcd-servers", e) == nil) != ok {
 			t.Errorf("%q: want ok=%v", e, ok)
 		}
 	}
-	if _, ok := under("/var/lib/kubelift/staged", "../../etc"); ok {
+	if _, ok := Under("/var/lib/kubelift/staged", "../../etc"); ok {
 		t.Error("under accepted ..")
 	}
 }
@@ -78,7 +75,7 @@ func TestKubeletVersions(t *testing.T) {
 	node := func(name, v string) corev1.Node {
 		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: v}}}
 	}
-	got, bad := kubeletVersions([]corev1.Node{node("cp-1", "v1.30.14"), node("worker-3", forged), node("Bad_Name", "v1.30.14")})
+	got, bad := KubeletVersions([]corev1.Node{node("cp-1", "v1.30.14"), node("worker-3", forged), node("Bad_Name", "v1.30.14")})
 	if len(got) != 1 || got["cp-1"] != "v1.30.14" {
 		t.Errorf("versions %v", got)
 	}
@@ -107,7 +104,7 @@ func TestReadFactsRefusesForgedValues(t *testing.T) {
 		"### version kube-apiserver\nKubernetes v1.30.14\n" +
 		"### cmdline kube-apiserver\n/usr/local/bin/$(reboot)\n--etcd-servers=https://127.0.0.1:2379;id\n\n" +
 		"### staged\n### df\n/dev/vda1 100 10 90 10% /\n### crictl\n{\"containers\":[]}\n"}
-	f, err := ReadFacts(context.Background(), r, "worker-3", DefaultStageDir, "v1.31.4")
+	f, err := Read(context.Background(), r, "worker-3", "/var/lib/kubelift/staged", "v1.31.4")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,58 +124,5 @@ func TestReadFactsRefusesForgedValues(t *testing.T) {
 	}
 	if len(r.cmds) != 1 || !strings.HasPrefix(r.cmds[0], "sh -c ") {
 		t.Errorf("commands %q", r.cmds)
-	}
-}
-
-func TestPatchesAreJSON(t *testing.T) {
-	p, err := tolerationsPatch(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := `[{"op":"add","path":"/spec/tolerations","value":[]},` +
-		`{"op":"add","path":"/spec/tolerations/-","value":{"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}},` +
-		`{"op":"add","path":"/spec/tolerations/-","value":{"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}}]`
-	if string(p) != want {
-		t.Errorf("patch\n%s\nwant\n%s", p, want)
-	}
-	if p, _ := tolerationsPatch([]corev1.Toleration{{Operator: corev1.TolerationOpExists}}); p != nil {
-		t.Errorf("a pod tolerating everything got %s", p)
-	}
-	a, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: `v1"}`, AnnotationBundle: nil})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back map[string]map[string]map[string]any
-	if err := json.Unmarshal(a, &back); err != nil || back["metadata"]["annotations"][AnnotationUpgradedTo] != `v1"}` {
-		t.Errorf("annotations patch %s: %v", a, err)
-	}
-}
-
-// TestPlanBlocksOnForgedValues: a forged kubeletVersion in a Node's
-// status and a refused fact are blocking "values" findings naming node,
-// field and value; the forged value is not among the versions the plan
-// says the cluster runs; apply's preflight never lets them pass, even
-// told to ignore the check.
-func TestPlanBlocksOnForgedValues(t *testing.T) {
-	w := newWorld(t)
-	w.view.nodes[2].Status.NodeInfo.KubeletVersion = forged
-	w.view.facts["worker-1"].Bad = []BadValue{{Node: "worker-1", Field: "kubelet --root-dir", Value: "/x/../y", Reason: "want an absolute, clean path"}}
-	p := w.plan(t)
-	if !p.Blocked {
-		t.Fatal("not blocked")
-	}
-	want(t, only(p, "values"), Blocking, "node/worker-2", "status.nodeInfo.kubeletVersion", forged)
-	want(t, only(p, "values"), Blocking, "node/worker-1", "kubelet --root-dir", "/x/../y")
-	if strings.Join(p.From, ",") != "v1.30.14" {
-		t.Errorf("from %v", p.From)
-	}
-	if p.Findings[0].Check != "values" {
-		t.Errorf("values findings are not listed first: %+v", p.Findings[0])
-	}
-	r := &applyRun{opts: ApplyOptions{Ignore: []string{"values"}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Target{"worker-2": targetOf("worker-2", RoleWorker)}}
-	for _, f := range only(p, "values") {
-		if r.resolves(f) {
-			t.Errorf("apply would pass %+v", f)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package inplace
+package nodefacts
 
 import (
 	"fmt"
@@ -31,8 +31,8 @@ func (b BadValue) Error() string {
 // ErrBadValues means a node or the API reported values that do not parse.
 var ErrBadValues = fmt.Errorf("refused values reported by the cluster")
 
-// badValuesError lists them, each naming node, field and value.
-func badValuesError(bad []BadValue) error {
+// Refused lists them, each naming node, field and value.
+func Refused(bad []BadValue) error {
 	var b strings.Builder
 	for _, v := range bad {
 		b.WriteString("\n  ")
@@ -41,8 +41,8 @@ func badValuesError(bad []BadValue) error {
 	return fmt.Errorf("%w (nothing was changed on any node):%s", ErrBadValues, b.String())
 }
 
-// parseVersion parses a reported version, or says why not.
-func parseVersion(node, field, s string) (catalog.Version, *BadValue) {
+// ParseVersion parses a reported version, or says why not.
+func ParseVersion(node, field, s string) (catalog.Version, *BadValue) {
 	v, err := catalog.ParseReported(s)
 	if err != nil {
 		return catalog.Version{}, &BadValue{Node: node, Field: field, Value: s, Reason: err.Error()}
@@ -50,24 +50,24 @@ func parseVersion(node, field, s string) (catalog.Version, *BadValue) {
 	return v, nil
 }
 
-// parseVersionLine reads the version a binary's `--version` printed
+// ParseVersionLine reads the version a binary's `--version` printed
 // ("Kubernetes v1.31.4"): the line's last word, a strict version.
-func parseVersionLine(node, field, line string) (catalog.Version, *BadValue) {
+func ParseVersionLine(node, field, line string) (catalog.Version, *BadValue) {
 	line = strings.TrimRight(line, "\n")
 	fields := strings.Fields(line)
 	if strings.Contains(line, "\n") || len(fields) == 0 {
 		return catalog.Version{}, &BadValue{Node: node, Field: field, Value: line, Reason: "want one line ending in vMAJOR.MINOR.PATCH"}
 	}
-	v, bad := parseVersion(node, field, fields[len(fields)-1])
+	v, bad := ParseVersion(node, field, fields[len(fields)-1])
 	if bad != nil {
 		bad.Value = line
 	}
 	return v, bad
 }
 
-// checkPath accepts an absolute, clean path (no .., no doubled slashes)
+// CheckPath accepts an absolute, clean path (no .., no doubled slashes)
 // of plain characters.
-func checkPath(node, field, p string) *BadValue {
+func CheckPath(node, field, p string) *BadValue {
 	switch {
 	case !strings.HasPrefix(p, "/") || path.Clean(p) != p:
 		return &BadValue{Node: node, Field: field, Value: p, Reason: "want an absolute, clean path"}
@@ -81,8 +81,8 @@ func checkPath(node, field, p string) *BadValue {
 // hold: what install paths use, nothing a shell treats specially.
 const pathChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._+@:=,-"
 
-// checkEndpoint accepts an http(s) URL with a host.
-func checkEndpoint(node, field, s string) *BadValue {
+// CheckEndpoint accepts an http(s) URL with a host.
+func CheckEndpoint(node, field, s string) *BadValue {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || strings.ContainsAny(s, " \t\n'\"$`;&|<>()\\") {
 		return &BadValue{Node: node, Field: field, Value: s, Reason: "want an http(s) URL"}
@@ -90,36 +90,36 @@ func checkEndpoint(node, field, s string) *BadValue {
 	return nil
 }
 
-// checkNodeName accepts a Kubernetes node name (an RFC 1123 subdomain).
-func checkNodeName(name string) *BadValue {
+// CheckNodeName accepts a Kubernetes node name (an RFC 1123 subdomain).
+func CheckNodeName(name string) *BadValue {
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 		return &BadValue{Node: name, Field: "metadata.name", Value: name, Reason: strings.Join(errs, "; ")}
 	}
 	return nil
 }
 
-// under joins elem to root and says whether the result stays below root
+// Under joins elem to root and says whether the result stays below root
 // (a file name, not a path: no slash, not . or ..).
-func under(root, elem string) (string, bool) {
+func Under(root, elem string) (string, bool) {
 	if elem == "" || elem == "." || elem == ".." || strings.ContainsAny(elem, "/\x00\n") {
 		return "", false
 	}
 	return path.Join(root, elem), true
 }
 
-// kubeletVersions reads each Node's status.nodeInfo.kubeletVersion and
+// KubeletVersions reads each Node's status.nodeInfo.kubeletVersion and
 // checks its name: the versions that parse, canonical, by node; the
 // values that do not, refused.
-func kubeletVersions(nodes []corev1.Node) (map[string]string, []BadValue) {
+func KubeletVersions(nodes []corev1.Node) (map[string]string, []BadValue) {
 	out := map[string]string{}
 	var bad []BadValue
 	for i := range nodes {
 		n := &nodes[i]
-		if b := checkNodeName(n.Name); b != nil {
+		if b := CheckNodeName(n.Name); b != nil {
 			bad = append(bad, *b)
 			continue
 		}
-		v, b := parseVersion(n.Name, "status.nodeInfo.kubeletVersion", n.Status.NodeInfo.KubeletVersion)
+		v, b := ParseVersion(n.Name, "status.nodeInfo.kubeletVersion", n.Status.NodeInfo.KubeletVersion)
 		if b != nil {
 			bad = append(bad, *b)
 			continue

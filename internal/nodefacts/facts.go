@@ -1,10 +1,16 @@
-package inplace
+// Package nodefacts reads what a node says of itself over SSH (the
+// versions its units run, their programs and flags, what is staged, free
+// space, its containers), in one node script, and parses every value
+// where it enters: a value that does not parse is refused, named by node,
+// field and value, and never reaches a node script.
+package nodefacts
 
 import (
 	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,8 +25,8 @@ type Runner interface {
 	Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error)
 }
 
-// NodeFacts is what a node says of itself over SSH, read in one command.
-type NodeFacts struct {
+// Facts is what a node says of itself over SSH, read in one command.
+type Facts struct {
 	Name string `json:"name"`
 	// Components maps each program the node runs as a unit (kubelet and
 	// the catalog's server components) to the version of its running
@@ -58,13 +64,13 @@ func components() []string { return append([]string{"kubelet"}, catalog.ServerCo
 // checked as it is read: a path or, for the etcd servers, URLs.
 var scriptPaths = []string{"kubelet --root-dir", "kube-apiserver --etcd-cafile", "kube-apiserver --etcd-certfile", "kube-apiserver --etcd-keyfile"}
 
-// ReadFacts reads a node's facts in one command.
-func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*NodeFacts, error) {
-	out, err := r.Run(ctx, nodescript.Facts.Command(append([]string{StagePath(stageDir, version, ""), stageDir}, components()...)...), nil)
+// Read reads a node's facts in one command.
+func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts, error) {
+	out, err := r.Run(ctx, nodescript.Facts.Command(append([]string{path.Join(stageDir, version), stageDir}, components()...)...), nil)
 	if err != nil {
 		return nil, fmt.Errorf("read node %s: %w", node, err)
 	}
-	f := &NodeFacts{Name: node, Components: map[string]string{}, Flags: map[string][]string{}, FlagSources: map[string]string{}, Values: map[string]string{},
+	f := &Facts{Name: node, Components: map[string]string{}, Flags: map[string][]string{}, FlagSources: map[string]string{}, Values: map[string]string{},
 		Programs: map[string]string{}, Staged: map[string]string{}}
 	sections := splitSections(string(out))
 	cmdline := map[string][]string{}
@@ -72,7 +78,7 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 		fields := strings.Fields(s.head)
 		switch {
 		case len(fields) == 2 && fields[0] == "version":
-			v, bad := parseVersionLine(node, fields[1]+" --version", strings.TrimSpace(s.body))
+			v, bad := ParseVersionLine(node, fields[1]+" --version", strings.TrimSpace(s.body))
 			if bad != nil {
 				f.Bad = append(f.Bad, *bad)
 				break
@@ -81,7 +87,7 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 		case len(fields) == 2 && fields[0] == "cmdline":
 			args := strings.Split(strings.TrimSpace(s.body), "\n")
 			if len(args) > 0 {
-				if bad := checkPath(node, fields[1]+" program (/proc/PID/cmdline)", args[0]); bad != nil {
+				if bad := CheckPath(node, fields[1]+" program (/proc/PID/cmdline)", args[0]); bad != nil {
 					f.Bad = append(f.Bad, *bad)
 				} else {
 					f.Programs[fields[1]] = args[0]
@@ -93,9 +99,9 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 			cmdline[fields[1]] = args
 			f.addValues(fields[1], args)
 		case len(fields) == 3 && fields[0] == "unit":
-			f.addFlags(fields[1], fields[2], unitExecArgs(s.body))
+			f.AddFlags(fields[1], fields[2], unitExecArgs(s.body))
 		case len(fields) == 3 && fields[0] == "env":
-			f.addFlags(fields[1], fields[2], envArgs(s.body))
+			f.AddFlags(fields[1], fields[2], envArgs(s.body))
 		case s.head == "staged":
 			for _, line := range strings.Split(s.body, "\n") {
 				if sum, name, ok := strings.Cut(strings.TrimSpace(line), "  "); ok {
@@ -123,7 +129,7 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 	}
 	for c, args := range cmdline {
 		if _, fromUnit := f.Flags[c]; !fromUnit {
-			f.addFlags(c, "running command line", args)
+			f.AddFlags(c, "running command line", args)
 		}
 	}
 	for c := range f.Flags {
@@ -135,10 +141,10 @@ func ReadFacts(ctx context.Context, r Runner, node, stageDir, version string) (*
 
 // checkValues refuses the flag values node scripts would be given that
 // do not parse, so none of them reaches a script.
-func (f *NodeFacts) checkValues() {
+func (f *Facts) checkValues() {
 	for _, k := range scriptPaths {
 		if v, ok := f.Values[k]; ok && v != "" {
-			if bad := checkPath(f.Name, k, v); bad != nil {
+			if bad := CheckPath(f.Name, k, v); bad != nil {
 				f.Bad = append(f.Bad, *bad)
 				delete(f.Values, k)
 			}
@@ -147,7 +153,7 @@ func (f *NodeFacts) checkValues() {
 	const servers = "kube-apiserver --etcd-servers"
 	if v := f.Values[servers]; v != "" {
 		for _, e := range strings.Split(v, ",") {
-			if bad := checkEndpoint(f.Name, servers, e); bad != nil {
+			if bad := CheckEndpoint(f.Name, servers, e); bad != nil {
 				f.Bad = append(f.Bad, *bad)
 				delete(f.Values, servers)
 				break
@@ -200,7 +206,7 @@ func lastLines(s string, n int) string {
 }
 
 // addValues records the values of the --flags in args (the first seen wins).
-func (f *NodeFacts) addValues(comp string, args []string) {
+func (f *Facts) addValues(comp string, args []string) {
 	for _, a := range args {
 		if name, value, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "--") {
 			if _, seen := f.Values[comp+" "+name]; !seen {
@@ -210,8 +216,9 @@ func (f *NodeFacts) addValues(comp string, args []string) {
 	}
 }
 
-// addFlags records the --flag names in args (values dropped).
-func (f *NodeFacts) addFlags(comp, source string, args []string) {
+// AddFlags records the --flag names in args, with where they were read
+// (the first source and value of a flag win).
+func (f *Facts) AddFlags(comp, source string, args []string) {
 	seen := map[string]bool{}
 	for _, fl := range f.Flags[comp] {
 		seen[fl] = true
