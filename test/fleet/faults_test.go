@@ -244,6 +244,39 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			},
 		},
 		{
+			name:   "a restarted kubelet never becomes Ready: the wait times out and the node is restored",
+			inject: func(*Fleet) {},
+			api: func(c *fake.Clientset) {
+				// The Node's Ready at the new version is never stored (the
+				// kubelet stand-in is told it was): it stays NotReady until
+				// the old kubelet is back.
+				c.PrependReactor("update", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					ua, ok := a.(k8stesting.UpdateAction)
+					if !ok || a.GetSubresource() != "status" {
+						return false, nil, nil
+					}
+					n, ok := ua.GetObject().(*corev1.Node)
+					if ok && n.Name == "worker-1" && n.Status.NodeInfo.KubeletVersion == newVersion && nodeReady(n) {
+						return true, n, nil
+					}
+					return false, nil, nil
+				})
+			},
+			wantErr:    []string{"node worker-1 not Ready at " + newVersion + " within 5s", "rolled back to " + oldVersion},
+			failedNode: "worker-1", status: inplace.NodeRolledBack,
+			check: func(t *testing.T, r *faultRun) {
+				if n := r.played("worker-1", "restore"); n != 1 {
+					t.Errorf("worker-1: %d restores", n)
+				}
+				if v := r.w.fleet.Running("worker-1", "kubelet"); v != oldVersion {
+					t.Errorf("worker-1 kubelet runs %s", v)
+				}
+				if n := r.played("worker-2", "swap"); n != 0 {
+					t.Errorf("the run went on to worker-2 (%d swaps)", n)
+				}
+			},
+		},
+		{
 			name:       "containers restarted under the new kubelet: it stays (a rollback would restart them again)",
 			inject:     func(f *Fleet) { f.RestartContainers("worker-1") },
 			wantErr:    []string{"node worker-1", "containers restarted", "stays at " + newVersion},
@@ -480,4 +513,14 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 	if len(res.Patched) != 2 {
 		t.Errorf("tolerations it would add: %v", res.Patched)
 	}
+}
+
+// nodeReady: the Node's Ready condition is True.
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
