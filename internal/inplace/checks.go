@@ -3,7 +3,6 @@ package inplace
 import (
 	"context"
 	"fmt"
-	"github.com/kubelift/kubelift/internal/nodefacts"
 	"sort"
 	"strings"
 
@@ -14,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/registry"
 )
 

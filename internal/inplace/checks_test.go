@@ -5,7 +5,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/kubelift/kubelift/internal/nodefacts"
 	"io"
 	"log"
 	"net/http"
@@ -36,6 +35,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 )
 
 // world is a cluster of cp-1 and worker-1, worker-2 at v1.30.14, read as

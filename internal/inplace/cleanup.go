@@ -3,7 +3,6 @@ package inplace
 import (
 	"context"
 	"fmt"
-	"github.com/kubelift/kubelift/internal/nodefacts"
 	"log/slog"
 	"path"
 	"sort"
@@ -15,6 +14,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )

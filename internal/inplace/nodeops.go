@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/kubelift/kubelift/internal/nodefacts"
 	"path"
 	"strings"
 	"time"
 
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )

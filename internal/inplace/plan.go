@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kubelift/kubelift/internal/nodefacts"
 	"log/slog"
 	"sort"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/registry"
 )
 

@@ -2,13 +2,13 @@ package inplace
 
 import (
 	"fmt"
-	"github.com/kubelift/kubelift/internal/nodefacts"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 )
 
 // bigWorld is a plan's view of a cluster of n workers (plus cp-1) with

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kubelift/kubelift/internal/nodefacts"
 	"io"
 	"log/slog"
 	"os"
@@ -25,6 +24,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/iocount"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/registry"
 )

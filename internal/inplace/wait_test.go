@@ -2,36 +2,17 @@ package inplace
 
 import (
 	"context"
-	"errors"
-	"github.com/kubelift/kubelift/internal/nodefacts"
-	"io"
-	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
-
-// stuckNode is a node whose component never moves: every read of what
-// runs says v1.30.14.
-type stuckNode struct{ reads atomic.Int32 }
-
-func (n *stuckNode) Run(_ context.Context, cmd string, _ io.Reader) ([]byte, error) {
-	if sc, _, err := nodescript.Parse(cmd); err == nil && sc.Name == nodescript.Running.Name {
-		n.reads.Add(1)
-		return []byte("Kubernetes v1.30.14\n"), nil
-	}
-	return nil, errors.New("unexpected command")
-}
-func (n *stuckNode) Upload(context.Context, string, os.FileMode, io.Reader) (int64, error) {
-	return 0, errors.New("unexpected upload")
-}
-func (n *stuckNode) Close() error { return nil }
 
 // A component that never comes up at the target is given up after
 // --ready-timeout of the run's clock, read once a second, with the last
@@ -49,7 +30,11 @@ func TestComponentWaitIsOnTheRunsClock(t *testing.T) {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}()
-	node := &stuckNode{}
+	// A node whose component never moves: every read of what runs says
+	// v1.30.14.
+	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+		nodescript.Running.Name: func([]string) (string, error) { return "Kubernetes v1.30.14\n", nil },
+	}}
 	r := &applyRun{opts: ApplyOptions{ReadyTimeout: 5 * time.Minute}, res: &ApplyResult{}, wait: waiter.Waiter{Clock: clk}}
 	o := &nodeOps{n: node, name: "cp-1", facts: &nodefacts.Facts{}}
 
@@ -65,7 +50,7 @@ func TestComponentWaitIsOnTheRunsClock(t *testing.T) {
 	if got := clk.Since(start); got != 5*time.Minute {
 		t.Errorf("waited %s of the run's clock, want the 5m timeout", got)
 	}
-	if got := node.reads.Load(); got != 301 {
+	if got := node.Count(nodescript.Running.Name); got != 301 {
 		t.Errorf("read what runs %d times, want 301 (at once, then every second for 5m)", got)
 	}
 	if r.res.Waiting != (5 * time.Minute).Seconds() {
