@@ -98,17 +98,31 @@ func installKubelet(t *testing.T, m sandbox.Machine, binary, version, ns string,
 	if got := strings.TrimSpace(ssh(t, m.Name, "/usr/local/bin/kubelet --version", nil)); got != "Kubernetes "+version {
 		t.Fatalf("kubelet on %s is %q, want %s", m.Name, got, version)
 	}
+	// What the wait saw last, said when it gives up.
+	var seen struct {
+		ready     string
+		version   string
+		evaluated []string
+		errors    []string
+	}
 	waitFor(t, m.Name+" Ready at "+version+" and every pod evaluated by the new kubelet", func() (bool, error) {
 		n := getNode(t, m.Name)
-		if !sandbox.NodeReady(n) || n.Status.NodeInfo.KubeletVersion != version {
-			return false, nil
+		seen.ready, seen.version = "no Ready condition", n.Status.NodeInfo.KubeletVersion
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				seen.ready = fmt.Sprintf("Ready=%s (%s: %s)", c.Status, c.Reason, c.Message)
+			}
 		}
 		data, err := os.ReadFile(filepath.Join(m.Root, "var/log/units/kubelet.log"))
 		if err != nil || int64(len(data)) < offset {
 			return false, err
 		}
 		evaluated := map[string]bool{}
+		seen.errors = seen.errors[:0]
 		for _, line := range strings.Split(string(data[offset:]), "\n") {
+			if strings.HasPrefix(line, "E") {
+				seen.errors = append(seen.errors, line)
+			}
 			if strings.Contains(line, "computePodActions got for pod") {
 				for _, p := range pods {
 					if strings.Contains(line, fmt.Sprintf(`pod="%s/%s"`, ns, p)) {
@@ -117,7 +131,18 @@ func installKubelet(t *testing.T, m sandbox.Machine, binary, version, ns string,
 				}
 			}
 		}
-		return len(evaluated) == len(pods), nil
+		seen.evaluated = seen.evaluated[:0]
+		for p := range evaluated {
+			seen.evaluated = append(seen.evaluated, p)
+		}
+		return sandbox.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == version && len(evaluated) == len(pods), nil
+	}, func() string {
+		errs := seen.errors
+		if len(errs) > 15 {
+			errs = errs[len(errs)-15:]
+		}
+		return fmt.Sprintf("node %s: %s, kubelet %s; pods evaluated by the new kubelet: %v of %v; its last errors:\n%s",
+			m.Name, seen.ready, seen.version, seen.evaluated, pods, strings.Join(errs, "\n"))
 	}, kubeletLog(m))
 }
 
