@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kubelift/kubelift/internal/waiter"
@@ -26,7 +27,8 @@ func (r *applyRun) etcdStep(ctx context.Context) error {
 	r.mu.Lock()
 	r.state.Backup = where
 	r.mu.Unlock()
-	r.log.Info("etcd snapshot", "at", where)
+	node, file, _ := strings.Cut(where, ":")
+	r.log.Info("etcd snapshot", "node", node, "path", file)
 	return r.save(ctx)
 }
 
