@@ -298,7 +298,8 @@ func Eventually(t *testing.T, within time.Duration, cond func() (bool, string)) 
 	}
 }
 
-// Running lists a node's running containers (ID -> pod/name), read over SSH.
+// Running lists a node's running containers (ID -> namespace/pod/name),
+// read over SSH.
 func (h *Harness) Running(t *testing.T, node string) map[string]string {
 	t.Helper()
 	cs, err := kubeletcompat.ParseCrictl([]byte(h.SSH(t, node, "crictl ps -o json")))
@@ -308,7 +309,7 @@ func (h *Harness) Running(t *testing.T, node string) map[string]string {
 	out := map[string]string{}
 	for _, c := range cs {
 		if c.Running {
-			out[c.ID] = c.Pod + "/" + c.Name
+			out[c.ID] = c.Namespace + "/" + c.Pod + "/" + c.Name
 		}
 	}
 	return out
