@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 )
 
 type applyOptions struct {
@@ -83,6 +86,13 @@ upgrading-kubelets) for a later apply.`,
 			if _, err := cli.OutputFlag(opts.Output); err != nil {
 				return err
 			}
+			if err := checkDurations(map[string]time.Duration{"--ready-timeout": opts.ReadyTimeout, "--drain-timeout": opts.DrainTimeout},
+				map[string]time.Duration{"--settle": opts.Settle, "--soak": opts.Soak}); err != nil {
+				return err
+			}
+			if opts.LockDuration < upgradelock.MinDuration {
+				return cli.Usagef("--lock-duration %s: at least %s (a lock renewed every third of it)", opts.LockDuration, upgradelock.MinDuration)
+			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
@@ -117,6 +127,22 @@ upgrading-kubelets) for a later apply.`,
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json (the plan, the state, timings)")
 	return cmd
+}
+
+// checkDurations refuses a positive duration flag that is not, or a
+// non-negative one that is negative: naming the flag and its value.
+func checkDurations(positive, nonNegative map[string]time.Duration) error {
+	for _, name := range slices.Sorted(maps.Keys(positive)) {
+		if d := positive[name]; d <= 0 {
+			return cli.Usagef("%s %s: must be more than 0", name, d)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(nonNegative)) {
+		if d := nonNegative[name]; d < 0 {
+			return cli.Usagef("%s %s: must not be negative", name, d)
+		}
+	}
+	return nil
 }
 
 func applyRun(ctx context.Context, opts *applyOptions) error {

@@ -46,6 +46,15 @@ func TestApplyFlags(t *testing.T) {
 		{[]string{"--to", "v1.31.4", "--nodes", "worker-1", "--selector", "pool=blue"}, "--nodes and --selector exclude each other"},
 		{[]string{"--to", "v1.31.4", "--selector", "pool in (("}, "--selector"},
 		{[]string{"--to", "v1.31.4", "-o", "yaml"}, "yaml"},
+		// A lock renewed every third of 2ns panics; one under a second
+		// is a Lease of 0 seconds, taken over at once.
+		{[]string{"--to", "v1.31.4", "--lock-duration", "2ns"}, "--lock-duration 2ns: at least 3s"},
+		{[]string{"--to", "v1.31.4", "--lock-duration", "900ms"}, "--lock-duration 900ms"},
+		// Rolls back every component right after its restart.
+		{[]string{"--to", "v1.31.4", "--ready-timeout", "-1m"}, "--ready-timeout -1m0s: must be more than 0"},
+		{[]string{"--to", "v1.31.4", "--drain-timeout", "0s"}, "--drain-timeout 0s"},
+		{[]string{"--to", "v1.31.4", "--settle", "-5s"}, "--settle -5s: must not be negative"},
+		{[]string{"--to", "v1.31.4", "--soak", "-1s"}, "--soak -1s"},
 	} {
 		got = nil
 		err := parse(t, mk, tc.args...)
@@ -68,6 +77,12 @@ func TestRollbackCleanupVersionsFlags(t *testing.T) {
 	}
 	if !rb.DryRun || rb.BackupDir != "/srv/backup" || rb.ReadyTimeout != 2*time.Minute {
 		t.Errorf("rollback parsed %+v", rb)
+	}
+	rb = nil
+	if err := parse(t, func(s *cli.IO) *cobra.Command {
+		return newCmdRollback(s, func(_ context.Context, o *rollbackOptions) error { rb = o; return nil })
+	}, "--ready-timeout", "0s"); err == nil || !strings.Contains(err.Error(), "--ready-timeout 0s") || rb != nil {
+		t.Errorf("rollback --ready-timeout 0s: %v (ran: %v), want refused before running", err, rb != nil)
 	}
 
 	var cl *cleanupOptions

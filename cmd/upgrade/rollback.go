@@ -41,6 +41,9 @@ downgrades (same minor; StarlingX's downgrade_to). Otherwise it is refused,
 saying why: a minor upgrade goes forward once an API server has moved.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkDurations(map[string]time.Duration{"--ready-timeout": opts.ReadyTimeout}, nil); err != nil {
+				return err
+			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}

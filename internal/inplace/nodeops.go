@@ -127,6 +127,24 @@ func (o *nodeOps) running(ctx context.Context, comp string) (string, error) {
 	return v.String(), nil
 }
 
+// installed reports the version of the program comp's unit starts
+// ("" when there is none): for a unit that does not run, what it would
+// run; a version that does not parse is an error naming it.
+func (o *nodeOps) installed(ctx context.Context, comp string) (string, error) {
+	out, err := o.run(ctx, "read "+comp+"'s program version", nodescript.Installed, o.binary(comp))
+	if err != nil {
+		return "", err
+	}
+	if strings.TrimSpace(out) == "" {
+		return "", nil
+	}
+	v, bad := nodefacts.ParseVersionLine(o.name, o.binary(comp)+" --version", strings.TrimSpace(out))
+	if bad != nil {
+		return "", bad
+	}
+	return v.String(), nil
+}
+
 // containers lists the runtime's running containers (crictl ps).
 func (o *nodeOps) containers(ctx context.Context) (map[string]string, error) {
 	raw, err := o.run(ctx, "crictl ps", nodescript.Containers)

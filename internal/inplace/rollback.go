@@ -138,10 +138,15 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		r.watch = w
 	}
 	r.driver = driverFor(v)
-	// The nodes as they are now, for the driver (which parts each runs).
+	// The nodes as they are now, for the driver: the parts each runs, and
+	// those it has a unit for but does not run (a part the run moved may
+	// be down: undoComponent reads its program).
 	for _, t := range v.tgts {
 		ns := NodeState{Name: t.Name, Role: t.Role, Components: map[string]string{}}
 		if f := v.facts[t.Name]; f != nil {
+			for c := range f.Units {
+				ns.Components[c] = ""
+			}
 			for c, ver := range f.Components {
 				if ver != "" {
 					ns.Components[c] = ver
@@ -213,6 +218,16 @@ func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 		now, err := o.running(ctx, comp)
 		if err != nil {
 			return fmt.Errorf("node %s: cannot tell whether %s moved, so it is not rolled back: %w", node, comp, err)
+		}
+		if now == "" {
+			// Down (crashing on the new version, or between restarts):
+			// what its unit would start says whether it moved.
+			if now, err = o.installed(ctx, comp); err != nil {
+				return fmt.Errorf("node %s: %s does not run and its program cannot be read, so it is not rolled back: %w", node, comp, err)
+			}
+			if now != to {
+				r.log.Warn("does not run, and its program is not the target's: left as it is", "node", node, "component", comp, "program", o.binary(comp), "version", now)
+			}
 		}
 		if now != to {
 			return nil // not moved (or back already)

@@ -10,7 +10,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,9 +43,13 @@ type Facts struct {
 	// Values maps "COMPONENT --flag" to its value, the running command
 	// line's first.
 	Values map[string]string `json:"-"`
-	// Programs maps each running component to its program's path (the
-	// command line's first word).
+	// Programs maps each component to its program's path: the running
+	// command line's first word, or, for a unit that does not run, its
+	// ExecStart's.
 	Programs map[string]string `json:"-"`
+	// Units maps each component with a unit file on the node to that
+	// file, whether it runs or not.
+	Units map[string]string `json:"-"`
 	// Staged maps the files of StageDir/VERSION to their sha256.
 	Staged map[string]string `json:"staged,omitempty"`
 	// FreeBytes is free space on the file system of the stage directory.
@@ -71,9 +77,10 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 		return nil, fmt.Errorf("read node %s: %w", node, err)
 	}
 	f := &Facts{Name: node, Components: map[string]string{}, Flags: map[string][]string{}, FlagSources: map[string]string{}, Values: map[string]string{},
-		Programs: map[string]string{}, Staged: map[string]string{}}
+		Programs: map[string]string{}, Units: map[string]string{}, Staged: map[string]string{}}
 	sections := splitSections(string(out))
 	cmdline := map[string][]string{}
+	units := map[string]string{}
 	for _, s := range sections {
 		fields := strings.Fields(s.head)
 		switch {
@@ -99,6 +106,14 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 			cmdline[fields[1]] = args
 			f.addValues(fields[1], args)
 		case len(fields) == 3 && fields[0] == "unit":
+			if _, ok := f.Units[fields[1]]; !ok {
+				f.Units[fields[1]] = fields[2]
+			}
+			// The first unit file found is the one systemd reads (/etc
+			// before /run before /lib); its drop-ins follow it.
+			if _, seen := units[fields[1]]; !seen || strings.HasSuffix(fields[2], ".conf") {
+				units[fields[1]] += s.body + "\n"
+			}
 			f.AddFlags(fields[1], fields[2], unitExecArgs(s.body))
 		case len(fields) == 3 && fields[0] == "env":
 			f.AddFlags(fields[1], fields[2], envArgs(s.body))
@@ -125,6 +140,18 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 				break
 			}
 			f.Containers = cs
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(units)) {
+		if _, running := f.Programs[c]; running {
+			continue
+		}
+		if p := unitProgram(units[c]); p != "" {
+			if bad := CheckPath(node, c+" program (ExecStart of "+f.Units[c]+")", p); bad != nil {
+				f.Bad = append(f.Bad, *bad)
+			} else {
+				f.Programs[c] = p
+			}
 		}
 	}
 	for c, args := range cmdline {
@@ -263,6 +290,25 @@ func unitExecArgs(unit string) []string {
 		}
 	}
 	return args
+}
+
+// unitProgram is the program a unit starts: the first word of its last
+// non-empty ExecStart= (a drop-in's empty ExecStart= resets it), without
+// systemd's prefixes (-, @, +, !, :).
+func unitProgram(unit string) string {
+	unit = strings.ReplaceAll(unit, "\\\n", " ")
+	prog := ""
+	for _, line := range strings.Split(unit, "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "ExecStart=")
+		if !ok {
+			continue
+		}
+		prog = ""
+		if w := shellWords(v); len(w) > 0 {
+			prog = strings.TrimLeft(w[0], "-@+!:")
+		}
+	}
+	return prog
 }
 
 // envArgs returns the words of every value of an EnvironmentFile.

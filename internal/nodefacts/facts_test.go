@@ -103,3 +103,32 @@ func TestFlagsFromUnitBeforeCommandLine(t *testing.T) {
 		t.Errorf("kube-proxy flags %v, program %q", f.Flags["kube-proxy"], f.Programs["kube-proxy"])
 	}
 }
+
+// A unit that does not run still names its program: the one systemd
+// reads (/etc before /lib), as its drop-ins leave it.
+func TestProgramOfAUnitThatDoesNotRun(t *testing.T) {
+	out := "### version kubelet\nKubernetes v1.30.14\n### cmdline kubelet\n/usr/local/bin/kubelet\n--v=2\n" +
+		"### unit kube-scheduler /etc/systemd/system/kube-scheduler.service\n[Service]\nExecStart=/opt/bin/kube-scheduler \\\n  --v=2\n" +
+		"### unit kube-scheduler /lib/systemd/system/kube-scheduler.service\n[Service]\nExecStart=/usr/bin/kube-scheduler\n" +
+		"### unit kube-scheduler /etc/systemd/system/kube-scheduler.service.d/10-path.conf\n[Service]\nExecStart=\nExecStart=-/opt/k8s/kube-scheduler --v=3\n" +
+		"### unit kube-proxy /etc/systemd/system/kube-proxy.service\n[Service]\nExecStart=/opt/bin/$(touch x)\n"
+	f, err := Read(context.Background(), replay{[]byte(out)}, "cp-2", "/var/lib/kubelift/staged", "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Programs["kube-scheduler"]; got != "/opt/k8s/kube-scheduler" {
+		t.Errorf("kube-scheduler's program %q, want the drop-in's /opt/k8s/kube-scheduler", got)
+	}
+	if got := f.Units["kube-scheduler"]; got != "/etc/systemd/system/kube-scheduler.service" {
+		t.Errorf("kube-scheduler's unit %q", got)
+	}
+	if _, runs := f.Components["kube-scheduler"]; runs {
+		t.Errorf("kube-scheduler counted as running: %v", f.Components)
+	}
+	if f.Programs["kubelet"] != "/usr/local/bin/kubelet" {
+		t.Errorf("kubelet's program %q (the running one's)", f.Programs["kubelet"])
+	}
+	if _, ok := f.Programs["kube-proxy"]; ok || len(f.Bad) != 1 || !strings.Contains(f.Bad[0].Error(), "kube-proxy program") {
+		t.Errorf("a unit's program that is no clean path: programs %v, refused %v", f.Programs, f.Bad)
+	}
+}

@@ -42,6 +42,7 @@ var (
 	Restore      = load("restore", writes)
 	WriteFile    = load("write-file", writes)
 	Running      = load("running", readOnly)
+	Installed    = load("installed", readOnly)
 	Containers   = load("containers", readOnly)
 	EtcdSnapshot = load("etcd-snapshot", writes)
 	Exists       = load("exists", readOnly)

@@ -26,6 +26,7 @@ var goldenArgs = map[string][]string{
 	"restore":       {"/var/lib/kubelift/backup/" + hostile, "/usr/local/bin/kubelet", "kubelet", "/var/lib/kubelet", "kubelift-hash-skip.json", "cpu_manager_state"},
 	"write-file":    {"/var/lib/kubelet/kubelift-hash-skip.json", `{"oldKubeletVersion":"` + hostile + `"}`},
 	"running":       {"kubelet"},
+	"installed":     {"/usr/local/bin/" + hostile},
 	"containers":    {},
 	"etcd-snapshot": {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "https://127.0.0.1:2379", "/etc/etcd/ca.pem", "", hostile},
 	"exists":        {"/var/lib/kubelet/" + hostile},

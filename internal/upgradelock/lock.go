@@ -51,10 +51,17 @@ type Lock struct {
 	TakenOver string
 }
 
+// MinDuration is the shortest lock: a Lease's duration is whole
+// seconds, and the lock is renewed every third of it.
+const MinDuration = 3 * time.Second
+
 // Acquire takes the upgrade lock for holder, for duration at a time: it
 // creates the Lease, or takes it over when its holder let it expire (a
 // dead run: that is resume). A live lease of another holder is refused.
 func Acquire(ctx context.Context, c kubernetes.Interface, holder string, duration time.Duration, now func() time.Time) (*Lock, error) {
+	if duration < MinDuration {
+		return nil, fmt.Errorf("upgrade lock duration %s: at least %s (a Lease counts whole seconds, renewed every third of it)", duration, MinDuration)
+	}
 	if now == nil {
 		now = time.Now
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -57,5 +58,18 @@ func TestLock(t *testing.T) {
 	}
 	if c2, err := Acquire(ctx, c, "admin-3/300", time.Minute, clock); err != nil || c2.TakenOver != "" {
 		t.Fatalf("after release: %v %+v", err, c2)
+	}
+}
+
+// A lock shorter than MinDuration is refused before any Lease is written:
+// its Lease would count 0 seconds (taken over at once) and its keeper
+// would tick every third of nothing.
+func TestAcquireRefusesAShortLock(t *testing.T) {
+	c := fake.NewClientset()
+	if _, err := Acquire(context.Background(), c, "admin-1/100", 900*time.Millisecond, nil); err == nil || !strings.Contains(err.Error(), "900ms") {
+		t.Fatalf("a 900ms lock: %v", err)
+	}
+	if leases, _ := c.CoordinationV1().Leases("kube-system").List(context.Background(), metav1.ListOptions{}); len(leases.Items) != 0 {
+		t.Errorf("%d Leases written", len(leases.Items))
 	}
 }

@@ -44,6 +44,22 @@ func (n *node) injected(handler string) int {
 	return ft.code
 }
 
+// CrashAt makes unit on node exit at once whenever it starts at version
+// (systemd reports MainPID 0), as a new binary that refuses a flag its
+// release removed: it stops now if it runs that version.
+func (f *Fleet) CrashAt(node, unit, version string) {
+	n := f.nodes[node]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.crashes == nil {
+		n.crashes = map[string]string{}
+	}
+	n.crashes[unit] = version
+	if u := n.units[unit]; u != nil && u.version == version {
+		u.version, u.pid, u.cmdline = "", 0, nil
+	}
+}
+
 // RestartContainers makes every kubelet restart on node restart every
 // container too (new container IDs), as upstream's kubelet does when the
 // hash of every container changes: for tests of what the engine does

@@ -467,6 +467,40 @@ func TestRollbackStopsOnUnreadableNode(t *testing.T) {
 	}
 }
 
+// A part the run moved that no longer runs is rolled back by what its
+// unit would start, not skipped as "never moved": here cp-1's new API
+// server exits at once (a flag its release removed), and apply's own
+// restore of it failed (as when a run is killed right after the swap).
+// The rollback says rolled back only once the old version runs again.
+func TestRollbackRestoresAPartThatDoesNotRun(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.opts.ReadyTimeout = time.Second
+	r.w.fleet.CrashAt("cp-1", "kube-apiserver", newVersion)
+	r.w.fleet.Fail("cp-1", "restore", 1, 1)
+	if _, err := r.apply(ctx); err == nil || !strings.Contains(err.Error(), "rollback of kube-apiserver failed too") {
+		t.Fatalf("apply: %v", err)
+	}
+	if v := r.w.fleet.Running("cp-1", "kube-apiserver"); v != "" {
+		t.Fatalf("cp-1 kube-apiserver runs %q after the failed apply, want nothing", v)
+	}
+	res, err := inplace.Rollback(ctx, r.opts)
+	if err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+	if v := r.w.fleet.Running("cp-1", "kube-apiserver"); v != oldVersion {
+		t.Errorf("cp-1 kube-apiserver runs %q after the rollback, want %s", v, oldVersion)
+	}
+	if n := r.played("cp-1", "program version"); n == 0 {
+		t.Error("the stopped API server's program was never read")
+	}
+	if res.State == nil || res.State.State != inplace.StateRolledBack {
+		t.Errorf("rollback reported %+v", res.State)
+	}
+}
+
 // A dry run walks every step and changes nothing: only scripts that read
 // are played, no state or annotation is written, and the result lists
 // each change with its node script.

@@ -28,6 +28,7 @@ var handlers = map[string]handler{
 	"restore":       {"restore", playRestore},
 	"write-file":    {"write hash-skip", playWriteFile},
 	"running":       {"running version", playRunning},
+	"installed":     {"program version", playInstalled},
 	"containers":    {"crictl ps", playCrictl},
 	"etcd-snapshot": {"etcd snapshot", playEtcd},
 	"exists":        {"exists", playExists},
@@ -294,6 +295,17 @@ func playRunning(_ *Fleet, n *node, args []string, io *stdio) int {
 	n.mu.Unlock()
 	if version != "" {
 		fmt.Fprintf(io.out, "Kubernetes %s\n", version)
+	}
+	return 0
+}
+
+// playInstalled answers the installed script: the version of the
+// program at PROGRAM, nothing when there is none. args: PROGRAM.
+func playInstalled(f *Fleet, n *node, args []string, io *stdio) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.files[args[0]]; ok {
+		fmt.Fprintln(io.out, f.versionOf(n, args[0]))
 	}
 	return 0
 }

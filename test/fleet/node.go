@@ -41,6 +41,9 @@ type node struct {
 	faults             map[string]*fault
 	restartsContainers bool
 	generation         int
+	// crashes maps a unit to the version of its program that exits at
+	// once (CrashAt).
+	crashes map[string]string
 }
 
 // vfile is a file: its content when small (unit files, what the engine
@@ -244,7 +247,7 @@ func (f *Fleet) start(n *node, name string, u *unit) {
 		return
 	}
 	b, ok := f.binary(v.digest())
-	if !ok || b.Component != name {
+	if !ok || b.Component != name || n.crashes[name] == b.Version {
 		return
 	}
 	u.version, u.pid = b.Version, f.nextPID.Add(1)
