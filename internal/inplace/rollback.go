@@ -172,8 +172,8 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	return r.res, nil
 }
 
-// kubeletsUndo puts every kubelet back: workers, then control-plane
-// nodes.
+// kubeletsUndo puts every kubelet back, workers, then control-plane
+// nodes, and uncordons what a run cordoned.
 func (r *applyRun) kubeletsUndo(ctx context.Context) error {
 	for _, role := range []bool{false, true} {
 		for _, n := range r.plan.Nodes {
@@ -181,6 +181,12 @@ func (r *applyRun) kubeletsUndo(ctx context.Context) error {
 				continue
 			}
 			if err := r.undoComponent(ctx, n.Name, "kubelet"); err != nil {
+				return err
+			}
+			// A run killed after its drain left the node cordoned
+			// (kubelift.dev/cordoned): uncordoned; one cordoned by hand
+			// stays so.
+			if err := r.uncordon(ctx, n.Name); err != nil {
 				return err
 			}
 		}

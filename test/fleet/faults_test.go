@@ -13,6 +13,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -486,6 +487,16 @@ func TestRollbackRestoresAPartThatDoesNotRun(t *testing.T) {
 	if v := r.w.fleet.Running("cp-1", "kube-apiserver"); v != "" {
 		t.Fatalf("cp-1 kube-apiserver runs %q after the failed apply, want nothing", v)
 	}
+	// worker-1 as a run killed after its drain leaves it; worker-2
+	// cordoned by hand.
+	for node, patch := range map[string]string{
+		"worker-1": `{"spec":{"unschedulable":true},"metadata":{"annotations":{"` + inplace.AnnotationCordoned + `":"true"}}}`,
+		"worker-2": `{"spec":{"unschedulable":true}}`,
+	} {
+		if _, err := r.w.client.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	res, err := inplace.Rollback(ctx, r.opts)
 	if err != nil {
 		t.Fatalf("rollback: %v", err)
@@ -495,6 +506,12 @@ func TestRollbackRestoresAPartThatDoesNotRun(t *testing.T) {
 	}
 	if n := r.played("cp-1", "program version"); n == 0 {
 		t.Error("the stopped API server's program was never read")
+	}
+	r.noCordonOfOurs(t)
+	for node, want := range map[string]bool{"worker-1": false, "worker-2": true} {
+		if n, err := r.w.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil || n.Spec.Unschedulable != want {
+			t.Errorf("%s after the rollback: unschedulable %v (%v), want %v", node, n.Spec.Unschedulable, err, want)
+		}
 	}
 	if res.State == nil || res.State.State != inplace.StateRolledBack {
 		t.Errorf("rollback reported %+v", res.State)
