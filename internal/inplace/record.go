@@ -21,9 +21,21 @@ func (r *applyRun) fail(ctx context.Context, err error) {
 	r.mu.Lock()
 	r.state.State, r.state.LastError = StateFailed, err.Error()
 	r.mu.Unlock()
-	if serr := r.save(context.WithoutCancel(ctx)); serr != nil {
+	fctx, cancel := finishing(ctx)
+	defer cancel()
+	if serr := r.save(fctx); serr != nil {
 		r.log.Error("cannot record the failure in the state", "err", serr, "failure", err)
 	}
+}
+
+// finishTimeout bounds a write that must finish after its run's context
+// ended: when the API server is what failed, it does not hold the exit.
+const finishTimeout = 30 * time.Second
+
+// finishing is the context for such a write: not cancelled with ctx,
+// bounded by finishTimeout.
+func finishing(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 }
 
 // save writes the state now (a dry run keeps it in memory).
@@ -64,7 +76,10 @@ func (r *applyRun) flushLoop(ctx context.Context) {
 		case <-r.dirty:
 		}
 		// A write once begun is finished: stopping waits for it.
-		if err := r.save(context.WithoutCancel(ctx)); err != nil {
+		fctx, cancel := finishing(ctx)
+		err := r.save(fctx)
+		cancel()
+		if err != nil {
 			r.log.Warn("cannot record the state", "err", err)
 		}
 		if r.wait.Pause(ctx, stateFlushInterval) != nil {
@@ -90,7 +105,9 @@ func (r *applyRun) startFlushing(ctx context.Context) (stop func()) {
 		<-done
 		select {
 		case <-r.dirty:
-			if err := r.save(context.WithoutCancel(ctx)); err != nil {
+			fctx, cancel := finishing(ctx)
+			defer cancel()
+			if err := r.save(fctx); err != nil {
 				r.log.Warn("cannot record the state", "err", err)
 			}
 		default:

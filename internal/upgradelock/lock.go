@@ -194,7 +194,11 @@ func Hold(ctx context.Context, lock *Lock, log *slog.Logger) (context.Context, f
 	return ctx, func() {
 		stopKeep()
 		<-done
-		if err := lock.Release(context.WithoutCancel(ctx)); err != nil {
+		// Released even when ctx ended; bounded, so that an API server
+		// that is what failed does not hold the exit.
+		rctx, cancelRelease := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancelRelease()
+		if err := lock.Release(rctx); err != nil {
 			log.Warn("cannot release the upgrade lock: it expires by itself", "lease", "kube-system/"+Name, "err", err)
 		}
 		cancel(nil)
