@@ -183,7 +183,14 @@ func TestEnableDisableAndErrors(t *testing.T) {
 	}
 	systemctl(t, sock, "daemon-reload")
 	systemctl(t, sock, "restart", "idle")
-	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", mainPID(t, sock, "idle")))
+	// The kernel fills /proc/PID/cmdline a moment after the exec that
+	// `restart` waited for (under load a read can find it empty): wait for
+	// a non-empty one, then judge it.
+	var cmdline []byte
+	waitUntil(t, "the restarted unit's command line", func() bool {
+		cmdline, _ = os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", mainPID(t, sock, "idle")))
+		return len(cmdline) > 0
+	})
 	if !strings.Contains(string(cmdline), "999") {
 		t.Errorf("after daemon-reload and restart the unit runs %q", cmdline)
 	}
