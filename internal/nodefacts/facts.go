@@ -92,6 +92,12 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 			}
 			f.Components[fields[1]] = v.String()
 		case len(fields) == 2 && fields[0] == "cmdline":
+			if strings.TrimSpace(s.body) == "" {
+				// Read a moment after an exec, before the kernel filled
+				// it: nothing to judge; the unit's ExecStart names the
+				// program.
+				break
+			}
 			args := strings.Split(strings.TrimSpace(s.body), "\n")
 			if len(args) > 0 {
 				if bad := CheckPath(node, fields[1]+" program (/proc/PID/cmdline)", args[0]); bad != nil {

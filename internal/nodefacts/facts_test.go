@@ -132,3 +132,17 @@ func TestProgramOfAUnitThatDoesNotRun(t *testing.T) {
 		t.Errorf("a unit's program that is no clean path: programs %v, refused %v", f.Programs, f.Bad)
 	}
 }
+
+// A command line read a moment after its process exec'd is empty: it is
+// no value to refuse, and the unit's ExecStart names the program.
+func TestEmptyCommandLineIsNotRefused(t *testing.T) {
+	out := "### version kubelet\nKubernetes v1.30.14\n### cmdline kubelet\n\n" +
+		"### unit kubelet /etc/systemd/system/kubelet.service\n[Service]\nExecStart=/usr/local/bin/kubelet --v=3\n"
+	f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Bad) != 0 || f.Components["kubelet"] != "v1.30.14" || f.Programs["kubelet"] != "/usr/local/bin/kubelet" || f.Values["kubelet --v"] != "3" {
+		t.Errorf("refused %v, components %v, programs %v, --v=%q", f.Bad, f.Components, f.Programs, f.Values["kubelet --v"])
+	}
+}
