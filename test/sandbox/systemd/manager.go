@@ -410,6 +410,10 @@ func (m *Manager) stop(name string) {
 	s.want = false
 	s.generation++ // cancels a pending automatic restart
 	cmd, exited, timeout := s.cmd, s.exited, s.unit.TimeoutStopSec
+	target := -1 // the process group
+	if s.unit.KillMode == "process" {
+		target = 1
+	}
 	running := s.state == "active" && cmd != nil
 	m.mu.Unlock()
 	if !running {
@@ -420,15 +424,17 @@ func (m *Manager) stop(name string) {
 		m.mu.Unlock()
 		return
 	}
-	pid := cmd.Process.Pid
-	_ = syscall.Kill(-pid, syscall.SIGTERM)
+	pid := target * cmd.Process.Pid
+	_ = syscall.Kill(pid, syscall.SIGTERM)
 	select {
 	case <-exited:
 	case <-time.After(timeout):
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 		<-exited
 	}
-	_ = syscall.Kill(-pid, syscall.SIGKILL) // what the main process left behind in its group
+	if target < 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL) // what the main process left behind in its group
+	}
 	m.mu.Lock()
 	s.state, s.result = "inactive", "stopped"
 	m.mu.Unlock()

@@ -225,3 +225,55 @@ func TestParseUnit(t *testing.T) {
 		t.Errorf("bad quoting: %v", err)
 	}
 }
+
+// KillMode=process stops the main process only: what it started in its
+// process group lives on (containerd's shims and containers). The
+// default kills the group.
+func TestKillModeProcessSparesChildren(t *testing.T) {
+	dir := t.TempDir()
+	unit := func(mode, pidFile string) string {
+		script := pidFile + ".sh"
+		if err := os.WriteFile(script, []byte("sleep 300 &\necho $! > "+pidFile+"\nexec sleep 300\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("[Service]\nExecStart=/bin/sh %s\n%s\n", script, mode)
+	}
+	spared, killed := filepath.Join(dir, "spared.pid"), filepath.Join(dir, "killed.pid")
+	sock, _ := boot(t, map[string]string{
+		"runtime.service": unit("KillMode=process", spared),
+		"plain.service":   unit("", killed),
+	}, "runtime.service", "plain.service")
+	childOf := func(pidFile string) int {
+		var pid int
+		waitUntil(t, pidFile+" written", func() bool {
+			data, err := os.ReadFile(pidFile)
+			if err != nil {
+				return false
+			}
+			pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
+			return err == nil
+		})
+		return pid
+	}
+	sparedChild, killedChild := childOf(spared), childOf(killed)
+	t.Cleanup(func() { _ = syscall.Kill(sparedChild, syscall.SIGKILL) })
+	for _, u := range []string{"runtime.service", "plain.service"} {
+		if out, code := systemctl(t, sock, "stop", u); code != 0 {
+			t.Fatalf("stop %s: %d %s", u, code, out)
+		}
+	}
+	waitUntil(t, "the default unit's child killed", func() bool { return !alive(killedChild) })
+	if !alive(sparedChild) {
+		t.Fatalf("KillMode=process: the main process's child %d was killed with it", sparedChild)
+	}
+}
+
+// alive says whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	return i > 0 && i+2 < len(data) && data[i+2] != 'Z'
+}

@@ -41,6 +41,11 @@ type Unit struct {
 	RestartSec       time.Duration
 	RuntimeDirectory []string
 	TimeoutStopSec   time.Duration
+	// KillMode is control-group (the default: the main process's whole
+	// process group, the stand-in's control group) or process (the main
+	// process only, as containerd's unit asks so that its shims and
+	// containers live on).
+	KillMode string
 }
 
 // ParseUnit reads a unit file.
@@ -50,7 +55,7 @@ func ParseUnit(path string) (*Unit, error) {
 		return nil, err
 	}
 	defer f.Close()
-	u := &Unit{Name: filepath.Base(path), Restart: "no", RestartSec: 100 * time.Millisecond, TimeoutStopSec: 10 * time.Second}
+	u := &Unit{Name: filepath.Base(path), KillMode: "control-group", Restart: "no", RestartSec: 100 * time.Millisecond, TimeoutStopSec: 10 * time.Second}
 	var section, pending string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -110,6 +115,13 @@ func ParseUnit(path string) (*Unit, error) {
 				return nil, fmt.Errorf("%s:%d: TimeoutStopSec: %w", path, lineNo, err)
 			}
 			u.TimeoutStopSec = d
+		case "Service.KillMode":
+			switch val {
+			case "control-group", "process":
+				u.KillMode = val
+			default:
+				return nil, fmt.Errorf("%s:%d: KillMode %q: the stand-in knows control-group and process", path, lineNo, val)
+			}
 		case "Service.RuntimeDirectory":
 			u.RuntimeDirectory = append(u.RuntimeDirectory, strings.Fields(val)...)
 		}
