@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Tests never write the host's Kubernetes paths. make test records them
-# before the tests and fails, naming each path, if anything changed after:
+# Tests never write the host's Kubernetes and container runtime paths, nor
+# leave a cgroup, a mount or an iptables rule of theirs. make test records
+# them before the tests and fails, naming each, if anything changed after:
 #   hack/host-guard.sh snapshot FILE ; ... ; hack/host-guard.sh check FILE
 set -euo pipefail
 paths=(
 	/var/lib/kubelet /var/lib/kubelift /var/lib/etcd /var/lib/cni /etc/kubernetes /etc/cni /opt/cni
 	/var/log/containers /var/log/pods /usr/local/bin /etc/systemd/system /run/kubelift
+	/etc/containerd /var/lib/containerd /run/containerd /etc/crictl.yaml /run/netns
 )
 snapshot() {
 	local p
@@ -16,6 +18,11 @@ snapshot() {
 			printf '%s: (absent)\n' "$p"
 		fi
 	done
+	# The sandboxes' cgroups (kubelift-NAME in every hierarchy), mounts
+	# of containerd's or the kubelet's, and the host's iptables rules.
+	printf 'cgroups: %s\n' "$(find /sys/fs/cgroup -maxdepth 2 -name 'kubelift-*' 2>/dev/null | sort | tr '\n' ' ')"
+	printf 'mounts: %s\n' "$(grep -E 'containerd|kubelet|kubelift' /proc/self/mountinfo | cut -d' ' -f5 | sort | tr '\n' ' ')"
+	printf 'iptables: %s\n' "$( (iptables-save 2>/dev/null || true) | grep -cv '^#')"
 }
 case ${1:-} in
 snapshot) snapshot >"${2:?file}" ;;

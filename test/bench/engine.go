@@ -22,7 +22,8 @@ import (
 // against scp of the same files to the same nodes, and the plan.
 func benchEngine(ctx context.Context, work, bin, key string) error {
 	cfg := sandbox.Config{Dir: filepath.Join(work, "sandbox"), Name: fmt.Sprintf("klb%d", os.Getpid()%1000), Subnet: "10.83.0",
-		Workers: 3, Tool: filepath.Join(work, "kubelift-sandbox"), Workloads: true}
+		Workers: 3, Tool: filepath.Join(work, "kubelift-sandbox"), Workloads: true,
+		Runtime: sandbox.RuntimeStandIn} // as the engine tests, until they move to the real data plane
 	if out, err := exec.Command("go", "build", "-o", cfg.Tool, "./test/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
 		return fmt.Errorf("build kubelift-sandbox: %v\n%s", err, out)
 	}

@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/sandbox"
 	"sigs.k8s.io/yaml"
@@ -259,21 +258,7 @@ func run(ctx context.Context, sb *sandbox.State) error {
 func runningContainers(ctx context.Context, sb *sandbox.State) (map[string]bool, error) {
 	ids := map[string]bool{}
 	for _, m := range sb.Nodes() {
-		c, err := sb.SSH(ctx, m.Name)
-		if err != nil {
-			return nil, err
-		}
-		sess, err := c.NewSession()
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
-		out, err := sess.Output("crictl ps -o json")
-		c.Close()
-		if err != nil {
-			return nil, fmt.Errorf("crictl ps on %s: %w", m.Name, err)
-		}
-		cs, err := kubeletcompat.ParseCrictl(out)
+		cs, err := sb.Containers(ctx, m.Name)
 		if err != nil {
 			return nil, err
 		}
@@ -331,7 +316,7 @@ func showRecordedHashes(ctx context.Context, sb *sandbox.State, podYAML []byte) 
 	if err != nil {
 		return err
 	}
-	rcs, err := kube.RuntimeContainers(ctx, "unix://"+filepath.Join(m.Root, "run/fake-cri/cri.sock"))
+	rcs, err := sb.Containers(ctx, m.Name)
 	if err != nil {
 		return err
 	}

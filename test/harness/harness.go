@@ -73,7 +73,10 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 	}
 	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
 		ControlPlanes: controlPlanes, Workers: workers, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
-		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
+		// The engine's stories still run on the CRI stand-in; the real
+		// data plane (test/sandbox) is theirs next (issue 18).
+		Runtime: sandbox.RuntimeStandIn,
+		Log:     func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
 	for _, o := range opts {
 		o(&h.cfg)
 	}

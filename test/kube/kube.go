@@ -44,6 +44,41 @@ func Binaries(ctx context.Context, version string, components ...string) (string
 	return strings.TrimSpace(string(out)), nil
 }
 
+// RuntimeScript builds the container runtime (containerd, its shim, ctr,
+// runc, crictl) from the Go module proxy.
+const RuntimeScript = "hack/build-runtime.sh"
+
+// The container runtime's versions. containerd 2.3 is containerd's
+// long-term support line (April 2026 to April 2028), the one its release
+// table pairs with Kubernetes 1.30 and later; runc is the version that
+// containerd release names (script/setup/runc-version); crictl 1.34
+// serves Kubernetes 1.30 to 1.34.
+const (
+	ContainerdVersion = "v2.3.7"
+	RuncVersion       = "v1.5.2"
+	CrictlVersion     = "v1.34.0"
+)
+
+// RuntimeBinaries returns the directory of the built container runtime,
+// building it first if it is not cached.
+func RuntimeBinaries(ctx context.Context) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(root, RuntimeScript), ContainerdVersion, RuncVersion, CrictlVersion)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", RuntimeScript, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// RepoRoot is kubelift's source tree (where go.mod is), found from this
+// file's compiled-in path.
+func RepoRoot() (string, error) { return repoRoot() }
+
 func repoRoot() (string, error) {
 	_, file, _, _ := runtime.Caller(0)
 	dir := filepath.Dir(file)

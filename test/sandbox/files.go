@@ -47,8 +47,8 @@ const CRIEndpoint = "unix:///run/fake-cri/cri.sock"
 // order they are mounted (/root and /tmp last: the sandbox's directory
 // may live below them).
 var BindPaths = []string{
-	"/usr/local", "/etc/kubernetes", "/etc/systemd/system", "/etc/ssh", "/etc/docker/registry",
-	"/var/lib/kubelet", "/var/lib/etcd", "/var/lib/docker-registry", "/var/log", "/opt", "/srv", "/run", "/root", "/tmp",
+	"/usr/local", "/etc/kubernetes", "/etc/systemd/system", "/etc/ssh", "/etc/docker/registry", "/etc/containerd", "/etc/cni",
+	"/var/lib/kubelet", "/var/lib/containerd", "/var/lib/cni", "/var/lib/etcd", "/var/lib/docker-registry", "/var/log", "/opt", "/srv", "/run", "/root", "/tmp",
 }
 
 // fsPath is where a machine's path lives on the host.
@@ -161,8 +161,10 @@ func (s *State) makeFiles(cfg Config) error {
 		if err := os.Symlink(toolPath, m.fsPath("usr/local/sbin/systemctl")); err != nil {
 			return err
 		}
-		if err := os.Symlink(toolPath, m.fsPath("usr/local/bin/crictl")); err != nil {
-			return err
+		if cfg.Runtime == RuntimeStandIn {
+			if err := os.Symlink(toolPath, m.fsPath("usr/local/bin/crictl")); err != nil {
+				return err
+			}
 		}
 		if m.Role == "admin" {
 			if err := s.adminFiles(m, issued["registry"]); err != nil {
@@ -177,6 +179,13 @@ func (s *State) makeFiles(cfg Config) error {
 			continue
 		}
 		if err := s.nodeFiles(m, ca.CertFile, pki, issued); err != nil {
+			return err
+		}
+		if cfg.Runtime == RuntimeContainerd {
+			if err := s.runtimeFiles(m); err != nil {
+				return err
+			}
+		} else if err := writeUnit(m, "fake-cri.service", criUnit, true); err != nil {
 			return err
 		}
 		if err := os.WriteFile(m.fsPath("root/.ssh/authorized_keys"), clientPub, 0o600); err != nil {
@@ -299,9 +308,6 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 	flags := fmt.Sprintf("KUBELET_ARGS=\"--hostname-override=%s --node-ip=%s --volume-plugin-dir=/var/lib/kubelet/volume-plugins --node-labels=%s --v=3\"\n",
 		m.Name, m.Address, labels)
 	if err := os.WriteFile(m.fsPath("var/lib/kubelet/kubelet-flags.env"), []byte(flags), 0o644); err != nil {
-		return err
-	}
-	if err := writeUnit(m, "fake-cri.service", criUnit, true); err != nil {
 		return err
 	}
 	if err := writeUnit(m, "kubelet.service", kubeletUnit, true); err != nil {

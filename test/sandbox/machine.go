@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/test/kube"
 )
 
@@ -281,4 +282,41 @@ func poll(ctx context.Context, limit time.Duration, cond func() (bool, error)) e
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// Run runs command on node over SSH (as root, host key checked) and
+// returns its standard output; a non-zero exit is an error carrying its
+// standard error.
+func (s *State) Run(ctx context.Context, node, command string) ([]byte, error) {
+	c, err := s.SSH(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	sess, err := c.NewSession()
+	if err != nil {
+		return nil, err
+	}
+	defer sess.Close()
+	var stderr strings.Builder
+	sess.Stderr = &stderr
+	out, err := sess.Output(command)
+	if err != nil {
+		return out, fmt.Errorf("%s: %q: %w: %s", node, command, err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// Containers reads node's containers over SSH with "crictl ps -a -o
+// json", as kubelift does.
+func (s *State) Containers(ctx context.Context, node string) ([]kubeletcompat.RuntimeContainer, error) {
+	out, err := s.Run(ctx, node, "crictl ps -a -o json")
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubeletcompat.ParseCrictl(out)
+	if err != nil {
+		return nil, fmt.Errorf("crictl ps on %s: %w", node, err)
+	}
+	return cs, nil
 }

@@ -56,6 +56,7 @@ func run(m *testing.M) (int, error) {
 	if err != nil {
 		return 1, err
 	}
+	existed := runtimeDirs()
 	cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("klt%d", os.Getpid()%1000), Subnet: "10.78.0",
 		Workers: 4, Tool: tool, Workloads: true,
 		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
@@ -68,6 +69,14 @@ func run(m *testing.M) (int, error) {
 	if client, err = sb.Client(); err != nil {
 		_ = sandbox.Down(ctx, cfg.Dir, nil)
 		return 1, err
+	}
+	// The machines' mount namespaces, where containerd's shims run: after
+	// Down no process may be left in one.
+	mountNS := map[string]string{}
+	for _, mc := range sb.Nodes() {
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", mc.Pid)); err == nil {
+			mountNS[ns] = mc.Name
+		}
 	}
 	code := m.Run()
 	state := *sb
@@ -86,6 +95,9 @@ func run(m *testing.M) (int, error) {
 	if _, err := os.Stat(cfg.Dir); err == nil {
 		return 1, fmt.Errorf("after Down, %s still exists", cfg.Dir)
 	}
+	if err := hostClean(cfg, mountNS, existed); err != nil {
+		return 1, err
+	}
 	rootAfter, err := topLevel()
 	if err != nil {
 		return 1, err
@@ -94,6 +106,47 @@ func run(m *testing.M) (int, error) {
 		return 1, fmt.Errorf("the host's / changed while the sandbox ran:\nbefore %s\nafter  %s", rootBefore, rootAfter)
 	}
 	return code, nil
+}
+
+// hostClean checks that the real runtime left nothing on the host: no
+// process in a machine's mount namespace (shims), no cgroup of the
+// sandbox's (containers), no mount of its directory or of containerd's.
+func hostClean(cfg sandbox.Config, mountNS map[string]string, existed map[string]bool) error {
+	procs, _ := filepath.Glob("/proc/[0-9]*/ns/mnt")
+	for _, p := range procs {
+		if ns, err := os.Readlink(p); err == nil && mountNS[ns] != "" {
+			cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(filepath.Dir(p)), "cmdline"))
+			return fmt.Errorf("after Down, %s (%s) still runs in %s's mount namespace", filepath.Dir(filepath.Dir(p)), strings.ReplaceAll(string(cmdline), "\x00", " "), mountNS[ns])
+		}
+	}
+	if left, _ := filepath.Glob("/sys/fs/cgroup/*/kubelift-" + cfg.Name); len(left) > 0 {
+		return fmt.Errorf("after Down, cgroups left: %v", left)
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, cfg.Dir) || strings.Contains(line, "/run/containerd") || strings.Contains(line, "/var/lib/containerd") {
+			return fmt.Errorf("after Down, the host has a mount: %s", line)
+		}
+	}
+	for d, was := range runtimeDirs() {
+		if was != existed[d] {
+			return fmt.Errorf("after Down, the host's %s exists: %v, before the sandbox: %v", d, was, existed[d])
+		}
+	}
+	return nil
+}
+
+// runtimeDirs says which of the host's container runtime paths exist.
+func runtimeDirs() map[string]bool {
+	out := map[string]bool{}
+	for _, d := range []string{"/run/containerd", "/var/lib/containerd", "/etc/containerd", "/etc/cni", "/var/lib/cni", "/opt/cni"} {
+		_, err := os.Stat(d)
+		out[d] = err == nil
+	}
+	return out
 }
 
 // topLevel lists the entries of the host's / with their types.
@@ -266,7 +319,7 @@ func TestUpIsIdempotent(t *testing.T) {
 // matched known_hosts; a node presenting another key is refused.
 func TestSSHStrictHostKeyChecking(t *testing.T) {
 	for _, m := range sb.Nodes() {
-		if got := strings.TrimSpace(ssh(t, m.Name, "hostname; systemctl is-active kubelet fake-cri", nil)); got != m.Name+"\nactive\nactive" {
+		if got := strings.TrimSpace(ssh(t, m.Name, "hostname; systemctl is-active kubelet containerd", nil)); got != m.Name+"\nactive\nactive" {
 			t.Errorf("ssh %s: %q", m.Name, got)
 		}
 	}
@@ -386,6 +439,20 @@ func TestSameNameRefused(t *testing.T) {
 	other := cfg
 	other.Dir = filepath.Join(t.TempDir(), "other")
 	other.Subnet = "10.80.0"
+	w := node(t, "worker-1")
+	running := func() []string {
+		pods, err := client.CoreV1().Pods(sandbox.WorkloadNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + w.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, p := range pods.Items {
+			names = append(names, p.Name)
+		}
+		return names
+	}
+	pods := running()
+	before := runningContainers(t, w, pods)
 	_, err := sandbox.Up(ctx, other)
 	if err == nil || !strings.Contains(err.Error(), "exists already") {
 		t.Fatalf("Up under a used name: %v", err)
@@ -403,6 +470,11 @@ func TestSameNameRefused(t *testing.T) {
 	}
 	if n := getNode(t, "worker-1"); !sandbox.NodeReady(n) {
 		t.Error("worker-1 not Ready after the refused sandbox went down")
+	}
+	// Its cgroups are the first one's too, by name: they stay, and so do
+	// the processes in them.
+	if after := runningContainers(t, w, pods); after != before || before == "" {
+		t.Errorf("Down of the refused sandbox touched the first one's containers on %s:\nbefore %s\nafter  %s", w.Name, before, after)
 	}
 }
 

@@ -50,6 +50,27 @@ func (s *State) makeNetwork() error {
 			return err
 		}
 	}
+	if s.Runtime == RuntimeContainerd {
+		return s.podRoutes()
+	}
+	return nil
+}
+
+// podRoutes routes every node's pod CIDR to that node, from every other
+// node and from the admin machine, as kindnetd does: pods reach pods on
+// other nodes by their own addresses.
+func (s *State) podRoutes() error {
+	for _, from := range append([]Machine{s.Admin()}, s.Nodes()...) {
+		var cmds []string
+		for _, to := range s.Nodes() {
+			if to.Name != from.Name {
+				cmds = append(cmds, fmt.Sprintf("route add %s via %s", s.PodCIDR(to), to.Address))
+			}
+		}
+		if err := ipBatch(from.NetNS, cmds...); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

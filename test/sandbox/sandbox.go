@@ -2,9 +2,10 @@
 // binary-deployed Kubernetes cluster whose parts are real wherever they
 // can be: etcd from Debian, kube-apiserver, kube-controller-manager,
 // kube-scheduler and kubelet built from the Go module proxy, a real sshd and
-// a service manager per node, and Debian's docker-registry as the air gap's
-// private registry. Only the container runtime is a stand-in (a CRI server
-// that keeps records instead of processes).
+// a service manager per node, Debian's docker-registry as the air gap's
+// private registry, and a real container runtime (containerd, runc and a
+// CNI bridge; runtime.go), or, for tests that need no processes, a CRI
+// stand-in that keeps records.
 //
 // Every node is a network namespace on a bridge plus a mount namespace in
 // which the node's own directories are bind-mounted over /usr/local,
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/atomicfile"
+	"github.com/kubelift/kubelift/test/kube"
 )
 
 // Config describes the sandbox to bring up.
@@ -45,6 +47,9 @@ type Config struct {
 	OldVersion, NewVersion string
 	// Tool is the kubelift-sandbox program (node init, systemctl, CRI).
 	Tool string
+	// Runtime is the nodes' container runtime: RuntimeContainerd (the
+	// default) or RuntimeStandIn.
+	Runtime string
 	// Workloads creates the demo workloads (Deployments, a DaemonSet, bare
 	// pods with and without tolerations, a pod whose nodeSelector no
 	// longer matches).
@@ -69,6 +74,9 @@ func (c *Config) Defaults() {
 	}
 	if c.NewVersion == "" {
 		c.NewVersion = "v1.31.4"
+	}
+	if c.Runtime == "" {
+		c.Runtime = RuntimeContainerd
 	}
 	if c.Log == nil {
 		c.Log = func(string, ...any) {}
@@ -97,8 +105,13 @@ type State struct {
 	Subnet     string    `json:"subnet"`
 	OldVersion string    `json:"oldVersion"`
 	NewVersion string    `json:"newVersion"`
+	Runtime    string    `json:"runtime"`
 	Binaries   Binaries  `json:"binaries"`
 	Machines   []Machine `json:"machines"`
+	// CgroupsMade says this sandbox made its cgroups (kubelift-NAME in
+	// each hierarchy); Down removes them only then, so a second sandbox
+	// refused under a name in use never touches the first one's.
+	CgroupsMade bool `json:"cgroupsMade,omitempty"`
 	// MountPoints were created on the host by older sandboxes (mount points
 	// are now made inside overlays); Down removes them when empty.
 	MountPoints []string `json:"mountPoints,omitempty"`
@@ -112,6 +125,8 @@ type State struct {
 type Binaries struct {
 	Old string `json:"old"`
 	New string `json:"new"`
+	// Runtime holds containerd, its shim, ctr, runc and crictl.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // Registry is the air gap's private registry.
@@ -214,6 +229,9 @@ func Running(pid int) bool {
 // waits until every node is Ready.
 func Up(ctx context.Context, cfg Config) (*State, error) {
 	cfg.Defaults()
+	if cfg.Runtime != RuntimeContainerd && cfg.Runtime != RuntimeStandIn {
+		return nil, fmt.Errorf("sandbox: runtime %q: want %s or %s", cfg.Runtime, RuntimeContainerd, RuntimeStandIn)
+	}
 	if cfg.Workers < 0 || (cfg.ControlPlanes != 1 && cfg.ControlPlanes != 3) {
 		return nil, fmt.Errorf("sandbox: control planes must be 1 or 3 and workers >= 0 (got %d and %d)", cfg.ControlPlanes, cfg.Workers)
 	}
@@ -241,7 +259,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion}
+	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime}
 	if err := s.up(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the logs under nodes/)", err, dir)
 	}
@@ -258,7 +276,7 @@ func (s *State) matches(cfg Config) bool {
 			workers++
 		}
 	}
-	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion &&
+	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime &&
 		cps == cfg.ControlPlanes && workers == cfg.Workers
 }
 
@@ -271,6 +289,12 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	}
 	if s.Binaries.New, err = buildKubernetes(ctx, cfg.NewVersion, newComponents...); err != nil {
 		return err
+	}
+	if cfg.Runtime == RuntimeContainerd {
+		cfg.Log("building (or finding cached) containerd, runc and crictl")
+		if s.Binaries.Runtime, err = kube.RuntimeBinaries(ctx); err != nil {
+			return err
+		}
 	}
 	cfg.Log("binaries ready (%s)", time.Since(start).Round(time.Second))
 
@@ -309,7 +333,20 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	if err := s.save(); err != nil {
 		return err
 	}
-	cfg.Log("booting %d machines (service manager, sshd, CRI stand-in, kubelet %s; etcd and the control plane on cp nodes)", len(s.Machines), cfg.OldVersion)
+	if cfg.Runtime == RuntimeContainerd {
+		if left, _ := filepath.Glob("/sys/fs/cgroup/*/kubelift-" + s.Name); len(left) > 0 {
+			return fmt.Errorf("cgroups %v exist already: another sandbox uses the name %q (pick another with --name)", left, s.Name)
+		}
+		s.CgroupsMade = true
+		err := s.makeCgroups()
+		if serr := s.save(); serr != nil {
+			return errors.Join(err, serr)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	cfg.Log("booting %d machines (service manager, sshd, %s, kubelet %s; etcd and the control plane on cp nodes)", len(s.Machines), cfg.Runtime, cfg.OldVersion)
 	for i := range s.Machines {
 		if err := s.boot(&s.Machines[i], cfg.Tool); err != nil {
 			return err
@@ -330,6 +367,12 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	}
 	if err := s.waitRegistry(ctx); err != nil {
 		return err
+	}
+	if cfg.Runtime == RuntimeContainerd {
+		cfg.Log("images: pause and the shop's server, built here and pushed to the private registry")
+		if err := s.pushImages(ctx); err != nil {
+			return err
+		}
 	}
 	cfg.Log("the stand-in internet: seeding %s's images and serving its files (real kubelet and kubectl)", cfg.NewVersion)
 	if err := s.seedInternet(ctx); err != nil {
@@ -396,6 +439,11 @@ func Down(ctx context.Context, dir string, log func(string, ...any)) error {
 			continue
 		}
 		if err := deleteNetNS(m.NetNS); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.CgroupsMade {
+		if err := removeCgroups(s.Name); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/sandbox"
@@ -60,15 +61,38 @@ func restartCounts(t *testing.T, ns string, pods []string) map[string]int32 {
 	return out
 }
 
-// runningContainers lists "pod/container=ID" of the runtime's running
-// containers of pods, read from the node's CRI socket.
+// runningContainers lists "pod/container=ID@PID" of the runtime's running
+// containers of pods, read over SSH as an operator would: the container
+// IDs from "crictl ps -o json", each one's process from containerd's
+// tasks ("ctr -n k8s.io tasks ls"). The same string before and after
+// means the same processes still run.
 func runningContainers(t *testing.T, m sandbox.Machine, pods []string) string {
 	t.Helper()
-	rcs, err := kube.RuntimeContainers(context.Background(), "unix://"+filepath.Join(m.Root, "run/fake-cri/cri.sock"))
+	rcs, err := kubeletcompat.ParseCrictl([]byte(ssh(t, m.Name, "crictl ps -o json", nil)))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("crictl ps on %s: %v", m.Name, err)
 	}
-	return kube.RunningIDs(rcs, pods)
+	pids := map[string]string{}
+	for _, line := range strings.Split(ssh(t, m.Name, "ctr -n k8s.io tasks ls", nil), "\n")[1:] {
+		if f := strings.Fields(line); len(f) == 3 && f[2] == "RUNNING" {
+			pids[f[0]] = f[1]
+		}
+	}
+	var out []string
+	for _, id := range strings.Fields(kube.RunningIDs(rcs, pods)) {
+		full := id[strings.IndexByte(id, '=')+1:]
+		pid := ""
+		for task, p := range pids {
+			if strings.HasPrefix(task, full) {
+				pid = p
+			}
+		}
+		if pid == "" {
+			t.Fatalf("%s: container %s has no running containerd task (tasks %v)", m.Name, id, pids)
+		}
+		out = append(out, id+"@"+pid)
+	}
+	return strings.Join(out, " ")
 }
 
 func kubeletLogSize(m sandbox.Machine) int64 {
@@ -117,9 +141,18 @@ func installKubelet(t *testing.T, m sandbox.Machine, binary, version, ns string,
 		if err != nil || int64(len(data)) < offset {
 			return false, err
 		}
+		// Only what the new kubelet logged counts: the old one, until it
+		// stops, logs its own evaluations after offset too, and the Node
+		// reports the new version before the new kubelet's first sync (a
+		// CI run judged a swap by the old kubelet's lines).
+		logged := string(data[offset:])
+		start := strings.LastIndex(logged, "systemd: Starting kubelet.service")
+		if start < 0 {
+			return false, nil
+		}
 		evaluated := map[string]bool{}
 		seen.errors = seen.errors[:0]
-		for _, line := range strings.Split(string(data[offset:]), "\n") {
+		for _, line := range strings.Split(logged[start:], "\n") {
 			if strings.HasPrefix(line, "E") {
 				seen.errors = append(seen.errors, line)
 			}
@@ -299,9 +332,16 @@ func TestKubeletInPlaceHashSkip(t *testing.T) {
 	pods := pinnedPods(t, m, ns, "app", 2, sandbox.NotReadyTolerations())
 	ids := runningContainers(t, m, pods)
 	cache := &hashskip.File{OldKubeletVersion: cfg.OldVersion, NewKubeletVersion: cfg.NewVersion, UpgradedAt: time.Now()}
-	if err := hashskip.Write(filepath.Join(m.Root, hashskip.DefaultPath), cache); err != nil {
+	local := filepath.Join(t.TempDir(), "cache.json")
+	if err := hashskip.Write(local, cache); err != nil {
 		t.Fatal(err)
 	}
+	f, err := os.Open(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ssh(t, m.Name, fmt.Sprintf("cat > %[1]s.partial && mv -f %[1]s.partial %[1]s", hashskip.DefaultPath), f)
 	installKubelet(t, m, patched, cfg.NewVersion, ns, pods)
 	for k, c := range restartCounts(t, ns, pods) {
 		if c != 0 {

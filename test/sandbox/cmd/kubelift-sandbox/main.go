@@ -98,6 +98,7 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	up.Flags().StringVar(&cfg.Name, "name", "kl", "prefix of the sandbox's namespaces")
 	up.Flags().StringVar(&cfg.Subnet, "subnet", "10.77.0", "first three octets of the sandbox's /24")
 	up.Flags().BoolVar(&cfg.Workloads, "workloads", true, "create the demo workloads")
+	up.Flags().StringVar(&cfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime: containerd (containerd, runc, CNI: real processes) or stand-in (a CRI server that keeps records)")
 
 	down := &cobra.Command{
 		Use:   "down",
