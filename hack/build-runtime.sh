@@ -29,16 +29,23 @@ work=$(mktemp -d)
 partial="$out/.partial.$$"
 mkdir -p "$partial"
 trap 'rm -rf "$work" "$partial"' EXIT
-cd "$work"
-go mod init kubelift.local/runtime-build >/dev/null 2>&1
+
+# module NAME MODULE@VERSION: an empty Go module in $work/NAME requiring
+# MODULE@VERSION (each program its own, so their dependencies never mix);
+# leaves the shell there.
+module() {
+	mkdir -p "$work/$1"
+	cd "$work/$1"
+	go mod init "kubelift.local/$1-build" >/dev/null 2>&1
+	GOFLAGS=-mod=mod go get "$2" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "$2"
+}
 
 echo "building containerd $containerd, runc $runc, crictl $crictl" >&2
-# containerd: no cgo (the btrfs snapshotter, which needs it, is not used).
-GOFLAGS=-mod=mod go get "github.com/containerd/containerd/v2@$containerd" >/dev/null 2>&1 ||
-	GOFLAGS=-mod=mod go get "github.com/containerd/containerd/v2@$containerd"
-ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd -X github.com/containerd/containerd/v2/version.Revision=module-proxy"
-# Tags as containerd's Makefile sets them for a static build; the shim
+# containerd: no cgo (the btrfs snapshotter, which needs it, is not used);
+# tags as containerd's Makefile sets them for a static build, the shim
 # without gRPC, as there.
+module containerd "github.com/containerd/containerd/v2@$containerd"
+ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd -X github.com/containerd/containerd/v2/version.Revision=module-proxy"
 tags=no_btrfs,urfave_cli_no_docs,osusergo,netgo,static_build
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags" -ldflags "$ld" -o "$partial/" \
 	github.com/containerd/containerd/v2/cmd/containerd \
@@ -47,29 +54,14 @@ CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags,no_grpc" -ldflags
 	github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
 
 # runc: its nsenter is C (cgo), seccomp through libseccomp (Debian's -dev).
-rm -rf "$work/runc"
-mkdir "$work/runc"
-(
-	cd "$work/runc"
-	go mod init kubelift.local/runc-build >/dev/null 2>&1
-	GOFLAGS=-mod=mod go get "github.com/opencontainers/runc@$runc" >/dev/null 2>&1 ||
-		GOFLAGS=-mod=mod go get "github.com/opencontainers/runc@$runc"
-	CGO_ENABLED=1 GOFLAGS=-mod=mod go build -trimpath -tags seccomp,urfave_cli_no_docs \
-		-ldflags "-s -w -X main.version=${runc#v} -X main.gitCommit=module-proxy" \
-		-o "$partial/runc" github.com/opencontainers/runc
-)
+module runc "github.com/opencontainers/runc@$runc"
+CGO_ENABLED=1 GOFLAGS=-mod=mod go build -trimpath -tags seccomp,urfave_cli_no_docs \
+	-ldflags "-s -w -X main.version=${runc#v} -X main.gitCommit=module-proxy" \
+	-o "$partial/runc" github.com/opencontainers/runc
 
-# crictl.
-rm -rf "$work/crictl"
-mkdir "$work/crictl"
-(
-	cd "$work/crictl"
-	go mod init kubelift.local/crictl-build >/dev/null 2>&1
-	GOFLAGS=-mod=mod go get "sigs.k8s.io/cri-tools@$crictl" >/dev/null 2>&1 ||
-		GOFLAGS=-mod=mod go get "sigs.k8s.io/cri-tools@$crictl"
-	CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
-		-ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl" \
-		-o "$partial/crictl" sigs.k8s.io/cri-tools/cmd/crictl
-)
+module crictl "sigs.k8s.io/cri-tools@$crictl"
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
+	-ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl" \
+	-o "$partial/crictl" sigs.k8s.io/cri-tools/cmd/crictl
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done
 echo "$out"

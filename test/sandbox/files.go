@@ -298,7 +298,7 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 			return err
 		}
 	}
-	if err := os.WriteFile(m.fsPath("var/lib/kubelet/config.yaml"), []byte(fmt.Sprintf(kubeletConfig, m.Address, criEndpoint)), 0o644); err != nil {
+	if err := os.WriteFile(m.fsPath("var/lib/kubelet/config.yaml"), []byte(fmt.Sprintf(kubeletConfigCommon, m.Address)+fmt.Sprintf(kubeletConfigStandIn, criEndpoint)), 0o644); err != nil {
 		return err
 	}
 	labels := "kubelift.io/sandbox=true"

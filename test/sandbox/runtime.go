@@ -133,25 +133,11 @@ const crictlConfig = "runtime-endpoint: " + containerdEndpoint + "\nimage-endpoi
 // kubeletConfigContainerd manages cgroups for real, below the node's own
 // cgroup root (made by the sandbox in every hierarchy, removed by Down).
 // Disk-pressure eviction is off: the nodes share the host's disk.
-const kubeletConfigContainerd = `apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: %s
-readOnlyPort: 0
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}
-authorization: {mode: Webhook}
-containerRuntimeEndpoint: ` + containerdEndpoint + `
-cgroupDriver: cgroupfs
+const kubeletConfigContainerd = `containerRuntimeEndpoint: ` + containerdEndpoint + `
 cgroupRoot: %s
 cgroupsPerQOS: true
-failSwapOn: false
 imageGCHighThresholdPercent: 100
 evictionHard: {nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%", memory.available: "100Mi"}
-podLogsDir: /var/log/pods
-syncFrequency: 10s
-nodeStatusUpdateFrequency: 4s
 clusterDNS: []
 `
 
@@ -198,7 +184,7 @@ func (s *State) runtimeFiles(m *Machine) error {
 		"etc/containerd/certs.d/registry.k8s.io/hosts.toml": hostsTOML(reg),
 		"etc/cni/net.d/10-kubelift.conflist":                cniConfig(s.PodCIDR(*m)),
 		".overlay/etc/upper/crictl.yaml":                    crictlConfig,
-		"var/lib/kubelet/config.yaml":                       fmt.Sprintf(kubeletConfigContainerd, m.Address, s.CgroupRoot(*m)),
+		"var/lib/kubelet/config.yaml":                       fmt.Sprintf(kubeletConfigCommon, m.Address) + fmt.Sprintf(kubeletConfigContainerd, s.CgroupRoot(*m)),
 	}
 	for path, content := range files {
 		mode := os.FileMode(0o644)

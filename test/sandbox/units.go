@@ -61,9 +61,9 @@ RestartSec=2
 WantedBy=multi-user.target
 `
 
-// kubeletConfig works without cgroup management (the runtime is a
-// stand-in): no QoS cgroups, no node allocatable enforcement, no eviction.
-const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
+// kubeletConfigCommon is every node's kubelet configuration but for the
+// runtime's part (kubeletConfigStandIn, kubeletConfigContainerd).
+const kubeletConfigCommon = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %s
 readOnlyPort: 0
@@ -72,16 +72,20 @@ authentication:
   webhook: {enabled: true}
   x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}
 authorization: {mode: Webhook}
-containerRuntimeEndpoint: %s
-cgroupsPerQOS: false
-cgroupDriver: cgroupfs
-enforceNodeAllocatable: []
-failSwapOn: false
-evictionHard: {}
-localStorageCapacityIsolation: false
 podLogsDir: /var/log/pods
 syncFrequency: 10s
 nodeStatusUpdateFrequency: 4s
+failSwapOn: false
+cgroupDriver: cgroupfs
+`
+
+// kubeletConfigStandIn works without cgroup management (the runtime is a
+// stand-in): no QoS cgroups, no node allocatable enforcement, no eviction.
+const kubeletConfigStandIn = `containerRuntimeEndpoint: %s
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+evictionHard: {}
+localStorageCapacityIsolation: false
 `
 
 const etcdUnit = `[Unit]
