@@ -12,7 +12,11 @@ paths=(
 snapshot() {
 	local p
 	for p in "${paths[@]}"; do
-		if [ -e "$p" ] || [ -L "$p" ]; then
+		# ip netns add makes /run/netns and ip netns del never removes
+		# it: empty there is as good as absent.
+		if [ "$p" = /run/netns ] && [ -z "$(ls -A "$p" 2>/dev/null)" ]; then
+			printf '%s: (absent)\n' "$p"
+		elif [ -e "$p" ] || [ -L "$p" ]; then
 			printf '%s: %s\n' "$p" "$(ls -A "$p" 2>/dev/null | tr '\n' ' ')"
 		else
 			printf '%s: (absent)\n' "$p"

@@ -47,7 +47,7 @@ WantedBy=multi-user.target
 // kubeletUnit is kubeadm's kubelet.service with its drop-in folded in.
 const kubeletUnit = `[Unit]
 Description=kubelet: The Kubernetes Node Agent
-After=fake-cri.service
+After=containerd.service fake-cri.service
 
 [Service]
 Environment="KUBELET_KUBECONFIG_ARGS=--kubeconfig=/etc/kubernetes/kubelet.conf"
