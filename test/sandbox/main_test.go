@@ -119,7 +119,7 @@ func hostClean(cfg sandbox.Config, mountNS map[string]string, existed map[string
 			return fmt.Errorf("after Down, %s (%s) still runs in %s's mount namespace", filepath.Dir(filepath.Dir(p)), strings.ReplaceAll(string(cmdline), "\x00", " "), mountNS[ns])
 		}
 	}
-	if left, _ := filepath.Glob("/sys/fs/cgroup/*/kubelift-" + cfg.Name); len(left) > 0 {
+	if left := sandbox.CgroupDirs(cfg.Name); len(left) > 0 {
 		return fmt.Errorf("after Down, cgroups left: %v", left)
 	}
 	mounts, err := os.ReadFile("/proc/self/mountinfo")
@@ -440,20 +440,16 @@ func TestSameNameRefused(t *testing.T) {
 	other.Dir = filepath.Join(t.TempDir(), "other")
 	other.Subnet = "10.80.0"
 	w := node(t, "worker-1")
-	running := func() []string {
-		pods, err := client.CoreV1().Pods(sandbox.WorkloadNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + w.Name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, p := range pods.Items {
-			names = append(names, p.Name)
-		}
-		return names
+	onW, err := client.CoreV1().Pods(sandbox.WorkloadNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + w.Name})
+	if err != nil {
+		t.Fatal(err)
 	}
-	pods := running()
+	var pods []string
+	for _, p := range onW.Items {
+		pods = append(pods, p.Name)
+	}
 	before := runningContainers(t, w, pods)
-	_, err := sandbox.Up(ctx, other)
+	_, err = sandbox.Up(ctx, other)
 	if err == nil || !strings.Contains(err.Error(), "exists already") {
 		t.Fatalf("Up under a used name: %v", err)
 	}

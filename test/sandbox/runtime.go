@@ -236,18 +236,24 @@ func (s *State) makeCgroups() error {
 	return nil
 }
 
+// CgroupDirs are the cgroups of the sandbox called name that exist, in
+// every hierarchy, not only those it made (runc also makes the pods'
+// cgroups in the unified one of a hybrid host), and at the top of a
+// cgroup v2 host.
+func CgroupDirs(name string) []string {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "kubelift-"+name))
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", "kubelift-"+name)); err == nil {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", "kubelift-"+name))
+	}
+	return dirs
+}
+
 // removeCgroups kills every process left in the sandbox's cgroups (the
 // containers, once their shims are gone) and removes the cgroups,
 // deepest first.
 func removeCgroups(name string) error {
 	var errs []string
-	// Every hierarchy, not only those made: runc also makes the pods'
-	// cgroups in the unified (v2) one of a hybrid host.
-	tops, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "kubelift-"+name))
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", "kubelift-"+name)); err == nil { // a cgroup v2 host
-		tops = append(tops, filepath.Join("/sys/fs/cgroup", "kubelift-"+name))
-	}
-	for _, top := range tops {
+	for _, top := range CgroupDirs(name) {
 		var dirs []string
 		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {

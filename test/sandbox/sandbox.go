@@ -334,7 +334,7 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if cfg.Runtime == RuntimeContainerd {
-		if left, _ := filepath.Glob("/sys/fs/cgroup/*/kubelift-" + s.Name); len(left) > 0 {
+		if left := CgroupDirs(s.Name); len(left) > 0 {
 			return fmt.Errorf("cgroups %v exist already: another sandbox uses the name %q (pick another with --name)", left, s.Name)
 		}
 		s.CgroupsMade = true

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/sandbox"
@@ -63,14 +62,14 @@ func restartCounts(t *testing.T, ns string, pods []string) map[string]int32 {
 
 // runningContainers lists "pod/container=ID@PID" of the runtime's running
 // containers of pods, read over SSH as an operator would: the container
-// IDs from "crictl ps -o json", each one's process from containerd's
+// IDs from crictl (sb.Containers), each one's process from containerd's
 // tasks ("ctr -n k8s.io tasks ls"). The same string before and after
 // means the same processes still run.
 func runningContainers(t *testing.T, m sandbox.Machine, pods []string) string {
 	t.Helper()
-	rcs, err := kubeletcompat.ParseCrictl([]byte(ssh(t, m.Name, "crictl ps -o json", nil)))
+	rcs, err := sb.Containers(context.Background(), m.Name)
 	if err != nil {
-		t.Fatalf("crictl ps on %s: %v", m.Name, err)
+		t.Fatal(err)
 	}
 	pids := map[string]string{}
 	for _, line := range strings.Split(ssh(t, m.Name, "ctr -n k8s.io tasks ls", nil), "\n")[1:] {
@@ -417,7 +416,11 @@ func TestNodeAffinityAfterLabelRemoval(t *testing.T) {
 		}
 	}
 	patch(`"gold"`)
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gold-only", Namespace: ns}, Spec: sb.PodSpec(nil)}
+	// Tolerating not-ready: a kubelet that restarts may report NotReady for
+	// a moment, and the taint manager would delete a pod without the
+	// toleration at once (DefaultTolerationSeconds is off): the pod would
+	// be gone, not failed (a run on the real runtime saw it).
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gold-only", Namespace: ns}, Spec: sb.PodSpec(sandbox.NotReadyTolerations())}
 	p.Spec.NodeSelector = map[string]string{"kubelift.io/tier": "gold"}
 	if err := sandbox.EnsureNamespace(ctx, client, ns); err != nil {
 		t.Fatal(err)
