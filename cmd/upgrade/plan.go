@@ -174,9 +174,9 @@ func planRun(ctx context.Context, opts *planOptions) error {
 func printPlan(w io.Writer, p *inplace.Plan) {
 	fmt.Fprintf(w, "Upgrade to %s (from %s), control plane: %s\n\n", p.To, strings.Join(p.From, ", "), p.ControlPlane)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tROLE\tREADY\tKUBELET\tAPISERVER\tCONTROLLER-MANAGER\tSCHEDULER\tSTAGED\tCONTAINERS\tWOULD RESTART\tKEPT BY HASH-SKIP")
+	fmt.Fprintln(tw, "NODE\tROLE\tREADY\tKUBELET\tKUBE-PROXY\tAPISERVER\tCONTROLLER-MANAGER\tSCHEDULER\tSTAGED\tCONTAINERS\tWOULD RESTART\tKEPT BY HASH-SKIP")
 	for _, n := range p.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%d\n", n.Name, n.Role, n.Ready, n.Kubelet, orDash(n.Components["kube-apiserver"]),
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%d\n", n.Name, n.Role, n.Ready, n.Kubelet, orDash(n.Components["kube-proxy"]), orDash(n.Components["kube-apiserver"]),
 			orDash(n.Components["kube-controller-manager"]), orDash(n.Components["kube-scheduler"]), n.Staged, n.Containers, n.Restarts, n.Protected)
 	}
 	tw.Flush()
@@ -188,7 +188,7 @@ func printPlan(w io.Writer, p *inplace.Plan) {
 		case inplace.PhaseTolerations:
 			fmt.Fprintf(w, "  %2d. add the missing not-ready/unreachable tolerations to running pods\n", i+1)
 		default:
-			fmt.Fprintf(w, "  %2d. kubelet on %s\n", i+1, strings.Join(s.Nodes, ", "))
+			fmt.Fprintf(w, "  %2d. %s on %s\n", i+1, strings.Join(s.Components, " then "), strings.Join(s.Nodes, ", "))
 		}
 	}
 	fmt.Fprintln(w, "\nFindings:")

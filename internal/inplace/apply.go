@@ -347,7 +347,7 @@ func (r *applyRun) selected(name string) bool {
 func (r *applyRun) done() bool {
 	to := r.target.Version.String()
 	for _, n := range r.plan.Nodes {
-		if n.Kubelet != to && r.selected(n.Name) {
+		if !r.nodeAtTarget(n) && r.selected(n.Name) {
 			return false
 		}
 		for _, c := range controlPlaneFiles {
@@ -355,6 +355,20 @@ func (r *applyRun) done() bool {
 				return false
 			}
 		}
+	}
+	return true
+}
+
+// nodeAtTarget: the node's kubelet runs the target, and so does its
+// kube-proxy unit when it has one and the bundle carries kube-proxy.
+func (r *applyRun) nodeAtTarget(n NodeState) bool {
+	to := r.target.Version.String()
+	if n.Kubelet != to {
+		return false
+	}
+	v, runs := n.Components[proxyComponent]
+	if _, _, inBundle := r.target.File(proxyComponent, archOr(n.Arch)); runs && inBundle && v != to {
+		return false
 	}
 	return true
 }
@@ -400,7 +414,7 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 	s.Holder, s.Bundle, s.LastError = r.opts.Holder, r.target.Record.BundleDigest, ""
 	for _, n := range r.plan.Nodes {
 		e := s.Node(n.Name, n.Role)
-		if n.Kubelet == to && e.Status != NodeDone {
+		if r.nodeAtTarget(n) && e.Status != NodeDone {
 			e.Status = NodeDone
 		}
 	}

@@ -146,13 +146,32 @@ func (pc *planCheck) steps() ([]Step, error) {
 		}
 	}
 	steps = append(steps, Step{Phase: PhaseTolerations})
+	proxies := map[string]bool{}
+	for i := range pc.plan.Nodes {
+		n := &pc.plan.Nodes[i]
+		if _, runs := n.Components[proxyComponent]; runs {
+			_, _, proxies[n.Name] = pc.target.File(proxyComponent, archOr(n.Arch))
+		}
+	}
 	for _, n := range cps {
-		steps = append(steps, Step{Phase: PhaseKubelets, Nodes: []string{n}, Components: []string{"kubelet"}})
+		steps = append(steps, Step{Phase: PhaseKubelets, Nodes: []string{n}, Components: nodeComponents([]string{n}, proxies)})
 	}
 	for _, b := range Batches(workers, maxU, pc.opts.Canary) {
-		steps = append(steps, Step{Phase: PhaseKubelets, Nodes: b, Components: []string{"kubelet"}})
+		steps = append(steps, Step{Phase: PhaseKubelets, Nodes: b, Components: nodeComponents(b, proxies)})
 	}
 	return steps, nil
+}
+
+// nodeComponents are what moves on nodes after the control plane: the
+// kubelet, then kube-proxy where one of them runs it as a unit and the
+// bundle carries it (proxies holds those nodes).
+func nodeComponents(nodes []string, proxies map[string]bool) []string {
+	for _, n := range nodes {
+		if proxies[n] {
+			return []string{"kubelet", proxyComponent}
+		}
+	}
+	return []string{"kubelet"}
 }
 
 // path: the catalog allows the upgrade (or patch downgrade) from every

@@ -137,8 +137,8 @@ func (r *applyRun) window(ctx context.Context, workers []string, limit int) erro
 
 // upgradeKubelet is one node's kubelet, in named steps: check, back up,
 // record containers, hash-skip file, swap and restart, wait Ready at the
-// target, verify no container restarted, mark done. Any failure after the
-// swap restores the old kubelet.
+// target, verify no container restarted, then kube-proxy (upgradeProxy),
+// mark done. Any failure after the swap restores the old kubelet.
 func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 	to := r.target.Version.String()
 	st := r.nodeState(name)
@@ -154,13 +154,16 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		}
 		if v == to && r.dry {
 			r.would(name, "kubelet runs "+to+" already: wait for the node Ready and mark it done", "")
-			return nil
+			return r.upgradeProxy(ctx, o)
 		}
 		if v == to {
 			if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
 			}); err != nil {
 				return fmt.Errorf("node %s: kubelet %s already, but not Ready: %w", name, to, err)
+			}
+			if err := r.upgradeProxy(ctx, o); err != nil {
+				return err
 			}
 			if err := r.uncordon(ctx, name); err != nil {
 				return err
@@ -227,6 +230,9 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			if r.opts.Hook != nil {
 				r.would(name, "run the post-hook", "")
 			}
+			if err := r.upgradeProxy(ctx, o); err != nil {
+				return err
+			}
 			return r.markDone(ctx, name)
 		}
 		// wait Ready at the target
@@ -262,6 +268,10 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			if err := r.opts.Hook(ctx, "post", name, o.from, to); err != nil {
 				return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s: post-hook: %w", name, err))
 			}
+		}
+		// kube-proxy, in the same window
+		if err := r.upgradeProxy(ctx, o); err != nil {
+			return err
 		}
 		// uncordon (only what this run cordoned)
 		if err := r.uncordon(ctx, name); err != nil {
@@ -312,17 +322,24 @@ func (r *applyRun) eraOf(v string) (string, error) {
 	return r.opts.Plan.Catalog.HashEraFor(pv)
 }
 
-// verify: every container that ran before the swap still runs (same IDs),
-// and every pod is still there and not failed.
-func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]string, podsBefore map[types.UID]string) error {
+// verify: every container that ran before the swap still runs (same
+// IDs and, where the runtime's tasks were read, the same processes), and
+// every pod is still there and not failed.
+func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]string) error {
 	after, err := o.containers(ctx)
 	if err != nil {
 		return err
 	}
+	// Gone: the container, or its process (a container restarted in
+	// place keeps its ID but not its PID).
 	var gone []string
-	for id, what := range before {
-		if _, ok := after[id]; !ok {
-			gone = append(gone, what)
+	for id, b := range before {
+		a, ok := after[id]
+		switch {
+		case !ok:
+			gone = append(gone, b.what)
+		case b.pid != 0 && a.pid != b.pid:
+			gone = append(gone, fmt.Sprintf("%s (process %d, now %d)", b.what, b.pid, a.pid))
 		}
 	}
 	sort.Strings(gone)

@@ -145,20 +145,38 @@ func (o *nodeOps) installed(ctx context.Context, comp string) (string, error) {
 	return v.String(), nil
 }
 
-// containers lists the runtime's running containers (crictl ps).
-func (o *nodeOps) containers(ctx context.Context) (map[string]string, error) {
+// container is one running container as the runtime reports it: what it
+// is (namespace/pod/name) and, where containerd's tasks were read, its
+// process (0 when unknown).
+type container struct {
+	what string
+	pid  int
+}
+
+// tasksMarker separates crictl's JSON from containerd's tasks in the
+// containers script's output.
+const tasksMarker = "\n### tasks\n"
+
+// containers lists the runtime's running containers (crictl ps) and,
+// where containerd's tasks can be read, each one's process.
+func (o *nodeOps) containers(ctx context.Context) (map[string]container, error) {
 	raw, err := o.run(ctx, "crictl ps", nodescript.Containers)
 	if err != nil {
 		return nil, err
 	}
-	cs, err := kubeletcompat.ParseCrictl([]byte(raw))
+	ps, tasks, _ := strings.Cut(raw, tasksMarker)
+	cs, err := kubeletcompat.ParseCrictl([]byte(ps))
 	if err != nil {
 		return nil, fmt.Errorf("node %s: crictl ps: %w", o.name, err)
 	}
-	out := map[string]string{}
+	pids, err := kubeletcompat.ParseTasks([]byte(tasks))
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", o.name, err)
+	}
+	out := map[string]container{}
 	for _, c := range cs {
 		if c.Running {
-			out[c.ID] = c.Namespace + "/" + c.Pod + "/" + c.Name
+			out[c.ID] = container{what: c.Namespace + "/" + c.Pod + "/" + c.Name, pid: pids[c.ID]}
 		}
 	}
 	return out, nil

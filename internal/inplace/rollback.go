@@ -172,13 +172,19 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	return r.res, nil
 }
 
-// kubeletsUndo puts every kubelet back, workers, then control-plane
-// nodes, and uncordons what a run cordoned.
+// kubeletsUndo puts every kube-proxy unit and kubelet back, workers,
+// then control-plane nodes, and uncordons what a run cordoned.
 func (r *applyRun) kubeletsUndo(ctx context.Context) error {
 	for _, role := range []bool{false, true} {
 		for _, n := range r.plan.Nodes {
 			if (n.Role == RoleControlPlane) != role {
 				continue
+			}
+			// kube-proxy moved after the kubelet: back first.
+			if _, ok := n.Components[proxyComponent]; ok {
+				if err := r.undoComponent(ctx, n.Name, proxyComponent); err != nil {
+					return err
+				}
 			}
 			if err := r.undoComponent(ctx, n.Name, "kubelet"); err != nil {
 				return err

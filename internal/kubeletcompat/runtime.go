@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -167,4 +168,49 @@ func appendKubelet(out []RuntimeContainer, c RuntimeContainer) []RuntimeContaine
 		return out
 	}
 	return append(out, c)
+}
+
+// ParseTasks reads the output of `ctr -n k8s.io tasks ls` (a header, then
+// "ID PID STATUS" per task) into each running task's PID by container ID.
+// A line that does not parse is an error naming it: it comes from a node.
+func ParseTasks(data []byte) (map[string]int, error) {
+	out := map[string]int{}
+	for i, line := range bytes.Split(data, []byte("\n")) {
+		f := strings.Fields(string(line))
+		if len(f) == 0 || (i == 0 && len(f) == 3 && f[0] == "TASK") {
+			continue
+		}
+		if len(f) != 3 || !validContainerID(f[0]) {
+			return nil, fmt.Errorf("ctr tasks ls: line %d %q is not ID PID STATUS", i+1, truncate(string(line)))
+		}
+		pid, err := strconv.Atoi(f[1])
+		if err != nil || pid < 0 {
+			return nil, fmt.Errorf("ctr tasks ls: line %d: PID %q is not a number", i+1, truncate(f[1]))
+		}
+		if f[2] == "RUNNING" && pid > 0 {
+			out[f[0]] = pid
+		}
+	}
+	return out, nil
+}
+
+// validContainerID: what a runtime names a container (hex, or the
+// letters, digits, '-' and '_' some runtimes use), at most 128 bytes.
+func validContainerID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
 }

@@ -44,6 +44,7 @@ var (
 	Running      = load("running", readOnly)
 	Installed    = load("installed", readOnly)
 	Containers   = load("containers", readOnly)
+	Healthz      = load("healthz", readOnly)
 	EtcdSnapshot = load("etcd-snapshot", writes)
 	Exists       = load("exists", readOnly)
 	Remove       = load("remove", writes)

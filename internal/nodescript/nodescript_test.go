@@ -28,6 +28,7 @@ var goldenArgs = map[string][]string{
 	"running":       {"kubelet"},
 	"installed":     {"/usr/local/bin/" + hostile},
 	"containers":    {},
+	"healthz":       {"http://127.0.0.1:10256/healthz?" + hostile},
 	"etcd-snapshot": {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "https://127.0.0.1:2379", "/etc/etcd/ca.pem", "", hostile},
 	"exists":        {"/var/lib/kubelet/" + hostile},
 	"remove":        {"/var/lib/kubelet/" + hostile},

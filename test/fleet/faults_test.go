@@ -575,3 +575,57 @@ func nodeReady(n *corev1.Node) bool {
 	}
 	return false
 }
+
+// A kube-proxy that does not come up at the target (crashing on a flag
+// its release removed) is put back at the old version; the node's
+// kubelet stays at the target (within the skew) and the run stops with
+// the node failed. Once kube-proxy is fixed, apply again moves it and
+// leaves the kubelet alone.
+func TestApplyRollsBackKubeProxy(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.opts.ReadyTimeout = time.Second
+	r.w.fleet.CrashAt("worker-1", "kube-proxy", newVersion)
+	_, err := r.apply(ctx)
+	if !errors.Is(err, inplace.ErrNodeFailed) || !strings.Contains(err.Error(), "kube-proxy") {
+		t.Fatalf("apply: %v", err)
+	}
+	if v := r.w.fleet.Running("worker-1", "kube-proxy"); v != oldVersion {
+		t.Errorf("worker-1 kube-proxy runs %q, want %s (put back)", v, oldVersion)
+	}
+	if sum, _ := r.w.fleet.File("worker-1", "/usr/local/bin/kube-proxy"); sum != OldBinarySHA("kube-proxy", oldVersion) {
+		t.Errorf("worker-1 kube-proxy binary %s, want the old one", sum)
+	}
+	if v := r.w.fleet.Running("worker-1", "kubelet"); v != newVersion {
+		t.Errorf("worker-1 kubelet runs %q, want %s (it stays)", v, newVersion)
+	}
+	if v := r.w.fleet.Running("cp-1", "kube-proxy"); v != newVersion {
+		t.Errorf("cp-1 kube-proxy runs %q, want %s (moved before worker-1)", v, newVersion)
+	}
+	restarts := func(unit string) int {
+		n := 0
+		for _, x := range r.w.fleet.Stats().Nodes["worker-1"].Restarts {
+			if x.Unit == unit {
+				n++
+			}
+		}
+		return n
+	}
+	kubelets, proxies := restarts("kubelet"), restarts("kube-proxy")
+	r.w.fleet.CrashAt("worker-1", "kube-proxy", "") // fixed
+	res, err := r.apply(ctx)
+	if err != nil {
+		t.Fatalf("apply again: %v", err)
+	}
+	if res.State == nil || res.State.State != inplace.StateComplete {
+		t.Errorf("state %+v", res.State)
+	}
+	if v := r.w.fleet.Running("worker-1", "kube-proxy"); v != newVersion {
+		t.Errorf("worker-1 kube-proxy runs %q after apply again", v)
+	}
+	if k, p := restarts("kubelet")-kubelets, restarts("kube-proxy")-proxies; k != 0 || p != 1 {
+		t.Errorf("apply again restarted the kubelet %d times and kube-proxy %d times on worker-1, want 0 and 1", k, p)
+	}
+}

@@ -55,6 +55,9 @@ type NodeSpec struct {
 	// ControlPlaneVersion its control plane's (default KubeletVersion).
 	KubeletVersion      string
 	ControlPlaneVersion string
+	// KubeProxy nodes run kube-proxy as a unit (at KubeletVersion), its
+	// health endpoint answering 200 while it runs.
+	KubeProxy bool
 }
 
 // Binary says what a file with a given sha256 is: a program of

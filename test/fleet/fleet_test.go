@@ -61,8 +61,8 @@ type testWorld struct {
 }
 
 var specs = []NodeSpec{
-	{Name: "cp-1", Address: "127.77.0.1", ControlPlane: true, KubeletVersion: oldVersion},
-	{Name: "worker-1", Address: "127.77.0.2", KubeletVersion: oldVersion},
+	{Name: "cp-1", Address: "127.77.0.1", ControlPlane: true, KubeletVersion: oldVersion, KubeProxy: true},
+	{Name: "worker-1", Address: "127.77.0.2", KubeletVersion: oldVersion, KubeProxy: true},
 	{Name: "worker-2", Address: "127.77.0.3", KubeletVersion: oldVersion},
 }
 
@@ -154,7 +154,7 @@ func TestReadFacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"kubelet": oldVersion, "kube-apiserver": oldVersion, "kube-controller-manager": oldVersion, "kube-scheduler": oldVersion}
+	want := map[string]string{"kubelet": oldVersion, "kube-apiserver": oldVersion, "kube-controller-manager": oldVersion, "kube-scheduler": oldVersion, "kube-proxy": oldVersion}
 	if fmt.Sprint(cp.Components) != fmt.Sprint(want) {
 		t.Errorf("cp-1 components %v, want %v", cp.Components, want)
 	}
@@ -175,7 +175,7 @@ func TestReadFacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(wk.Components) != fmt.Sprint(map[string]string{"kubelet": oldVersion}) {
+	if fmt.Sprint(wk.Components) != fmt.Sprint(map[string]string{"kubelet": oldVersion, "kube-proxy": oldVersion}) {
 		t.Errorf("worker-1 components %v", wk.Components)
 	}
 	// --kubeconfig is second in kubeadm's KUBELET_KUBECONFIG_ARGS.
@@ -475,6 +475,27 @@ func TestApply(t *testing.T) {
 		if !ok || !bytes.Contains(data, []byte(newVersion)) {
 			t.Errorf("%s: hash-skip file %q", spec.Name, data)
 		}
+		// kube-proxy moved after the kubelet where it runs as a unit.
+		var units []string
+		for _, r := range s.Nodes[spec.Name].Restarts {
+			units = append(units, r.Unit)
+		}
+		if spec.KubeProxy {
+			if v := w.fleet.Running(spec.Name, "kube-proxy"); v != newVersion {
+				t.Errorf("%s: kube-proxy runs %q", spec.Name, v)
+			}
+			if _, ok := w.fleet.File(spec.Name, inplace.DefaultBackupDir+"/"+oldVersion+"/kube-proxy"); !ok {
+				t.Errorf("%s: no kube-proxy backup", spec.Name)
+			}
+			if i, j := slices.Index(units, "kubelet"), slices.Index(units, "kube-proxy"); i < 0 || j < i || slices.Contains(units[j+1:], "kube-proxy") {
+				t.Errorf("%s: restarts %v, want the kubelet's, then kube-proxy's once", spec.Name, units)
+			}
+		} else if slices.Contains(units, "kube-proxy") {
+			t.Errorf("%s has no kube-proxy, yet restarts %v", spec.Name, units)
+		}
+	}
+	if s.Commands["healthz"] == 0 {
+		t.Errorf("kube-proxy's health never read: %v", s.Commands)
 	}
 	for _, c := range ControlPlaneUnits {
 		if v := w.fleet.Running("cp-1", c); v != newVersion {

@@ -30,6 +30,7 @@ var handlers = map[string]handler{
 	"running":       {"running version", playRunning},
 	"installed":     {"program version", playInstalled},
 	"containers":    {"crictl ps", playCrictl},
+	"healthz":       {"healthz", playHealthz},
 	"etcd-snapshot": {"etcd snapshot", playEtcd},
 	"exists":        {"exists", playExists},
 	"remove":        {"rm", playRm},
@@ -296,6 +297,19 @@ func playRunning(_ *Fleet, n *node, args []string, io *stdio) int {
 	if version != "" {
 		fmt.Fprintf(io.out, "Kubernetes %s\n", version)
 	}
+	return 0
+}
+
+// playHealthz answers the healthz script: 200 for kube-proxy's endpoint
+// while its unit runs, 000 (nothing answers) otherwise. args: URL.
+func playHealthz(_ *Fleet, n *node, args []string, io *stdio) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if u := n.units["kube-proxy"]; u != nil && u.pid != 0 && args[0] == "http://127.0.0.1:10256/healthz" {
+		fmt.Fprint(io.out, "200")
+		return 0
+	}
+	fmt.Fprint(io.out, "000")
 	return 0
 }
 

@@ -94,6 +94,17 @@ RestartSec=10
 [Install]
 WantedBy=multi-user.target
 `)
+	proxyUnitFile = []byte(`[Unit]
+Description=Kubernetes Kube Proxy
+
+[Service]
+ExecStart=/usr/local/bin/kube-proxy --config=/etc/kubernetes/kube-proxy.yaml
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+`)
 	apiserverUnitFile = []byte(`[Unit]
 Description=Kubernetes API Server
 After=etcd.service
@@ -186,6 +197,9 @@ func (f *Fleet) newNode(s NodeSpec) (*node, error) {
 		s.Address, s.Name))})
 	n.put("/var/lib/kubelet/config.yaml", vfile{data: []byte("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n")})
 	add("kubelet", s.KubeletVersion, kubeletUnitFile)
+	if s.KubeProxy {
+		add("kube-proxy", s.KubeletVersion, proxyUnitFile)
+	}
 	if s.ControlPlane {
 		for i, file := range [][]byte{apiserverUnitFile, controllerManagerUnitFile, schedulerUnitFile} {
 			add(ControlPlaneUnits[i], s.ControlPlaneVersion, file)
