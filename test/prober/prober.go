@@ -1,0 +1,336 @@
+// Package prober measures availability as a user judges it while a
+// cluster is upgraded: requests keep being answered, and connections held
+// open stay open. Against each target (a Service's ClusterIP, each backing
+// pod's IP) it sends at least Rate requests a second and holds Streams
+// long-lived connections (GET /stream, a line every 100ms), dialing from
+// wherever Dial dials (a node's network namespace in the sandbox; any
+// host inside a user's cluster network). It records every failed request
+// and every broken connection with its time, and per-second samples per
+// target, after OpenShift's disruption monitor; kubelift's allowance is
+// zero.
+package prober
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// Target is one address to probe.
+type Target struct {
+	// Name says what it is ("service shop/api", "pod shop/api-7d9c-x2").
+	Name string
+	// URL is the base URL; requests go to URL + "/", streams to
+	// URL + "/stream".
+	URL string
+}
+
+// Config says what to probe and how.
+type Config struct {
+	Targets []Target
+	// Rate is requests per second per target (default 10).
+	Rate int
+	// Streams is long-lived connections held per target (default 1).
+	Streams int
+	// Timeout bounds one request, and a stream's wait for its next line
+	// (default 2s).
+	Timeout time.Duration
+	// Dial dials the targets (default: net.Dialer).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Failure is one failed request or broken connection.
+type Failure struct {
+	Target string    `json:"target"`
+	At     time.Time `json:"at"`
+	// Kind is "request" or "stream".
+	Kind  string `json:"kind"`
+	Error string `json:"error"`
+}
+
+// Second is one second of one target: requests answered and failed.
+type Second struct {
+	At     time.Time `json:"at"`
+	OK     int       `json:"ok"`
+	Failed int       `json:"failed"`
+}
+
+// TargetResult is what one target did over the run.
+type TargetResult struct {
+	Name     string `json:"name"`
+	Requests int    `json:"requests"`
+	Failed   int    `json:"failed"`
+	// Streams counts connections opened, Broken those that ended before
+	// the run did.
+	Streams int `json:"streams"`
+	Broken  int `json:"broken"`
+	// LongestGap is the longest time without a successful answer
+	// (requests) while the run lasted.
+	LongestGap time.Duration `json:"longestGap"`
+	Seconds    []Second      `json:"seconds"`
+}
+
+// Result is the whole run.
+type Result struct {
+	Started  time.Time      `json:"started"`
+	Ended    time.Time      `json:"ended"`
+	Targets  []TargetResult `json:"targets"`
+	Failures []Failure      `json:"failures"`
+}
+
+// Disrupted says whether any request failed or any connection broke.
+func (r *Result) Disrupted() bool { return len(r.Failures) > 0 }
+
+// Prober runs until Stop; Start begins it.
+type Prober struct {
+	cfg    Config
+	client *http.Client
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	started time.Time
+	targets map[string]*state
+	fails   []Failure
+}
+
+type state struct {
+	res     TargetResult
+	lastOK  time.Time
+	seconds map[int64]*Second
+}
+
+// Start begins probing every target; it returns at once.
+func Start(ctx context.Context, cfg Config) (*Prober, error) {
+	if len(cfg.Targets) == 0 {
+		return nil, errors.New("prober: no targets")
+	}
+	if cfg.Rate <= 0 {
+		cfg.Rate = 10
+	}
+	if cfg.Streams < 0 {
+		return nil, fmt.Errorf("prober: streams %d", cfg.Streams)
+	}
+	if cfg.Streams == 0 {
+		cfg.Streams = 1
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = (&net.Dialer{}).DialContext
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	p := &Prober{cfg: cfg, cancel: cancel, started: time.Now(), targets: map[string]*state{},
+		// A connection per request: a kept-alive connection would hide a
+		// backend that no longer accepts new ones.
+		client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DialContext: cfg.Dial, DisableKeepAlives: true}}}
+	for _, t := range cfg.Targets {
+		if _, dup := p.targets[t.Name]; dup {
+			cancel()
+			return nil, fmt.Errorf("prober: target %q named twice", t.Name)
+		}
+		p.targets[t.Name] = &state{res: TargetResult{Name: t.Name}, lastOK: p.started, seconds: map[int64]*Second{}}
+	}
+	for _, t := range cfg.Targets {
+		t := t
+		p.wg.Add(1 + cfg.Streams)
+		go func() { defer p.wg.Done(); p.requests(ctx, t) }()
+		for i := 0; i < cfg.Streams; i++ {
+			go func() { defer p.wg.Done(); p.stream(ctx, t) }()
+		}
+	}
+	return p, nil
+}
+
+// Stop ends the run, waits for every request and connection to end and
+// returns the result.
+func (p *Prober) Stop() *Result {
+	p.cancel()
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	end := time.Now()
+	r := &Result{Started: p.started, Ended: end, Failures: append([]Failure(nil), p.fails...)}
+	for _, t := range p.cfg.Targets {
+		s := p.targets[t.Name]
+		tr := s.res
+		if gap := end.Sub(s.lastOK); gap > tr.LongestGap {
+			tr.LongestGap = gap
+		}
+		for _, sec := range s.seconds {
+			tr.Seconds = append(tr.Seconds, *sec)
+		}
+		sort.Slice(tr.Seconds, func(i, j int) bool { return tr.Seconds[i].At.Before(tr.Seconds[j].At) })
+		r.Targets = append(r.Targets, tr)
+	}
+	sort.Slice(r.Failures, func(i, j int) bool { return r.Failures[i].At.Before(r.Failures[j].At) })
+	return r
+}
+
+// requests sends Rate requests a second to t until ctx ends; a request
+// still running when ctx ends is not counted.
+func (p *Prober) requests(ctx context.Context, t Target) {
+	tick := time.NewTicker(time.Second / time.Duration(p.cfg.Rate))
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			at := time.Now()
+			err := p.get(ctx, t.URL+"/")
+			if ctx.Err() != nil {
+				return
+			}
+			p.record(t.Name, at, "request", err)
+		}()
+	}
+}
+
+func (p *Prober) get(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// stream holds GET /stream open until ctx ends; a connection that ends or
+// falls silent for Timeout before then is broken, and a new one is opened.
+func (p *Prober) stream(ctx context.Context, t Target) {
+	client := &http.Client{Transport: &http.Transport{DialContext: p.cfg.Dial, DisableKeepAlives: true}}
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		p.targets[t.Name].res.Streams++
+		p.mu.Unlock()
+		at, err := p.holdStream(ctx, client, t.URL+"/stream")
+		if ctx.Err() != nil {
+			return
+		}
+		p.record(t.Name, at, "stream", err)
+		select { // not a busy loop against a backend that refuses
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// holdStream reads lines until the connection ends; it returns when and
+// why it did.
+func (p *Prober) holdStream(ctx context.Context, client *http.Client, url string) (time.Time, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, err := http.NewRequestWithContext(sctx, http.MethodGet, url, nil)
+	if err != nil {
+		return time.Now(), err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return time.Now(), err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return time.Now(), fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	lines := make(chan error, 1)
+	sc := bufio.NewScanner(resp.Body)
+	go func() {
+		for sc.Scan() {
+			lines <- nil
+		}
+		err := sc.Err()
+		if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		lines <- err
+	}()
+	silence := time.NewTimer(p.cfg.Timeout)
+	defer silence.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			cancel()
+			return time.Now(), nil
+		case err := <-lines:
+			if err != nil {
+				return time.Now(), fmt.Errorf("connection ended: %w", err)
+			}
+			if !silence.Stop() {
+				<-silence.C
+			}
+			silence.Reset(p.cfg.Timeout)
+		case <-silence.C:
+			cancel()
+			return time.Now(), fmt.Errorf("no line for %s", p.cfg.Timeout)
+		}
+	}
+}
+
+func (p *Prober) record(target string, at time.Time, kind string, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.targets[target]
+	if kind == "stream" {
+		s.res.Broken++
+		p.fails = append(p.fails, Failure{Target: target, At: at, Kind: kind, Error: err.Error()})
+		return
+	}
+	sec := at.Truncate(time.Second)
+	bucket := s.seconds[sec.Unix()]
+	if bucket == nil {
+		bucket = &Second{At: sec}
+		s.seconds[sec.Unix()] = bucket
+	}
+	s.res.Requests++
+	if err != nil {
+		s.res.Failed++
+		bucket.Failed++
+		p.fails = append(p.fails, Failure{Target: target, At: at, Kind: kind, Error: err.Error()})
+		return
+	}
+	bucket.OK++
+	if at.After(s.lastOK) {
+		if gap := at.Sub(s.lastOK); gap > s.res.LongestGap {
+			s.res.LongestGap = gap
+		}
+		s.lastOK = at
+	}
+}
+
+// WriteTable prints one row per target: requests, failed, connections
+// held and broken, the longest time without an answer.
+func (r *Result) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TARGET\tREQUESTS\tFAILED\tCONNECTIONS\tBROKEN\tLONGEST GAP")
+	for _, t := range r.Targets {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Name, t.Requests, t.Failed, t.Streams, t.Broken, t.LongestGap.Round(time.Millisecond))
+	}
+	return tw.Flush()
+}
