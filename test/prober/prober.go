@@ -31,6 +31,10 @@ type Target struct {
 	// URL is the base URL; requests go to URL + "/", streams to
 	// URL + "/stream".
 	URL string
+	// Dial dials this target (default: Config.Dial): a Service's
+	// ClusterIP is reached through the kube-proxy of the node it is
+	// dialed from.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Config says what to probe and how.
@@ -92,7 +96,6 @@ func (r *Result) Disrupted() bool { return len(r.Failures) > 0 }
 // Prober runs until Stop; Start begins it.
 type Prober struct {
 	cfg    Config
-	client *http.Client
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -103,6 +106,8 @@ type Prober struct {
 }
 
 type state struct {
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	client  *http.Client
 	res     TargetResult
 	lastOK  time.Time
 	seconds map[int64]*Second
@@ -129,16 +134,20 @@ func Start(ctx context.Context, cfg Config) (*Prober, error) {
 		cfg.Dial = (&net.Dialer{}).DialContext
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	p := &Prober{cfg: cfg, cancel: cancel, started: time.Now(), targets: map[string]*state{},
-		// A connection per request: a kept-alive connection would hide a
-		// backend that no longer accepts new ones.
-		client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DialContext: cfg.Dial, DisableKeepAlives: true}}}
+	p := &Prober{cfg: cfg, cancel: cancel, started: time.Now(), targets: map[string]*state{}}
 	for _, t := range cfg.Targets {
 		if _, dup := p.targets[t.Name]; dup {
 			cancel()
 			return nil, fmt.Errorf("prober: target %q named twice", t.Name)
 		}
-		p.targets[t.Name] = &state{res: TargetResult{Name: t.Name}, lastOK: p.started, seconds: map[int64]*Second{}}
+		dial := t.Dial
+		if dial == nil {
+			dial = cfg.Dial
+		}
+		p.targets[t.Name] = &state{res: TargetResult{Name: t.Name}, lastOK: p.started, seconds: map[int64]*Second{}, dial: dial,
+			// A connection per request: a kept-alive connection would hide
+			// a backend that no longer accepts new ones.
+			client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}}
 	}
 	for _, t := range cfg.Targets {
 		t := t
@@ -193,7 +202,7 @@ func (p *Prober) requests(ctx context.Context, t Target) {
 		go func() {
 			defer wg.Done()
 			at := time.Now()
-			err := p.get(ctx, t.URL+"/")
+			err := p.get(ctx, p.targets[t.Name].client, t.URL+"/")
 			if ctx.Err() != nil {
 				return
 			}
@@ -202,12 +211,12 @@ func (p *Prober) requests(ctx context.Context, t Target) {
 	}
 }
 
-func (p *Prober) get(ctx context.Context, url string) error {
+func (p *Prober) get(ctx context.Context, client *http.Client, url string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := p.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -224,7 +233,7 @@ func (p *Prober) get(ctx context.Context, url string) error {
 // stream holds GET /stream open until ctx ends; a connection that ends or
 // falls silent for Timeout before then is broken, and a new one is opened.
 func (p *Prober) stream(ctx context.Context, t Target) {
-	client := &http.Client{Transport: &http.Transport{DialContext: p.cfg.Dial, DisableKeepAlives: true}}
+	client := &http.Client{Transport: &http.Transport{DialContext: p.targets[t.Name].dial, DisableKeepAlives: true}}
 	for ctx.Err() == nil {
 		p.mu.Lock()
 		p.targets[t.Name].res.Streams++

@@ -79,6 +79,64 @@ func TestRealDataPlane(t *testing.T) {
 	if asked == 0 {
 		t.Fatalf("no running pod on a worker other than %s: %v", w.Name, byNode)
 	}
+
+	// The Service shop/api, through each node's kube-proxy: from every
+	// worker and from a pod, its ClusterIP answers with the names of api
+	// pods, and its replicas run on different workers.
+	svc, err := client.CoreV1().Services(sandbox.WorkloadNamespace).Get(ctx, sandbox.APIService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := map[string]string{} // pod -> node
+	for nodeName, ps := range byNode {
+		for _, p := range ps {
+			if p.Labels["app"] == "api" {
+				api[p.Name] = nodeName
+			}
+		}
+	}
+	if nodes := map[string]bool{}; len(api) < 3 {
+		t.Errorf("api pods %v: want at least 3", api)
+	} else {
+		for _, n := range api {
+			nodes[n] = true
+		}
+		if len(nodes) != len(api) {
+			t.Errorf("api pods %v: not spread one per worker", api)
+		}
+	}
+	answered := map[string]bool{}
+	ask := func(where, prefix string) {
+		for i := 0; i < 6; i++ {
+			out, err := sshOutput(w.Name, prefix+"curl -sS -m 5 http://"+svc.Spec.ClusterIP+"/")
+			name := strings.TrimSpace(out)
+			if _, ok := api[name]; err != nil || !ok {
+				t.Errorf("from %s to service %s (%s): %q, %v", where, sandbox.APIService, svc.Spec.ClusterIP, out, err)
+				return
+			}
+			answered[name] = true
+		}
+	}
+	ask("pod "+from[0].Name, "nsenter --net="+netns+" ")
+	for _, m := range sb.Nodes() {
+		if m.Role != "worker" {
+			continue
+		}
+		for i := 0; i < 6; i++ {
+			out, err := sshOutput(m.Name, "curl -sS -m 5 http://"+svc.Spec.ClusterIP+"/")
+			if _, ok := api[strings.TrimSpace(out)]; err != nil || !ok {
+				t.Errorf("from node %s to service %s (%s): %q, %v", m.Name, sandbox.APIService, svc.Spec.ClusterIP, out, err)
+				break
+			}
+			answered[strings.TrimSpace(out)] = true
+		}
+		if out, err := sshOutput(m.Name, "curl -sS -m 5 http://127.0.0.1:10249/metrics"); err != nil || !strings.Contains(out, "kubeproxy_sync_proxy_rules_duration_seconds") {
+			t.Errorf("kube-proxy metrics on %s at 127.0.0.1:10249: %v\n%.300s", m.Name, err, out)
+		}
+	}
+	if len(answered) < 2 {
+		t.Errorf("service %s: only %v answered of %v", sandbox.APIService, answered, api)
+	}
 }
 
 // podNetNS is the network namespace path of pod's sandbox on node m, as

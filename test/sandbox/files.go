@@ -18,8 +18,8 @@ import (
 
 // The components built for each version (cached by version).
 var (
-	oldComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
-	newComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
+	oldComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"}
+	newComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"}
 )
 
 func buildKubernetes(ctx context.Context, version string, components ...string) (string, error) {
@@ -82,6 +82,9 @@ func (s *State) makeFiles(cfg Config) error {
 		{name: "apiserver-kubelet-client", user: "apiserver-kubelet-client", groups: []string{"kubeadm:cluster-admins", "system:masters"}},
 		{name: "controller-manager", user: "system:kube-controller-manager"},
 		{name: "scheduler", user: "system:kube-scheduler"},
+		// kube-proxy's user, bound to system:node-proxier by the API
+		// server's bootstrap policy.
+		{name: "kube-proxy", user: "system:kube-proxy"},
 	}
 	for _, m := range s.Nodes() {
 		certs = append(certs, cert{name: "node-" + m.Name, user: "system:node:" + m.Name, groups: []string{"system:nodes"}})
@@ -260,7 +263,8 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 	copies := map[string]string{caFile: "ca.crt"}
 	node := issued["node-"+m.Name]
 	copies[node[0]], copies[node[1]] = "kubelet-client.crt", "kubelet-client.key"
-	bins := []string{"kubelet", "kubectl"}
+	copies[issued["kube-proxy"][0]], copies[issued["kube-proxy"][1]] = "kube-proxy.crt", "kube-proxy.key"
+	bins := []string{"kubelet", "kube-proxy", "kubectl"}
 	if m.Role == "control-plane" {
 		bins = append(bins, "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 		for _, n := range []string{"apiserver", "admin", "apiserver-kubelet-client", "controller-manager", "scheduler"} {
@@ -287,7 +291,11 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 	if m.Role == "control-plane" {
 		server = local
 	}
-	confs := map[string]string{"kubelet.conf": kube.Kubeconfig(server, pkiDir+"/ca.crt", pkiDir+"/kubelet-client.crt", pkiDir+"/kubelet-client.key", "system:node:"+m.Name)}
+	confs := map[string]string{
+		"kubelet.conf":    kube.Kubeconfig(server, pkiDir+"/ca.crt", pkiDir+"/kubelet-client.crt", pkiDir+"/kubelet-client.key", "system:node:"+m.Name),
+		"kube-proxy.conf": kube.Kubeconfig(server, pkiDir+"/ca.crt", pkiDir+"/kube-proxy.crt", pkiDir+"/kube-proxy.key", "system:kube-proxy"),
+		"kube-proxy.yaml": fmt.Sprintf(kubeProxyConfig, m.Name, m.Address, ClusterCIDR),
+	}
 	if m.Role == "control-plane" {
 		confs["admin.conf"] = kube.Kubeconfig(local, pkiDir+"/ca.crt", pkiDir+"/admin.crt", pkiDir+"/admin.key", "kubernetes-admin")
 		confs["controller-manager.conf"] = kube.Kubeconfig(local, pkiDir+"/ca.crt", pkiDir+"/controller-manager.crt", pkiDir+"/controller-manager.key", "system:kube-controller-manager")
@@ -311,6 +319,9 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 		return err
 	}
 	if err := writeUnit(m, "kubelet.service", kubeletUnit, true); err != nil {
+		return err
+	}
+	if err := writeUnit(m, "kube-proxy.service", kubeProxyUnit, true); err != nil {
 		return err
 	}
 	if m.Role != "control-plane" {

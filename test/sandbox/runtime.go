@@ -148,8 +148,11 @@ var cgroupHierarchies = []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "
 // CgroupRoot is the node's cgroup root, relative to each hierarchy.
 func (s *State) CgroupRoot(m Machine) string { return "/kubelift-" + s.Name + "/" + m.Name }
 
-// PodCIDR is the node's pod network (10.244.N.0/24, N its place among
-// the nodes, from 1).
+// ClusterCIDR holds every node's pod network.
+const ClusterCIDR = "10.244.0.0/16"
+
+// PodCIDR is the node's pod network (10.244.N.0/24 of ClusterCIDR, N its
+// place among the nodes, from 1).
 func (s *State) PodCIDR(m Machine) string {
 	for i, n := range s.Nodes() {
 		if n.Name == m.Name {

@@ -346,7 +346,7 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	cfg.Log("booting %d machines (service manager, sshd, %s, kubelet %s; etcd and the control plane on cp nodes)", len(s.Machines), cfg.Runtime, cfg.OldVersion)
+	cfg.Log("booting %d machines (service manager, sshd, %s, kubelet and kube-proxy %s; etcd and the control plane on cp nodes)", len(s.Machines), cfg.Runtime, cfg.OldVersion)
 	for i := range s.Machines {
 		if err := s.boot(&s.Machines[i], cfg.Tool); err != nil {
 			return err

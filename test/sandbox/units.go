@@ -88,6 +88,41 @@ evictionHard: {}
 localStorageCapacityIsolation: false
 `
 
+// kubeProxyUnit runs kube-proxy as a host unit, as binary-deployed
+// clusters do (kubeadm's runs it as a DaemonSet).
+const kubeProxyUnit = `[Unit]
+Description=Kubernetes Kube Proxy (iptables mode)
+After=network-online.target
+
+[Service]
+ExecStart=/usr/local/bin/kube-proxy --config=/etc/kubernetes/kube-proxy.yaml
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// kubeProxyConfig: iptables mode; traffic to a ClusterIP from outside
+// the pod network (a node, the admin machine) is masqueraded;
+// conntrack.maxPerCore 0 leaves nf_conntrack_max alone (read-only outside
+// the host's network namespace); metrics and health on loopback only.
+const kubeProxyConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: /etc/kubernetes/kube-proxy.conf
+hostnameOverride: %s
+bindAddress: %s
+clusterCIDR: %s
+mode: iptables
+iptables:
+  minSyncPeriod: 1s
+conntrack:
+  maxPerCore: 0
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+`
+
 const etcdUnit = `[Unit]
 Description=etcd (Debian etcd-server)
 

@@ -11,11 +11,16 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 )
 
 // WorkloadNamespace holds the sandbox's workloads.
 const WorkloadNamespace = "shop"
+
+// APIService is the Service in front of the api Deployment (port 80,
+// the app's 8080 behind it).
+const APIService = "api"
 
 // PinnedLabel is the node label the "pinned" pod's nodeSelector needs;
 // the sandbox removes it from the node after the pod runs, so the pod
@@ -69,10 +74,21 @@ func (s *State) createWorkloads(ctx context.Context) error {
 				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: s.PodSpec(tol)}},
 		}
 	}
-	for _, d := range []*appsv1.Deployment{deploy("web", 3, NotReadyTolerations()), deploy("api", 2, nil)} {
+	// api: three replicas, at most one more on a worker than on another,
+	// behind the Service shop/api (port 80).
+	api := deploy("api", 3, nil)
+	api.Spec.Template.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname,
+		WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}}}
+	for _, d := range []*appsv1.Deployment{deploy("web", 3, NotReadyTolerations()), api} {
 		if _, err := client.AppsV1().Deployments(WorkloadNamespace).Create(ctx, d, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("deployment %s: %w", d.Name, err)
 		}
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: APIService, Namespace: WorkloadNamespace},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "api"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
+	if _, err := client.CoreV1().Services(WorkloadNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("service %s: %w", svc.Name, err)
 	}
 	agent := map[string]string{"app": "node-agent"}
 	ds := &appsv1.DaemonSet{
