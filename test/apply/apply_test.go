@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/test/harness"
+	"github.com/kubelift/kubelift/test/prober"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
 
@@ -69,10 +71,36 @@ func containers(t *testing.T) map[string]map[string]string {
 
 var before map[string]map[string]string
 
+// probe measures availability from the first test on (startProbe) to the
+// end of the complete upgrade, where it must have seen nothing fail.
+var (
+	probe     *prober.Prober
+	probeOnce sync.Once
+)
+
+// startProbe starts the prober once: requests and held connections to
+// the Service shop/api from every worker and to every shop pod.
+func startProbe(t *testing.T) {
+	t.Helper()
+	probeOnce.Do(func() {
+		targets, err := h.SB.ProbeTargets(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if probe, err = prober.Start(context.Background(), prober.Config{Targets: targets, Rate: 10, Streams: 1}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if probe == nil {
+		t.Fatal("the prober did not start")
+	}
+}
+
 // A live lease of another holder refuses apply, naming it; nothing changes.
 func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 	h.Import(t, h.HashSkipBundle)
 	before = containers(t)
+	startProbe(t)
 	ctx := context.Background()
 	holder, secs, now := "admin-2/4242", int32(600), metav1.NewMicroTime(time.Now())
 	if _, err := h.Client.CoordinationV1().Leases("kube-system").Create(ctx, &coordinationv1.Lease{
@@ -184,6 +212,7 @@ func TestApplyKilledMidNode(t *testing.T) {
 // back, apply again finishes the upgrade. Through it all, no container
 // restarts anywhere.
 func TestApplyRollsBackThenResumes(t *testing.T) {
+	startProbe(t)
 	const env = "/var/lib/kubelet/kubelet-flags.env"
 	old := h.SSH(t, "worker-2", "cat "+env)
 	h.SSH(t, "worker-2", fmt.Sprintf("printf '%%s' %s | sed 's/^KUBELET_ARGS=\"/KUBELET_ARGS=\"--keep-terminated-pod-volumes=false /' > %s", nodeaccess.Quote(old), env))
@@ -292,6 +321,34 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 		if p.Name == "batch-legacy" && !strings.Contains(fmt.Sprint(p.Spec.Tolerations), corev1.TaintNodeUnreachable) {
 			t.Errorf("batch-legacy did not gain the tolerations: %v", p.Spec.Tolerations)
 		}
+	}
+	for _, m := range h.SB.Nodes() {
+		running := h.SSH(t, m.Name, "pid=$(systemctl show kube-proxy -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version")
+		if v := strings.TrimSpace(running); v != "Kubernetes "+h.SB.NewVersion {
+			t.Errorf("%s: kube-proxy runs %q, want %s", m.Name, v, h.SB.NewVersion)
+		}
+	}
+	// Availability, as a user judges it: from the first apply to the end
+	// of the upgrade (a kill mid-node, a kubelet rolled back, an sshd
+	// down, every kubelet and kube-proxy restarted), no request failed and
+	// no held connection broke.
+	res := probe.Stop()
+	var table strings.Builder
+	_ = res.WriteTable(&table)
+	t.Logf("availability over %s:\n%s", res.Ended.Sub(res.Started).Round(time.Second), table.String())
+	for i, f := range res.Failures {
+		if i == 20 {
+			t.Errorf("... %d failures in all", len(res.Failures))
+			break
+		}
+		t.Errorf("%s %s at %s: %s", f.Target, f.Kind, f.At.Format("15:04:05.000"), f.Error)
+	}
+	requests := 0
+	for _, tr := range res.Targets {
+		requests += tr.Requests
+	}
+	if len(res.Targets) < 4 || requests == 0 {
+		t.Errorf("the prober probed %d targets with %d requests: it measured nothing", len(res.Targets), requests)
 	}
 }
 

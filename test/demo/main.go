@@ -18,8 +18,10 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/kubelift/kubelift/test/kube"
+	"github.com/kubelift/kubelift/test/prober"
 	"github.com/kubelift/kubelift/test/sandbox"
 	"sigs.k8s.io/yaml"
 )
@@ -213,11 +215,32 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	if err != nil {
 		return err
 	}
-	step("Applying: control plane first, then tolerations and labels, then every kubelet, each verified")
+	targets, err := sb.ProbeTargets(ctx)
+	if err != nil {
+		return err
+	}
+	probe, err := prober.Start(ctx, prober.Config{Targets: targets, Rate: 10, Streams: 1})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("probing %d targets (the Service shop/api from every worker, every shop pod by its address), 10 requests a second each and a held /stream connection, while the cluster is upgraded\n", len(targets))
+	step("Applying: control plane first, then tolerations and labels, then every kubelet and kube-proxy, each verified")
 	applyArgs := append(append([]string{"apply", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "--restore-labels", "--settle", "5s"}, regArgs...),
 		"--inventory", filepath.Join(sb.Dir, "inventory.yaml"), "--cache-dir", filepath.Join(work, "stage-cache"))
 	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), applyArgs...); err != nil {
+		probe.Stop()
 		return err
+	}
+	avail := probe.Stop()
+	step("Availability while the cluster was upgraded (%s)", avail.Ended.Sub(avail.Started).Round(time.Second))
+	if err := avail.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	for _, f := range avail.Failures {
+		fmt.Printf("  %s %s at %s: %s\n", f.Target, f.Kind, f.At.Format("15:04:05.000"), f.Error)
+	}
+	if avail.Disrupted() {
+		return fmt.Errorf("%d requests failed or connections broke while the cluster was upgraded", len(avail.Failures))
 	}
 	step("Status, and the cluster after the upgrade")
 	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "status", "--kubeconfig", kc); err != nil {

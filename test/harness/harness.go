@@ -46,6 +46,13 @@ type Option func(*sandbox.Config)
 // default old version (the bundles stay at its new version).
 func From(version string) Option { return func(c *sandbox.Config) { c.OldVersion = version } }
 
+// StandIn runs the nodes on the CRI stand-in (containers as records, no
+// processes, no pod network) instead of containerd; why says what the
+// package needs it for.
+func StandIn(why string) Option {
+	return func(c *sandbox.Config) { c.Runtime = sandbox.RuntimeStandIn }
+}
+
 // Setup builds the programs, brings up a sandbox (controlPlanes, workers)
 // named name on subnet, and makes the bundles. Close takes it all down.
 func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Harness, error) {
@@ -73,10 +80,7 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 	}
 	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
 		ControlPlanes: controlPlanes, Workers: workers, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
-		// The engine's stories still run on the CRI stand-in; the real
-		// data plane (test/sandbox) is theirs next (issue 18).
-		Runtime: sandbox.RuntimeStandIn,
-		Log:     func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
+		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
 	for _, o := range opts {
 		o(&h.cfg)
 	}
