@@ -174,10 +174,10 @@ func planRun(ctx context.Context, opts *planOptions) error {
 func printPlan(w io.Writer, p *inplace.Plan) {
 	fmt.Fprintf(w, "Upgrade to %s (from %s), control plane: %s\n\n", p.To, strings.Join(p.From, ", "), p.ControlPlane)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tROLE\tREADY\tKUBELET\tKUBE-PROXY\tAPISERVER\tCONTROLLER-MANAGER\tSCHEDULER\tSTAGED\tCONTAINERS\tWOULD RESTART\tKEPT BY HASH-SKIP")
+	fmt.Fprintln(tw, "NODE\tROLE\tREADY\tKUBELET\tKUBE-PROXY\tAPISERVER\tCONTROLLER-MANAGER\tSCHEDULER\tSTAGED\tCONTAINERS\tWOULD RESTART\tKEPT BY HASH-SKIP\tRECREATED (STATIC PODS)")
 	for _, n := range p.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%d\n", n.Name, n.Role, n.Ready, n.Kubelet, orDash(n.Components["kube-proxy"]), orDash(n.Components["kube-apiserver"]),
-			orDash(n.Components["kube-controller-manager"]), orDash(n.Components["kube-scheduler"]), n.Staged, n.Containers, n.Restarts, n.Protected)
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%d\t%d\n", n.Name, n.Role, n.Ready, n.Kubelet, orDash(n.Components["kube-proxy"]), orDash(n.Components["kube-apiserver"]),
+			orDash(n.Components["kube-controller-manager"]), orDash(n.Components["kube-scheduler"]), n.Staged, n.Containers, n.Restarts, n.Protected, n.Recreated)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nPlan:")

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -190,7 +193,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		// record the node's pods (from the API, while the node is worked
 		// on over SSH)
 		type podsResult struct {
-			pods map[types.UID]string
+			pods map[types.UID]podInfo
 			err  error
 		}
 		podsCh := make(chan podsResult, 1)
@@ -324,16 +327,34 @@ func (r *applyRun) eraOf(v string) (string, error) {
 
 // verify: every container that ran before the swap still runs (same
 // IDs and, where the runtime's tasks were read, the same processes), and
-// every pod is still there and not failed.
-func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]string) error {
+// every pod is still there and not failed. Static pods are the exception
+// the plan announced: a kubelet of another minor gives them new UIDs and
+// so starts them anew; for those, each must run again (its mirror pod
+// Running, as many containers running as before) within the Ready
+// timeout.
+func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]podInfo) error {
 	after, err := o.containers(ctx)
 	if err != nil {
 		return err
+	}
+	recreate := true
+	if fv, err := catalog.ParseVersion(o.from); err == nil {
+		recreate = kubeletcompat.StaticPodsRecreated(fv, r.target.Version)
+	}
+	static := map[string]int{} // ns/name of a static pod -> containers that ran before
+	for _, p := range podsBefore {
+		if p.static && recreate && !p.ended() {
+			static[p.name] = 0
+		}
 	}
 	// Gone: the container, or its process (a container restarted in
 	// place keeps its ID but not its PID).
 	var gone []string
 	for id, b := range before {
+		if n, ok := static[b.pod()]; ok {
+			static[b.pod()] = n + 1
+			continue
+		}
 		a, ok := after[id]
 		switch {
 		case !ok:
@@ -351,16 +372,64 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 		return err
 	}
 	for uid, p := range podsBefore {
-		if strings.HasSuffix(p, " Failed") || strings.HasSuffix(p, " Succeeded") {
+		if _, ok := static[p.name]; ok || p.ended() {
 			continue
 		}
 		if q, ok := podsAfter[uid]; !ok {
 			return fmt.Errorf("node %s: pod %s is gone (evicted?)", o.name, p)
-		} else if strings.HasSuffix(q, " Failed") {
+		} else if q.phase == corev1.PodFailed {
 			return fmt.Errorf("node %s: pod %s failed", o.name, q)
 		}
 	}
+	if len(static) == 0 {
+		return nil
+	}
+	if err := r.waitStatic(ctx, o, static); err != nil {
+		return err
+	}
+	names := slices.Sorted(maps.Keys(static))
+	r.log.Info("static pods started anew under new UIDs, as the plan said", "node", o.name, "pods", names)
+	r.event(ctx, o.name, "StaticPodsRecreated", fmt.Sprintf("kubelift: static pods %s recreated by kubelet %s (new UIDs; kubernetes#116080)", strings.Join(names, ", "), r.target.Version))
 	return nil
+}
+
+// waitStatic waits until every static pod (ns/name -> containers it ran)
+// runs again: its mirror pod Running and at least as many of its
+// containers running.
+func (r *applyRun) waitStatic(ctx context.Context, o *nodeOps, static map[string]int) error {
+	return r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+		pods, err := r.podsOn(ctx, o.name)
+		if err != nil {
+			return err
+		}
+		running := map[string]bool{}
+		for _, p := range pods {
+			if p.phase == corev1.PodRunning {
+				running[p.name] = true
+			}
+		}
+		cs, err := o.containers(ctx)
+		if err != nil {
+			return err
+		}
+		have := map[string]int{}
+		for _, c := range cs {
+			have[c.pod()]++
+		}
+		var waiting []string
+		for _, name := range slices.Sorted(maps.Keys(static)) {
+			switch {
+			case !running[name]:
+				waiting = append(waiting, name+" (mirror pod not Running)")
+			case have[name] < static[name]:
+				waiting = append(waiting, fmt.Sprintf("%s (%d of %d containers running)", name, have[name], static[name]))
+			}
+		}
+		if len(waiting) > 0 {
+			return fmt.Errorf("node %s: static pods not running again: %s", o.name, strings.Join(waiting, ", "))
+		}
+		return nil
+	})
 }
 
 // restartedError: containers that ran before the swap do not any more.
@@ -373,22 +442,36 @@ func (e *restartedError) Error() string {
 	return fmt.Sprintf("node %s: %d containers restarted: %s", e.node, len(e.containers), strings.Join(e.containers, ", "))
 }
 
-// podsOn maps the UIDs of a node's pods to "ns/name PHASE"; pods that had
-// already ended are left out. The list is served from the API server's
-// watch cache (resourceVersion 0), indexed by node: a consistent list
-// from an API server before 1.31 reads every pod of the cluster from etcd
-// to keep one node's, twice per node (the scale benchmark's 5000 nodes
-// saturated the API server so). The cache trails etcd by the watch's
-// latency, milliseconds, far less than the --settle pause before the
-// list that verifies.
-func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]string, error) {
+// podInfo is a pod on a node as verify compares it: "ns/name", its phase,
+// and whether it is a static pod's mirror.
+type podInfo struct {
+	name   string
+	phase  corev1.PodPhase
+	static bool
+}
+
+func (p podInfo) String() string { return p.name + " " + string(p.phase) }
+
+// ended: the pod had finished, so nothing of it runs to be kept.
+func (p podInfo) ended() bool { return p.phase == corev1.PodFailed || p.phase == corev1.PodSucceeded }
+
+// podsOn maps the UIDs of a node's pods to what verify compares. The list
+// is served from the API server's watch cache (resourceVersion 0),
+// indexed by node: a consistent list from an API server before 1.31 reads
+// every pod of the cluster from etcd to keep one node's, twice per node
+// (the scale benchmark's 5000 nodes saturated the API server so). The
+// cache trails etcd by the watch's latency, milliseconds, far less than
+// the --settle pause before the list that verifies.
+func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]podInfo, error) {
 	l, err := r.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, ResourceVersion: "0"})
 	if err != nil {
 		return nil, fmt.Errorf("list pods on %s: %w", node, err)
 	}
-	out := map[types.UID]string{}
-	for _, p := range l.Items {
-		out[p.UID] = p.Namespace + "/" + p.Name + " " + string(p.Status.Phase)
+	out := map[types.UID]podInfo{}
+	for i := range l.Items {
+		p := &l.Items[i]
+		_, static := kubeletcompat.StaticUID(p)
+		out[p.UID] = podInfo{name: p.Namespace + "/" + p.Name, phase: p.Status.Phase, static: static}
 	}
 	return out, nil
 }

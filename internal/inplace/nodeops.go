@@ -149,8 +149,16 @@ func (o *nodeOps) installed(ctx context.Context, comp string) (string, error) {
 // is (namespace/pod/name) and, where containerd's tasks were read, its
 // process (0 when unknown).
 type container struct {
-	what string
+	what string // ns/pod/container
 	pid  int
+}
+
+// pod is the container's pod, ns/name.
+func (c container) pod() string {
+	if i := strings.LastIndexByte(c.what, '/'); i > 0 {
+		return c.what[:i]
+	}
+	return c.what
 }
 
 // tasksMarker separates crictl's JSON from containerd's tasks in the

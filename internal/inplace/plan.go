@@ -64,10 +64,12 @@ type NodeState struct {
 	// Staged says every file the node needs is staged with the right sha256.
 	Staged bool `json:"staged"`
 	// Containers running; Restarts the target kubelet would restart;
-	// Protected those the hash-skip file keeps running.
+	// Protected those the hash-skip file keeps running; Recreated the
+	// static pods' containers it starts anew under new pod UIDs.
 	Containers int `json:"containers"`
 	Restarts   int `json:"restarts"`
 	Protected  int `json:"protected"`
+	Recreated  int `json:"recreated,omitempty"`
 }
 
 // Step is one step of the ordered plan: a phase and the nodes it works on

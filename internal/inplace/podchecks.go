@@ -2,6 +2,7 @@ package inplace
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -132,12 +133,17 @@ func (pc *planCheck) restarts() {
 		if t.Manifest.KubeletHashSkip(archOr(s.Arch)) && era != t.Release.KubeletHashEra {
 			cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: s.Kubelet, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
 		}
+		recreate := true // a kubelet whose version does not parse: expect the worst
+		if kv, err := catalog.ParseVersion(s.Kubelet); err == nil {
+			recreate = kubeletcompat.StaticPodsRecreated(kv, t.Version)
+		}
 		preds, err := kubeletcompat.PredictPods(pc.onNode[s.Name], map[string][]kubeletcompat.RuntimeContainer{s.Name: f.Containers},
-			kubeletcompat.PredictOptions{Target: hasher, Cache: cache, KubeletStart: start})
+			kubeletcompat.PredictOptions{Target: hasher, Cache: cache, KubeletStart: start, RecreateStatic: recreate})
 		if err != nil {
 			pc.add(Warning, "restarts", "node/"+s.Name, "cannot predict restarts: "+err.Error(), "")
 			continue
 		}
+		var static []string
 		for _, p := range preds {
 			s.Containers++
 			if p.Restart {
@@ -146,6 +152,16 @@ func (pc *planCheck) restarts() {
 			if p.Protected {
 				s.Protected++
 			}
+			if p.Recreated {
+				s.Recreated++
+				if pod := p.Namespace + "/" + p.Pod; !slices.Contains(static, pod) {
+					static = append(static, pod)
+				}
+			}
+		}
+		if len(static) > 0 {
+			pc.add(Warning, "restarts", "node/"+s.Name, fmt.Sprintf("static pods %s (%d containers) will be recreated: the kubelet derives a static pod's UID from its Pod types, which change between minors (%s to %s; kubernetes#116080), and no hash-skip file can keep a pod whose UID changed",
+				strings.Join(static, ", "), s.Recreated, s.Kubelet, t.Version), "expected; apply checks they run again. To keep such a workload running, run it as a DaemonSet")
 		}
 		why := fmt.Sprintf("the kubelet's container hash changes (era %s to %s)", era, t.Release.KubeletHashEra)
 		if era == t.Release.KubeletHashEra {

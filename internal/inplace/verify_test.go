@@ -7,7 +7,15 @@ import (
 	"strings"
 	"testing"
 
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -86,5 +94,74 @@ func TestContainersRefusesBadTasks(t *testing.T) {
 	_, err := o.containers(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "node worker-1") || !strings.Contains(err.Error(), `line 2: PID "$(reboot)"`) {
 		t.Fatalf("containers: %v", err)
+	}
+}
+
+// A static pod's containers are started anew by a kubelet of another
+// minor (new pod UID, new mirror pod): verify expects it, and waits until
+// the static pod runs again; within a minor, a static pod's new
+// containers are restarts like any other.
+func TestVerifyStaticPods(t *testing.T) {
+	ctx := context.Background()
+	mirror := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: "shop", UID: "api-edge",
+		Annotations: map[string]string{kubeletcompat.MirrorAnnotation: "uid-edge"}},
+		Spec: corev1.PodSpec{NodeName: "worker-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	api := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: "shop", UID: "api-api"},
+		Spec: corev1.PodSpec{NodeName: "worker-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	for _, tc := range []struct {
+		name, from string
+		after      []string // containers after the swap
+		mirrorUID  string   // the mirror pod's API UID after the swap
+		want       string   // "" when verify passes
+	}{
+		{name: "new minor, recreated", from: "v1.30.14", after: []string{"api-app", "edge2-app"}, mirrorUID: "api-edge2"},
+		{name: "new minor, not back", from: "v1.30.14", after: []string{"api-app"}, mirrorUID: "api-edge2",
+			want: "static pods not running again: shop/edge (0 of 1 containers running)"},
+		{name: "same minor, restarted", from: "v1.31.1", after: []string{"api-app", "edge2-app"}, mirrorUID: "api-edge",
+			want: "node worker-1: 1 containers restarted: shop/edge/app"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := crictlPS(nil, "api-app", "edge-app")
+			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
+			}}
+			client := fake.NewClientset(mirror.DeepCopy(), api.DeepCopy())
+			to, _ := catalog.ParseVersion("v1.31.4")
+			o := &nodeOps{n: node, name: "worker-1", from: tc.from, facts: &nodefacts.Facts{}}
+			r := &applyRun{res: &ApplyResult{}, client: client, target: &Target{Version: to}, log: slog.New(slog.DiscardHandler),
+				opts: ApplyOptions{ReadyTimeout: 10 * time.Millisecond, Plan: PlanOptions{Now: time.Now}}}
+			before, err := o.containers(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			podsBefore, err := r.podsOn(ctx, "worker-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// the kubelet's work: new containers; the mirror pod made again
+			out = crictlPS(nil, tc.after...)
+			out = strings.ReplaceAll(out, `"io.kubernetes.pod.name":"edge2"`, `"io.kubernetes.pod.name":"edge"`)
+			if tc.mirrorUID != string(mirror.UID) {
+				if err := client.CoreV1().Pods("shop").Delete(ctx, "edge", metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				m := mirror.DeepCopy()
+				m.UID = "api-edge2"
+				m.Annotations[kubeletcompat.MirrorAnnotation] = "uid-edge2"
+				if _, err := client.CoreV1().Pods("shop").Create(ctx, m, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = r.verify(ctx, o, before, podsBefore)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("verify: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("verify: %v, want %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -19,6 +19,9 @@ type PredictOptions struct {
 	Cache *hashskip.File
 	// KubeletStart is when the upgraded kubelet starts (default: now).
 	KubeletStart time.Time
+	// RecreateStatic: the target gives static pods new UIDs (see
+	// StaticPodsRecreated), so their containers are all started anew.
+	RecreateStatic bool
 }
 
 // Prediction is what the target kubelet will do with one running container.
@@ -37,13 +40,19 @@ type Prediction struct {
 	Protected bool `json:"protected"`
 	// Restart: the target kubelet restarts it ("definition changed").
 	Restart bool `json:"restart"`
+	// Static: the container is a static pod's (matched through its mirror
+	// pod); Recreated: the target kubelet kills it with its pod and starts
+	// the pod anew under a new UID, whatever the hashes say.
+	Static    bool `json:"static,omitempty"`
+	Recreated bool `json:"recreated,omitempty"`
 }
 
 // Predict compares, for every running container the kubelet created, the
 // hash its runtime recorded with what the target kubelet computes for the
 // pod's current spec, and applies the hash-skip rule, exactly as
 // computePodActions does. running maps node name to its runtime's
-// containers; pods are matched by UID and containers by name.
+// containers; pods are matched by UID (a mirror pod by its static pod's
+// UID) and containers by name.
 func Predict(pods []corev1.Pod, running map[string][]RuntimeContainer, opts PredictOptions) ([]Prediction, error) {
 	ptrs := make([]*corev1.Pod, len(pods))
 	for i := range pods {
@@ -61,6 +70,10 @@ func PredictPods(pods []*corev1.Pod, running map[string][]RuntimeContainer, opts
 	}
 	byUID := make(map[string]*corev1.Pod, len(pods))
 	for _, p := range pods {
+		if uid, ok := StaticUID(p); ok {
+			byUID[uid] = p
+			continue
+		}
 		byUID[string(p.UID)] = p
 	}
 	var out []Prediction
@@ -71,7 +84,7 @@ func PredictPods(pods []*corev1.Pod, running map[string][]RuntimeContainer, opts
 			}
 			pod := byUID[rc.PodUID]
 			if pod == nil {
-				continue // not in the API (gone, or a mirror pod's old UID)
+				continue // not in the API (gone, or a static pod with no mirror pod yet)
 			}
 			spec, init := findContainer(pod, rc.Name)
 			if spec == nil {
@@ -91,6 +104,12 @@ func PredictPods(pods []*corev1.Pod, running map[string][]RuntimeContainer, opts
 				} else if ok && ParseLabel(rc.HashWithoutResources) == wr {
 					p.Changed = false
 				}
+			}
+			_, p.Static = StaticUID(pod)
+			if p.Static && opts.RecreateStatic {
+				p.Recreated = true
+				out = append(out, p)
+				continue
 			}
 			p.Protected = p.Changed && opts.Cache.Skip(opts.Target.Version.String(), start, rc.StartedAt)
 			p.Restart = p.Changed && !p.Protected

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )
 
@@ -164,3 +165,49 @@ func TestPredictInPlaceResizeGate(t *testing.T) {
 }
 
 func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
+
+// A static pod's containers carry the static pod's UID, which the API
+// knows only as its mirror pod's annotation: they are matched through it,
+// and a target of another minor recreates them, cache or not.
+func TestPredictStaticPods(t *testing.T) {
+	old, target := hasher(t, "v1.30.14"), hasher(t, "v1.31.4")
+	mirror := corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge-worker-1", Namespace: "kube-system", UID: "api-uid",
+			Annotations: map[string]string{MirrorAnnotation: "static-uid", "kubernetes.io/config.source": "file"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{sample}},
+	}
+	v, _ := old.Hash(&mirror.Spec.Containers[0])
+	running := map[string][]RuntimeContainer{"worker-1": {{ID: "c1", PodUID: "static-uid", Pod: mirror.Name, Namespace: mirror.Namespace,
+		Name: sample.Name, Running: true, StartedAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), Hash: Label(v)}}}
+	cache := &hashskip.File{OldKubeletVersion: "v1.30.14"}
+
+	got, err := Predict([]corev1.Pod{mirror}, running, PredictOptions{Target: target, Cache: cache, RecreateStatic: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !got[0].Static || !got[0].Recreated || got[0].Protected || got[0].Restart {
+		t.Fatalf("static pod, new minor: %+v", got)
+	}
+	// A patch upgrade keeps the UID: the hash rules apply as to any pod.
+	got, _ = Predict([]corev1.Pod{mirror}, running, PredictOptions{Target: old})
+	if len(got) != 1 || !got[0].Static || got[0].Recreated || got[0].Changed {
+		t.Fatalf("static pod, same minor: %+v", got)
+	}
+	// Matched by the annotation only: the mirror pod's own UID is not the runtime's.
+	running["worker-1"][0].PodUID = "api-uid"
+	if got, _ = Predict([]corev1.Pod{mirror}, running, PredictOptions{Target: old}); len(got) != 0 {
+		t.Errorf("matched by the mirror pod's API UID: %+v", got)
+	}
+}
+
+func TestStaticPodsRecreated(t *testing.T) {
+	v := func(s string) catalog.Version { x, _ := catalog.ParseVersion(s); return x }
+	for _, c := range []struct {
+		from, to string
+		want     bool
+	}{{"v1.30.14", "v1.31.4", true}, {"v1.31.1", "v1.31.4", false}, {"v1.31.4", "v1.30.14", true}, {"v1.30.1", "v1.32.0", true}} {
+		if got := StaticPodsRecreated(v(c.from), v(c.to)); got != c.want {
+			t.Errorf("%s -> %s: %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+}
