@@ -50,8 +50,14 @@ func From(version string) Option { return func(c *sandbox.Config) { c.OldVersion
 // processes, no pod network) instead of containerd; why says what the
 // package needs it for.
 func StandIn(why string) Option {
-	return func(c *sandbox.Config) { c.Runtime = sandbox.RuntimeStandIn }
+	return func(c *sandbox.Config) {
+		c.Runtime = sandbox.RuntimeStandIn
+		fmt.Fprintf(os.Stderr, "harness: nodes on the CRI stand-in: %s\n", why)
+	}
 }
+
+// StaticPod runs a static pod on the last worker (sandbox.Config.StaticPod).
+func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
 
 // Setup builds the programs, brings up a sandbox (controlPlanes, workers)
 // named name on subnet, and makes the bundles. Close takes it all down.

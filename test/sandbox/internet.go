@@ -10,13 +10,20 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/test/images"
 	"github.com/kubelift/kubelift/test/internet"
 )
 
@@ -103,8 +110,11 @@ func (s *State) internetFiles(m *Machine) error {
 
 // seedInternet pushes an image for every image of the new version's
 // catalog entry (amd64 and arm64, as multi-arch indexes) into the source
-// registry, from inside the internet's namespace.
-func (s *State) seedInternet(ctx context.Context) error {
+// registry, from inside the internet's namespace. With built (the real
+// runtime), pause is the real one (amd64): a bundle carries it, import
+// pushes it where the nodes pull pause from, and a pod sandbox started
+// after that must still start.
+func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
 	m, err := s.Machine("internet")
 	if err != nil {
 		return err
@@ -131,10 +141,29 @@ func (s *State) seedInternet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = internet.Seed(ctx, internetRegistry, internet.ReleaseRepos(rel),
-		internet.ImageShape{Arches: []string{"amd64", "arm64"}, BaseBytes: 8 << 20, UniqueBytes: 2 << 20},
-		remote.WithTransport(&http.Transport{DialContext: ns.DialContext}))
-	return err
+	tr := remote.WithTransport(&http.Transport{DialContext: ns.DialContext})
+	repos := internet.ReleaseRepos(rel)
+	if _, err = internet.Seed(ctx, internetRegistry, repos,
+		internet.ImageShape{Arches: []string{"amd64", "arm64"}, BaseBytes: 8 << 20, UniqueBytes: 2 << 20}, tr); err != nil {
+		return err
+	}
+	if built == nil {
+		return nil
+	}
+	pause := "pause:" + images.PauseTag
+	if !slices.Contains(repos, pause) {
+		return fmt.Errorf("stand-in internet: %s's catalog entry has no %s (the pause image the sandbox builds)", s.NewVersion, pause)
+	}
+	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index,
+		mutate.IndexAddendum{Add: built.Pause, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}}), types.DockerManifestList)
+	ref, err := name.ParseReference(internetRegistry+"/"+pause, name.Insecure)
+	if err != nil {
+		return err
+	}
+	if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
+		return fmt.Errorf("stand-in internet: push the real %s: %w", pause, err)
+	}
+	return nil
 }
 
 // ServeFiles serves dir over HTTP on addr until ctx ends (the stand-in

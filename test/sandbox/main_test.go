@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubelift/kubelift/test/images"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
 
@@ -406,10 +407,10 @@ func TestWorkloads(t *testing.T) {
 // into the air gap; the admin machine has none out to it.
 func TestInternetOutsideTheAirGap(t *testing.T) {
 	inet := node(t, "internet")
-	get := func(url string) string {
-		out, err := sb.Command(inet, "curl", "-sf", "-m", "5", url).Output()
+	get := func(args ...string) string {
+		out, err := sb.Command(inet, "curl", append([]string{"-sf", "-m", "5"}, args...)...).Output()
 		if err != nil {
-			t.Fatalf("curl %s in the internet namespace: %v", url, err)
+			t.Fatalf("curl %s in the internet namespace: %v", args, err)
 		}
 		return string(out)
 	}
@@ -423,6 +424,26 @@ func TestInternetOutsideTheAirGap(t *testing.T) {
 	}
 	if strings.Fields(sum)[0] != strings.Fields(string(want))[0] {
 		t.Errorf("kubelet.sha256 %q, built kubelet %q", sum, want)
+	}
+	// pause is the real one (a bundle carries it into the air gap, and
+	// pods started after the import run it): its amd64 image runs /pause.
+	var index struct {
+		Manifests []struct {
+			Digest   string
+			Platform struct{ Architecture string }
+		}
+	}
+	accept := "application/vnd.docker.distribution.manifest.list.v2+json,application/vnd.oci.image.index.v1+json"
+	if err := json.Unmarshal([]byte(get("-H", "Accept: "+accept, "http://"+sb.Internet.Registry+"/v2/pause/manifests/"+images.PauseTag)), &index); err != nil || len(index.Manifests) == 0 {
+		t.Fatalf("pause:%s in the source registry: not an index (%v)", images.PauseTag, err)
+	}
+	var manifest struct{ Config struct{ Digest string } }
+	if err := json.Unmarshal([]byte(get("-H", "Accept: application/vnd.docker.distribution.manifest.v2+json,application/vnd.oci.image.manifest.v1+json",
+		"http://"+sb.Internet.Registry+"/v2/pause/manifests/"+index.Manifests[0].Digest)), &manifest); err != nil {
+		t.Fatal(err)
+	}
+	if config := get("http://" + sb.Internet.Registry + "/v2/pause/blobs/" + manifest.Config.Digest); index.Manifests[0].Platform.Architecture != "amd64" || !strings.Contains(config, `"Entrypoint":["/pause"]`) {
+		t.Errorf("pause:%s in the source registry (%s) is not the real pause: %.300s", images.PauseTag, index.Manifests[0].Platform.Architecture, config)
 	}
 	if out, err := sb.Command(inet, "curl", "-s", "-m", "3", "-k", "https://"+sb.Registry.Address+"/v2/").CombinedOutput(); err == nil {
 		t.Errorf("the internet reached the private registry: %s", out)

@@ -68,6 +68,11 @@ WantedBy=multi-user.target
 // containerd 2.x): cgroupfs, the pause image pinned, the registry's hosts
 // under certs.d with its credentials (hosts.toml has no field for them),
 // and pod network namespaces under containerd's own state directory.
+// registry.configs.*.auth is deprecated, but containerd's docs/cri/registry.md
+// says it stays until a secret store replaces it, and it is the only way
+// to credential containerd's own pulls: the pause image is pulled by
+// containerd with no pod and so no imagePullSecrets (what air-gapped
+// installers such as kubespray write, too).
 // restrict_oom_score_adj: the machines this runs on may lack
 // CAP_SYS_RESOURCE (seen: writing -998, the pause container's score, to
 // oom_score_adj fails), so no container's score goes below containerd's.
@@ -139,6 +144,7 @@ cgroupsPerQOS: true
 imageGCHighThresholdPercent: 100
 evictionHard: {nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%", memory.available: "100Mi"}
 clusterDNS: []
+staticPodPath: /etc/kubernetes/manifests
 `
 
 // cgroupHierarchies are the cgroup v1 hierarchies the kubelet needs a
@@ -165,7 +171,7 @@ func (s *State) PodCIDR(m Machine) string {
 // runtimeFiles gives node m containerd, runc, crictl, ctr, the CNI
 // plugins and their configuration.
 func (s *State) runtimeFiles(m *Machine) error {
-	for _, d := range []string{"var/lib/containerd", "var/lib/cni", "etc/cni/net.d", "opt/cni/bin"} {
+	for _, d := range []string{"var/lib/containerd", "var/lib/cni", "etc/cni/net.d", "opt/cni/bin", "etc/kubernetes/manifests"} {
 		if err := os.MkdirAll(m.fsPath(d), 0o755); err != nil {
 			return err
 		}
@@ -303,14 +309,14 @@ const (
 // pushImages builds pause and the shop's server and pushes them to the
 // private registry, as the cluster's installer and the team's CI did
 // before kubelift ever ran.
-func (s *State) pushImages(ctx context.Context) error {
+func (s *State) pushImages(ctx context.Context) (*images.Set, error) {
 	set, err := images.Build(ctx, filepath.Join(s.Dir, "images"), s.OldVersion)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	caPEM, err := os.ReadFile(s.Registry.CAFile)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
@@ -320,11 +326,11 @@ func (s *State) pushImages(ctx context.Context) error {
 	for path, img := range map[string]v1.Image{"pause:" + images.PauseTag: set.Pause, ShopAppImage: set.Shop, ShopSidecarImage: set.Shop} {
 		ref, err := name.ParseReference(s.Registry.Address + "/" + path)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := remote.Write(ref, img, opts...); err != nil {
-			return fmt.Errorf("push %s: %w", ref, err)
+			return nil, fmt.Errorf("push %s: %w", ref, err)
 		}
 	}
-	return nil
+	return set, nil
 }

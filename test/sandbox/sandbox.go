@@ -24,11 +24,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/kubelift/kubelift/internal/atomicfile"
+	"github.com/kubelift/kubelift/test/images"
 	"github.com/kubelift/kubelift/test/kube"
 )
 
@@ -54,6 +56,10 @@ type Config struct {
 	// pods with and without tolerations, a pod whose nodeSelector no
 	// longer matches).
 	Workloads bool
+	// StaticPod runs a static pod on the last worker (containerd only), as
+	// installers do (kubespray's nginx-proxy on every worker): a kubelet
+	// of another minor recreates it (kubernetes#116080).
+	StaticPod bool
 	// Log reports progress (nil: silent).
 	Log func(format string, args ...any)
 }
@@ -118,7 +124,10 @@ type State struct {
 	Registry    Registry `json:"registry"`
 	Internet    Internet `json:"internet"`
 	APIServer   string   `json:"apiServer"`
-	Complete    bool     `json:"complete"`
+	// StaticPod is the mirror pod (namespace/name) of the static pod the
+	// sandbox runs (Config.StaticPod), "" when none.
+	StaticPod string `json:"staticPod,omitempty"`
+	Complete  bool   `json:"complete"`
 }
 
 // Binaries are the directories of the built Kubernetes components.
@@ -238,6 +247,11 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("sandbox: needs root (network and mount namespaces, bind mounts)")
 	}
+	// The nodes run what this host builds, while the catalog's files,
+	// the internet's pause and the images name linux/amd64.
+	if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
+		return nil, fmt.Errorf("sandbox: builds linux/amd64 nodes from this host's binaries; this host is %s/%s", runtime.GOOS, runtime.GOARCH)
+	}
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
 		return nil, err
@@ -277,7 +291,7 @@ func (s *State) matches(cfg Config) bool {
 		}
 	}
 	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime &&
-		cps == cfg.ControlPlanes && workers == cfg.Workers
+		cps == cfg.ControlPlanes && workers == cfg.Workers && (s.StaticPod != "") == (cfg.StaticPod && cfg.Workloads)
 }
 
 func (s *State) up(ctx context.Context, cfg Config) error {
@@ -368,20 +382,30 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	if err := s.waitRegistry(ctx); err != nil {
 		return err
 	}
+	var built *images.Set
 	if cfg.Runtime == RuntimeContainerd {
 		cfg.Log("images: pause and the shop's server, built here and pushed to the private registry")
-		if err := s.pushImages(ctx); err != nil {
+		if built, err = s.pushImages(ctx); err != nil {
 			return err
 		}
 	}
-	cfg.Log("the stand-in internet: seeding %s's images and serving its files (real kubelet and kubectl)", cfg.NewVersion)
-	if err := s.seedInternet(ctx); err != nil {
+	cfg.Log("the stand-in internet: seeding %s's images and serving its files (real kubelet, kube-proxy and kubectl; the real pause)", cfg.NewVersion)
+	if err := s.seedInternet(ctx, built); err != nil {
 		return err
 	}
 	if cfg.Workloads {
 		cfg.Log("workloads: Deployments, a DaemonSet and bare pods (some without tolerations, one with a nodeSelector its node no longer matches)")
 		if err := s.createWorkloads(ctx); err != nil {
 			return err
+		}
+		if cfg.StaticPod {
+			if cfg.Runtime != RuntimeContainerd {
+				return errors.New("sandbox: a static pod needs the containerd runtime")
+			}
+			cfg.Log("a static pod on the last worker")
+			if err := s.createStaticPod(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	s.Complete = true

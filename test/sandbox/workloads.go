@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,6 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kubelift/kubelift/internal/atomicfile"
 )
 
 // WorkloadNamespace holds the sandbox's workloads.
@@ -175,4 +179,54 @@ func WaitPodsRunning(ctx context.Context, client kubernetes.Interface, namespace
 		return fmt.Errorf("pods in %s not running: %v: %w", namespace, waiting, err)
 	}
 	return nil
+}
+
+// StaticPodName is the static pod's name in its manifest; its mirror pod
+// is StaticPodName-NODE in kube-system.
+const StaticPodName = "edge"
+
+// createStaticPod writes a static pod's manifest into the last worker's
+// /etc/kubernetes/manifests, as an installer does before the cluster is
+// handed over, and waits for its mirror pod Running.
+func (s *State) createStaticPod(ctx context.Context) error {
+	var node *Machine
+	for i := range s.Machines {
+		if s.Machines[i].Role == "worker" {
+			node = &s.Machines[i]
+		}
+	}
+	if node == nil {
+		return errors.New("static pod: no worker")
+	}
+	pod := corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: StaticPodName, Namespace: metav1.NamespaceSystem, Labels: map[string]string{"app": StaticPodName}},
+		Spec:       s.PodSpec(nil)}
+	data, err := yaml.Marshal(pod)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(node.fsPath("etc/kubernetes/manifests/"+StaticPodName+".yaml"), data, 0o644); err != nil {
+		return err
+	}
+	client, err := s.Client()
+	if err != nil {
+		return err
+	}
+	name := StaticPodName + "-" + node.Name
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		p, err := client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && p.Status.Phase == corev1.PodRunning {
+			s.StaticPod = metav1.NamespaceSystem + "/" + name
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("static pod %s on %s not Running within 3m (last: %v)", name, node.Name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
