@@ -22,6 +22,7 @@ import (
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/kube"
+	"github.com/kubelift/kubelift/test/prober"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
 
@@ -565,12 +566,40 @@ func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	if fresh.Restarts != fresh.Containers || fresh.Restarts == 0 {
 		t.Errorf("worker-1: the plan predicts %d of %d containers restart under upstream's kubelet, want all", fresh.Restarts, fresh.Containers)
 	}
+	// The prober watches worker-1's pods through it: restarted
+	// containers are a cost a user sees, and the prober must see it
+	// (the contrast to test/apply's zero).
+	var targets []prober.Target
+	all, err := sb.ProbeTargets(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range all {
+		if strings.HasPrefix(tg.Name, "pod ") && strings.HasSuffix(tg.Name, " on worker-1") {
+			targets = append(targets, tg)
+		}
+	}
+	if len(targets) == 0 {
+		t.Fatalf("no shop pod on worker-1 to probe: %v", all)
+	}
+	probe, err := prober.Start(context.Background(), prober.Config{Targets: targets, Rate: 10, Streams: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if r := upgrade(t, pw, append(applyArgs, "--allow-restarts")...); r.Code != 0 {
+		probe.Stop()
 		t.Fatalf("apply --allow-restarts: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	waitFor(t, "the predicted containers on worker-1 replaced", func() bool { return gone(before, running(t, "worker-1")) >= fresh.Restarts })
+	res := probe.Stop()
 	if n := gone(before, running(t, "worker-1")); n != fresh.Restarts {
 		t.Errorf("worker-1 under apply --allow-restarts: %d containers restarted, the plan predicted %d", n, fresh.Restarts)
+	}
+	var table strings.Builder
+	_ = res.WriteTable(&table)
+	t.Logf("availability of worker-1's pods while upstream's kubelet restarted their containers:\n%s", table.String())
+	if !res.Disrupted() {
+		t.Errorf("the prober saw no failed request and no broken connection while %d containers restarted: it cannot fail", fresh.Restarts)
 	}
 }
 
