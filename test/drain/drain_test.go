@@ -26,7 +26,7 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "kld", "10.86.0", 1, 2, func(x *harness.Harness) {
 		h = x
-	}, harness.StandIn("not moved to the real data plane yet (issue 18)"))
+	})
 }
 
 func apply(t *testing.T, extra ...string) harness.Result {

@@ -25,7 +25,7 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "klr", "10.87.0", 1, 2, func(x *harness.Harness) {
 		h = x
-	}, harness.From(from), harness.StandIn("not moved to the real data plane yet (issue 18)"))
+	}, harness.From(from))
 }
 
 // running reads the version of comp's running process on node, over SSH

@@ -81,8 +81,12 @@ func (s *State) createWorkloads(ctx context.Context) error {
 	// api: three replicas, at most one more on a worker than on another,
 	// behind the Service shop/api (port 80).
 	api := deploy("api", 3, nil)
+	// Nodes whose taints the pods do not tolerate (the control plane's)
+	// are no domain: counted, their zero would forbid a second replica on
+	// a worker of two.
+	honor := corev1.NodeInclusionPolicyHonor
 	api.Spec.Template.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname,
-		WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}}}
+		WhenUnsatisfiable: corev1.DoNotSchedule, NodeTaintsPolicy: &honor, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}}}
 	for _, d := range []*appsv1.Deployment{deploy("web", 3, NotReadyTolerations()), api} {
 		if _, err := client.AppsV1().Deployments(WorkloadNamespace).Create(ctx, d, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("deployment %s: %w", d.Name, err)
