@@ -1,7 +1,8 @@
 // Package apply tests upgrade apply end to end on a sandbox of its own (1
 // control plane, 3 workers at v1.30.14): the lock, the refusal of a
 // blocked plan, a kubelet that never becomes Ready rolled back, resume,
-// and the whole upgrade to v1.31.4 with no container restarted.
+// and the whole upgrade to v1.31.4 with no container restarted but the
+// static pod's, which the plan predicts and apply checks runs again.
 package apply
 
 import (
@@ -21,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/test/harness"
@@ -33,8 +35,21 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "kla", "10.84.0", 1, 3, func(x *harness.Harness) {
 		h = x
-	})
+	}, harness.StaticPod())
 }
+
+// staticPod is the sandbox's mirror pod of the static pod on worker-3.
+func staticPod(t *testing.T) *corev1.Pod {
+	t.Helper()
+	ns, name, _ := strings.Cut(h.SB.StaticPod, "/")
+	p, err := h.Client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("static pod %s: %v", h.SB.StaticPod, err)
+	}
+	return p
+}
+
+var staticBefore *corev1.Pod
 
 // apply runs upgrade apply with the sandbox's registry and SSH flags.
 func apply(t *testing.T, extra ...string) harness.Result {
@@ -100,6 +115,7 @@ func startProbe(t *testing.T) {
 func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 	h.Import(t, h.HashSkipBundle)
 	before = containers(t)
+	staticBefore = staticPod(t)
 	startProbe(t)
 	ctx := context.Background()
 	holder, secs, now := "admin-2/4242", int32(600), metav1.NewMicroTime(time.Now())
@@ -129,6 +145,32 @@ func TestApplyRefusesABlockedPlan(t *testing.T) {
 	}
 	if v := apiserverVersion(t); v != h.SB.OldVersion {
 		t.Errorf("the API server runs %s after a blocked apply", v)
+	}
+	// The plan says which containers no kubelift can keep: the static
+	// pod's on worker-3, recreated under a new UID by a kubelet of
+	// another minor; every other container is kept by the hash-skip file.
+	reg, pw := h.RegistryFlags()
+	r = h.Upgrade(t, pw, append(append([]string{"plan", "--to", h.SB.NewVersion, "--key", h.Key(), "-o", "json", "-q"}, reg...), h.SSHFlags()...)...)
+	var p inplace.Plan
+	if err := json.Unmarshal([]byte(r.Stdout), &p); err != nil {
+		t.Fatalf("plan -o json: exit %d %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
+	}
+	_, mirror, _ := strings.Cut(h.SB.StaticPod, "/")
+	for _, n := range p.Nodes {
+		want := 0
+		if n.Name == "worker-3" {
+			want = len(staticBefore.Spec.Containers)
+		}
+		if n.Recreated != want || n.Restarts != 0 {
+			t.Errorf("plan: %s recreated %d and restarts %d, want %d and 0", n.Name, n.Recreated, n.Restarts, want)
+		}
+	}
+	found := false
+	for _, f := range p.Findings {
+		found = found || (f.Check == "restarts" && f.Object == "node/worker-3" && strings.Contains(f.Message, "static pods kube-system/"+mirror))
+	}
+	if !found {
+		t.Errorf("plan: no finding about %s's recreation: %+v", h.SB.StaticPod, p.Findings)
 	}
 }
 
@@ -297,13 +339,35 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	if st := status(t); st.State != inplace.StateComplete || st.Backup == "" {
 		t.Errorf("state %s, etcd backup %q", st.State, st.Backup)
 	}
+	if !strings.Contains(r.Stderr, "static pods started anew") {
+		t.Errorf("the apply that moved worker-3 did not say its static pod was recreated:\n%s", r.Stderr)
+	}
 	after := containers(t)
 	for n, ids := range before {
 		for id, what := range ids {
+			if strings.HasPrefix(what, h.SB.StaticPod+"/") {
+				continue // recreated, as the plan said: checked below
+			}
 			if _, ok := after[n][id]; !ok {
 				t.Errorf("%s: container %s (%s) restarted", n, what, id)
 			}
 		}
+	}
+	// The static pod: a new UID (the kubelet's, in the mirror
+	// annotation), Running, its containers running on worker-3.
+	sp := staticPod(t)
+	if sp.Annotations[kubeletcompat.MirrorAnnotation] == staticBefore.Annotations[kubeletcompat.MirrorAnnotation] || sp.Status.Phase != corev1.PodRunning {
+		t.Errorf("static pod after the upgrade: UID %s (before %s), %s; want a new UID, Running",
+			sp.Annotations[kubeletcompat.MirrorAnnotation], staticBefore.Annotations[kubeletcompat.MirrorAnnotation], sp.Status.Phase)
+	}
+	runs := 0
+	for _, what := range after["worker-3"] {
+		if strings.HasPrefix(what, h.SB.StaticPod+"/") {
+			runs++
+		}
+	}
+	if runs != len(sp.Spec.Containers) {
+		t.Errorf("worker-3 runs %d of the static pod's %d containers", runs, len(sp.Spec.Containers))
 	}
 	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
@@ -322,10 +386,12 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 			t.Errorf("batch-legacy did not gain the tolerations: %v", p.Spec.Tolerations)
 		}
 	}
+	// Every kube-proxy at the target, as it says itself: its
+	// kubernetes_build_info metric.
 	for _, m := range h.SB.Nodes() {
-		running := h.SSH(t, m.Name, "pid=$(systemctl show kube-proxy -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version")
-		if v := strings.TrimSpace(running); v != "Kubernetes "+h.SB.NewVersion {
-			t.Errorf("%s: kube-proxy runs %q, want %s", m.Name, v, h.SB.NewVersion)
+		info := h.SSH(t, m.Name, "curl -sf -m 5 http://127.0.0.1:10249/metrics | grep '^kubernetes_build_info{'")
+		if !strings.Contains(info, `git_version="`+h.SB.NewVersion+`"`) {
+			t.Errorf("%s: kube-proxy's kubernetes_build_info %q, want git_version %s", m.Name, strings.TrimSpace(info), h.SB.NewVersion)
 		}
 	}
 	// Availability, as a user judges it: from the first apply to the end

@@ -23,7 +23,7 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "klh", "10.85.0", 3, 2, func(x *harness.Harness) {
 		h = x
-	}, harness.StandIn("not moved to the real data plane yet (issue 18)"))
+	})
 }
 
 // started reads when comp's running process started, in clock ticks since
