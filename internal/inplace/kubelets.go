@@ -342,9 +342,11 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 		recreate = kubeletcompat.StaticPodsRecreated(fv, r.target.Version)
 	}
 	static := map[string]int{} // ns/name of a static pod -> containers that ran before
+	wasRunning := map[string]bool{}
 	for _, p := range podsBefore {
 		if p.static && recreate && !p.ended() {
 			static[p.name] = 0
+			wasRunning[p.name] = p.phase == corev1.PodRunning
 		}
 	}
 	// Gone: the container, or its process (a container restarted in
@@ -379,6 +381,13 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 			return fmt.Errorf("node %s: pod %s is gone (evicted?)", o.name, p)
 		} else if q.phase == corev1.PodFailed {
 			return fmt.Errorf("node %s: pod %s failed", o.name, q)
+		}
+	}
+	// Only a static pod that ran before must run again (one that was
+	// Pending stays the kubelet's business).
+	for name := range static {
+		if !wasRunning[name] {
+			delete(static, name)
 		}
 	}
 	if len(static) == 0 {

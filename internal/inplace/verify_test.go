@@ -112,11 +112,13 @@ func TestVerifyStaticPods(t *testing.T) {
 		name, from string
 		after      []string // containers after the swap
 		mirrorUID  string   // the mirror pod's API UID after the swap
+		pending    bool     // the static pod was Pending before the swap
 		want       string   // "" when verify passes
 	}{
 		{name: "new minor, recreated", from: "v1.30.14", after: []string{"api-app", "edge2-app"}, mirrorUID: "api-edge2"},
 		{name: "new minor, not back", from: "v1.30.14", after: []string{"api-app"}, mirrorUID: "api-edge2",
 			want: "static pods not running again: shop/edge (0 of 1 containers running)"},
+		{name: "new minor, was Pending, not back", from: "v1.30.14", after: []string{"api-app"}, mirrorUID: "api-edge2", pending: true},
 		{name: "same minor, restarted", from: "v1.31.1", after: []string{"api-app", "edge2-app"}, mirrorUID: "api-edge",
 			want: "node worker-1: 1 containers restarted: shop/edge/app"},
 	} {
@@ -125,7 +127,11 @@ func TestVerifyStaticPods(t *testing.T) {
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
 				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
 			}}
-			client := fake.NewClientset(mirror.DeepCopy(), api.DeepCopy())
+			m := mirror.DeepCopy()
+			if tc.pending {
+				m.Status.Phase = corev1.PodPending
+			}
+			client := fake.NewClientset(m, api.DeepCopy())
 			to, _ := catalog.ParseVersion("v1.31.4")
 			o := &nodeOps{n: node, name: "worker-1", from: tc.from, facts: &nodefacts.Facts{}}
 			r := &applyRun{res: &ApplyResult{}, client: client, target: &Target{Version: to}, log: slog.New(slog.DiscardHandler),
