@@ -474,3 +474,42 @@ func TestHealthOverAWindow(t *testing.T) {
 		})
 	}
 }
+
+// A static pod (matched through its mirror pod) is predicted recreated
+// by a kubelet of another minor, apart from restarts; a container of no
+// pod the API knows is named, not silently left out.
+func TestRestartsStaticPods(t *testing.T) {
+	w := restartWorld(t)
+	for i := range w.opts.Target.Manifest.Files {
+		if w.opts.Target.Manifest.Files[i].Name == "kubelet" {
+			w.opts.Target.Manifest.Files[i].HashSkip = true
+		}
+	}
+	mirror := pod("edge-worker-1", "worker-1", true)
+	mirror.UID = "api-uid"
+	mirror.Annotations = map[string]string{kubeletcompat.MirrorAnnotation: "static-uid"}
+	w.view.pods = append(w.view.pods, mirror)
+	f := w.view.facts["worker-1"]
+	f.Containers = append(f.Containers,
+		kubeletcompat.RuntimeContainer{ID: "c-edge", PodUID: "static-uid", Namespace: mirror.Namespace, Pod: mirror.Name, Name: "app", Running: true, StartedAt: w.opts.Now().Add(-time.Hour)},
+		kubeletcompat.RuntimeContainer{ID: "c-lost", PodUID: "no-such-uid", Namespace: "shop", Pod: "gone", Name: "app", Running: true, StartedAt: w.opts.Now().Add(-time.Hour)})
+	p := w.plan(t)
+	if n := p.Nodes[1]; n.Containers != 3 || n.Recreated != 1 || n.Restarts != 0 || n.Protected != 2 {
+		t.Errorf("worker-1: %+v", n)
+	}
+	if p.Blocked {
+		t.Errorf("blocked by a static pod: %+v", p.Findings)
+	}
+	want(t, only(p, "restarts"), Warning, "node/worker-1", "static pods "+mirror.Namespace+"/edge-worker-1 (1 containers) will be recreated", "v1.30.14 to v1.31.4")
+	want(t, only(p, "restarts"), Warning, "node/worker-1", "1 running containers belong to no pod the API server knows (shop/gone/app)")
+	// Within a minor the static pod is kept like any other.
+	w.view.facts["worker-1"].Components["kubelet"] = "v1.31.1"
+	for i := range w.view.nodes {
+		if w.view.nodes[i].Name == "worker-1" {
+			w.view.nodes[i].Status.NodeInfo.KubeletVersion = "v1.31.1"
+		}
+	}
+	if n := w.plan(t).Nodes[1]; n.Recreated != 0 || n.Containers != 3 || n.Kubelet != "v1.31.1" {
+		t.Errorf("worker-1 within a minor: %+v", n)
+	}
+}

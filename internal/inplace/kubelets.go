@@ -329,9 +329,9 @@ func (r *applyRun) eraOf(v string) (string, error) {
 // IDs and, where the runtime's tasks were read, the same processes), and
 // every pod is still there and not failed. Static pods are the exception
 // the plan announced: a kubelet of another minor gives them new UIDs and
-// so starts them anew; for those, each must run again (its mirror pod
-// Running, as many containers running as before) within the Ready
-// timeout.
+// so starts them anew; each that ran before must run again, recreated
+// (a mirror pod naming a new static UID, Running, with as many containers
+// of new IDs running as before) within the Ready timeout.
 func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]podInfo) error {
 	after, err := o.containers(ctx)
 	if err != nil {
@@ -341,20 +341,18 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 	if fv, err := catalog.ParseVersion(o.from); err == nil {
 		recreate = kubeletcompat.StaticPodsRecreated(fv, r.target.Version)
 	}
-	static := map[string]int{} // ns/name of a static pod -> containers that ran before
-	wasRunning := map[string]bool{}
+	static := map[string]*staticPod{} // by ns/name
 	for _, p := range podsBefore {
-		if p.static && recreate && !p.ended() {
-			static[p.name] = 0
-			wasRunning[p.name] = p.phase == corev1.PodRunning
+		if p.staticUID != "" && recreate && !p.ended() {
+			static[p.name] = &staticPod{uid: p.staticUID, running: p.phase == corev1.PodRunning}
 		}
 	}
 	// Gone: the container, or its process (a container restarted in
 	// place keeps its ID but not its PID).
 	var gone []string
 	for id, b := range before {
-		if n, ok := static[b.pod()]; ok {
-			static[b.pod()] = n + 1
+		if sp := static[b.pod()]; sp != nil {
+			sp.containers++
 			continue
 		}
 		a, ok := after[id]
@@ -374,7 +372,7 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 		return err
 	}
 	for uid, p := range podsBefore {
-		if _, ok := static[p.name]; ok || p.ended() {
+		if static[p.name] != nil || p.ended() {
 			continue
 		}
 		if q, ok := podsAfter[uid]; !ok {
@@ -385,16 +383,16 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 	}
 	// Only a static pod that ran before must run again (one that was
 	// Pending stays the kubelet's business).
-	for name := range static {
-		if !wasRunning[name] {
+	for name, sp := range static {
+		if !sp.running {
 			delete(static, name)
 		}
 	}
 	if len(static) == 0 {
 		return nil
 	}
-	if err := r.waitStatic(ctx, o, static); err != nil {
-		return err
+	if err := r.waitStatic(ctx, o, before, static); err != nil {
+		return fmt.Errorf("node %s: static pods not recreated within %s: %w", o.name, r.opts.ReadyTimeout, err)
 	}
 	names := slices.Sorted(maps.Keys(static))
 	r.log.Info("static pods started anew under new UIDs, as the plan said", "node", o.name, "pods", names)
@@ -402,40 +400,52 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 	return nil
 }
 
-// waitStatic waits until every static pod (ns/name -> containers it ran)
-// runs again: its mirror pod Running and at least as many of its
-// containers running.
-func (r *applyRun) waitStatic(ctx context.Context, o *nodeOps, static map[string]int) error {
+// staticPod is a static pod as it ran before the swap: its static UID,
+// whether it was Running, and how many of its containers ran.
+type staticPod struct {
+	uid        string
+	running    bool
+	containers int
+}
+
+// waitStatic waits until every static pod (by ns/name) is recreated: its
+// mirror pod names a static UID other than before and is Running, and at
+// least as many of its containers run as before, none of them one that
+// ran before.
+func (r *applyRun) waitStatic(ctx context.Context, o *nodeOps, before map[string]container, static map[string]*staticPod) error {
 	return r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
 		pods, err := r.podsOn(ctx, o.name)
 		if err != nil {
 			return err
 		}
-		running := map[string]bool{}
+		now := map[string]podInfo{}
 		for _, p := range pods {
-			if p.phase == corev1.PodRunning {
-				running[p.name] = true
-			}
+			now[p.name] = p
 		}
 		cs, err := o.containers(ctx)
 		if err != nil {
 			return err
 		}
-		have := map[string]int{}
-		for _, c := range cs {
-			have[c.pod()]++
+		fresh := map[string]int{}
+		for id, c := range cs {
+			if _, old := before[id]; !old {
+				fresh[c.pod()]++
+			}
 		}
 		var waiting []string
 		for _, name := range slices.Sorted(maps.Keys(static)) {
+			sp, p := static[name], now[name]
 			switch {
-			case !running[name]:
-				waiting = append(waiting, name+" (mirror pod not Running)")
-			case have[name] < static[name]:
-				waiting = append(waiting, fmt.Sprintf("%s (%d of %d containers running)", name, have[name], static[name]))
+			case p.staticUID == "" || p.staticUID == sp.uid:
+				waiting = append(waiting, name+" (no mirror pod of a new UID yet)")
+			case p.phase != corev1.PodRunning:
+				waiting = append(waiting, fmt.Sprintf("%s (mirror pod %s)", name, p.phase))
+			case fresh[name] < sp.containers:
+				waiting = append(waiting, fmt.Sprintf("%s (%d of %d new containers running)", name, fresh[name], sp.containers))
 			}
 		}
 		if len(waiting) > 0 {
-			return fmt.Errorf("node %s: static pods not running again: %s", o.name, strings.Join(waiting, ", "))
+			return errors.New(strings.Join(waiting, ", "))
 		}
 		return nil
 	})
@@ -452,11 +462,11 @@ func (e *restartedError) Error() string {
 }
 
 // podInfo is a pod on a node as verify compares it: "ns/name", its phase,
-// and whether it is a static pod's mirror.
+// and, for a static pod's mirror, the static pod's UID.
 type podInfo struct {
-	name   string
-	phase  corev1.PodPhase
-	static bool
+	name      string
+	phase     corev1.PodPhase
+	staticUID string
 }
 
 func (p podInfo) String() string { return p.name + " " + string(p.phase) }
@@ -479,8 +489,8 @@ func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]podIn
 	out := map[types.UID]podInfo{}
 	for i := range l.Items {
 		p := &l.Items[i]
-		_, static := kubeletcompat.StaticUID(p)
-		out[p.UID] = podInfo{name: p.Namespace + "/" + p.Name, phase: p.Status.Phase, static: static}
+		staticUID, _ := kubeletcompat.StaticUID(p)
+		out[p.UID] = podInfo{name: p.Namespace + "/" + p.Name, phase: p.Status.Phase, staticUID: staticUID}
 	}
 	return out, nil
 }

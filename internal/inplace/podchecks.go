@@ -159,6 +159,27 @@ func (pc *planCheck) restarts() {
 				}
 			}
 		}
+		// Containers of no pod the API knows (a static pod whose mirror
+		// pod the API refused, a pod deleted meanwhile): nothing predicts
+		// them, and verify counts them as restarted if they go.
+		known := map[string]bool{}
+		for _, p := range pc.onNode[s.Name] {
+			known[string(p.UID)] = true
+			if uid, ok := kubeletcompat.StaticUID(p); ok {
+				known[uid] = true
+			}
+		}
+		var unknown []string
+		for _, c := range f.Containers {
+			if c.Running && !known[c.PodUID] {
+				unknown = append(unknown, c.Namespace+"/"+c.Pod+"/"+c.Name)
+			}
+		}
+		if len(unknown) > 0 {
+			sort.Strings(unknown)
+			pc.add(Warning, "restarts", "node/"+s.Name, fmt.Sprintf("%d running containers belong to no pod the API server knows (%s): their restarts cannot be predicted, and apply stops if they go",
+				len(unknown), strings.Join(unknown, ", ")), "a static pod needs its mirror pod (its namespace must exist); otherwise wait for the deleted pod to end")
+		}
 		if len(static) > 0 {
 			pc.add(Warning, "restarts", "node/"+s.Name, fmt.Sprintf("static pods %s (%d containers) will be recreated: the kubelet derives a static pod's UID from its Pod types, which change between minors (%s to %s; kubernetes#116080), and no hash-skip file can keep a pod whose UID changed",
 				strings.Join(static, ", "), s.Recreated, s.Kubelet, t.Version), "expected; apply checks they run again. To keep such a workload running, run it as a DaemonSet")

@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
-
-	"log/slog"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
-
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
@@ -117,7 +115,9 @@ func TestVerifyStaticPods(t *testing.T) {
 	}{
 		{name: "new minor, recreated", from: "v1.30.14", after: []string{"api-app", "edge2-app"}, mirrorUID: "api-edge2"},
 		{name: "new minor, not back", from: "v1.30.14", after: []string{"api-app"}, mirrorUID: "api-edge2",
-			want: "static pods not running again: shop/edge (0 of 1 containers running)"},
+			want: "node worker-1: static pods not recreated within 10ms: shop/edge (0 of 1 new containers running)"},
+		{name: "new minor, not yet recreated", from: "v1.30.14", after: []string{"api-app", "edge-app"}, mirrorUID: "api-edge",
+			want: "shop/edge (no mirror pod of a new UID yet)"},
 		{name: "new minor, was Pending, not back", from: "v1.30.14", after: []string{"api-app"}, mirrorUID: "api-edge2", pending: true},
 		{name: "same minor, restarted", from: "v1.31.1", after: []string{"api-app", "edge2-app"}, mirrorUID: "api-edge",
 			want: "node worker-1: 1 containers restarted: shop/edge/app"},

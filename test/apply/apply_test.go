@@ -155,6 +155,9 @@ func TestApplyRefusesABlockedPlan(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.Stdout), &p); err != nil {
 		t.Fatalf("plan -o json: exit %d %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 	}
+	if staticBefore == nil { // run alone, without the first test
+		staticBefore = staticPod(t)
+	}
 	_, mirror, _ := strings.Cut(h.SB.StaticPod, "/")
 	for _, n := range p.Nodes {
 		want := 0

@@ -52,7 +52,7 @@ func benchEngine(ctx context.Context, work, bin, key string) error {
 	}
 	fmt.Printf("\nsandbox-up, warm (1 control plane + 3 workers on containerd, the shop's workloads running)\n")
 	fmt.Printf("%-44s %8.1fs  %.2fx the 60 s budget\n", "up until every shop pod runs", took.Seconds(), took.Seconds()/60)
-	fmt.Printf("%-44s %8.0f MiB in %d processes\n", "resident memory of the sandbox's processes", float64(mem.RSS)/(1<<20), mem.Processes)
+	fmt.Printf("%-44s %8.0f MiB in %d processes\n", "summed RSS of the sandbox's processes", float64(mem.RSS)/(1<<20), mem.Processes)
 	admin := sb.Admin().Net()
 	inAdmin := func(name string, args ...string) (string, measure, error) {
 		cmd := admin.Command(name, args...)

@@ -12,7 +12,9 @@ import (
 
 // Memory is what the sandbox's processes hold: the resident memory of
 // every process in one of its network namespaces (machines, their
-// services, containerd, shims and containers), summed.
+// services, containerd, shims and containers), summed. Pages processes
+// share (the same binary run by several) count once per process: an
+// upper bound.
 type Memory struct {
 	RSS       int64 // bytes
 	Processes int

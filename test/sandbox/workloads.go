@@ -224,8 +224,12 @@ func (s *State) createStaticPod(ctx context.Context) error {
 			s.StaticPod = metav1.NamespaceSystem + "/" + name
 			return nil
 		}
+		last := fmt.Sprint(err)
+		if err == nil {
+			last = "phase " + string(p.Status.Phase)
+		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("static pod %s on %s not Running within 3m (last: %v)", name, node.Name, err)
+			return fmt.Errorf("static pod %s on %s not Running within 3m (last: %s)", name, node.Name, last)
 		}
 		select {
 		case <-ctx.Done():
