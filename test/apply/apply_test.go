@@ -136,6 +136,49 @@ func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 	}
 }
 
+// The team's own images travel as a user's do: in the bundle (--image,
+// from where its CI publishes them), imported into REGISTRY/library/ by
+// the first test; the bundle holds the very image the shop's pods run
+// (their imageID names the private registry and the bundle's digest).
+func TestUserImagesTravelInTheBundle(t *testing.T) {
+	r := h.Upgrade(t, "", "inspect", "-o", "json", h.HashSkipBundle)
+	var m struct{ Images []struct{ Ref, Digest string } }
+	if err := json.Unmarshal([]byte(r.Stdout), &m); err != nil || r.Code != 0 {
+		t.Fatalf("inspect: exit %d %v\n%s", r.Code, err, r.Stderr)
+	}
+	digest := map[string]string{} // NAME:TAG -> digest in the bundle
+	for _, img := range m.Images {
+		for _, u := range h.SB.Internet.UserImages {
+			if img.Ref == u {
+				digest[u[strings.LastIndex(u, "/")+1:]] = img.Digest
+			}
+		}
+	}
+	if len(h.SB.Internet.UserImages) == 0 || len(digest) != len(h.SB.Internet.UserImages) {
+		t.Fatalf("the bundle holds %v of the team's images %v", digest, h.SB.Internet.UserImages)
+	}
+	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			want, ok := digest[c.Image[strings.LastIndex(c.Image, "/")+1:]]
+			if !ok {
+				continue
+			}
+			checked++
+			if !strings.HasPrefix(c.ImageID, h.SB.Registry.Address+"/library/") || !strings.HasSuffix(c.ImageID, "@"+want) {
+				t.Errorf("pod %s container %s runs %s, want the bundle's %s from %s/library/", p.Name, c.Name, c.ImageID, want, h.SB.Registry.Address)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("no shop container runs a team image")
+	}
+}
+
 // Without --restore-labels the plan blocks on pinned-ssd: exit 4, nothing
 // changes.
 func TestApplyRefusesABlockedPlan(t *testing.T) {

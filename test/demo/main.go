@@ -79,7 +79,10 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	}
 
 	step("What would be fetched (hand this to the proxy allow-list)")
-	flags := sb.Internet.BundleFlags
+	flags := append([]string{}, sb.Internet.BundleFlags...)
+	for _, img := range sb.Internet.UserImages {
+		flags = append(flags, "--image", img) // the team's own images travel in the bundle too
+	}
 	if err := shIn(sb, sb.Internet.NetNS, "", filepath.Join(bin, "bundle"), append([]string{"create", "--kubernetes-version", version, "--dry-run"}, flags...)...); err != nil {
 		return err
 	}

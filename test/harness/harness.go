@@ -146,6 +146,9 @@ func (h *Harness) makeBundles(hashSkipKubelet string) error {
 		}
 		args := append([]string{"create", "--kubernetes-version", h.SB.NewVersion, "--sign-key", filepath.Join(h.Work, "team.key"), "-o", b.out,
 			"--cache-dir", filepath.Join(h.Work, "cache"), "-q"}, h.SB.Internet.BundleFlags...)
+		for _, img := range h.SB.Internet.UserImages {
+			args = append(args, "--image", img) // the team's own, as a user bundles them
+		}
 		if _, err := ProgramOut(&kube.NetNS{Name: h.SB.Internet.NetNS}, "", filepath.Join(h.Bin, "bundle"), append(args, b.extra...)...); err != nil {
 			return err
 		}

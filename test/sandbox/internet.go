@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -162,6 +163,18 @@ func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
 	}
 	if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
 		return fmt.Errorf("stand-in internet: push the real %s: %w", pause, err)
+	}
+	// The team's images, where its CI publishes them (team/NAME:TAG).
+	for _, img := range []string{ShopAppImage, ShopSidecarImage} {
+		r := internetRegistry + "/team/" + path.Base(img)
+		ref, err := name.ParseReference(r, name.Insecure)
+		if err != nil {
+			return err
+		}
+		if err := remote.Write(ref, built.Shop, remote.WithContext(ctx), tr); err != nil {
+			return fmt.Errorf("stand-in internet: push %s: %w", r, err)
+		}
+		s.Internet.UserImages = append(s.Internet.UserImages, r)
 	}
 	return nil
 }

@@ -155,6 +155,11 @@ type Internet struct {
 	Files    string `json:"files"`    // http://..., inside NetNS
 	// BundleFlags are bundle create's flags that read from here.
 	BundleFlags []string `json:"bundleFlags"`
+	// UserImages are the team's own images as its CI publishes them here
+	// (the shop's, on the real runtime): a bundle carries them with
+	// --image, and import pushes them to REGISTRY/library/NAME:TAG, where
+	// the shop's pods name them.
+	UserImages []string `json:"userImages,omitempty"`
 }
 
 func (s *State) path() string { return filepath.Join(s.Dir, "state.json") }
