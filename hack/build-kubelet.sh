@@ -28,7 +28,7 @@ if [ ! -d "$patchdir" ]; then
 fi
 cache=${KUBELIFT_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/kubernetes}
 # absolute: the build cds into a work directory before it writes there
-mkdir -p "$cache" && cache=$(CDPATH= cd -- "$cache" && pwd)
+mkdir -p "$cache" && cache=$(CDPATH='' cd -- "$cache" && pwd)
 out=$cache/$version-kubelift
 mkdir -p "$out"
 # One build at a time per version: test packages run side by side and

@@ -16,7 +16,7 @@ shift
 [ $# -gt 0 ] || { echo "usage: $0 VERSION COMPONENT..." >&2; exit 2; }
 cache=${KUBELIFT_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/kubernetes}
 # absolute: the build cds into a work directory before it writes there
-mkdir -p "$cache" && cache=$(CDPATH= cd -- "$cache" && pwd)
+mkdir -p "$cache" && cache=$(CDPATH='' cd -- "$cache" && pwd)
 out=$cache/$version
 mkdir -p "$out"
 missing=()

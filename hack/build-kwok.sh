@@ -11,7 +11,7 @@ set -euo pipefail
 version=${1:-v0.7.0}
 cache=${KUBELIFT_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/tools}
 # absolute: the build cds into a work directory before it writes there
-mkdir -p "$cache" && cache=$(CDPATH= cd -- "$cache" && pwd)
+mkdir -p "$cache" && cache=$(CDPATH='' cd -- "$cache" && pwd)
 
 partial=
 trap '[ -z "$partial" ] || rm -rf "$partial"' EXIT

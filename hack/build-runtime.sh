@@ -16,7 +16,7 @@ runc=${2:-v1.5.2}
 crictl=${3:-v1.34.0}
 cache=${KUBELIFT_RUNTIME_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/runtime}
 # absolute: the build cds into a work directory before it writes there
-mkdir -p "$cache" && cache=$(CDPATH= cd -- "$cache" && pwd)
+mkdir -p "$cache" && cache=$(CDPATH='' cd -- "$cache" && pwd)
 out=$cache/containerd-${containerd}_runc-${runc}_crictl-${crictl}
 bins=(containerd containerd-shim-runc-v2 ctr runc crictl)
 complete() { for b in "${bins[@]}"; do [ -x "$out/$b" ] || return 1; done; }

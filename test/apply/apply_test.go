@@ -142,7 +142,9 @@ func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 // (their imageID names the private registry and the bundle's digest).
 func TestUserImagesTravelInTheBundle(t *testing.T) {
 	r := h.Upgrade(t, "", "inspect", "-o", "json", h.HashSkipBundle)
-	var m struct{ Images []struct{ Ref, Digest string } }
+	var m struct {
+		Images []struct{ Ref, Digest string }
+	}
 	if err := json.Unmarshal([]byte(r.Stdout), &m); err != nil || r.Code != 0 {
 		t.Fatalf("inspect: exit %d %v\n%s", r.Code, err, r.Stderr)
 	}
