@@ -125,17 +125,15 @@ func (pc *planCheck) restarts() {
 		}
 		var cache *hashskip.File
 		era := "unknown"
+		recreate := true // a kubelet whose version does not parse: expect the worst
 		if kv, err := catalog.ParseVersion(s.Kubelet); err == nil {
 			if e, err := pc.opts.Catalog.HashEraFor(kv); err == nil {
 				era = e
 			}
+			recreate = kubeletcompat.StaticPodsRecreated(kv, t.Version)
 		}
 		if t.Manifest.KubeletHashSkip(archOr(s.Arch)) && era != t.Release.KubeletHashEra {
 			cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: s.Kubelet, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
-		}
-		recreate := true // a kubelet whose version does not parse: expect the worst
-		if kv, err := catalog.ParseVersion(s.Kubelet); err == nil {
-			recreate = kubeletcompat.StaticPodsRecreated(kv, t.Version)
 		}
 		preds, err := kubeletcompat.PredictPods(pc.onNode[s.Name], map[string][]kubeletcompat.RuntimeContainer{s.Name: f.Containers},
 			kubeletcompat.PredictOptions{Target: hasher, Cache: cache, KubeletStart: start, RecreateStatic: recreate})
@@ -162,16 +160,10 @@ func (pc *planCheck) restarts() {
 		// Containers of no pod the API knows (a static pod whose mirror
 		// pod the API refused, a pod deleted meanwhile): nothing predicts
 		// them, and verify counts them as restarted if they go.
-		known := map[string]bool{}
-		for _, p := range pc.onNode[s.Name] {
-			known[string(p.UID)] = true
-			if uid, ok := kubeletcompat.StaticUID(p); ok {
-				known[uid] = true
-			}
-		}
+		known := kubeletcompat.ByRuntimeUID(pc.onNode[s.Name])
 		var unknown []string
 		for _, c := range f.Containers {
-			if c.Running && !known[c.PodUID] {
+			if c.Running && known[c.PodUID] == nil {
 				unknown = append(unknown, c.Namespace+"/"+c.Pod+"/"+c.Name)
 			}
 		}

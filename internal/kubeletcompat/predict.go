@@ -68,14 +68,7 @@ func PredictPods(pods []*corev1.Pod, running map[string][]RuntimeContainer, opts
 	if start.IsZero() {
 		start = time.Now()
 	}
-	byUID := make(map[string]*corev1.Pod, len(pods))
-	for _, p := range pods {
-		if uid, ok := StaticUID(p); ok {
-			byUID[uid] = p
-			continue
-		}
-		byUID[string(p.UID)] = p
-	}
+	byUID := ByRuntimeUID(pods)
 	var out []Prediction
 	for node, containers := range running {
 		for _, rc := range containers {

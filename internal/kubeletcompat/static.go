@@ -19,6 +19,20 @@ func StaticUID(pod *corev1.Pod) (string, bool) {
 	return uid, ok && uid != ""
 }
 
+// ByRuntimeUID indexes pods by the UID their containers carry in the
+// runtime: a pod's own, a mirror pod's static pod's.
+func ByRuntimeUID(pods []*corev1.Pod) map[string]*corev1.Pod {
+	out := make(map[string]*corev1.Pod, len(pods))
+	for _, p := range pods {
+		if uid, ok := StaticUID(p); ok {
+			out[uid] = p
+			continue
+		}
+		out[string(p.UID)] = p
+	}
+	return out
+}
+
 // StaticPodsRecreated says whether a kubelet moving from one version to
 // another gives every static pod a new UID, and so kills its containers
 // and starts the pod anew. The kubelet derives a static pod's UID from an
