@@ -51,6 +51,16 @@ func NewCA(dir string) (*CA, error) {
 	return ca, nil
 }
 
+// KeyPEM is the CA's private key, PEM-encoded (for a cluster installer,
+// such as kubeadm, that signs with an existing CA).
+func (ca *CA) KeyPEM() ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(ca.key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
 // Issue writes a server certificate and key for the given names into dir.
 func (ca *CA) Issue(dir, name string, dns []string, ips []net.IP) (certFile, keyFile string, err error) {
 	return ca.issue(dir, name, &x509.Certificate{

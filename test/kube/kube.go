@@ -75,6 +75,25 @@ func RuntimeBinaries(ctx context.Context) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// AddonScript builds etcd and CoreDNS from the Go module proxy.
+const AddonScript = "hack/build-addons.sh"
+
+// Addon returns the directory holding the built addon (etcd with etcdctl,
+// or coredns) at version, building it first if it is not cached.
+func Addon(ctx context.Context, name, version string) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(root, AddonScript), name, version)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s %s %s: %w", AddonScript, name, version, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
 // RepoRoot is kubelift's source tree (where go.mod is), found from this
 // file's compiled-in path.
 func RepoRoot() (string, error) { return repoRoot() }

@@ -143,6 +143,25 @@ func (s *State) makeFiles(cfg Config) error {
 		return err
 	}
 	var knownHosts strings.Builder
+	var caCert, caKey []byte
+	var token string
+	if s.Kubeadm {
+		if caCert, err = os.ReadFile(ca.CertFile); err != nil {
+			return err
+		}
+		if caKey, err = ca.KeyPEM(); err != nil {
+			return err
+		}
+		a, err := randomHex(3)
+		if err != nil {
+			return err
+		}
+		b, err := randomHex(8)
+		if err != nil {
+			return err
+		}
+		token = a + "." + b // kubeadm's [a-z0-9]{6}.[a-z0-9]{16}
+	}
 
 	for i := range s.Machines {
 		m := &s.Machines[i]
@@ -181,7 +200,11 @@ func (s *State) makeFiles(cfg Config) error {
 			}
 			continue
 		}
-		if err := s.nodeFiles(m, ca.CertFile, pki, issued); err != nil {
+		if s.Kubeadm {
+			if err := s.kubeadmNodeFiles(m, caCert, caKey, token); err != nil {
+				return err
+			}
+		} else if err := s.nodeFiles(m, ca.CertFile, pki, issued); err != nil {
 			return err
 		}
 		if cfg.Runtime == RuntimeContainerd {

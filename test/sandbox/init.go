@@ -56,6 +56,23 @@ func RunInit(ctx context.Context, root, hostname string, log func(format string,
 			return fmt.Errorf("bind %s over %s: %w", src, p, err)
 		}
 	}
+	// kubeadm's kube-proxy DaemonSet mounts the host's /lib/modules (a
+	// node of a kubeadm sandbox has usr/lib/modules in its tree): on a host
+	// without it, it is made inside an overlay of /usr/lib.
+	if _, err := os.Stat(filepath.Join(root, "usr/lib/modules")); err == nil {
+		if _, err := os.Stat("/usr/lib/modules"); err != nil {
+			up := filepath.Join(root, ".overlay", "usr_lib")
+			for _, d := range []string{"upper/modules", "work"} {
+				if err := os.MkdirAll(filepath.Join(up, d), 0o755); err != nil {
+					return err
+				}
+			}
+			opts := fmt.Sprintf("lowerdir=/usr/lib,upperdir=%s/upper,workdir=%s/work", up, up)
+			if err := syscall.Mount("overlay", "/usr/lib", "overlay", 0, opts); err != nil {
+				return fmt.Errorf("overlay over /usr/lib: %w", err)
+			}
+		}
+	}
 	if _, err := os.Stat("/usr/bin/systemctl"); err == nil {
 		// The machine's own /usr/local is mounted by now.
 		if err := syscall.Mount(toolPath, "/usr/bin/systemctl", "", syscall.MS_BIND, ""); err != nil {

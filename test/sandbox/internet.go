@@ -164,6 +164,28 @@ func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
 	if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
 		return fmt.Errorf("stand-in internet: push the real %s: %w", pause, err)
 	}
+	if s.Kubeadm {
+		// What kubeadm runs at the new version, for real (amd64): a bundle
+		// carries these, and `kubeadm upgrade` runs them.
+		set, err := kubeadmImages(ctx, s.Binaries.New, s.NewVersion, built.Pause)
+		if err != nil {
+			return err
+		}
+		for repoTag, img := range set {
+			if !slices.Contains(repos, repoTag) {
+				return fmt.Errorf("stand-in internet: %s's catalog entry has no %s (an image kubeadm runs)", s.NewVersion, repoTag)
+			}
+			idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index,
+				mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}}), types.OCIImageIndex)
+			ref, err := name.ParseReference(internetRegistry+"/"+repoTag, name.Insecure)
+			if err != nil {
+				return err
+			}
+			if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
+				return fmt.Errorf("stand-in internet: push the real %s: %w", repoTag, err)
+			}
+		}
+	}
 	// The team's images, where its CI publishes them (team/NAME:TAG).
 	for _, img := range []string{ShopAppImage, ShopSidecarImage} {
 		r := internetRegistry + "/team/" + path.Base(img)

@@ -195,6 +195,9 @@ func (s *State) runtimeFiles(m *Machine) error {
 		".overlay/etc/upper/crictl.yaml":                    crictlConfig,
 		"var/lib/kubelet/config.yaml":                       fmt.Sprintf(kubeletConfigCommon, m.Address) + fmt.Sprintf(kubeletConfigContainerd, s.CgroupRoot(*m)),
 	}
+	if s.Kubeadm {
+		delete(files, "var/lib/kubelet/config.yaml") // kubeadm writes it
+	}
 	for path, content := range files {
 		mode := os.FileMode(0o644)
 		if strings.HasSuffix(path, "config.toml") {
@@ -314,17 +317,12 @@ func (s *State) pushImages(ctx context.Context) (*images.Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	caPEM, err := os.ReadFile(s.Registry.CAFile)
+	opts, err := s.registryOptions(ctx)
 	if err != nil {
 		return nil, err
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	opts := []remote.Option{remote.WithContext(ctx),
-		remote.WithAuth(&authn.Basic{Username: s.Registry.User, Password: s.Registry.Password}),
-		remote.WithTransport(&http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DialContext: s.NetNS().DialContext})}
 	for path, img := range map[string]v1.Image{"pause:" + images.PauseTag: set.Pause, ShopAppImage: set.Shop, ShopSidecarImage: set.Shop} {
-		ref, err := name.ParseReference(s.Registry.Address + "/" + path)
+		ref, err := parseRef(s.Registry.Address + "/" + path)
 		if err != nil {
 			return nil, err
 		}
@@ -334,3 +332,19 @@ func (s *State) pushImages(ctx context.Context) (*images.Set, error) {
 	}
 	return set, nil
 }
+
+// registryOptions reach the private registry from the admin machine as
+// its user, trusting its CA.
+func (s *State) registryOptions(ctx context.Context) ([]remote.Option, error) {
+	caPEM, err := os.ReadFile(s.Registry.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	return []remote.Option{remote.WithContext(ctx),
+		remote.WithAuth(&authn.Basic{Username: s.Registry.User, Password: s.Registry.Password}),
+		remote.WithTransport(&http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DialContext: s.NetNS().DialContext})}, nil
+}
+
+func parseRef(r string) (name.Reference, error) { return name.ParseReference(r) }

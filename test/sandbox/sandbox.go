@@ -60,6 +60,11 @@ type Config struct {
 	// installers do (kubespray's nginx-proxy on every worker): a kubelet
 	// of another minor recreates it (kubernetes#116080).
 	StaticPod bool
+	// Kubeadm builds the cluster with kubeadm (init on cp-1, join on the
+	// others; kubeadm.go) instead of binary-deployed units: the control
+	// plane and etcd as static pods from images in the private registry,
+	// kube-proxy as a DaemonSet, CoreDNS. One control plane only, for now.
+	Kubeadm bool
 	// Log reports progress (nil: silent).
 	Log func(format string, args ...any)
 }
@@ -127,7 +132,9 @@ type State struct {
 	// StaticPod is the mirror pod (namespace/name) of the static pod the
 	// sandbox runs (Config.StaticPod), "" when none.
 	StaticPod string `json:"staticPod,omitempty"`
-	Complete  bool   `json:"complete"`
+	// Kubeadm says kubeadm built the cluster (Config.Kubeadm).
+	Kubeadm  bool `json:"kubeadm,omitempty"`
+	Complete bool `json:"complete"`
 }
 
 // Binaries are the directories of the built Kubernetes components.
@@ -249,6 +256,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.Workers < 0 || (cfg.ControlPlanes != 1 && cfg.ControlPlanes != 3) {
 		return nil, fmt.Errorf("sandbox: control planes must be 1 or 3 and workers >= 0 (got %d and %d)", cfg.ControlPlanes, cfg.Workers)
 	}
+	if cfg.Kubeadm && (cfg.ControlPlanes != 1 || cfg.Runtime != RuntimeContainerd) {
+		return nil, fmt.Errorf("sandbox: a kubeadm sandbox has one control plane and the containerd runtime (got %d and %s)", cfg.ControlPlanes, cfg.Runtime)
+	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("sandbox: needs root (network and mount namespaces, bind mounts)")
 	}
@@ -278,7 +288,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime}
+	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, Kubeadm: cfg.Kubeadm}
 	if err := s.up(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the logs under nodes/)", err, dir)
 	}
@@ -295,7 +305,7 @@ func (s *State) matches(cfg Config) bool {
 			workers++
 		}
 	}
-	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime &&
+	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime && s.Kubeadm == cfg.Kubeadm &&
 		cps == cfg.ControlPlanes && workers == cfg.Workers && (s.StaticPod != "") == (cfg.StaticPod && cfg.Workloads)
 }
 
@@ -303,10 +313,14 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	start := time.Now()
 	cfg.Log("building (or finding cached) Kubernetes %s and %s", cfg.OldVersion, cfg.NewVersion)
 	var err error
-	if s.Binaries.Old, err = buildKubernetes(ctx, cfg.OldVersion, oldComponents...); err != nil {
+	old, upgrade := oldComponents, newComponents
+	if cfg.Kubeadm {
+		old, upgrade = append(old, "kubeadm"), append(upgrade, "kubeadm")
+	}
+	if s.Binaries.Old, err = buildKubernetes(ctx, cfg.OldVersion, old...); err != nil {
 		return err
 	}
-	if s.Binaries.New, err = buildKubernetes(ctx, cfg.NewVersion, newComponents...); err != nil {
+	if s.Binaries.New, err = buildKubernetes(ctx, cfg.NewVersion, upgrade...); err != nil {
 		return err
 	}
 	if cfg.Runtime == RuntimeContainerd {
@@ -374,6 +388,24 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	var built *images.Set
+	if cfg.Kubeadm {
+		// kubeadm's nodes pull the control plane from the private
+		// registry: it is filled before `kubeadm init`.
+		if err := s.waitRegistry(ctx); err != nil {
+			return err
+		}
+		cfg.Log("images: the control plane's, etcd's, CoreDNS's, pause and the shop's server, built here and pushed to %s", s.ImageRepository())
+		if built, err = s.pushImages(ctx); err != nil {
+			return err
+		}
+		if err := s.pushKubeadmImages(ctx, built.Pause); err != nil {
+			return err
+		}
+		if err := s.kubeadmUp(ctx, cfg.Log); err != nil {
+			return err
+		}
+	}
 	if err := s.waitAPIServer(ctx); err != nil {
 		return err
 	}
@@ -387,8 +419,7 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	if err := s.waitRegistry(ctx); err != nil {
 		return err
 	}
-	var built *images.Set
-	if cfg.Runtime == RuntimeContainerd {
+	if cfg.Runtime == RuntimeContainerd && built == nil {
 		cfg.Log("images: pause and the shop's server, built here and pushed to the private registry")
 		if built, err = s.pushImages(ctx); err != nil {
 			return err

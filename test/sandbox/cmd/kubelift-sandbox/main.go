@@ -98,6 +98,7 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	up.Flags().StringVar(&cfg.Name, "name", "kl", "prefix of the sandbox's namespaces")
 	up.Flags().StringVar(&cfg.Subnet, "subnet", "10.77.0", "first three octets of the sandbox's /24")
 	up.Flags().BoolVar(&cfg.Workloads, "workloads", true, "create the demo workloads")
+	up.Flags().BoolVar(&cfg.Kubeadm, "kubeadm", false, "build the cluster with kubeadm (init and join; static control-plane pods from images in the private registry, kube-proxy as a DaemonSet, CoreDNS) instead of binary-deployed units")
 	up.Flags().StringVar(&cfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime: containerd (containerd, runc, CNI: real processes) or stand-in (a CRI server that keeps records)")
 
 	down := &cobra.Command{

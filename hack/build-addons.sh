@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds the add-ons a cluster runs beside Kubernetes from the Go module
+# proxy and caches them by version, static (CGO_ENABLED=0):
+#   etcd     etcd and etcdctl: go.etcd.io/etcd/server/v3 and etcdctl/v3 at
+#            VERSION in a wrapper module (their go.mod replaces the sibling
+#            go.etcd.io/etcd/* modules by ../ paths, which `go install
+#            pkg@version` refuses), each sibling replaced instead by the
+#            published version the release requires (v3.5.N, v2.305.N).
+#   coredns  coredns: `go install github.com/coredns/coredns@VERSION`.
+# The version is a constant in each (etcd's api/v3/version.Version,
+# CoreDNS's coremain.CoreVersion); the ldflags stamp the release's git
+# commit where the proxy tells it, as the projects' own builds do.
+#
+#   hack/build-addons.sh etcd v3.5.15
+#   hack/build-addons.sh coredns v1.11.3
+#
+# Binaries land in $KUBELIFT_ADDON_CACHE/NAME/VERSION/ (default
+# ~/.cache/kubelift/addons); existing ones are kept. Prints the directory.
+set -euo pipefail
+usage="usage: $0 etcd|coredns VERSION"
+name=${1:?$usage}
+version=${2:?$usage}
+case $name in
+etcd) bins=(etcd etcdctl) ;;
+coredns) bins=(coredns) ;;
+*) echo "$usage" >&2; exit 2 ;;
+esac
+cache=${KUBELIFT_ADDON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/addons}
+# absolute: the build cds into a work directory before it writes there
+mkdir -p "$cache" && cache=$(CDPATH='' cd -- "$cache" && pwd)
+out=$cache/$name/$version
+mkdir -p "$out"
+built() { local b; for b in "${bins[@]}"; do [ -x "$out/$b" ] || return 1; done; }
+if built; then echo "$out"; exit 0; fi
+# One build at a time per add-on and version: the second waits, then finds
+# the first one's binaries.
+exec 9>"$out/.lock"
+flock 9
+if built; then echo "$out"; exit 0; fi
+
+work=$(mktemp -d)
+partial="$out/.partial.$$"
+trap 'rm -rf "$work" "$partial"' EXIT
+mkdir -p "$partial"
+cd "$work"
+# The release's commit, as the proxy recorded it (not always: then none).
+commit() { go list -m -json "$1" 2>/dev/null | sed -n 's/^[[:space:]]*"Hash": "\(.*\)",*$/\1/p'; }
+echo "building $name $version" >&2
+case $name in
+etcd)
+	mods=(go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3)
+	go mod init kubelift.local/addon-build >/dev/null 2>&1
+	for m in "${mods[@]}"; do
+		info=$(go mod download -json "$m@$version") || {
+			echo "cannot download $m@$version from the module proxy" >&2
+			exit 1
+		}
+		gomod=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+		for s in $(sed -n 's#^[[:space:]]*\(go\.etcd\.io/etcd/[^ ]*\) => \.\./.*#\1#p' "$gomod"); do
+			v=$(sed -n "s#^[[:space:]]*$s \(v[^ ]*\).*#\1#p" "$gomod")
+			[ -z "$v" ] || go mod edit -replace "$s=$s@$v"
+		done
+	done
+	# the release's go line, so GODEBUG defaults are those etcd was built with
+	go mod edit -go="$(sed -n 's/^go //p' "$gomod")"
+	GOFLAGS=-mod=mod go get "${mods[@]/%/@$version}" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "${mods[@]/%/@$version}"
+	sha=$(commit "go.etcd.io/etcd/etcdctl/v3@$version")
+	ld="-s -w${sha:+ -X go.etcd.io/etcd/api/v3/version.GitSHA=${sha:0:9}}"
+	CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$partial/" "${mods[@]}"
+	# go build names each binary after the path element before /v3
+	mv "$partial/server" "$partial/etcd"
+	;;
+coredns)
+	sha=$(commit "github.com/coredns/coredns@$version")
+	ld="-s -w${sha:+ -X github.com/coredns/coredns/coremain.GitCommit=${sha:0:7}}"
+	CGO_ENABLED=0 GOBIN=$partial go install -trimpath -ldflags "$ld" "github.com/coredns/coredns@$version"
+	;;
+esac
+for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done
+echo "$out"
