@@ -75,7 +75,11 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 }
 
 func printState(w io.Writer, st *inplace.UpgradeState, live map[string]string) {
-	fmt.Fprintf(w, "upgrade %s -> %s: %s (updated %s)\n", st.From, st.To, st.State, st.Updated.Format(time.RFC3339))
+	kind := ""
+	if st.ControlPlane != "" {
+		kind = " (" + st.ControlPlane + " control plane)"
+	}
+	fmt.Fprintf(w, "upgrade %s -> %s%s: %s (updated %s)\n", st.From, st.To, kind, st.State, st.Updated.Format(time.RFC3339))
 	if st.Backup != "" {
 		fmt.Fprintf(w, "etcd snapshot: %s\n", st.Backup)
 	}

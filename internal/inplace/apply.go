@@ -386,7 +386,7 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 	if r.dry {
 		for _, t := range missing {
 			arch := archOr(r.nodeState(t.Name).Arch)
-			for _, name := range FilesFor(t.Role) {
+			for _, name := range FilesForKind(r.driver.Kind(), t.Role) {
 				if f, _, ok := r.target.File(name, arch); ok {
 					r.would(t.Name, "stage "+name, nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, r.target.Version.String(), ""), f.Name, f.SHA256))
 				}
@@ -395,7 +395,7 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 		return nil
 	}
 	_, err := Stage(ctx, StageOptions{Target: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Targets: missing,
-		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Log: r.log})
+		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Kind: r.driver.Kind(), Log: r.log})
 	return err
 }
 
@@ -411,7 +411,7 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 	if s == nil || s.To != to || s.State == StateComplete || s.State == StateRolledBack {
 		s = &UpgradeState{From: strings.Join(r.plan.From, ","), To: to, State: StateStarted, Started: r.opts.Plan.Now().UTC()}
 	}
-	s.Holder, s.Bundle, s.LastError = r.opts.Holder, r.target.Record.BundleDigest, ""
+	s.Holder, s.Bundle, s.LastError, s.ControlPlane = r.opts.Holder, r.target.Record.BundleDigest, "", r.driver.Kind()
 	for _, n := range r.plan.Nodes {
 		e := s.Node(n.Name, n.Role)
 		if r.nodeAtTarget(n) && e.Status != NodeDone {

@@ -85,6 +85,9 @@ func (pc *planCheck) nodeStates() {
 			s.Components = f.Components
 			bad = append(bad, f.Bad...)
 		}
+		if pc.view.kubeadm != nil && s.Role == RoleControlPlane {
+			s.Components, bad = pc.staticComponents(n.Name, s.Components, bad)
+		}
 		pc.plan.Nodes = append(pc.plan.Nodes, s)
 	}
 	for _, b := range bad {
@@ -275,7 +278,7 @@ func (pc *planCheck) staged() {
 		}
 		var missing []string
 		var need int64
-		for _, name := range FilesFor(s.Role) {
+		for _, name := range FilesForKind(pc.driver.Kind(), s.Role) {
 			bf, _, ok := pc.target.File(name, arch)
 			if !ok {
 				continue

@@ -32,19 +32,30 @@ type controlPlane interface {
 	// Undo puts node's control plane back at the version the run started
 	// from, in the reverse order of Upgrade (Rollback).
 	Undo(ctx context.Context, r *applyRun, node string) error
+	// BeforeKubelet prepares a node whose kubelet is about to be swapped
+	// (kubeadm: the kubelet's configuration for the target).
+	BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOps) error
 }
 
-// driverFor is the driver for the cluster read: the binary one (each part
-// a systemd unit whose program is swapped), the only kind kubelift
-// upgrades so far.
-func driverFor(*clusterView) controlPlane { return binaryDriver{} }
+// driverFor is the driver for the cluster read: kubeadm's when kubeadm
+// built it (its kubeadm-config ConfigMap), else the binary one (each part
+// a systemd unit whose program is swapped).
+func driverFor(v *clusterView) controlPlane {
+	if v.kubeadm != nil {
+		return kubeadmDriver{cfg: v.kubeadm}
+	}
+	return binaryDriver{}
+}
 
 // binaryDriver upgrades a binary-deployed control plane: kube-apiserver,
 // kube-controller-manager and kube-scheduler as systemd units, each
 // program swapped for the staged one and its unit restarted.
 type binaryDriver struct{}
 
-func (binaryDriver) Kind() string { return "binary" }
+func (binaryDriver) Kind() string { return KindBinary }
+
+// BeforeKubelet: nothing to prepare.
+func (binaryDriver) BeforeKubelet(context.Context, *applyRun, *nodeOps) error { return nil }
 
 func (binaryDriver) Components(n *NodeState) []string {
 	var out []string

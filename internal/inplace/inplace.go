@@ -41,8 +41,33 @@ var nodeFiles = []string{"kubelet", "kube-proxy", "kubectl"}
 
 var controlPlaneFiles = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
 
-// FilesFor lists the binaries a node of role needs.
-func FilesFor(role string) []string {
+// Kinds of cluster: how the control plane is deployed, which says how it
+// is upgraded (the control-plane driver) and what each node is staged.
+const (
+	// KindBinary: kube-apiserver, kube-controller-manager and
+	// kube-scheduler are systemd units whose programs are swapped.
+	KindBinary = "binary"
+	// KindKubeadm: kubeadm built the cluster (the kubeadm-config
+	// ConfigMap); the control plane and etcd are static pods that
+	// `kubeadm upgrade` moves, kube-proxy and CoreDNS are its addons.
+	KindKubeadm = "kubeadm"
+)
+
+// kubeadmFiles are what a node of a kubeadm cluster is staged: the
+// target's kubeadm runs the upgrade, the kubelet is swapped as on any
+// cluster (the control plane and kube-proxy come as images).
+var kubeadmFiles = []string{"kubeadm", "kubelet", "kubectl"}
+
+// FilesFor lists the binaries a node of role needs in a binary-deployed
+// cluster.
+func FilesFor(role string) []string { return FilesForKind(KindBinary, role) }
+
+// FilesForKind lists the binaries a node of role needs in a cluster of
+// kind.
+func FilesForKind(kind, role string) []string {
+	if kind == KindKubeadm {
+		return append([]string{}, kubeadmFiles...)
+	}
 	if role == RoleControlPlane {
 		return append(append([]string{}, controlPlaneFiles...), nodeFiles...)
 	}

@@ -190,6 +190,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				return err
 			}
 		}
+		// prepare (kubeadm: `kubeadm upgrade node`, the kubelet's
+		// configuration for the target)
+		if err := r.driver.BeforeKubelet(ctx, r, o); err != nil {
+			return err
+		}
 		// record the node's pods (from the API, while the node is worked
 		// on over SSH)
 		type podsResult struct {

@@ -50,6 +50,21 @@ func (o *nodeOps) run(ctx context.Context, step string, sc nodescript.Script, ar
 	return string(out), nil
 }
 
+// exists says whether the file or directory p exists on the node.
+func (o *nodeOps) exists(ctx context.Context, p string) (bool, error) {
+	out, err := o.run(ctx, "look for "+p, nodescript.Exists, p)
+	if err != nil {
+		return false, err
+	}
+	switch strings.TrimSpace(out) {
+	case "yes":
+		return true, nil
+	case "no":
+		return false, nil
+	}
+	return false, fmt.Errorf("node %s: exists %s: unexpected answer %.40q", o.name, p, out)
+}
+
 // binary is where the unit of comp runs its program from (a path the
 // facts checked).
 func (o *nodeOps) binary(comp string) string {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/registry"
@@ -48,7 +49,7 @@ type Finding struct {
 }
 
 // Checks the plan runs, in the order findings are listed.
-var Checks = []string{"values", "path", "skew", "imported", "images", "ssh", "health", "staged", "disk",
+var Checks = []string{"values", "path", "skew", "imported", "images", "kubeadm", "ssh", "health", "staged", "disk",
 	"removed-flags", "removed-apis", "readmission", "eviction", "restarts"}
 
 // NodeState is a node as the plan found it.
@@ -149,6 +150,9 @@ type clusterView struct {
 	facts map[string]*nodefacts.Facts
 	ssh   map[string]error
 	tgts  []nodeaccess.Target
+	// kubeadm is the cluster's kubeadm configuration (nil: kubeadm did
+	// not build it).
+	kubeadm *kubeadm.Config
 	// nodeIdx indexes nodes by name (built once, by node).
 	indexOnce sync.Once
 	nodeIdx   map[string]int
@@ -225,6 +229,7 @@ func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, err
 	pc.path()
 	pc.imported()
 	pc.images(ctx)
+	pc.kubeadmImages(ctx)
 	pc.sshReach()
 	pc.health(ctx)
 	pc.staged()
@@ -281,7 +286,11 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*nodefacts.Facts{}, tgts: tgts}
+	kc, err := kubeadm.Read(ctx, opts.Client)
+	if err != nil {
+		return nil, err
+	}
+	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*nodefacts.Facts{}, tgts: tgts, kubeadm: kc}
 	var mu sync.Mutex
 	opts.Log.Info("reading nodes over SSH", "nodes", len(tgts))
 	v.ssh = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {

@@ -79,7 +79,10 @@ type StageOptions struct {
 	// CacheDir keeps verified files and their compressed form on this
 	// machine, so each is fetched and compressed once for every node.
 	CacheDir string
-	Log      *slog.Logger
+	// Kind is the cluster's kind (KindBinary when empty): what each node
+	// needs (FilesForKind). StageCluster reads it from the cluster.
+	Kind string
+	Log  *slog.Logger
 }
 
 // NodeStage is what staging did on one node.
@@ -132,6 +135,11 @@ func StageCluster(ctx context.Context, client kubernetes.Interface, inv *nodeacc
 		return nil, err
 	}
 	opts.Nodes, opts.Targets = nodes, targets
+	if opts.Kind == "" {
+		if opts.Kind, err = ClusterKind(ctx, client); err != nil {
+			return nil, err
+		}
+	}
 	start := time.Now()
 	res, err := Stage(ctx, opts)
 	if res != nil {
@@ -164,7 +172,7 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 		byNode[t.Name] = &NodeStage{Node: t.Name}
 	}
 	failed := nodeaccess.ForEach(ctx, opts.Connector, opts.Targets, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
-		ns, err := stageNode(ctx, n, t, arch[t.Name], dir, version, c)
+		ns, err := stageNode(ctx, n, t, arch[t.Name], dir, version, opts.Kind, c)
 		mu.Lock()
 		defer mu.Unlock()
 		if ns != nil {
@@ -192,14 +200,14 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 }
 
 // stageNode sends the node's missing files.
-func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch, dir, version string, c *compressedCache) (*NodeStage, error) {
+func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch, dir, version, kind string, c *compressedCache) (*NodeStage, error) {
 	ns := &NodeStage{Node: t.Name}
 	if arch == "" {
 		arch = "amd64"
 	}
 	var files []bundle.File
 	var artifacts []string
-	for _, name := range FilesFor(t.Role) {
+	for _, name := range FilesForKind(kind, t.Role) {
 		f, artifact, ok := c.target.File(name, arch)
 		if !ok {
 			if name == "kube-proxy" || name == "kubectl" {

@@ -41,15 +41,18 @@ const (
 
 // UpgradeState is the record of an upgrade.
 type UpgradeState struct {
-	From      string      `json:"from"`
-	To        string      `json:"to"`
-	Bundle    string      `json:"bundle"`
-	State     string      `json:"state"`
-	Holder    string      `json:"holder"`
-	Started   time.Time   `json:"started"`
-	Updated   time.Time   `json:"updated"`
-	LastError string      `json:"lastError,omitempty"`
-	Nodes     []NodeEntry `json:"nodes"`
+	From string `json:"from"`
+	To   string `json:"to"`
+	// ControlPlane is the cluster's kind (KindBinary, KindKubeadm): how
+	// its control plane is moved.
+	ControlPlane string      `json:"controlPlane,omitempty"`
+	Bundle       string      `json:"bundle"`
+	State        string      `json:"state"`
+	Holder       string      `json:"holder"`
+	Started      time.Time   `json:"started"`
+	Updated      time.Time   `json:"updated"`
+	LastError    string      `json:"lastError,omitempty"`
+	Nodes        []NodeEntry `json:"nodes"`
 	// Backup is the etcd snapshot taken before the control plane moved.
 	Backup string `json:"etcdBackup,omitempty"`
 }

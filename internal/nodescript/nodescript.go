@@ -48,6 +48,11 @@ var (
 	EtcdSnapshot = load("etcd-snapshot", writes)
 	Exists       = load("exists", readOnly)
 	Remove       = load("remove", writes)
+	// kubeadm clusters: kubeadm run detached and followed, etcd's
+	// snapshot taken inside its static pod.
+	KubeadmStart        = load("kubeadm-start", writes)
+	KubeadmStatus       = load("kubeadm-status", readOnly)
+	KubeadmEtcdSnapshot = load("kubeadm-etcd-snapshot", writes)
 )
 
 const (

@@ -1,0 +1,489 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeadm"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/internal/nodefacts"
+	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/registry"
+	"github.com/kubelift/kubelift/internal/waiter"
+)
+
+// KubeadmRunDir is where, on a node, each kubeadm run kubelift starts
+// keeps its output (NAME.log), exit status (NAME.rc) and pid.
+const KubeadmRunDir = "/var/lib/kubelift/kubeadm"
+
+// kubeadmTimeout bounds one `kubeadm upgrade` on a node: kubeadm waits up
+// to 5 minutes for each static pod it moves, and etcd, the API server,
+// the controller manager and the scheduler may each take that long.
+const kubeadmTimeout = 25 * time.Minute
+
+// ClusterKind says how the cluster's control plane is deployed:
+// KindKubeadm when kube-system holds kubeadm's kubeadm-config ConfigMap
+// (and it parses), else KindBinary.
+func ClusterKind(ctx context.Context, c kubernetes.Interface) (string, error) {
+	cfg, err := kubeadm.Read(ctx, c)
+	if err != nil {
+		return "", err
+	}
+	if cfg != nil {
+		return KindKubeadm, nil
+	}
+	return KindBinary, nil
+}
+
+// kubeadmDriver upgrades a kubeadm-built control plane the way kubeadm's
+// documentation does, with the target's kubeadm staged on every node:
+// `kubeadm upgrade apply` on the first control-plane node, `kubeadm
+// upgrade node` on the others, each run detached on the node and followed
+// (a lost connection or a killed kubelift does not stop kubeadm halfway;
+// the next run follows the same one). kubeadm moves the static pods one
+// by one and puts a failed one back itself; kubelift reports its reason.
+// Workers get `kubeadm upgrade node` (their kubelet's configuration)
+// before their kubelet is swapped, as on any cluster.
+type kubeadmDriver struct {
+	cfg *kubeadm.Config
+}
+
+func (kubeadmDriver) Kind() string { return KindKubeadm }
+
+// Components: every control-plane node runs all three as static pods.
+func (kubeadmDriver) Components(n *NodeState) []string {
+	if n.Role != RoleControlPlane {
+		return nil
+	}
+	return append([]string{}, controlPlaneFiles...)
+}
+
+// BackupEtcd snapshots the local etcd from inside its static pod on the
+// first control-plane node.
+func (d kubeadmDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, error) {
+	if !d.cfg.LocalEtcd {
+		return "", errors.New("the cluster's etcd is external (kubeadm-config etcd.external): back it up where it runs")
+	}
+	node := r.firstControlPlane()
+	if node == "" {
+		return "", errors.New("no control-plane node to back etcd up from")
+	}
+	snap := path.Join(r.opts.BackupDir, r.plan.From[0], fmt.Sprintf("etcd-snapshot-%s.db", r.opts.Plan.Now().UTC().Format("20060102T150405Z")))
+	err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
+		_, err := o.run(ctx, "etcd snapshot", nodescript.KubeadmEtcdSnapshot, snap, d.cfg.EtcdDataDir, path.Join(d.cfg.CertificatesDir, "etcd"))
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	return node + ":" + snap, nil
+}
+
+// Upgrade runs `kubeadm upgrade apply` (first control-plane node) or
+// `kubeadm upgrade node` (the others) unless every control-plane static
+// pod of the node runs the target already, then waits until they do and
+// are Ready, and until kubeadm's addons (kube-proxy, CoreDNS) have rolled
+// out.
+func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) error {
+	to := r.target.Version.String()
+	at, err := r.staticVersions(ctx, node)
+	if err != nil {
+		return err
+	}
+	if allAt(at, to) {
+		return r.waitAddons(ctx)
+	}
+	first := node == r.firstControlPlane()
+	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
+		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
+		patches, err := o.exists(ctx, kubeadm.PatchesDir)
+		if err != nil {
+			return err
+		}
+		args, run := kubeadm.NodeArgs(patches), "upgrade-node-"+to
+		if first {
+			args, run = kubeadm.ApplyArgs(to, patches), "upgrade-apply-"+to
+		}
+		r.event(ctx, node, "UpgradingControlPlane", fmt.Sprintf("kubelift: kubeadm %s (%s -> %s)", strings.Join(args, " "), o.from, to))
+		if err := r.runKubeadm(ctx, o, run, args); err != nil {
+			return err
+		}
+		if r.dry {
+			r.would(node, "wait for the control plane's static pods to run "+to+" and be Ready", "")
+			return nil
+		}
+		return r.waitStaticAt(ctx, o, to)
+	})
+	if err != nil {
+		r.setNode(ctx, node, failedStatus(err), "kubeadm", err)
+		return err
+	}
+	r.log.Info("upgraded", "node", node, "control plane", "kubeadm", "version", to)
+	return r.waitAddons(ctx)
+}
+
+// Undo is not done by kubelift yet for kubeadm clusters: kubeadm keeps
+// the manifests it replaced (and etcd's data when it upgraded etcd) under
+// /etc/kubernetes/tmp.
+func (kubeadmDriver) Undo(_ context.Context, _ *applyRun, node string) error {
+	return fmt.Errorf("node %s: rolling a kubeadm control plane back is not supported yet: kubeadm kept the manifests it replaced in /etc/kubernetes/tmp/kubeadm-backup-manifests-*/ (move them back into %s) and etcd's snapshot is in the run's backup", node, kubeadm.ManifestDir)
+}
+
+// BeforeKubelet runs `kubeadm upgrade node` on a worker (its kubelet's
+// configuration for the target), before its kubelet is swapped; control
+// planes had theirs in the control-plane step.
+func (d kubeadmDriver) BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOps) error {
+	if r.tgts[o.name].Role == RoleControlPlane {
+		return nil
+	}
+	patches, err := o.exists(ctx, kubeadm.PatchesDir)
+	if err != nil {
+		return err
+	}
+	return r.runKubeadm(ctx, o, "upgrade-node-"+r.target.Version.String(), kubeadm.NodeArgs(patches))
+}
+
+// firstControlPlane is the control-plane node `kubeadm upgrade apply`
+// runs on: the first in the plan's order.
+func (r *applyRun) firstControlPlane() string {
+	for _, n := range r.plan.Nodes {
+		if n.Role == RoleControlPlane {
+			return n.Name
+		}
+	}
+	return ""
+}
+
+// runKubeadm starts the staged kubeadm on the node with args, detached,
+// as run NAME (or follows the one already going), and waits until it
+// ends; an exit other than 0 is the node failed, with kubeadm's last
+// lines for its reason.
+func (r *applyRun) runKubeadm(ctx context.Context, o *nodeOps, run string, args []string) error {
+	prog := StagePath(r.opts.Plan.StageDir, r.target.Version.String(), "kubeadm")
+	start := append([]string{KubeadmRunDir, run, prog}, args...)
+	if r.dry {
+		r.would(o.name, "kubeadm "+strings.Join(args, " "), nodescript.KubeadmStart.Show(start...))
+		return nil
+	}
+	out, err := o.run(ctx, "start kubeadm", nodescript.KubeadmStart, start...)
+	if err != nil {
+		return err
+	}
+	r.log.Info("kubeadm", "node", o.name, "run", run, "args", strings.Join(args, " "), "state", strings.TrimSpace(out))
+	defer r.timed(&r.res.Waiting)()
+	var tail string
+	err = r.wait.Poll(ctx, 2*time.Second, kubeadmTimeout, func(ctx context.Context) error {
+		out, err := o.run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
+		if err != nil {
+			return err // the node may be busy restarting its API server: try again
+		}
+		status, rest, _ := strings.Cut(out, "\n")
+		tail = strings.TrimSpace(rest)
+		switch status = strings.TrimSpace(status); {
+		case status == "running":
+			return errors.New("kubeadm is running")
+		case status == "exit 0":
+			return nil
+		case strings.HasPrefix(status, "exit "):
+			code, err := strconv.Atoi(strings.TrimPrefix(status, "exit "))
+			if err != nil {
+				return waiter.Stop(fmt.Errorf("node %s: kubeadm status %q: not an exit status", o.name, status))
+			}
+			return waiter.Stop(fmt.Errorf("%w: node %s: kubeadm %s exited %d (it puts back what it moved): %s", ErrNodeFailed, o.name, strings.Join(args, " "), code, kubeadmReason(tail)))
+		default:
+			return waiter.Stop(fmt.Errorf("%w: node %s: kubeadm %s stopped without an exit status (%q; killed?): %s", ErrNodeFailed, o.name, strings.Join(args, " "), status, kubeadmReason(tail)))
+		}
+	})
+	if errors.Is(err, waiter.ErrTimeout) {
+		return fmt.Errorf("%w: node %s: kubeadm %s still running after %s (it goes on; %s/%s.log on the node says how): %s", ErrNodeFailed, o.name, strings.Join(args, " "), kubeadmTimeout, KubeadmRunDir, run, kubeadmReason(tail))
+	}
+	return err
+}
+
+// kubeadmReason is what kubeadm said last, for an error message: its
+// "error execution phase" line and what follows when there is one, else
+// its last lines.
+func kubeadmReason(log string) string {
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	for i, l := range lines {
+		if strings.Contains(l, "error execution phase") || strings.Contains(l, "[upgrade/apply] FATAL") || strings.HasPrefix(l, "error: ") {
+			lines = lines[i:]
+			break
+		}
+	}
+	if len(lines) > 8 {
+		lines = lines[len(lines)-8:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// staticVersions are the versions the node's control-plane static pods
+// run, read from their mirror pods (component=NAME, the image's tag), for
+// those Running and Ready only; a tag that does not parse is refused.
+func (r *applyRun) staticVersions(ctx context.Context, node string) (map[string]string, error) {
+	pods, err := r.client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, LabelSelector: "tier=control-plane"})
+	if err != nil {
+		return nil, fmt.Errorf("node %s: list its control-plane pods: %w", node, err)
+	}
+	out := map[string]string{}
+	for i := range pods.Items {
+		comp, v, err := staticComponent(&pods.Items[i])
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", node, err)
+		}
+		if comp != "" && podReady(&pods.Items[i]) {
+			out[comp] = v
+		}
+	}
+	return out, nil
+}
+
+// staticComponent is the control-plane component a mirror pod runs and
+// its version (the tag of its image): "" for other pods.
+func staticComponent(p *corev1.Pod) (string, string, error) {
+	comp := p.Labels["component"]
+	if _, mirror := p.Annotations[kubeletcompat.MirrorAnnotation]; !mirror || !slices.Contains(controlPlaneFiles, comp) {
+		return "", "", nil
+	}
+	for _, c := range p.Spec.Containers {
+		if c.Name != comp {
+			continue
+		}
+		i := strings.LastIndex(c.Image, ":")
+		if i < 0 || strings.Contains(c.Image[i:], "/") {
+			return "", "", fmt.Errorf("pod %s/%s image %q: no tag to read its version from", p.Namespace, p.Name, c.Image)
+		}
+		v, err := catalog.ParseReported(c.Image[i+1:])
+		if err != nil {
+			return "", "", fmt.Errorf("pod %s/%s image %q: %w", p.Namespace, p.Name, c.Image, err)
+		}
+		return comp, v.String(), nil
+	}
+	return "", "", nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func allAt(at map[string]string, to string) bool {
+	for _, c := range controlPlaneFiles {
+		if at[c] != to {
+			return false
+		}
+	}
+	return true
+}
+
+// waitStaticAt waits until the node's control-plane static pods run the
+// target and are Ready, and its API server answers /readyz.
+func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeOps, to string) error {
+	defer r.timed(&r.res.Waiting)()
+	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+		at, err := r.staticVersions(ctx, o.name)
+		if err != nil {
+			return err
+		}
+		for _, c := range controlPlaneFiles {
+			if at[c] != to {
+				return fmt.Errorf("%s runs %q (or is not Ready), want %s", c, at[c], to)
+			}
+		}
+		if r.opts.Plan.REST != nil {
+			return readyz(ctx, r.opts.Plan.REST, r.tgts[o.name].Address)
+		}
+		return nil
+	})
+	if errors.Is(err, waiter.ErrTimeout) {
+		return fmt.Errorf("%w: node %s: kubeadm finished but the control plane is not Ready at %s within %s: %w", ErrNodeFailed, o.name, to, r.opts.ReadyTimeout, err)
+	}
+	return err
+}
+
+// waitAddons waits until kubeadm's addons have rolled out: the kube-proxy
+// DaemonSet's pods all updated and available, and so CoreDNS's
+// Deployment; before that, a kubelet swap would see kube-proxy's
+// containers replaced by the rollout and take it for a restart.
+func (r *applyRun) waitAddons(ctx context.Context) error {
+	if r.dry {
+		r.would("", "wait for kubeadm's addons (kube-proxy, CoreDNS) to roll out", "")
+		return nil
+	}
+	defer r.timed(&r.res.Waiting)()
+	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+		ds, err := r.client.AppsV1().DaemonSets(metav1.NamespaceSystem).Get(ctx, "kube-proxy", metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return err
+		default:
+			if why := daemonSetRolling(ds); why != "" {
+				return errors.New(why)
+			}
+		}
+		dep, err := r.client.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return err
+		default:
+			if why := deploymentRolling(dep); why != "" {
+				return errors.New(why)
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, waiter.ErrTimeout) {
+		return fmt.Errorf("kubeadm's addons did not roll out within %s: %w", r.opts.ReadyTimeout, err)
+	}
+	return err
+}
+
+func daemonSetRolling(ds *appsv1.DaemonSet) string {
+	s := ds.Status
+	if s.ObservedGeneration < ds.Generation || s.UpdatedNumberScheduled != s.DesiredNumberScheduled || s.NumberAvailable != s.DesiredNumberScheduled {
+		return fmt.Sprintf("daemonset %s/%s rolling out: %d of %d updated, %d available", ds.Namespace, ds.Name, s.UpdatedNumberScheduled, s.DesiredNumberScheduled, s.NumberAvailable)
+	}
+	return ""
+}
+
+func deploymentRolling(d *appsv1.Deployment) string {
+	s := d.Status
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	if s.ObservedGeneration < d.Generation || s.UpdatedReplicas != want || s.AvailableReplicas != want || s.Replicas != want {
+		return fmt.Sprintf("deployment %s/%s rolling out: %d of %d updated, %d available", d.Namespace, d.Name, s.UpdatedReplicas, want, s.AvailableReplicas)
+	}
+	return ""
+}
+
+// staticComponents adds to a kubeadm control-plane node's components the
+// versions its static control-plane pods run (their mirror pods' images,
+// Running and Ready only); a version that does not parse is refused.
+func (pc *planCheck) staticComponents(node string, comps map[string]string, bad []nodefacts.BadValue) (map[string]string, []nodefacts.BadValue) {
+	out := map[string]string{}
+	for k, v := range comps {
+		out[k] = v
+	}
+	for i := range pc.view.pods {
+		p := &pc.view.pods[i]
+		if p.Spec.NodeName != node || p.Namespace != metav1.NamespaceSystem {
+			continue
+		}
+		comp, v, err := staticComponent(p)
+		if err != nil {
+			bad = append(bad, nodefacts.BadValue{Node: node, Field: "pod " + p.Namespace + "/" + p.Name + " image", Value: imageOf(p), Reason: err.Error()})
+			continue
+		}
+		if comp != "" && podReady(p) {
+			out[comp] = v
+		}
+	}
+	return out, bad
+}
+
+func imageOf(p *corev1.Pod) string {
+	if len(p.Spec.Containers) > 0 {
+		return p.Spec.Containers[0].Image
+	}
+	return ""
+}
+
+// kubeadmImages: on a kubeadm cluster, every image `kubeadm upgrade
+// apply` will pull at the target is in the private registry where the
+// cluster's imageRepository says (kubeadm's names, CoreDNS's path
+// included), with the bundle's digest; and kubeadm restarts by design
+// what the plan says it will.
+func (pc *planCheck) kubeadmImages(ctx context.Context) {
+	kc := pc.view.kubeadm
+	if kc == nil {
+		return
+	}
+	want, err := kc.Images(pc.target.Release)
+	if err != nil {
+		pc.add(Blocking, "kubeadm", "version/"+pc.target.Version.String(), err.Error(), "")
+		return
+	}
+	imported := map[string]string{} // upstream ref -> digest the bundle holds
+	var domain string
+	for _, im := range pc.target.Record.Images {
+		imported[im.Ref] = im.Digest
+		if t, err := name.ParseReference(im.Target, name.WeakValidation); err == nil {
+			domain = t.Context().RegistryStr()
+		}
+	}
+	p := &registry.Pusher{Access: pc.opts.Access, Jobs: 4}
+	for _, im := range want {
+		ref, err := name.ParseReference(im.Want, name.WeakValidation)
+		if err != nil {
+			pc.add(Blocking, "kubeadm", "image/"+im.Want, fmt.Sprintf("kubeadm would pull %q: not an image reference: %v", im.Want, err), "fix imageRepository in kube-system/kubeadm-config")
+			continue
+		}
+		if domain != "" && ref.Context().RegistryStr() != domain {
+			pc.add(Warning, "kubeadm", "image/"+im.Want, fmt.Sprintf("kubeadm will pull %s from %s, not the private registry %s the bundle was imported to: not checked", im.Want, ref.Context().RegistryStr(), domain),
+				"make sure the nodes can pull it (a containerd mirror), or point imageRepository at the private registry")
+			continue
+		}
+		got, err := p.ManifestDigest(ctx, ref)
+		switch {
+		case err != nil:
+			pc.add(Blocking, "kubeadm", "image/"+im.Want, fmt.Sprintf("cannot check the private registry for %s, which kubeadm upgrade pulls: %v", im.Want, err), "pass the registry flags (--username, --ca-file ...)")
+		case got == (v1.Hash{}):
+			pc.add(Blocking, "kubeadm", "image/"+im.Want, fmt.Sprintf("kubeadm upgrade pulls %s (imageRepository %s), which is not in the registry", im.Want, kc.ImageRepository),
+				fmt.Sprintf("import the bundle so that its images land under %s (upgrade import --domain and --namespace; without --keep-path CoreDNS lands at NAMESPACE/coredns, as kubeadm asks for a custom repository)", kc.ImageRepository))
+		case imported[im.Upstream] != "" && got.String() != imported[im.Upstream]:
+			pc.add(Warning, "kubeadm", "image/"+im.Want, fmt.Sprintf("%s in the registry is %s, not the bundle's %s: kubeadm will run what the registry holds", im.Want, got, imported[im.Upstream]), "re-import the bundle to that place")
+		}
+	}
+	// What kubeadm restarts, by design.
+	var static, proxies int
+	for i := range pc.view.pods {
+		p := &pc.view.pods[i]
+		if p.Namespace != metav1.NamespaceSystem {
+			continue
+		}
+		if _, mirror := p.Annotations[kubeletcompat.MirrorAnnotation]; mirror && p.Labels["tier"] == "control-plane" {
+			static++
+		}
+		if p.Labels["k8s-app"] == "kube-proxy" {
+			proxies++
+		}
+	}
+	pc.add(Info, "kubeadm", "cluster/kubeadm", fmt.Sprintf("kubeadm %s: `kubeadm upgrade apply %s` on %s, `kubeadm upgrade node` on every other node; by design kubeadm restarts the %d control-plane static pods it changes (etcd too when its manifest changes), rolls the kube-proxy DaemonSet (%d pods, its image names the version) and CoreDNS if its spec changes; no workload pod is restarted by kubeadm",
+		kc.KubernetesVersion, pc.target.Version, pc.firstControlPlane(), static, proxies), "")
+}
+
+// firstControlPlane is the first control-plane node in the plan's order.
+func (pc *planCheck) firstControlPlane() string {
+	for _, n := range pc.plan.Nodes {
+		if n.Role == RoleControlPlane {
+			return n.Name
+		}
+	}
+	return ""
+}

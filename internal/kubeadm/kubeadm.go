@@ -1,0 +1,207 @@
+// Package kubeadm is what kubelift knows of clusters kubeadm built: it
+// reads the cluster's ClusterConfiguration from the kubeadm-config
+// ConfigMap (refusing what does not parse), names the images `kubeadm
+// upgrade` will pull for a release under the cluster's imageRepository
+// (as kubeadm's own images.go does, CoreDNS's path included), and says
+// the kubeadm commands an upgrade runs on each node.
+package kubeadm
+
+import (
+	"context"
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+)
+
+// Where kubeadm keeps the cluster's configuration.
+const (
+	ConfigNamespace = "kube-system"
+	ConfigMapName   = "kubeadm-config"
+	// ClusterConfigKey is the ConfigMap's key holding the
+	// ClusterConfiguration document.
+	ClusterConfigKey = "ClusterConfiguration"
+)
+
+// Paths kubeadm uses on a node.
+const (
+	// ManifestDir holds the static pods of the control plane and etcd.
+	ManifestDir = "/etc/kubernetes/manifests"
+	// PatchesDir is where kubeadm's documentation keeps --patches files;
+	// kubelift passes it to every `kubeadm upgrade` when the node has it
+	// (kubeadm does not remember the directory init or join used).
+	PatchesDir = "/etc/kubernetes/patches"
+	// DefaultEtcdDataDir and DefaultCertDir are kubeadm's defaults.
+	DefaultEtcdDataDir = "/var/lib/etcd"
+	DefaultCertDir     = "/etc/kubernetes/pki"
+)
+
+// DefaultImageRepository is kubeadm's imageRepository when none is set.
+const DefaultImageRepository = "registry.k8s.io"
+
+// Config is what kubelift reads of a cluster's ClusterConfiguration,
+// each value parsed.
+type Config struct {
+	// KubernetesVersion is the version kubeadm last set up or upgraded to.
+	KubernetesVersion catalog.Version
+	// ImageRepository is where kubeadm pulls the control plane from.
+	ImageRepository string
+	// DNSImageRepository overrides it for CoreDNS ("" when not set).
+	DNSImageRepository string
+	// LocalEtcd says etcd is a static pod kubeadm manages; EtcdDataDir is
+	// its data directory.
+	LocalEtcd   bool
+	EtcdDataDir string
+	// CertificatesDir holds the cluster's PKI (etcd's under etcd/).
+	CertificatesDir string
+}
+
+// clusterConfiguration is the part of kubeadm's ClusterConfiguration
+// (v1beta3 and v1beta4 alike) kubelift reads.
+type clusterConfiguration struct {
+	APIVersion        string `json:"apiVersion"`
+	Kind              string `json:"kind"`
+	KubernetesVersion string `json:"kubernetesVersion"`
+	ImageRepository   string `json:"imageRepository"`
+	CertificatesDir   string `json:"certificatesDir"`
+	DNS               struct {
+		ImageRepository string `json:"imageRepository"`
+	} `json:"dns"`
+	Etcd struct {
+		Local *struct {
+			DataDir string `json:"dataDir"`
+		} `json:"local"`
+		External *struct{} `json:"external"`
+	} `json:"etcd"`
+}
+
+// Read reads the cluster's kubeadm configuration; (nil, nil) when the
+// cluster has no kubeadm-config ConfigMap (kubeadm did not build it).
+func Read(ctx context.Context, c kubernetes.Interface) (*Config, error) {
+	cm, err := c.CoreV1().ConfigMaps(ConfigNamespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read configmap %s/%s: %w", ConfigNamespace, ConfigMapName, err)
+	}
+	doc, ok := cm.Data[ClusterConfigKey]
+	if !ok {
+		return nil, fmt.Errorf("configmap %s/%s has no %s", ConfigNamespace, ConfigMapName, ClusterConfigKey)
+	}
+	cfg, err := Parse([]byte(doc))
+	if err != nil {
+		return nil, fmt.Errorf("configmap %s/%s: %w", ConfigNamespace, ConfigMapName, err)
+	}
+	return cfg, nil
+}
+
+// Parse reads a ClusterConfiguration document; a field that does not
+// parse is refused, named with its value.
+func Parse(doc []byte) (*Config, error) {
+	var cc clusterConfiguration
+	if err := yaml.Unmarshal(doc, &cc); err != nil {
+		return nil, fmt.Errorf("%s: %w", ClusterConfigKey, err)
+	}
+	if cc.Kind != "ClusterConfiguration" || !strings.HasPrefix(cc.APIVersion, "kubeadm.k8s.io/") {
+		return nil, fmt.Errorf("%s: kind %q apiVersion %q: not a kubeadm ClusterConfiguration", ClusterConfigKey, cc.Kind, cc.APIVersion)
+	}
+	v, err := catalog.ParseReported(cc.KubernetesVersion)
+	if err != nil {
+		return nil, fmt.Errorf("%s kubernetesVersion: %w", ClusterConfigKey, err)
+	}
+	cfg := &Config{KubernetesVersion: v, ImageRepository: cc.ImageRepository, DNSImageRepository: cc.DNS.ImageRepository,
+		LocalEtcd: cc.Etcd.External == nil, EtcdDataDir: DefaultEtcdDataDir, CertificatesDir: DefaultCertDir}
+	if cfg.ImageRepository == "" {
+		cfg.ImageRepository = DefaultImageRepository
+	}
+	for field, repo := range map[string]string{"imageRepository": cfg.ImageRepository, "dns.imageRepository": cfg.DNSImageRepository} {
+		if repo == "" {
+			continue
+		}
+		if _, err := name.NewRepository(repo+"/x", name.WeakValidation); err != nil {
+			return nil, fmt.Errorf("%s %s %q: not a registry path: %w", ClusterConfigKey, field, repo, err)
+		}
+	}
+	if cc.Etcd.Local != nil && cc.Etcd.Local.DataDir != "" {
+		cfg.EtcdDataDir = cc.Etcd.Local.DataDir
+	}
+	if cc.CertificatesDir != "" {
+		cfg.CertificatesDir = cc.CertificatesDir
+	}
+	for field, p := range map[string]string{"etcd.local.dataDir": cfg.EtcdDataDir, "certificatesDir": cfg.CertificatesDir} {
+		if !path.IsAbs(p) || path.Clean(p) != p || strings.ContainsAny(p, "\n\x00") {
+			return nil, fmt.Errorf("%s %s %q: not a clean absolute path", ClusterConfigKey, field, p)
+		}
+	}
+	return cfg, nil
+}
+
+// Image is one image kubeadm pulls: the upstream reference a bundle
+// carries and the name kubeadm asks the cluster's registry for.
+type Image struct {
+	Upstream string `json:"upstream"`
+	Want     string `json:"want"`
+}
+
+// Images are the images `kubeadm upgrade apply` to a release pulls, as
+// kubeadm names them under the cluster's repositories: each control-plane
+// image, kube-proxy, etcd (when local) and pause as REPO/NAME:TAG, and
+// CoreDNS as DNSREPO/coredns:TAG, or REPO/coredns:TAG with a custom
+// repository, or registry.k8s.io/coredns/coredns:TAG with the default
+// one (kubeadm's GetDNSImage). The tags are the release's catalog images'.
+func (c *Config) Images(rel *catalog.Release) ([]Image, error) {
+	var out []Image
+	for _, ref := range rel.Images {
+		up, err := name.NewTag(ref, name.WeakValidation)
+		if err != nil {
+			return nil, fmt.Errorf("catalog %s image %q: %w", rel.Version, ref, err)
+		}
+		base := path.Base(up.RepositoryStr())
+		repo := c.ImageRepository
+		switch {
+		case base == "etcd" && !c.LocalEtcd:
+			continue
+		case base == "coredns":
+			switch {
+			case c.DNSImageRepository != "":
+				repo = c.DNSImageRepository
+			case c.ImageRepository == DefaultImageRepository:
+				repo = DefaultImageRepository + "/coredns"
+			}
+		}
+		out = append(out, Image{Upstream: ref, Want: repo + "/" + base + ":" + up.TagStr()})
+	}
+	return out, nil
+}
+
+// Commands of an upgrade, as kubelift runs them on a node with the
+// target's kubeadm (ARGS after the program).
+
+// ApplyArgs upgrades the first control-plane node: the control plane and
+// etcd's static pods, the cluster's configuration, the kubelet's
+// configuration, and the CoreDNS and kube-proxy addons.
+func ApplyArgs(version string, patches bool) []string {
+	args := []string{"upgrade", "apply", version, "--yes"}
+	if patches {
+		args = append(args, "--patches", PatchesDir)
+	}
+	return args
+}
+
+// NodeArgs upgrades any other node: its static pods on a control-plane
+// node, and its kubelet's configuration.
+func NodeArgs(patches bool) []string {
+	args := []string{"upgrade", "node"}
+	if patches {
+		args = append(args, "--patches", PatchesDir)
+	}
+	return args
+}

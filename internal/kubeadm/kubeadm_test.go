@@ -1,0 +1,103 @@
+package kubeadm
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+)
+
+const sandboxDoc = `apiServer:
+  extraArgs:
+    disable-admission-plugins: DefaultTolerationSeconds
+apiVersion: kubeadm.k8s.io/v1beta3
+certificatesDir: /etc/kubernetes/pki
+clusterName: kubelift-sandbox
+dns: {}
+etcd:
+  local:
+    dataDir: /var/lib/etcd
+imageRepository: 10.78.0.1:5000/library
+kind: ClusterConfiguration
+kubernetesVersion: v1.30.14
+`
+
+func release(t *testing.T) *catalog.Release {
+	t.Helper()
+	c, err := catalog.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Lookup("v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestParse(t *testing.T) {
+	c, err := Parse([]byte(sandboxDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.KubernetesVersion.String() != "v1.30.14" || c.ImageRepository != "10.78.0.1:5000/library" || !c.LocalEtcd || c.EtcdDataDir != "/var/lib/etcd" {
+		t.Fatalf("parsed %+v", c)
+	}
+}
+
+func TestParseRefuses(t *testing.T) {
+	for _, tc := range []struct{ name, from, to, want string }{
+		{"version", "kubernetesVersion: v1.30.14", "kubernetesVersion: v1.30.14; rm -rf /", "kubernetesVersion"},
+		{"repository", "imageRepository: 10.78.0.1:5000/library", "imageRepository: 'evil repo/$(x)'", "imageRepository"},
+		{"data dir", "dataDir: /var/lib/etcd", "dataDir: ../etcd", "etcd.local.dataDir"},
+		{"kind", "kind: ClusterConfiguration", "kind: InitConfiguration", "not a kubeadm ClusterConfiguration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(strings.Replace(sandboxDoc, tc.from, tc.to, 1)))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestImages(t *testing.T) {
+	rel := release(t)
+	want := func(c *Config) map[string]string {
+		imgs, err := c.Images(rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, im := range imgs {
+			out[im.Upstream] = im.Want
+		}
+		return out
+	}
+	custom := want(&Config{ImageRepository: "reg:5000/library", LocalEtcd: true})
+	for up, w := range map[string]string{
+		"registry.k8s.io/kube-apiserver:v1.31.4":          "reg:5000/library/kube-apiserver:v1.31.4",
+		"registry.k8s.io/coredns/coredns:v1.11.3":         "reg:5000/library/coredns:v1.11.3", // the flat path of a custom repository
+		"registry.k8s.io/etcd:3.5.15-0":                   "reg:5000/library/etcd:3.5.15-0",
+		"registry.k8s.io/pause:3.10":                      "reg:5000/library/pause:3.10",
+		"registry.k8s.io/kube-proxy:v1.31.4":              "reg:5000/library/kube-proxy:v1.31.4",
+		"registry.k8s.io/kube-scheduler:v1.31.4":          "reg:5000/library/kube-scheduler:v1.31.4",
+		"registry.k8s.io/kube-controller-manager:v1.31.4": "reg:5000/library/kube-controller-manager:v1.31.4",
+	} {
+		if custom[up] != w {
+			t.Errorf("%s: kubeadm asks for %q, want %q", up, custom[up], w)
+		}
+	}
+	if len(custom) != len(rel.Images) {
+		t.Errorf("%d images, want the release's %d", len(custom), len(rel.Images))
+	}
+	if got := want(&Config{ImageRepository: DefaultImageRepository, LocalEtcd: true})["registry.k8s.io/coredns/coredns:v1.11.3"]; got != "registry.k8s.io/coredns/coredns:v1.11.3" {
+		t.Errorf("default repository: coredns %q", got)
+	}
+	if got := want(&Config{ImageRepository: "r/x", DNSImageRepository: "r/x/coredns", LocalEtcd: true})["registry.k8s.io/coredns/coredns:v1.11.3"]; got != "r/x/coredns/coredns:v1.11.3" {
+		t.Errorf("dns.imageRepository: coredns %q", got)
+	}
+	if _, ok := want(&Config{ImageRepository: "r/x"})["registry.k8s.io/etcd:3.5.15-0"]; ok {
+		t.Error("external etcd: kubeadm pulls no etcd image")
+	}
+}
