@@ -31,6 +31,10 @@ import (
 // keeps its output (NAME.log), exit status (NAME.rc) and pid.
 const KubeadmRunDir = "/var/lib/kubelift/kubeadm"
 
+// errKubeadmFailed: kubeadm ended with a status other than 0 (having put
+// back what it moved, as it does on every error).
+var errKubeadmFailed = errors.New("kubeadm failed")
+
 // kubeadmTimeout bounds one `kubeadm upgrade` on a node: kubeadm waits up
 // to 5 minutes for each static pod it moves, and etcd, the API server,
 // the controller manager and the scheduler may each take that long.
@@ -101,7 +105,14 @@ func (d kubeadmDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, err
 // out.
 func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) error {
 	to := r.target.Version.String()
-	at, err := r.staticVersions(ctx, node)
+	// Read through an API server restart: a run resumed while kubeadm
+	// moves the control plane may find it restarting.
+	var at map[string]string
+	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+		var err error
+		at, err = r.staticVersions(ctx, node)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -115,13 +126,21 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) er
 		if err != nil {
 			return err
 		}
-		args, run := kubeadm.NodeArgs(patches), "upgrade-node-"+to
+		args, run := kubeadm.NodeArgs(patches), r.kubeadmRun("node")
 		if first {
-			args, run = kubeadm.ApplyArgs(to, patches), "upgrade-apply-"+to
+			args, run = kubeadm.ApplyArgs(to, patches), r.kubeadmRun("apply")
 		}
 		r.event(ctx, node, "UpgradingControlPlane", fmt.Sprintf("kubelift: kubeadm %s (%s -> %s)", strings.Join(args, " "), o.from, to))
 		if err := r.runKubeadm(ctx, o, run, args); err != nil {
-			return err
+			if !errors.Is(err, errKubeadmFailed) {
+				return err
+			}
+			// kubeadm put the old manifests back: wait until the control
+			// plane runs them again (its API server restarts meanwhile).
+			if werr := r.waitStaticAt(ctx, o, o.from); werr != nil {
+				return fmt.Errorf("%w; after it, the control plane is not back at %s: %v", err, o.from, werr)
+			}
+			return fmt.Errorf("%w: %w; kubeadm put node %s's control plane back at %s", ErrNodeFailed, err, node, o.from)
 		}
 		if r.dry {
 			r.would(node, "wait for the control plane's static pods to run "+to+" and be Ready", "")
@@ -133,7 +152,9 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) er
 		r.setNode(ctx, node, failedStatus(err), "kubeadm", err)
 		return err
 	}
-	r.log.Info("upgraded", "node", node, "control plane", "kubeadm", "version", to)
+	if !r.dry {
+		r.log.Info("upgraded", "node", node, "control plane", "kubeadm", "version", to)
+	}
 	return r.waitAddons(ctx)
 }
 
@@ -155,7 +176,22 @@ func (d kubeadmDriver) BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOp
 	if err != nil {
 		return err
 	}
-	return r.runKubeadm(ctx, o, "upgrade-node-"+r.target.Version.String(), kubeadm.NodeArgs(patches))
+	return r.runKubeadm(ctx, o, r.kubeadmRun("node"), kubeadm.NodeArgs(patches))
+}
+
+// kubeadmRun names a kubeadm run of this upgrade on a node:
+// upgrade-VERB-VERSION-STARTED (the upgrade record's start, in Unix
+// seconds), so that a resumed run follows, or does not repeat, the one
+// this upgrade started, and a later upgrade to the same version (after a
+// rollback) runs kubeadm anew.
+func (r *applyRun) kubeadmRun(verb string) string {
+	var started int64
+	r.mu.Lock()
+	if r.state != nil {
+		started = r.state.Started.Unix()
+	}
+	r.mu.Unlock()
+	return fmt.Sprintf("upgrade-%s-%s-%d", verb, r.target.Version, started)
 }
 
 // firstControlPlane is the control-plane node `kubeadm upgrade apply`
@@ -204,22 +240,31 @@ func (r *applyRun) runKubeadm(ctx context.Context, o *nodeOps, run string, args 
 			if err != nil {
 				return waiter.Stop(fmt.Errorf("node %s: kubeadm status %q: not an exit status", o.name, status))
 			}
-			return waiter.Stop(fmt.Errorf("%w: node %s: kubeadm %s exited %d (it puts back what it moved): %s", ErrNodeFailed, o.name, strings.Join(args, " "), code, kubeadmReason(tail)))
+			return waiter.Stop(fmt.Errorf("%w: node %s: kubeadm %s exited %d: %s", errKubeadmFailed, o.name, strings.Join(args, " "), code, kubeadmReason(tail)))
 		default:
-			return waiter.Stop(fmt.Errorf("%w: node %s: kubeadm %s stopped without an exit status (%q; killed?): %s", ErrNodeFailed, o.name, strings.Join(args, " "), status, kubeadmReason(tail)))
+			return waiter.Stop(fmt.Errorf("node %s: kubeadm %s stopped without an exit status (%q; killed?), what it moved may not be back: %s", o.name, strings.Join(args, " "), status, kubeadmReason(tail)))
 		}
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("%w: node %s: kubeadm %s still running after %s (it goes on; %s/%s.log on the node says how): %s", ErrNodeFailed, o.name, strings.Join(args, " "), kubeadmTimeout, KubeadmRunDir, run, kubeadmReason(tail))
+		return fmt.Errorf("node %s: kubeadm %s still running after %s (it goes on; %s/%s.log on the node says how): %s", o.name, strings.Join(args, " "), kubeadmTimeout, KubeadmRunDir, run, kubeadmReason(tail))
 	}
 	return err
 }
 
-// kubeadmReason is what kubeadm said last, for an error message: its
-// "error execution phase" line and what follows when there is one, else
-// its last lines.
+// kubeadmReason is what kubeadm said last, for an error message: the
+// static pod it was moving when it stopped ("Preparing for "NAME"
+// upgrade"), then its "error execution phase" or FATAL line and what
+// follows when there is one, else its last lines.
 func kubeadmReason(log string) string {
 	lines := strings.Split(strings.TrimSpace(log), "\n")
+	moving := ""
+	for _, l := range lines {
+		if _, rest, ok := strings.Cut(l, `Preparing for "`); ok {
+			if name, _, ok := strings.Cut(rest, `"`); ok {
+				moving = name
+			}
+		}
+	}
 	for i, l := range lines {
 		if strings.Contains(l, "error execution phase") || strings.Contains(l, "[upgrade/apply] FATAL") || strings.HasPrefix(l, "error: ") {
 			lines = lines[i:]
@@ -228,6 +273,9 @@ func kubeadmReason(log string) string {
 	}
 	if len(lines) > 8 {
 		lines = lines[len(lines)-8:]
+	}
+	if moving != "" {
+		return "while it moved " + moving + ": " + strings.Join(lines, " | ")
 	}
 	return strings.Join(lines, " | ")
 }
@@ -318,7 +366,7 @@ func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeOps, to string) erro
 		return nil
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("%w: node %s: kubeadm finished but the control plane is not Ready at %s within %s: %w", ErrNodeFailed, o.name, to, r.opts.ReadyTimeout, err)
+		return fmt.Errorf("node %s: the control plane is not Ready at %s within %s: %w", o.name, to, r.opts.ReadyTimeout, err)
 	}
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -18,20 +19,23 @@ const hostile = "$(touch PWNED)`touch PWNED2`;touch PWNED3 'x' \"y\" \\ v1.30.14
 // goldenArgs are the arguments each golden command is made with: the
 // hostile value in every position.
 var goldenArgs = map[string][]string{
-	"facts":         {"/var/lib/kubelift/staged/" + hostile, "/var/lib/kubelift/staged", "kubelet", "kube-apiserver"},
-	"list-staged":   {"/var/lib/kubelift/staged/" + hostile},
-	"stage-file":    {"/var/lib/kubelift/staged/v1.31.4", "kubelet", hostile},
-	"backup":        {"/var/lib/kubelift/backup/" + hostile, "kubelet", "/usr/local/bin/kubelet", hostile, "/var/lib/kubelet", "cpu_manager_state"},
-	"swap":          {"/var/lib/kubelift/staged/v1.31.4/kubelet", hostile, "/usr/local/bin/kubelet", "kubelet"},
-	"restore":       {"/var/lib/kubelift/backup/" + hostile, "/usr/local/bin/kubelet", "kubelet", "/var/lib/kubelet", "kubelift-hash-skip.json", "cpu_manager_state"},
-	"write-file":    {"/var/lib/kubelet/kubelift-hash-skip.json", `{"oldKubeletVersion":"` + hostile + `"}`},
-	"running":       {"kubelet"},
-	"installed":     {"/usr/local/bin/" + hostile},
-	"containers":    {},
-	"healthz":       {"http://127.0.0.1:10256/healthz?" + hostile},
-	"etcd-snapshot": {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "https://127.0.0.1:2379", "/etc/etcd/ca.pem", "", hostile},
-	"exists":        {"/var/lib/kubelet/" + hostile},
-	"remove":        {"/var/lib/kubelet/" + hostile},
+	"facts":                 {"/var/lib/kubelift/staged/" + hostile, "/var/lib/kubelift/staged", "kubelet", "kube-apiserver"},
+	"list-staged":           {"/var/lib/kubelift/staged/" + hostile},
+	"stage-file":            {"/var/lib/kubelift/staged/v1.31.4", "kubelet", hostile},
+	"backup":                {"/var/lib/kubelift/backup/" + hostile, "kubelet", "/usr/local/bin/kubelet", hostile, "/var/lib/kubelet", "cpu_manager_state"},
+	"swap":                  {"/var/lib/kubelift/staged/v1.31.4/kubelet", hostile, "/usr/local/bin/kubelet", "kubelet"},
+	"restore":               {"/var/lib/kubelift/backup/" + hostile, "/usr/local/bin/kubelet", "kubelet", "/var/lib/kubelet", "kubelift-hash-skip.json", "cpu_manager_state"},
+	"write-file":            {"/var/lib/kubelet/kubelift-hash-skip.json", `{"oldKubeletVersion":"` + hostile + `"}`},
+	"running":               {"kubelet"},
+	"installed":             {"/usr/local/bin/" + hostile},
+	"containers":            {},
+	"healthz":               {"http://127.0.0.1:10256/healthz?" + hostile},
+	"etcd-snapshot":         {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "https://127.0.0.1:2379", "/etc/etcd/ca.pem", "", hostile},
+	"exists":                {"/var/lib/kubelet/" + hostile},
+	"remove":                {"/var/lib/kubelet/" + hostile},
+	"kubeadm-start":         {"/var/lib/kubelift/kubeadm", "upgrade-apply-v1.31.4-1", "/var/lib/kubelift/staged/v1.31.4/kubeadm", "upgrade", "apply", hostile, "--yes"},
+	"kubeadm-status":        {"/var/lib/kubelift/kubeadm", "upgrade-apply-" + hostile},
+	"kubeadm-etcd-snapshot": {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "/var/lib/etcd", "/etc/kubernetes/pki/etcd"},
 }
 
 // TestGolden pins each script's command, byte for byte, with a hostile
@@ -139,6 +143,60 @@ func TestParseRefuses(t *testing.T) {
 	} {
 		if _, _, err := Parse(cmd); err == nil {
 			t.Errorf("Parse accepted %.60q", cmd)
+		}
+	}
+}
+
+// kubeadm-start runs the program detached with its arguments as data,
+// kubeadm-status follows it to its exit status, a failed run is started
+// again (its output kept) and a succeeded one is not.
+func TestKubeadmStartAndStatus(t *testing.T) {
+	dir := t.TempDir()
+	sh := func(cmd string) string {
+		out, err := exec.Command("sh", "-c", cmd).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return string(out)
+	}
+	prog := filepath.Join(dir, "kubeadm")
+	// Exits with the status in file "code" (3, then 0), printing its arguments.
+	if err := os.WriteFile(prog, []byte("#!/bin/sh\nprintf '%s\\n' \"$@\"\nexit \"$(cat "+filepath.Join(dir, "code")+")\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wait := func() string {
+		for i := 0; i < 100; i++ {
+			out := sh(KubeadmStatus.Command(dir, "run"))
+			if !strings.HasPrefix(out, "running") {
+				return out
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatal("still running after 5s")
+		return ""
+	}
+	for i, tc := range []struct{ code, start, status string }{{"3", "started", "exit 3"}, {"0", "started", "exit 0"}, {"0", "done", "exit 0"}} {
+		if err := os.WriteFile(filepath.Join(dir, "code"), []byte(tc.code), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out := sh(KubeadmStart.Command(dir, "run", prog, "upgrade", hostile)); strings.TrimSpace(out) != tc.start {
+			t.Fatalf("run %d: kubeadm-start said %q, want %s", i, out, tc.start)
+		}
+		out := wait()
+		first, log, _ := strings.Cut(out, "\n")
+		if first != tc.status || !strings.Contains(log, hostile) {
+			t.Fatalf("run %d: kubeadm-status said %q, want %s and the hostile argument as data", i, out, tc.status)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "run.log.previous")); err != nil {
+		t.Errorf("the failed run's output was not kept: %v", err)
+	}
+	if out := sh(KubeadmStatus.Command(dir, "never")); !strings.HasPrefix(out, "lost") {
+		t.Errorf("status of a run never started: %q", out)
+	}
+	for _, mark := range []string{"PWNED", "PWNED2", "PWNED3"} {
+		if _, err := os.Stat(mark); err == nil {
+			t.Errorf("a hostile argument ran as a command: %s exists", mark)
 		}
 	}
 }
