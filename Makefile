@@ -10,7 +10,7 @@ DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time 
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 
-.PHONY: all build deps tools lint test demo bench bench-scale kubernetes kubelet hash-vectors clean sandbox-up sandbox-down sandbox-status
+.PHONY: all build deps tools lint test demo demo-kubeadm bench bench-scale kubernetes kubelet hash-vectors clean sandbox-up sandbox-down sandbox-status
 
 all: build
 
@@ -50,6 +50,13 @@ test: deps lint
 
 demo: deps build sandbox-up
 	$(GO) run ./test/demo --sandbox $(SANDBOX_DIR)
+
+# The same story on a kubeadm-built sandbox (kubeadm init and join, static
+# control-plane pods), in a directory and on addresses of its own.
+KUBEADM_SANDBOX_DIR ?= $(CURDIR)/.sandbox-kubeadm
+demo-kubeadm: deps build bin/kubelift-sandbox
+	$(SUDO) bin/kubelift-sandbox up --dir $(KUBEADM_SANDBOX_DIR) --kubeadm --name kk --subnet 10.79.0
+	$(GO) run ./test/demo --sandbox $(KUBEADM_SANDBOX_DIR)
 
 # The sandbox cluster (test/sandbox): state in $(SANDBOX_DIR); flags via
 # SANDBOX_FLAGS, e.g. SANDBOX_FLAGS="--control-planes 3 --workers 2".
@@ -97,4 +104,5 @@ hash-vectors:
 	hack/kubelet-hash-vectors.sh v1.28.15 v1.30.14 v1.31.4
 
 clean: sandbox-down
+	-$(SUDO) bin/kubelift-sandbox down --dir $(KUBEADM_SANDBOX_DIR)
 	rm -rf bin .demo

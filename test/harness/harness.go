@@ -22,6 +22,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/test/kube"
+	"github.com/kubelift/kubelift/test/prober"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
 
@@ -55,6 +56,9 @@ func StandIn(why string) Option {
 		fmt.Fprintf(os.Stderr, "harness: nodes on the CRI stand-in: %s\n", why)
 	}
 }
+
+// Kubeadm builds the sandbox with kubeadm (sandbox.Config.Kubeadm).
+func Kubeadm() Option { return func(c *sandbox.Config) { c.Kubeadm = true } }
 
 // StaticPod runs a static pod on the last worker (sandbox.Config.StaticPod).
 func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
@@ -199,7 +203,14 @@ type Result struct {
 // inside the air gap would, with the cluster's kubeconfig.
 func (h *Harness) Upgrade(t *testing.T, stdin string, args ...string) Result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	return h.UpgradeWithin(t, 5*time.Minute, stdin, args...)
+}
+
+// UpgradeWithin is Upgrade with another time limit (kubeadm waits up to
+// 5 minutes for a static pod before it rolls back).
+func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string, args ...string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(t.TempDir(), "cache"))
@@ -350,5 +361,30 @@ func WaitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("gave up waiting for %s", what)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// NoDisruption judges availability as a user does: it logs the prober's
+// table and fails t for every request that failed and every held
+// connection that broke (the first 20 named), or when the prober measured
+// nothing (fewer than 4 targets, or no request).
+func NoDisruption(t *testing.T, res *prober.Result) {
+	t.Helper()
+	var table strings.Builder
+	_ = res.WriteTable(&table)
+	t.Logf("availability over %s:\n%s", res.Ended.Sub(res.Started).Round(time.Second), table.String())
+	for i, f := range res.Failures {
+		if i == 20 {
+			t.Errorf("... %d failures in all", len(res.Failures))
+			break
+		}
+		t.Errorf("%s %s at %s: %s", f.Target, f.Kind, f.At.Format("15:04:05.000"), f.Error)
+	}
+	requests := 0
+	for _, tr := range res.Targets {
+		requests += tr.Requests
+	}
+	if len(res.Targets) < 4 || requests == 0 {
+		t.Errorf("the prober probed %d targets with %d requests: it measured nothing", len(res.Targets), requests)
 	}
 }

@@ -7,22 +7,17 @@
 package images
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/kubelift/kubelift/test/kube"
@@ -77,29 +72,19 @@ func Build(ctx context.Context, workDir, kubeVersion string) (*Set, error) {
 // image is one static binary at path in an otherwise empty image, run as
 // root with entrypoint path and args as its command.
 func image(bin, path string, cmd []string) (v1.Image, error) {
-	content, err := os.ReadFile(bin)
+	layer, err := layerOf([]entry{{name: path, src: bin, mode: 0o755}})
 	if err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	epoch := time.Unix(0, 0)
-	if err := tw.WriteHeader(&tar.Header{Name: strings.TrimPrefix(path, "/"), Mode: 0o755, Size: int64(len(content)),
-		ModTime: epoch, Typeflag: tar.TypeReg, Format: tar.FormatPAX}); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(content); err != nil {
-		return nil, err
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	data := buf.Bytes()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
-		tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		return nil, err
-	}
+	return imageOf(layer, func(c *v1.Config) {
+		c.Entrypoint = []string{path}
+		c.Cmd = cmd
+	})
+}
+
+// imageOf is an OCI image of one layer, linux/amd64, run as root, with a
+// fixed creation time; configure sets its entrypoint, command or env.
+func imageOf(layer v1.Layer, configure func(*v1.Config)) (v1.Image, error) {
 	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layer)
 	if err != nil {
 		return nil, err
@@ -111,10 +96,9 @@ func image(bin, path string, cmd []string) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Created = v1.Time{Time: epoch}
-	cf.Config.Entrypoint = []string{path}
-	cf.Config.Cmd = cmd
+	cf.Created = v1.Time{Time: time.Unix(0, 0)}
 	cf.Config.User = "0"
+	configure(&cf.Config)
 	return mutate.ConfigFile(img, cf)
 }
 

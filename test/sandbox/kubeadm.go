@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/test/images"
 	"github.com/kubelift/kubelift/test/kube"
@@ -261,7 +262,7 @@ func (s *State) pushKubeadmImages(ctx context.Context, pause v1.Image) error {
 	if err != nil {
 		return err
 	}
-	opts, err := s.registryOptions(ctx)
+	opts, err := s.RegistryOptions(ctx)
 	if err != nil {
 		return err
 	}
@@ -330,6 +331,36 @@ func (s *State) kubeadm(ctx context.Context, m Machine, limit time.Duration, arg
 			data = data[len(data)-3000:]
 		}
 		return fmt.Errorf("kubeadm %s on %s: %v\n%s\n--- kubelet log tail:\n%s", args[0], m.Name, err, data, s.UnitLog(m, "kubelet", 2000))
+	}
+	return nil
+}
+
+// waitAddons waits until kubeadm's addons run: every kube-proxy pod and
+// every CoreDNS replica available (a CoreDNS pod that started before
+// kube-proxy wrote its rules retries its first list after 30 s).
+func (s *State) waitAddons(ctx context.Context) error {
+	client, err := s.Client()
+	if err != nil {
+		return err
+	}
+	var last string
+	err = poll(ctx, 3*time.Minute, func() (bool, error) {
+		ds, err := client.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		dep, err := client.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = fmt.Sprintf("kube-proxy %d of %d available, coredns %d of %d", ds.Status.NumberAvailable, ds.Status.DesiredNumberScheduled, dep.Status.AvailableReplicas, dep.Status.Replicas)
+		return ds.Status.DesiredNumberScheduled == int32(len(s.Nodes())) && ds.Status.NumberAvailable == ds.Status.DesiredNumberScheduled &&
+			dep.Status.Replicas > 0 && dep.Status.AvailableReplicas == dep.Status.Replicas, nil
+	})
+	if err != nil {
+		return fmt.Errorf("kubeadm's addons (last: %s): %w", last, err)
 	}
 	return nil
 }

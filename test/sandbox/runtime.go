@@ -317,7 +317,7 @@ func (s *State) pushImages(ctx context.Context) (*images.Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts, err := s.registryOptions(ctx)
+	opts, err := s.RegistryOptions(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -333,9 +333,9 @@ func (s *State) pushImages(ctx context.Context) (*images.Set, error) {
 	return set, nil
 }
 
-// registryOptions reach the private registry from the admin machine as
+// RegistryOptions reach the private registry from the admin machine as
 // its user, trusting its CA.
-func (s *State) registryOptions(ctx context.Context) ([]remote.Option, error) {
+func (s *State) RegistryOptions(ctx context.Context) ([]remote.Option, error) {
 	caPEM, err := os.ReadFile(s.Registry.CAFile)
 	if err != nil {
 		return nil, err

@@ -379,7 +379,11 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	cfg.Log("booting %d machines (service manager, sshd, %s, kubelet and kube-proxy %s; etcd and the control plane on cp nodes)", len(s.Machines), cfg.Runtime, cfg.OldVersion)
+	if cfg.Kubeadm {
+		cfg.Log("booting %d machines (service manager, sshd, %s; kubeadm's kubelet unit, waiting for kubeadm)", len(s.Machines), cfg.Runtime)
+	} else {
+		cfg.Log("booting %d machines (service manager, sshd, %s, kubelet and kube-proxy %s; etcd and the control plane on cp nodes)", len(s.Machines), cfg.Runtime, cfg.OldVersion)
+	}
 	for i := range s.Machines {
 		if err := s.boot(&s.Machines[i], cfg.Tool); err != nil {
 			return err
@@ -415,6 +419,12 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	}
 	if err := s.labelNodes(ctx); err != nil {
 		return err
+	}
+	if cfg.Kubeadm {
+		if err := s.waitAddons(ctx); err != nil {
+			return err
+		}
+		cfg.Log("kubeadm's addons run: kube-proxy on every node, CoreDNS")
 	}
 	if err := s.waitRegistry(ctx); err != nil {
 		return err
