@@ -131,6 +131,9 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) er
 			args, run = kubeadm.ApplyArgs(to, patches), r.kubeadmRun("apply")
 		}
 		r.event(ctx, node, "UpgradingControlPlane", fmt.Sprintf("kubelift: kubeadm %s (%s -> %s)", strings.Join(args, " "), o.from, to))
+		if err := r.waitLeaders(ctx); err != nil {
+			return err
+		}
 		if err := r.runKubeadm(ctx, o, run, args); err != nil {
 			if !errors.Is(err, errKubeadmFailed) {
 				return err
@@ -158,11 +161,22 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) er
 	return r.waitAddons(ctx)
 }
 
-// Undo is not done by kubelift yet for kubeadm clusters: kubeadm keeps
-// the manifests it replaced (and etcd's data when it upgraded etcd) under
-// /etc/kubernetes/tmp.
-func (kubeadmDriver) Undo(_ context.Context, _ *applyRun, node string) error {
-	return fmt.Errorf("node %s: rolling a kubeadm control plane back is not supported yet: kubeadm kept the manifests it replaced in /etc/kubernetes/tmp/kubeadm-backup-manifests-*/ (move them back into %s) and etcd's snapshot is in the run's backup", node, kubeadm.ManifestDir)
+// Undo leaves a control plane that never moved (kubeadm put it back, or
+// was never run) as it is. One that runs the target is not rolled back by
+// kubelift yet: kubeadm keeps the manifests it replaced (and etcd's data
+// when it upgraded etcd) under /etc/kubernetes/tmp.
+func (kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error {
+	at, err := r.staticVersions(ctx, node)
+	if err != nil {
+		return err
+	}
+	to := r.target.Version.String()
+	for _, c := range controlPlaneFiles {
+		if at[c] == to {
+			return fmt.Errorf("node %s: %s runs %s: rolling a kubeadm control plane back is not supported yet: kubeadm kept the manifests it replaced in /etc/kubernetes/tmp/kubeadm-backup-manifests-*/ (move them back into %s) and etcd's snapshot is in the run's backup", node, c, to, kubeadm.ManifestDir)
+		}
+	}
+	return nil
 }
 
 // BeforeKubelet runs `kubeadm upgrade node` on a worker (its kubelet's
@@ -531,6 +545,67 @@ func (pc *planCheck) firstControlPlane() string {
 	for _, n := range pc.plan.Nodes {
 		if n.Role == RoleControlPlane {
 			return n.Name
+		}
+	}
+	return ""
+}
+
+// waitLeaders waits until the controller manager and the scheduler lead
+// from processes that run now: each one's leader lease renewed after the
+// holder's static pod started, and that pod Ready. kubeadm's first health
+// check runs a Job that must complete within 15 seconds; right after a
+// control plane was put back (a failed kubeadm run), a lease renewed by
+// the process that was replaced still looks live while the new one waits
+// for it to expire.
+func (r *applyRun) waitLeaders(ctx context.Context) error {
+	if r.dry {
+		r.would("", "wait for the controller manager and scheduler to lead from the processes that run now", "")
+		return nil
+	}
+	defer r.timed(&r.res.Waiting)()
+	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+		for _, comp := range []string{"kube-controller-manager", "kube-scheduler"} {
+			if why := r.leadsNow(ctx, comp); why != "" {
+				return errors.New(why)
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, waiter.ErrTimeout) {
+		return fmt.Errorf("the control plane has no live leaders within %s: %w", r.opts.ReadyTimeout, err)
+	}
+	return err
+}
+
+// leadsNow says why comp does not lead from a process that runs now, or
+// "" when it does. Its lease's holder is NODE_ID (the static pod's host
+// name); a holder of another form is taken at its lease's word.
+func (r *applyRun) leadsNow(ctx context.Context, comp string) string {
+	l, err := r.client.CoordinationV1().Leases(metav1.NamespaceSystem).Get(ctx, comp, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Sprintf("lease kube-system/%s: %v", comp, err)
+	}
+	if l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil || *l.Spec.HolderIdentity == "" {
+		return fmt.Sprintf("lease kube-system/%s has no holder", comp)
+	}
+	renewed := l.Spec.RenewTime.Time
+	node, _, ok := strings.Cut(*l.Spec.HolderIdentity, "_")
+	if !ok {
+		return ""
+	}
+	p, err := r.client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, comp+"-"+node, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "" // not a static pod of this name: the lease's word
+	}
+	if err != nil {
+		return fmt.Sprintf("pod kube-system/%s-%s: %v", comp, node, err)
+	}
+	if !podReady(p) {
+		return fmt.Sprintf("%s on %s is not Ready", comp, node)
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Running != nil && !renewed.After(cs.State.Running.StartedAt.Time) {
+			return fmt.Sprintf("%s's lease was last renewed (%s) before its process on %s started (%s): no leader yet", comp, renewed.Format(time.RFC3339), node, cs.State.Running.StartedAt.Format(time.RFC3339))
 		}
 	}
 	return ""

@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -144,5 +146,69 @@ func TestKubeadmReason(t *testing.T) {
 	lines := strings.Repeat("x\n", 20) + "last"
 	if got := kubeadmReason(lines); !strings.HasSuffix(got, "x | last") || strings.Count(got, "|") != 7 {
 		t.Errorf("reason of a long log: %q", got)
+	}
+}
+
+// Rollback leaves a kubeadm control plane that never moved alone, and
+// refuses, saying where kubeadm kept the old manifests, one that runs the
+// target.
+func TestKubeadmUndo(t *testing.T) {
+	mirror := func(comp, version string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: comp + "-cp-1",
+			Labels: map[string]string{"component": comp, "tier": "control-plane"}, Annotations: map[string]string{kubeletcompat.MirrorAnnotation: "h"}},
+			Spec:   corev1.PodSpec{NodeName: "cp-1", Containers: []corev1.Container{{Name: comp, Image: "reg/library/" + comp + ":" + version}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	}
+	v, _ := catalog.ParseVersion("v1.31.4")
+	for _, tc := range []struct {
+		name, scheduler string
+		refused         bool
+	}{{"never moved", "v1.30.14", false}, {"moved", "v1.31.4", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(mirror("kube-apiserver", "v1.30.14"), mirror("kube-controller-manager", "v1.30.14"), mirror("kube-scheduler", tc.scheduler))
+			r := &applyRun{client: client, target: &Target{Version: v}}
+			err := kubeadmDriver{}.Undo(context.Background(), r, "cp-1")
+			if !tc.refused {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "kube-scheduler runs v1.31.4") || !strings.Contains(err.Error(), "kubeadm-backup-manifests") {
+				t.Fatalf("err = %v", err)
+			}
+		})
+	}
+}
+
+// A leader lease counts only when renewed after its holder's static pod
+// started: right after a control plane was put back, the lease the
+// replaced process renewed still looks live, but nobody leads.
+func TestLeadsNow(t *testing.T) {
+	started := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-scheduler-cp-1"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+			ContainerStatuses: []corev1.ContainerStatus{{State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}}}}}}
+	lease := func(holder string, renewed time.Time) *coordinationv1.Lease {
+		rt := metav1.NewMicroTime(renewed)
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-scheduler"},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &rt}}
+	}
+	for _, tc := range []struct {
+		name  string
+		lease *coordinationv1.Lease
+		want  string // "" when it leads
+	}{
+		{"renewed by the running process", lease("cp-1_abc", started.Add(3*time.Second)), ""},
+		{"renewed by the replaced process", lease("cp-1_old", started.Add(-5*time.Second)), "before its process on cp-1 started"},
+		{"a holder of another form", lease("scheduler-elsewhere", started.Add(-time.Hour)), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &applyRun{client: fake.NewClientset(pod, tc.lease)}
+			got := r.leadsNow(context.Background(), "kube-scheduler")
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Fatalf("leadsNow = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -133,22 +133,29 @@ func (l *Lock) Renew(ctx context.Context) error {
 // Keep renews the lease every third of its duration until ctx ends; if a
 // renewal fails for longer than the lease lasts, lost is called.
 func (l *Lock) Keep(ctx context.Context, lost func(error)) {
-	tick := time.NewTicker(l.duration / 3)
-	defer tick.Stop()
+	// Every third of the duration; after a failure (an API server
+	// restarting, as kubeadm restarts it), every second, each attempt
+	// bounded, so that one that hangs does not use up the lease.
+	every := l.duration / 3
+	wait := every
 	lastOK := l.now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-			if err := l.Renew(ctx); err != nil {
+		case <-time.After(wait):
+			rctx, cancel := context.WithTimeout(ctx, min(every, 10*time.Second))
+			err := l.Renew(rctx)
+			cancel()
+			if err != nil {
 				if l.now().Sub(lastOK) > l.duration || errors.Is(err, ErrLocked) || apierrors.IsConflict(errors.Unwrap(err)) {
 					lost(err)
 					return
 				}
+				wait = time.Second
 				continue
 			}
-			lastOK = l.now()
+			lastOK, wait = l.now(), every
 		}
 	}
 }

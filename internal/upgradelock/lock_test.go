@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func TestLock(t *testing.T) {
@@ -71,5 +74,54 @@ func TestAcquireRefusesAShortLock(t *testing.T) {
 	}
 	if leases, _ := c.CoordinationV1().Leases("kube-system").List(context.Background(), metav1.ListOptions{}); len(leases.Items) != 0 {
 		t.Errorf("%d Leases written", len(leases.Items))
+	}
+}
+
+// Keep rides out an API server that fails for a while (kubeadm restarts
+// it): after a failed renewal it tries every second, and the lock holds
+// as long as one succeeds within the lease's duration; failing past it,
+// the lock is lost.
+func TestKeepRidesOutAnAPIServerRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		failures int32 // renewals that fail before they succeed again (-1: all)
+		lost     bool
+	}{{"a restart", 2, false}, {"down for good", -1, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientset()
+			l, err := Acquire(context.Background(), c, "admin-1/100", MinDuration, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var gets atomic.Int32
+			c.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if n := gets.Add(1); tc.failures < 0 || n <= tc.failures {
+					return true, nil, errors.New("the server was unable to return a response in the time allotted")
+				}
+				return false, nil, nil
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			lost := make(chan error, 1)
+			done := make(chan struct{})
+			go func() { l.Keep(ctx, func(err error) { lost <- err }); close(done) }()
+			// Watched for three lease durations; every renewal attempt is
+			// bounded, so this ends.
+			select {
+			case err := <-lost:
+				if !tc.lost {
+					t.Fatalf("lost the lock across %d failed renewals: %v", tc.failures, err)
+				}
+			case <-time.After(3 * MinDuration):
+				if tc.lost {
+					t.Fatal("kept a lock no renewal succeeded for")
+				}
+				if gets.Load() <= tc.failures {
+					t.Fatalf("%d renewals tried", gets.Load())
+				}
+			}
+			cancel()
+			<-done
+		})
 	}
 }

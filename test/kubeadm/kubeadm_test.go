@@ -236,7 +236,7 @@ func TestKilledWhileKubeadmRunsThenResumed(t *testing.T) {
 		t.Fatal(err)
 	}
 	args, pw := flags("apply", "--restore-labels", "--settle", "5s", "--lock-duration", "6s", "-q")
-	cmd, _, err := h.Start(pw, args...)
+	cmd, stderr, err := h.Start(pw, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,6 +251,11 @@ func TestKilledWhileKubeadmRunsThenResumed(t *testing.T) {
 			`kill -0 "$(cat "${f%.log}.pid")" && grep -q 'Component "kube-apiserver" upgraded successfully' "$f" && exit 0; done; exit 1`)
 		if err == nil {
 			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("apply ended (%v) before kubeadm moved cp-1's API server:\n%s", err, stderr.String())
+		default:
 		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
