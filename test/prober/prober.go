@@ -8,6 +8,14 @@
 // and every broken connection with its time, and per-second samples per
 // target, after OpenShift's disruption monitor; kubelift's allowance is
 // zero.
+//
+// Beside the targets it probes a control: an HTTP server of its own on
+// loopback, outside every cluster. A target's request or stream that
+// timed out while a control request timed out too says nothing about the
+// cluster (the prober's own host stalled: seen on a 2-core machine
+// running two sandboxes) and is set apart as Stalled, not counted as a
+// failure; any other failure (refused, reset, ended, an HTTP error, or a
+// timeout while the control answered) counts.
 package prober
 
 import (
@@ -19,6 +27,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -88,6 +97,11 @@ type Result struct {
 	Ended    time.Time      `json:"ended"`
 	Targets  []TargetResult `json:"targets"`
 	Failures []Failure      `json:"failures"`
+	// Stalled are targets' timeouts set apart because the control timed
+	// out at the same time; Control is the control's own requests and
+	// timeouts.
+	Stalled []Failure    `json:"stalled,omitempty"`
+	Control TargetResult `json:"control"`
 }
 
 // Disrupted says whether any request failed or any connection broke.
@@ -103,7 +117,14 @@ type Prober struct {
 	started time.Time
 	targets map[string]*state
 	fails   []Failure
+	// control is the loopback server every run probes beside the
+	// targets; controlFails the start times of its requests that failed.
+	control      *http.Server
+	controlFails []time.Time
 }
+
+// controlName names the control target in the prober's own records.
+const controlName = "control (the prober's own loopback server)"
 
 type state struct {
 	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -149,6 +170,19 @@ func Start(ctx context.Context, cfg Config) (*Prober, error) {
 			// a backend that no longer accepts new ones.
 			client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}}
 	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("prober: control server: %w", err)
+	}
+	p.control = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "control\n") }),
+		ReadHeaderTimeout: cfg.Timeout}
+	go func() { _ = p.control.Serve(ln) }()
+	control := Target{Name: controlName, URL: "http://" + ln.Addr().String()}
+	p.targets[control.Name] = &state{res: TargetResult{Name: control.Name}, lastOK: p.started, seconds: map[int64]*Second{},
+		client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DisableKeepAlives: true}}}
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); p.requests(ctx, control) }()
 	for _, t := range cfg.Targets {
 		t := t
 		p.wg.Add(1 + cfg.Streams)
@@ -165,10 +199,18 @@ func Start(ctx context.Context, cfg Config) (*Prober, error) {
 func (p *Prober) Stop() *Result {
 	p.cancel()
 	p.wg.Wait()
+	_ = p.control.Close()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	end := time.Now()
-	r := &Result{Started: p.started, Ended: end, Failures: append([]Failure(nil), p.fails...)}
+	r := &Result{Started: p.started, Ended: end, Control: p.targets[controlName].res}
+	for _, f := range p.fails {
+		if p.stalled(f) {
+			r.Stalled = append(r.Stalled, f)
+		} else {
+			r.Failures = append(r.Failures, f)
+		}
+	}
 	for _, t := range p.cfg.Targets {
 		s := p.targets[t.Name]
 		tr := s.res
@@ -306,6 +348,14 @@ func (p *Prober) record(target string, at time.Time, kind string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.targets[target]
+	if target == controlName {
+		s.res.Requests++
+		if err != nil {
+			s.res.Failed++
+			p.controlFails = append(p.controlFails, at)
+		}
+		return
+	}
 	if kind == "stream" {
 		s.res.Broken++
 		p.fails = append(p.fails, Failure{Target: target, At: at, Kind: kind, Error: err.Error()})
@@ -333,6 +383,25 @@ func (p *Prober) record(target string, at time.Time, kind string, err error) {
 	}
 }
 
+// stalled: f is a timeout while a control request timed out too (a
+// request starting within Timeout of it; a stream's silence, which ended
+// at f.At, overlapping it).
+func (p *Prober) stalled(f Failure) bool {
+	if !strings.Contains(f.Error, "Client.Timeout") && !strings.Contains(f.Error, "deadline exceeded") && !strings.HasPrefix(f.Error, "no line for") {
+		return false
+	}
+	from, to := f.At.Add(-p.cfg.Timeout), f.At.Add(p.cfg.Timeout)
+	if f.Kind == "stream" {
+		from = f.At.Add(-2 * p.cfg.Timeout)
+	}
+	for _, c := range p.controlFails {
+		if !c.Before(from) && !c.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
 // WriteTable prints one row per target: requests, failed, connections
 // held and broken, the longest time without an answer.
 func (r *Result) WriteTable(w io.Writer) error {
@@ -341,5 +410,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 	for _, t := range r.Targets {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Name, t.Requests, t.Failed, t.Streams, t.Broken, t.LongestGap.Round(time.Millisecond))
 	}
-	return tw.Flush()
+	fmt.Fprintf(tw, "%s\t%d\t%d\t-\t-\t-\n", r.Control.Name, r.Control.Requests, r.Control.Failed)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(r.Stalled) > 0 {
+		_, err := fmt.Fprintf(w, "%d timeouts set apart: the control on loopback timed out at the same time (the prober's host stalled, not the cluster)\n", len(r.Stalled))
+		return err
+	}
+	return nil
 }

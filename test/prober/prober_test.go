@@ -152,3 +152,25 @@ func TestConfigRefused(t *testing.T) {
 		t.Error("a target named twice accepted")
 	}
 }
+
+// A target's timeout while the control on loopback timed out too is the
+// prober's host stalling, set apart; any other failure, or a timeout while
+// the control answered, counts.
+func TestStallsSetApart(t *testing.T) {
+	at := time.Date(2026, 11, 25, 16, 50, 0, 0, time.UTC)
+	p := &Prober{cfg: Config{Timeout: 2 * time.Second}, controlFails: []time.Time{at}}
+	for _, tc := range []struct {
+		f       Failure
+		stalled bool
+	}{
+		{Failure{Kind: "request", At: at.Add(300 * time.Millisecond), Error: `Get "http://10.96.252.42:80/": context deadline exceeded (Client.Timeout exceeded while awaiting headers)`}, true},
+		{Failure{Kind: "stream", At: at.Add(3 * time.Second), Error: "no line for 2s"}, true},
+		{Failure{Kind: "request", At: at.Add(300 * time.Millisecond), Error: "dial tcp 10.244.2.2:8080: connect: connection refused"}, false},
+		{Failure{Kind: "stream", At: at, Error: "connection ended: unexpected EOF"}, false},
+		{Failure{Kind: "request", At: at.Add(10 * time.Second), Error: "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"}, false},
+	} {
+		if got := p.stalled(tc.f); got != tc.stalled {
+			t.Errorf("%s %q at +%s: stalled %v, want %v", tc.f.Kind, tc.f.Error, tc.f.At.Sub(at), got, tc.stalled)
+		}
+	}
+}
