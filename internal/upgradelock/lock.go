@@ -9,7 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -130,12 +133,17 @@ func (l *Lock) Renew(ctx context.Context) error {
 	return nil
 }
 
-// Keep renews the lease every third of its duration until ctx ends; if a
-// renewal fails for longer than the lease lasts, lost is called.
+// Keep renews the lease every third of its duration until ctx ends. The
+// lock is lost (lost is called) when a renewal finds the lease held by
+// another, or when renewals the API server answered have failed for
+// longer than the lease lasts. While the API server cannot be reached or
+// cannot answer (kubeadm restarting etcd and the API server), renewals
+// are tried every second and the lock is not given up: nobody can take a
+// Lease from an API server that does not answer, and the first renewal
+// after it answers again finds out whether somebody did.
 func (l *Lock) Keep(ctx context.Context, lost func(error)) {
-	// Every third of the duration; after a failure (an API server
-	// restarting, as kubeadm restarts it), every second, each attempt
-	// bounded, so that one that hangs does not use up the lease.
+	// Every third of the duration; after a failure every second, each
+	// attempt bounded.
 	every := l.duration / 3
 	wait := every
 	lastOK := l.now()
@@ -148,7 +156,8 @@ func (l *Lock) Keep(ctx context.Context, lost func(error)) {
 			err := l.Renew(rctx)
 			cancel()
 			if err != nil {
-				if l.now().Sub(lastOK) > l.duration || errors.Is(err, ErrLocked) || apierrors.IsConflict(errors.Unwrap(err)) {
+				taken := errors.Is(err, ErrLocked) || apierrors.IsConflict(errors.Unwrap(err))
+				if taken || (l.now().Sub(lastOK) > l.duration && !Unavailable(err)) {
 					lost(err)
 					return
 				}
@@ -210,4 +219,22 @@ func Hold(ctx context.Context, lock *Lock, log *slog.Logger) (context.Context, f
 		}
 		cancel(nil)
 	}
+}
+
+// Unavailable says err means the API server could not be reached or could
+// not answer in time (a network error, a timeout, 429, 500, 503 or 504),
+// as opposed to an answer.
+func Unavailable(err error) bool {
+	var ne net.Error
+	var se apierrors.APIStatus
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.As(err, &ne):
+		return true
+	case errors.As(err, &se):
+		switch se.Status().Code {
+		case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+			return true
+		}
+	}
+	return false
 }

@@ -3,13 +3,17 @@ package upgradelock
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -78,15 +82,24 @@ func TestAcquireRefusesAShortLock(t *testing.T) {
 }
 
 // Keep rides out an API server that fails for a while (kubeadm restarts
-// it): after a failed renewal it tries every second, and the lock holds
-// as long as one succeeds within the lease's duration; failing past it,
-// the lock is lost.
+// it): after a failed renewal it tries every second. An API server that
+// answers with a refusal for longer than the lease lasts loses the lock;
+// one that cannot be reached or cannot answer does not (nobody can take
+// the Lease from it meanwhile).
 func TestKeepRidesOutAnAPIServerRestart(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		failures int32 // renewals that fail before they succeed again (-1: all)
 		lost     bool
-	}{{"a restart", 2, false}, {"down for good", -1, true}} {
+		err      error
+	}{
+		{"a restart", 2, false, errors.New("renew: etcd leader changed")},
+		{"refusing past the lease's duration", -1, true, apierrors.NewForbidden(schema.GroupResource{Resource: "leases"}, "kubelift-upgrade", errors.New("RBAC"))},
+		// kubeadm restarting etcd and the API server: nobody can take the
+		// Lease meanwhile, and the lock is kept.
+		{"unreachable past the lease's duration", -1, false, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}},
+		{"timing out past the lease's duration", -1, false, apierrors.NewServerTimeout(schema.GroupResource{Resource: "leases"}, "get", 1)},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientset()
 			l, err := Acquire(context.Background(), c, "admin-1/100", MinDuration, nil)
@@ -96,7 +109,7 @@ func TestKeepRidesOutAnAPIServerRestart(t *testing.T) {
 			var gets atomic.Int32
 			c.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
 				if n := gets.Add(1); tc.failures < 0 || n <= tc.failures {
-					return true, nil, errors.New("the server was unable to return a response in the time allotted")
+					return true, nil, tc.err
 				}
 				return false, nil, nil
 			})
@@ -105,14 +118,14 @@ func TestKeepRidesOutAnAPIServerRestart(t *testing.T) {
 			lost := make(chan error, 1)
 			done := make(chan struct{})
 			go func() { l.Keep(ctx, func(err error) { lost <- err }); close(done) }()
-			// Watched for three lease durations; every renewal attempt is
+			// Watched for over two lease durations; every renewal attempt is
 			// bounded, so this ends.
 			select {
 			case err := <-lost:
 				if !tc.lost {
 					t.Fatalf("lost the lock across %d failed renewals: %v", tc.failures, err)
 				}
-			case <-time.After(3 * MinDuration):
+			case <-time.After(2*MinDuration + time.Second):
 				if tc.lost {
 					t.Fatal("kept a lock no renewal succeeded for")
 				}
