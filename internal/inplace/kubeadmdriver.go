@@ -143,6 +143,10 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) er
 			if werr := r.waitStaticAt(ctx, o, o.from); werr != nil {
 				return fmt.Errorf("%w; after it, the control plane is not back at %s: %v", err, o.from, werr)
 			}
+			// ... and leads again (the next run's plan checks the leases).
+			if werr := r.waitLeaders(ctx); werr != nil {
+				return fmt.Errorf("%w; after it, %v", err, werr)
+			}
 			return fmt.Errorf("%w: %w; kubeadm put node %s's control plane back at %s", ErrNodeFailed, err, node, o.from)
 		}
 		if r.dry {
