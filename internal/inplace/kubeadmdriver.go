@@ -83,7 +83,7 @@ func (d kubeadmDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, err
 	if !d.cfg.LocalEtcd {
 		return "", errors.New("the cluster's etcd is external (kubeadm-config etcd.external): back it up where it runs")
 	}
-	node := r.firstControlPlane()
+	node := r.plan.firstControlPlane()
 	if node == "" {
 		return "", errors.New("no control-plane node to back etcd up from")
 	}
@@ -119,7 +119,7 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) er
 	if allAt(at, to) {
 		return r.waitAddons(ctx)
 	}
-	first := node == r.firstControlPlane()
+	first := node == r.plan.firstControlPlane()
 	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
 		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
 		patches, err := o.exists(ctx, kubeadm.PatchesDir)
@@ -213,9 +213,9 @@ func (r *applyRun) kubeadmRun(verb string) string {
 }
 
 // firstControlPlane is the control-plane node `kubeadm upgrade apply`
-// runs on: the first in the plan's order.
-func (r *applyRun) firstControlPlane() string {
-	for _, n := range r.plan.Nodes {
+// runs on: the first in the plan's order ("" when none).
+func (p *Plan) firstControlPlane() string {
+	for _, n := range p.Nodes {
 		if n.Role == RoleControlPlane {
 			return n.Name
 		}
@@ -541,17 +541,7 @@ func (pc *planCheck) kubeadmImages(ctx context.Context) {
 		}
 	}
 	pc.add(Info, "kubeadm", "cluster/kubeadm", fmt.Sprintf("kubeadm %s: `kubeadm upgrade apply %s` on %s, `kubeadm upgrade node` on every other node; by design kubeadm restarts the %d control-plane static pods it changes (etcd too when its manifest changes), rolls the kube-proxy DaemonSet (%d pods, its image names the version) and CoreDNS if its spec changes; no workload pod is restarted by kubeadm",
-		kc.KubernetesVersion, pc.target.Version, pc.firstControlPlane(), static, proxies), "")
-}
-
-// firstControlPlane is the first control-plane node in the plan's order.
-func (pc *planCheck) firstControlPlane() string {
-	for _, n := range pc.plan.Nodes {
-		if n.Role == RoleControlPlane {
-			return n.Name
-		}
-	}
-	return ""
+		kc.KubernetesVersion, pc.target.Version, pc.plan.firstControlPlane(), static, proxies), "")
 }
 
 // waitLeaders waits until the controller manager and the scheduler lead
