@@ -165,22 +165,73 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) er
 	return r.waitAddons(ctx)
 }
 
-// Undo leaves a control plane that never moved (kubeadm put it back, or
-// was never run) as it is. One that runs the target is not rolled back by
-// kubelift yet: kubeadm keeps the manifests it replaced (and etcd's data
-// when it upgraded etcd) under /etc/kubernetes/tmp.
-func (kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error {
-	at, err := r.staticVersions(ctx, node)
+// Undo puts node's control plane back at the version the run started
+// from with the manifests kubeadm kept (kubeadmrollback.go), and waits
+// for it there; a control plane that never moved (kubeadm put it back, or
+// was never run) is left as it is. After the first control-plane node,
+// what `kubeadm upgrade apply` changed in the cluster goes back too.
+func (d kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error {
+	from, to := r.plan.From[0], r.target.Version.String()
+	keep := path.Join(kubeadm.TmpDir, fmt.Sprintf("kubelift-rollback-manifests-%d", r.startedUnix()))
+	err := r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeOps) error {
+		current, backups, err := readManifests(ctx, o)
+		if err != nil {
+			return err
+		}
+		restores, err := manifestRestores(node, from, to, current, backups)
+		if err != nil || len(restores) == 0 {
+			return err
+		}
+		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
+		for _, m := range restores {
+			r.log.Info("rolling back", "node", node, "component", m.Component, "to", from, "manifest", m.Backup)
+			if _, err := o.run(ctx, "restore "+m.Component+"'s manifest", nodescript.KubeadmRestoreManifest, m.Backup, m.Current, keep); err != nil {
+				return err
+			}
+		}
+		if r.dry {
+			r.would(node, "wait for the control plane's static pods to run "+from+" and be Ready", "")
+			return nil
+		}
+		if err := r.waitStaticAt(ctx, o, from); err != nil {
+			return err
+		}
+		r.setNode(ctx, node, NodeRolledBack, "kubeadm", nil)
+		return nil
+	})
+	if err != nil {
+		r.setNode(ctx, node, NodeFailed, "kubeadm", err)
+		return err
+	}
+	if node != r.plan.firstControlPlane() {
+		return nil
+	}
+	return d.undoCluster(ctx, r, from, to)
+}
+
+// undoCluster puts back what `kubeadm upgrade apply` changed beyond the
+// node: kubeadm-config's kubernetesVersion and the kube-proxy DaemonSet's
+// image (then waits for its rollout). CoreDNS is left: kubeadm names one
+// CoreDNS per minor, and only patch downgrades are rolled back.
+func (kubeadmDriver) undoCluster(ctx context.Context, r *applyRun, from, to string) error {
+	if r.dry {
+		r.would("", "set kubeadm-config's kubernetesVersion and the kube-proxy DaemonSet's image back to "+from+" (where they say "+to+")", "")
+		return r.waitAddons(ctx)
+	}
+	changed, err := kubeadm.SetVersion(ctx, r.client, to, from)
 	if err != nil {
 		return err
 	}
-	to := r.target.Version.String()
-	for _, c := range controlPlaneFiles {
-		if at[c] == to {
-			return fmt.Errorf("node %s: %s runs %s: rolling a kubeadm control plane back is not supported yet: kubeadm kept the manifests it replaced in /etc/kubernetes/tmp/kubeadm-backup-manifests-*/ (move them back into %s) and etcd's snapshot is in the run's backup", node, c, to, kubeadm.ManifestDir)
-		}
+	if changed {
+		r.log.Info("rolled back", "configmap", kubeadm.ConfigNamespace+"/"+kubeadm.ConfigMapName, "kubernetesVersion", from)
 	}
-	return nil
+	if changed, err = kubeadm.SetProxyTag(ctx, r.client, to, from); err != nil {
+		return err
+	}
+	if changed {
+		r.log.Info("rolled back", "daemonset", "kube-system/kube-proxy", "tag", from)
+	}
+	return r.waitAddons(ctx)
 }
 
 // BeforeKubelet runs `kubeadm upgrade node` on a worker (its kubelet's
@@ -203,13 +254,18 @@ func (d kubeadmDriver) BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOp
 // this upgrade started, and a later upgrade to the same version (after a
 // rollback) runs kubeadm anew.
 func (r *applyRun) kubeadmRun(verb string) string {
-	var started int64
+	return fmt.Sprintf("upgrade-%s-%s-%d", verb, r.target.Version, r.startedUnix())
+}
+
+// startedUnix is the upgrade record's start in Unix seconds (0 without
+// one).
+func (r *applyRun) startedUnix() int64 {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.state != nil {
-		started = r.state.Started.Unix()
+		return r.state.Started.Unix()
 	}
-	r.mu.Unlock()
-	return fmt.Sprintf("upgrade-%s-%s-%d", verb, r.target.Version, started)
+	return 0
 }
 
 // firstControlPlane is the control-plane node `kubeadm upgrade apply`

@@ -2,20 +2,28 @@ package inplace
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
+	"fmt"
 	"log/slog"
+	"path"
 	"strings"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
@@ -149,9 +157,126 @@ func TestKubeadmReason(t *testing.T) {
 	}
 }
 
-// Rollback leaves a kubeadm control plane that never moved alone, and
-// refuses, saying where kubeadm kept the old manifests, one that runs the
-// target.
+// manifest is a kubeadm static pod manifest for comp running image.
+func manifest(comp, image string) string {
+	return fmt.Sprintf("apiVersion: v1\nkind: Pod\nmetadata:\n  name: %s\n  namespace: kube-system\nspec:\n  containers:\n  - name: %s\n    image: %s\n", comp, comp, image)
+}
+
+// manifestsOutput is what the node script kubeadm-manifests prints for
+// the files given (path -> content), in order.
+func manifestsOutput(files ...[2]string) string {
+	var b strings.Builder
+	for _, f := range files {
+		fmt.Fprintf(&b, "file %s\n%s\n", f[0], base64.StdEncoding.EncodeToString([]byte(f[1])))
+	}
+	return b.String()
+}
+
+const (
+	newerBackup = "/etc/kubernetes/tmp/kubeadm-backup-manifests-2026-11-25-10-00-00"
+	olderBackup = "/etc/kubernetes/tmp/kubeadm-backup-manifests-2026-11-24-10-00-00"
+)
+
+// The manifests a rollback restores: for each part at the target the
+// newest backup at the old version, scheduler first and etcd last (only
+// when its image changed, within one etcd minor); a part at the target
+// without a backup, or etcd moved to another minor, is refused.
+func TestManifestRestores(t *testing.T) {
+	cur := func(version, etcd string) map[string]kubeadm.Manifest {
+		out := map[string]kubeadm.Manifest{"etcd": {Path: "/etc/kubernetes/manifests/etcd.yaml", Component: "etcd", Image: "reg/library/etcd:" + etcd}}
+		for _, c := range controlPlaneFiles {
+			out[c] = kubeadm.Manifest{Path: "/etc/kubernetes/manifests/" + c + ".yaml", Component: c, Image: "reg/library/" + c + ":" + version}
+		}
+		return out
+	}
+	backup := func(dir, version, etcd string) map[string]kubeadm.Manifest {
+		out := cur(version, etcd)
+		for c, m := range out {
+			m.Path = dir + "/" + c + ".yaml"
+			out[c] = m
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		current map[string]kubeadm.Manifest
+		backups []map[string]kubeadm.Manifest
+		want    []string // COMPONENT<BACKUP DIR
+		refused string
+	}{
+		{"never moved", cur("v1.31.3", "3.5.15-0"), []map[string]kubeadm.Manifest{backup(newerBackup, "v1.31.3", "3.5.15-0")}, nil, ""},
+		{"moved: the newest backup at the old version", cur("v1.31.4", "3.5.15-0"),
+			[]map[string]kubeadm.Manifest{backup(newerBackup, "v1.31.4", "3.5.15-0"), backup(olderBackup, "v1.31.3", "3.5.15-0")},
+			[]string{"kube-scheduler<" + olderBackup, "kube-controller-manager<" + olderBackup, "kube-apiserver<" + olderBackup}, ""},
+		{"etcd moved within its minor", cur("v1.31.4", "3.5.16-0"), []map[string]kubeadm.Manifest{backup(olderBackup, "v1.31.3", "3.5.15-0")},
+			[]string{"kube-scheduler<" + olderBackup, "kube-controller-manager<" + olderBackup, "kube-apiserver<" + olderBackup, "etcd<" + olderBackup}, ""},
+		{"etcd moved to another minor", cur("v1.31.4", "3.6.4-0"), []map[string]kubeadm.Manifest{backup(olderBackup, "v1.31.3", "3.5.15-0")}, nil, "another minor of etcd"},
+		{"no backup at the old version", cur("v1.31.4", "3.5.15-0"), []map[string]kubeadm.Manifest{backup(newerBackup, "v1.31.2", "3.5.15-0")}, nil,
+			"kube-scheduler runs v1.31.4 and no manifest kubeadm kept in /etc/kubernetes/tmp/kubeadm-backup-manifests-*/ runs v1.31.3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := manifestRestores("cp-1", "v1.31.3", "v1.31.4", tc.current, tc.backups)
+			if tc.refused != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.refused) || !strings.Contains(err.Error(), "node cp-1") {
+					t.Fatalf("err = %v, want one naming cp-1 and %q", err, tc.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var said []string
+			for _, m := range got {
+				said = append(said, m.Component+"<"+path.Dir(m.Backup))
+				if m.Current != "/etc/kubernetes/manifests/"+m.Component+".yaml" {
+					t.Errorf("%s restored over %s", m.Component, m.Current)
+				}
+			}
+			if strings.Join(said, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("restores %v, want %v", said, tc.want)
+			}
+		})
+	}
+}
+
+// What the node printed is refused when a path is not kubeadm's, a file
+// is not base64 or not a Pod, or an image is not a version.
+func TestParseManifestsRefuses(t *testing.T) {
+	for _, tc := range []struct{ name, out, want string }{
+		{"a path outside kubeadm's", manifestsOutput([2]string{"/tmp/x/kube-apiserver.yaml", manifest("kube-apiserver", "r/k:v1.31.4")}), "not one of kubeadm's"},
+		{"a backup dir of another name", manifestsOutput([2]string{"/etc/kubernetes/tmp/kubeadm-backup-manifests-$(reboot)/kube-apiserver.yaml", manifest("kube-apiserver", "r/k:v1.31.4")}), "not one of kubeadm's"},
+		{"another file", manifestsOutput([2]string{"/etc/kubernetes/manifests/shell.yaml", manifest("shell", "r/k:v1")}), "not one of kubeadm's"},
+		{"not base64", "file /etc/kubernetes/manifests/etcd.yaml\n%%%\n", "illegal base64"},
+		{"not a Pod", manifestsOutput([2]string{"/etc/kubernetes/manifests/etcd.yaml", "kind: Secret\n"}), `kind "Secret", not a Pod`},
+		{"no container of its name", manifestsOutput([2]string{"/etc/kubernetes/manifests/etcd.yaml", manifest("kube-apiserver", "r/k:v1")}), "no container named etcd"},
+		{"too large", "toolarge /etc/kubernetes/manifests/etcd.yaml\n", "over 1 MiB"},
+		{"a stray line", "PWNED\n", "unexpected line"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := parseManifests("cp-1", tc.out)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "node cp-1") {
+				t.Fatalf("err = %v, want one naming cp-1 and %q", err, tc.want)
+			}
+		})
+	}
+	current, backups, err := parseManifests("cp-1", manifestsOutput(
+		[2]string{"/etc/kubernetes/manifests/kube-apiserver.yaml", manifest("kube-apiserver", "r/kube-apiserver:v1.31.4")},
+		[2]string{newerBackup + "/kube-apiserver.yaml", manifest("kube-apiserver", "r/kube-apiserver:v1.31.3")},
+		[2]string{newerBackup + "/etcd.yaml", manifest("etcd", "r/etcd:3.5.15-0")},
+		[2]string{olderBackup + "/kube-apiserver.yaml", manifest("kube-apiserver", "r/kube-apiserver:v1.31.2")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(current) != 1 || len(backups) != 2 || len(backups[0]) != 2 || backups[1]["kube-apiserver"].Image != "r/kube-apiserver:v1.31.2" {
+		t.Errorf("current %v, backups %v", current, backups)
+	}
+}
+
+// Undo on a kubeadm control plane at the target puts kubeadm's backups
+// back (the replaced manifests kept), waits for the static pods at the
+// old version, then sets kubeadm-config and kube-proxy's image back; one
+// that never moved is left as it is, and the cluster's objects that say
+// the old version are not touched.
 func TestKubeadmUndo(t *testing.T) {
 	mirror := func(comp, version string) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: comp + "-cp-1",
@@ -161,24 +286,84 @@ func TestKubeadmUndo(t *testing.T) {
 	}
 	v, _ := catalog.ParseVersion("v1.31.4")
 	for _, tc := range []struct {
-		name, scheduler string
-		refused         bool
-	}{{"never moved", "v1.30.14", false}, {"moved", "v1.31.4", true}} {
+		name, at string
+		restores int
+	}{{"never moved", "v1.31.3", 0}, {"moved", "v1.31.4", 3}} {
 		t.Run(tc.name, func(t *testing.T) {
-			client := fake.NewClientset(mirror("kube-apiserver", "v1.30.14"), mirror("kube-controller-manager", "v1.30.14"), mirror("kube-scheduler", tc.scheduler))
-			r := &applyRun{client: client, target: &Target{Version: v}}
-			err := kubeadmDriver{}.Undo(context.Background(), r, "cp-1")
-			if !tc.refused {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
+			objs := []runtime.Object{
+				&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kubeadm-config"},
+					Data: map[string]string{"ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\nkubernetesVersion: " + tc.at + "\nimageRepository: reg/library\n"}},
+				&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy"},
+					Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-proxy", Image: "reg/library/kube-proxy:" + tc.at}}}}}},
 			}
-			if err == nil || !strings.Contains(err.Error(), "kube-scheduler runs v1.31.4") || !strings.Contains(err.Error(), "kubeadm-backup-manifests") {
-				t.Fatalf("err = %v", err)
+			for _, c := range controlPlaneFiles {
+				objs = append(objs, mirror(c, tc.at))
+			}
+			client := fake.NewClientset(objs...)
+			files := [][2]string{{"/etc/kubernetes/manifests/etcd.yaml", manifest("etcd", "reg/library/etcd:3.5.15-0")}}
+			for _, c := range controlPlaneFiles {
+				files = append(files, [2]string{"/etc/kubernetes/manifests/" + c + ".yaml", manifest(c, "reg/library/"+c+":"+tc.at)})
+			}
+			files = append(files, [2]string{olderBackup + "/etcd.yaml", manifest("etcd", "reg/library/etcd:3.5.15-0")})
+			for _, c := range controlPlaneFiles {
+				files = append(files, [2]string{olderBackup + "/" + c + ".yaml", manifest(c, "reg/library/"+c+":v1.31.3")})
+			}
+			var restored []string
+			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+				nodescript.KubeadmManifests.Name: func([]string) (string, error) { return manifestsOutput(files...), nil },
+				nodescript.KubeadmRestoreManifest.Name: func(args []string) (string, error) {
+					restored = append(restored, strings.Join(args, " "))
+					comp := strings.TrimSuffix(path.Base(args[1]), ".yaml")
+					_, err := client.CoreV1().Pods("kube-system").Update(context.Background(), mirror(comp, "v1.31.3"), metav1.UpdateOptions{})
+					return "", err
+				},
+			}}
+			started := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+			r := &applyRun{client: client, target: &Target{Version: v}, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
+				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, Now: func() time.Time { return started }}},
+				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: RoleControlPlane}}},
+				view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {}}},
+				state: &UpgradeState{Started: started}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: RoleControlPlane}}}
+			if err := (kubeadmDriver{}).Undo(context.Background(), r, "cp-1"); err != nil {
+				t.Fatal(err)
+			}
+			if len(restored) != tc.restores {
+				t.Fatalf("restored %q, want %d manifests", restored, tc.restores)
+			}
+			if tc.restores > 0 {
+				keep := fmt.Sprintf("/etc/kubernetes/tmp/kubelift-rollback-manifests-%d", started.Unix())
+				if want := olderBackup + "/kube-scheduler.yaml /etc/kubernetes/manifests/kube-scheduler.yaml " + keep; restored[0] != want {
+					t.Errorf("first restore %q, want %q", restored[0], want)
+				}
+			}
+			cm, _ := client.CoreV1().ConfigMaps("kube-system").Get(context.Background(), "kubeadm-config", metav1.GetOptions{})
+			ds, _ := client.AppsV1().DaemonSets("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{})
+			if !strings.Contains(cm.Data["ClusterConfiguration"], "kubernetesVersion: v1.31.3") || ds.Spec.Template.Spec.Containers[0].Image != "reg/library/kube-proxy:v1.31.3" {
+				t.Errorf("kubeadm-config %q, kube-proxy image %s: want both at v1.31.3", cm.Data["ClusterConfiguration"], ds.Spec.Template.Spec.Containers[0].Image)
+			}
+			writes := 0
+			for _, a := range client.Actions() {
+				if u, ok := a.(k8stesting.UpdateAction); ok {
+					if cm, ok := u.GetObject().(*corev1.ConfigMap); ok && cm.Name == "kubeadm-config" {
+						writes++
+					}
+				}
+				if a.GetVerb() == "patch" && a.GetResource().Resource == "daemonsets" {
+					writes++
+				}
+			}
+			if want := map[bool]int{true: 2, false: 0}[tc.restores > 0]; writes != want {
+				t.Errorf("kubeadm-config and kube-proxy written %d times, want %d", writes, want)
 			}
 		})
 	}
+}
+
+// fakeConnector dials the one fake node.
+type fakeConnector struct{ n *fakenode.Node }
+
+func (c fakeConnector) Dial(context.Context, nodeaccess.Target) (nodeaccess.Node, error) {
+	return c.n, nil
 }
 
 // A leader lease counts only when renewed after its holder's static pod

@@ -55,8 +55,10 @@ func downgrades(rel *catalog.Release) []string {
 // Rollback walks the runbook backward, undoing each step that changed
 // something: it restores the binaries the recorded upgrade replaced, from the
 // backups on each node, in reverse order: kubelets (workers, then
-// control-plane nodes), then the control plane (scheduler, controller
-// manager, API server) node by node, each waited for at the old version.
+// control-plane nodes), then the control plane node by node through the
+// cluster's driver (binary: scheduler, controller manager, API server;
+// kubeadm: the manifests kubeadm kept), each waited for at the old
+// version.
 // It holds the upgrade lock, and refuses what RollbackAllowed refuses.
 //
 // With DryRun it reads what runs, takes no lock and changes nothing: the
@@ -118,6 +120,22 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	for _, t := range v.tgts {
 		if f := v.facts[t.Name]; f != nil && f.Components["kube-apiserver"] != "" {
 			apiservers[t.Name] = f.Components["kube-apiserver"]
+		}
+	}
+	// On a kubeadm cluster the API servers are static pods: their
+	// versions are their mirror pods' images.
+	if v.kubeadm != nil {
+		for i := range v.pods {
+			if v.pods[i].Namespace != metav1.NamespaceSystem {
+				continue
+			}
+			comp, ver, err := staticComponent(&v.pods[i])
+			if err != nil {
+				return nil, fmt.Errorf("%w: node %s: %w", ErrRollbackRefused, v.pods[i].Spec.NodeName, err)
+			}
+			if comp == "kube-apiserver" {
+				apiservers[v.pods[i].Spec.NodeName] = ver
+			}
 		}
 	}
 	if err := RollbackAllowed(p.Catalog, from, to, apiservers); err != nil {
@@ -201,9 +219,11 @@ func (r *applyRun) kubeletsUndo(ctx context.Context) error {
 }
 
 // controlPlaneUndo puts each control-plane node's control plane back,
-// through the driver.
+// through the driver, in the reverse of the order they moved in (the
+// first control plane, where kubeadm's `upgrade apply` ran, last).
 func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
-	for _, n := range r.plan.Nodes {
+	for i := len(r.plan.Nodes) - 1; i >= 0; i-- {
+		n := r.plan.Nodes[i]
 		if n.Role != RoleControlPlane {
 			continue
 		}

@@ -2,8 +2,10 @@
 // reads the cluster's ClusterConfiguration from the kubeadm-config
 // ConfigMap (refusing what does not parse), names the images `kubeadm
 // upgrade` will pull for a release under the cluster's imageRepository
-// (as kubeadm's own images.go does, CoreDNS's path included), and says
-// the kubeadm commands an upgrade runs on each node.
+// (as kubeadm's own images.go does, CoreDNS's path included), says the
+// kubeadm commands an upgrade runs on each node, reads the static pod
+// manifests kubeadm writes and keeps (manifest.go), and puts back what
+// `kubeadm upgrade apply` changed in the cluster when it is rolled back.
 package kubeadm
 
 import (
@@ -38,6 +40,12 @@ const (
 	// kubelift passes it to every `kubeadm upgrade` when the node has it
 	// (kubeadm does not remember the directory init or join used).
 	PatchesDir = "/etc/kubernetes/patches"
+	// TmpDir is where kubeadm keeps what an upgrade replaced on the node:
+	// the static pod manifests it moved aside, in
+	// BackupManifestsPrefix+TIME (one directory per run), and etcd's data
+	// in kubeadm-backup-etcd-TIME when it upgraded etcd.
+	TmpDir                = "/etc/kubernetes/tmp"
+	BackupManifestsPrefix = "kubeadm-backup-manifests-"
 	// DefaultEtcdDataDir and DefaultCertDir are kubeadm's defaults.
 	DefaultEtcdDataDir = "/var/lib/etcd"
 	DefaultCertDir     = "/etc/kubernetes/pki"

@@ -49,10 +49,13 @@ var (
 	Exists       = load("exists", readOnly)
 	Remove       = load("remove", writes)
 	// kubeadm clusters: kubeadm run detached and followed, etcd's
-	// snapshot taken inside its static pod.
-	KubeadmStart        = load("kubeadm-start", writes)
-	KubeadmStatus       = load("kubeadm-status", readOnly)
-	KubeadmEtcdSnapshot = load("kubeadm-etcd-snapshot", writes)
+	// snapshot taken inside its static pod, the static pod manifests and
+	// kubeadm's backups of them read, and one put back.
+	KubeadmStart           = load("kubeadm-start", writes)
+	KubeadmStatus          = load("kubeadm-status", readOnly)
+	KubeadmEtcdSnapshot    = load("kubeadm-etcd-snapshot", writes)
+	KubeadmManifests       = load("kubeadm-manifests", readOnly)
+	KubeadmRestoreManifest = load("kubeadm-restore-manifest", writes)
 )
 
 const (

@@ -1,6 +1,7 @@
 package nodescript
 
 import (
+	"encoding/base64"
 	"flag"
 	"os"
 	"os/exec"
@@ -36,6 +37,9 @@ var goldenArgs = map[string][]string{
 	"kubeadm-start":         {"/var/lib/kubelift/kubeadm", "upgrade-apply-v1.31.4-1", "/var/lib/kubelift/staged/v1.31.4/kubeadm", "upgrade", "apply", hostile, "--yes"},
 	"kubeadm-status":        {"/var/lib/kubelift/kubeadm", "upgrade-apply-" + hostile},
 	"kubeadm-etcd-snapshot": {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "/var/lib/etcd", "/etc/kubernetes/pki/etcd"},
+	"kubeadm-manifests":     {"/etc/kubernetes/manifests", "/etc/kubernetes/tmp", "kube-apiserver", hostile},
+	"kubeadm-restore-manifest": {"/etc/kubernetes/tmp/kubeadm-backup-manifests-" + hostile + "/kube-apiserver.yaml", "/etc/kubernetes/manifests/kube-apiserver.yaml",
+		"/etc/kubernetes/tmp/kubelift-rollback-manifests-" + hostile},
 }
 
 // TestGolden pins each script's command, byte for byte, with a hostile
@@ -198,5 +202,63 @@ func TestKubeadmStartAndStatus(t *testing.T) {
 		if _, err := os.Stat(mark); err == nil {
 			t.Errorf("a hostile argument ran as a command: %s exists", mark)
 		}
+	}
+}
+
+// kubeadm-manifests prints the current manifests and then kubeadm's
+// backups, newest first, each file once in base64; kubeadm-restore-manifest
+// keeps the current manifest and renames the backup over it, leaving no
+// temporary file where the kubelet reads manifests.
+func TestKubeadmManifestsAndRestore(t *testing.T) {
+	root := t.TempDir()
+	manifests, tmp := filepath.Join(root, "manifests"), filepath.Join(root, "tmp")
+	write := func(p, content string) {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(manifests, "kube-apiserver.yaml"), "new")
+	write(filepath.Join(manifests, "etcd.yaml"), "etcd")
+	write(filepath.Join(tmp, "kubeadm-backup-manifests-2026-11-24-10-00-00", "kube-apiserver.yaml"), "older")
+	write(filepath.Join(tmp, "kubeadm-backup-manifests-2026-11-25-10-00-00", "kube-apiserver.yaml"), "old")
+	write(filepath.Join(tmp, "kubeadm-backup-etcd-2026-11-25-10-00-00", "kube-apiserver.yaml"), "not a manifest backup")
+	out, err := exec.Command("sh", "-c", KubeadmManifests.Command(manifests, tmp, "kube-apiserver", "kube-scheduler", hostile)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	want := strings.Join([]string{
+		"file " + manifests + "/kube-apiserver.yaml", b64("new"),
+		"file " + tmp + "/kubeadm-backup-manifests-2026-11-25-10-00-00/kube-apiserver.yaml", b64("old"),
+		"file " + tmp + "/kubeadm-backup-manifests-2026-11-24-10-00-00/kube-apiserver.yaml", b64("older"),
+	}, "\n") + "\n"
+	if string(out) != want {
+		t.Fatalf("kubeadm-manifests printed\n%s\nwant\n%s", out, want)
+	}
+
+	keep := filepath.Join(tmp, "kubelift-rollback-manifests-1")
+	backup := filepath.Join(tmp, "kubeadm-backup-manifests-2026-11-25-10-00-00", "kube-apiserver.yaml")
+	for i := 0; i < 2; i++ { // a second run restores again and keeps the first copy
+		if out, err := exec.Command("sh", "-c", KubeadmRestoreManifest.Command(backup, filepath.Join(manifests, "kube-apiserver.yaml"), keep)).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	for p, want := range map[string]string{filepath.Join(manifests, "kube-apiserver.yaml"): "old", filepath.Join(keep, "kube-apiserver.yaml"): "new", backup: "old"} {
+		if got, err := os.ReadFile(p); err != nil || string(got) != want {
+			t.Errorf("%s: %q, %v; want %q", p, got, err, want)
+		}
+	}
+	entries, err := os.ReadDir(manifests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 2 {
+		t.Errorf("manifests dir holds %v, want only etcd.yaml and kube-apiserver.yaml", entries)
+	}
+	if out, err := exec.Command("sh", "-c", KubeadmRestoreManifest.Command(filepath.Join(tmp, "none.yaml"), filepath.Join(manifests, "kube-apiserver.yaml"), keep)).CombinedOutput(); err == nil || !strings.Contains(string(out), "no manifest at") {
+		t.Errorf("a missing backup: %v, %s", err, out)
 	}
 }
