@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 )
 
@@ -38,6 +39,7 @@ type applyOptions struct {
 	DrainTimeout   time.Duration
 	PreHook        string
 	PostHook       string
+	KubeadmConfig  string
 }
 
 func newCmdApply(s *cli.IO, runF func(context.Context, *applyOptions) error) *cobra.Command {
@@ -53,7 +55,12 @@ it does not resolve itself. Then, holding the Lease kube-system/kubelift-upgrade
   2. snapshots etcd on a control-plane node (--skip-etcd-backup to skip)
   3. control plane, one node at a time: kube-apiserver, controller manager,
      scheduler, each backed up, swapped by rename, restarted and waited for
-     at the target (the API server's /readyz at the node) before the next
+     at the target (the API server's /readyz at the node) before the next.
+     On a kubeadm-built cluster (kube-system/kubeadm-config), kubeadm does
+     it: 'kubeadm upgrade apply' on the first control-plane node, 'kubeadm
+     upgrade node' on the others (and on each worker before its kubelet),
+     run detached on the node and followed; --kubeadm-config gives kubeadm
+     an UpgradeConfiguration
   4. adds the missing not-ready/unreachable NoExecute tolerations (300 s) to
      running pods; with --restore-labels, adds back the node labels pods'
      nodeSelectors need
@@ -121,6 +128,7 @@ upgrading-kubelets) for a later apply.`,
 	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 2*time.Minute, "how long a drain may wait on PodDisruptionBudgets before the run stops (the node uncordoned)")
 	f.StringSliceVar(&opts.Workers, "nodes", nil, "manual mode: move only these workers' kubelets (the control plane always goes first)")
 	f.StringVar(&opts.Selector, "selector", "", "manual mode: move only the kubelets of workers with these labels (e.g. pool=blue)")
+	f.StringVar(&opts.KubeadmConfig, "kubeadm-config", "", "kubeadm clusters: an UpgradeConfiguration file (kubeadm.k8s.io/v1beta4, target v1.31 and later) given to every kubeadm upgrade as --config, e.g. its timeouts; kubelift sets the version and the patches directory")
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
 	f.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "the upgrade lock lasts this long unless renewed: a run that died is taken over after it")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "walk every step, print each change and node script it would make; change nothing")
@@ -162,12 +170,18 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	if err != nil {
 		return err
 	}
+	var kubeadmConfig *kubeadm.UpgradeConfig
+	if opts.KubeadmConfig != "" {
+		if kubeadmConfig, err = readKubeadmConfig(opts.KubeadmConfig, po.Target.Version.String()); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
-		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut),
+		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,
 	})
 	switch {
 	case res != nil && asJSON:
@@ -181,6 +195,24 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 		return &cli.CodeError{Code: cli.ExitBlocked, Err: err}
 	}
 	return err
+}
+
+// readKubeadmConfig reads and checks --kubeadm-config's file.
+func readKubeadmConfig(file, to string) (*kubeadm.UpgradeConfig, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, cli.Usagef("--kubeadm-config: %v", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, kubeadm.MaxUpgradeConfigSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("--kubeadm-config: %w", err)
+	}
+	c, err := kubeadm.ParseUpgradeConfig(file, data, to)
+	if err != nil {
+		return nil, cli.Usagef("--kubeadm-config: %v", err)
+	}
+	return c, nil
 }
 
 // hooks runs --pre-hook and --post-hook with sh, the node and versions in

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -70,6 +71,10 @@ type ApplyOptions struct {
 	// workers wait for a later apply, and status shows them pending.
 	Nodes    []string
 	Selector labels.Selector
+	// KubeadmConfig, on a kubeadm cluster, is an UpgradeConfiguration
+	// given to every `kubeadm upgrade` (--config): kubeadm's own
+	// settings, its timeouts for example.
+	KubeadmConfig *kubeadm.UpgradeConfig
 	// Clock is what every wait of the run waits on (the real clock when
 	// nil; unit tests drive a fake one).
 	Clock clock.Clock
@@ -288,6 +293,14 @@ func (r *applyRun) planStep(ctx context.Context) error {
 	for _, n := range r.opts.Nodes {
 		if _, ok := r.tgts[n]; !ok {
 			return fmt.Errorf("--nodes: node %s is not in the cluster", n)
+		}
+	}
+	if r.opts.KubeadmConfig != nil {
+		switch {
+		case v.kubeadm == nil:
+			return fmt.Errorf("--kubeadm-config: the cluster was not built by kubeadm (no configmap %s/%s): there is no kubeadm to give it to", kubeadm.ConfigNamespace, kubeadm.ConfigMapName)
+		case r.target.Version.Minor < 31:
+			return fmt.Errorf("--kubeadm-config: kubeadm %s has no UpgradeConfiguration (kubeadm v1.31 and later do)", r.target.Version)
 		}
 	}
 	var blocking []string

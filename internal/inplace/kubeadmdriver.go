@@ -1,6 +1,7 @@
 package inplace
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -285,6 +286,15 @@ func (p *Plan) firstControlPlane() string {
 // lines for its reason.
 func (r *applyRun) runKubeadm(ctx context.Context, o *nodeOps, run string, args []string) error {
 	prog := StagePath(r.opts.Plan.StageDir, r.target.Version.String(), "kubeadm")
+	if c := r.opts.KubeadmConfig; c != nil {
+		p := c.NodePath(KubeadmRunDir)
+		if r.dry {
+			r.would(o.name, "put the UpgradeConfiguration (--kubeadm-config) at "+p, "")
+		} else if _, err := o.n.Upload(ctx, p, 0o600, bytes.NewReader(c.Data)); err != nil {
+			return err
+		}
+		args = append(slices.Clip(args), "--config", p)
+	}
 	start := append([]string{KubeadmRunDir, run, prog}, args...)
 	if r.dry {
 		r.would(o.name, "kubeadm "+strings.Join(args, " "), nodescript.KubeadmStart.Show(start...))

@@ -397,3 +397,43 @@ func TestLeadsNow(t *testing.T) {
 		})
 	}
 }
+
+// --kubeadm-config: the UpgradeConfiguration is put on the node, named by
+// its sha256, and given to kubeadm as --config; a dry run only says so.
+func TestRunKubeadmWithConfig(t *testing.T) {
+	cfg, err := kubeadm.ParseUpgradeConfig("c.yaml", []byte("apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\ntimeouts:\n  upgradeManifests: 90s\n"), "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := catalog.ParseVersion("v1.31.4")
+	for _, dry := range []bool{false, true} {
+		var started []string
+		node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+			nodescript.KubeadmStart.Name:  func(args []string) (string, error) { started = args; return "done\n", nil },
+			nodescript.KubeadmStatus.Name: func([]string) (string, error) { return "exit 0\n", nil },
+		}}
+		r := &applyRun{opts: ApplyOptions{KubeadmConfig: cfg, Plan: PlanOptions{StageDir: DefaultStageDir}}, target: &Target{Version: v}, res: &ApplyResult{},
+			dry: dry, wait: waiter.Waiter{}, log: slog.New(slog.DiscardHandler)}
+		args := []string{"upgrade", "node"}
+		if err := r.runKubeadm(context.Background(), &nodeOps{n: node, name: "worker-1"}, "upgrade-node-v1.31.4-1", args); err != nil {
+			t.Fatal(err)
+		}
+		p := KubeadmRunDir + "/upgrade-config-" + cfg.Sum[:16] + ".yaml"
+		data, uploaded := node.Uploaded(p)
+		if dry {
+			if uploaded || started != nil || len(r.res.DryRun) != 2 || !strings.Contains(r.res.DryRun[1].Command, "upgrade node --config "+p) {
+				t.Errorf("dry run: uploaded %v, started %q, said %+v", uploaded, started, r.res.DryRun)
+			}
+			continue
+		}
+		if string(data) != string(cfg.Data) {
+			t.Errorf("on the node at %s: %q (uploaded %v)", p, data, uploaded)
+		}
+		if got := strings.Join(started[3:], " "); got != "upgrade node --config "+p {
+			t.Errorf("kubeadm ran with %q", got)
+		}
+		if len(args) != 2 {
+			t.Errorf("the caller's arguments changed: %q", args)
+		}
+	}
+}

@@ -101,3 +101,32 @@ func TestImages(t *testing.T) {
 		t.Error("external etcd: kubeadm pulls no etcd image")
 	}
 }
+
+// An UpgradeConfiguration is passed on as is when it is one, in
+// v1beta4, and leaves the version and dry run to kubelift.
+func TestParseUpgradeConfig(t *testing.T) {
+	const good = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\ntimeouts:\n  upgradeManifests: 90s\n"
+	c, err := ParseUpgradeConfig("f.yaml", []byte(good), "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(c.Data) != good || len(c.Sum) != 64 || c.NodePath("/d") != "/d/upgrade-config-"+c.Sum[:16]+".yaml" {
+		t.Errorf("config %+v", c)
+	}
+	for _, tc := range []struct{ name, doc, want string }{
+		{"an older API", "apiVersion: kubeadm.k8s.io/v1beta3\nkind: UpgradeConfiguration\n", "want kind UpgradeConfiguration, apiVersion kubeadm.k8s.io/v1beta4"},
+		{"another kind", "apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n", `kind "ClusterConfiguration"`},
+		{"two documents", good + "---\n" + good, "more than one YAML document"},
+		{"another version", good + "apply:\n  kubernetesVersion: v1.32.0\n", `apply.kubernetesVersion "v1.32.0"`},
+		{"a dry run", good + "node:\n  dryRun: true\n", "dryRun: true"},
+		{"not YAML", "kind: [", "f.yaml"},
+		{"too big", good + "#" + strings.Repeat("x", MaxUpgradeConfigSize), "over 65536"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseUpgradeConfig("f.yaml", []byte(tc.doc), "v1.31.4")
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "f.yaml") {
+				t.Fatalf("err = %v, want one naming f.yaml and %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -144,7 +144,7 @@ func (s *State) makeFiles(cfg Config) error {
 	}
 	var knownHosts strings.Builder
 	var caCert, caKey []byte
-	var token string
+	var token, certKey string
 	if s.Kubeadm {
 		if caCert, err = os.ReadFile(ca.CertFile); err != nil {
 			return err
@@ -161,6 +161,12 @@ func (s *State) makeFiles(cfg Config) error {
 			return err
 		}
 		token = a + "." + b // kubeadm's [a-z0-9]{6}.[a-z0-9]{16}
+		// The key kubeadm encrypts the shared certificates with in
+		// kubeadm-certs (init --upload-certs) for the control planes
+		// that join: 32 bytes, hex.
+		if certKey, err = randomHex(32); err != nil {
+			return err
+		}
 	}
 
 	for i := range s.Machines {
@@ -201,7 +207,7 @@ func (s *State) makeFiles(cfg Config) error {
 			continue
 		}
 		if s.Kubeadm {
-			if err := s.kubeadmNodeFiles(m, caCert, caKey, token); err != nil {
+			if err := s.kubeadmNodeFiles(m, caCert, caKey, token, certKey); err != nil {
 				return err
 			}
 		} else if err := s.nodeFiles(m, ca.CertFile, pki, issued); err != nil {

@@ -125,12 +125,15 @@ patches:
 }
 
 // kubeadmInitConfig is cp-1's /etc/kubernetes/kubeadm-init.yaml.
-func (s *State) kubeadmInitConfig(m *Machine, token string) string {
+// certKey encrypts the certificates `init --upload-certs` shares with
+// the control planes that join (kubeadm-certs, for two hours).
+func (s *State) kubeadmInitConfig(m *Machine, token, certKey string) string {
 	return fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta3
 kind: InitConfiguration
 bootstrapTokens:
 - token: %[1]s
   ttl: 24h0m0s
+certificateKey: %[9]s
 localAPIEndpoint:
   advertiseAddress: %[2]s
   bindPort: 6443
@@ -155,11 +158,22 @@ controllerManager:
     flex-volume-plugin-dir: /var/lib/kubelet/volume-plugins
 ---
 %[7]s---
-%[8]s`, token, m.Address, s.nodeRegistration(m), s.OldVersion, s.ImageRepository(), NodeMonitorGracePeriod, kubeadmKubeletConfig, kubeadmProxyConfig)
+%[8]s`, token, m.Address, s.nodeRegistration(m), s.OldVersion, s.ImageRepository(), NodeMonitorGracePeriod, kubeadmKubeletConfig, kubeadmProxyConfig, certKey)
 }
 
-// kubeadmJoinConfig is a joining node's /etc/kubernetes/kubeadm-join.yaml.
-func (s *State) kubeadmJoinConfig(m *Machine, token, caHash string) string {
+// kubeadmJoinConfig is a joining node's /etc/kubernetes/kubeadm-join.yaml:
+// a control-plane node joins as one (its own API server and a member of
+// the stacked etcd), with the certificates cp-1 shared under certKey.
+func (s *State) kubeadmJoinConfig(m *Machine, token, caHash, certKey string) string {
+	controlPlane := ""
+	if m.Role == "control-plane" {
+		controlPlane = fmt.Sprintf(`controlPlane:
+  localAPIEndpoint:
+    advertiseAddress: %s
+    bindPort: 6443
+  certificateKey: %s
+`, m.Address, certKey)
+	}
 	return fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta3
 kind: JoinConfiguration
 discovery:
@@ -167,14 +181,14 @@ discovery:
     apiServerEndpoint: %s:6443
     token: %s
     caCertHashes: [%q]
-%s`, s.Nodes()[0].Address, token, caHash, s.nodeRegistration(m))
+%s%s`, s.Nodes()[0].Address, token, caHash, controlPlane, s.nodeRegistration(m))
 }
 
 // kubeadmNodeFiles gives node m what kubeadm's packages and the operator
 // put there before `kubeadm init` or `join`: the programs, kubeadm's
 // kubelet unit, the per-node kubelet patch, the config file, and on cp-1
 // the cluster's CA (kubeadm keeps an existing CA).
-func (s *State) kubeadmNodeFiles(m *Machine, caCert, caKey []byte, token string) error {
+func (s *State) kubeadmNodeFiles(m *Machine, caCert, caKey []byte, token, certKey string) error {
 	for _, d := range []string{"etc/kubernetes/pki", "etc/kubernetes/manifests", "etc/kubernetes/patches", "var/lib/kubelet", "var/log/pods", "usr/lib/modules"} {
 		if err := os.MkdirAll(m.fsPath(d), 0o755); err != nil {
 			return err
@@ -197,7 +211,7 @@ func (s *State) kubeadmNodeFiles(m *Machine, caCert, caKey []byte, token string)
 		if err := os.WriteFile(m.fsPath(pkiDir+"/ca.key"), caKey, 0o600); err != nil {
 			return err
 		}
-		if err := os.WriteFile(m.fsPath("etc/kubernetes/kubeadm-init.yaml"), []byte(s.kubeadmInitConfig(m, token)), 0o600); err != nil {
+		if err := os.WriteFile(m.fsPath("etc/kubernetes/kubeadm-init.yaml"), []byte(s.kubeadmInitConfig(m, token, certKey)), 0o600); err != nil {
 			return err
 		}
 	} else {
@@ -205,7 +219,7 @@ func (s *State) kubeadmNodeFiles(m *Machine, caCert, caKey []byte, token string)
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(m.fsPath("etc/kubernetes/kubeadm-join.yaml"), []byte(s.kubeadmJoinConfig(m, token, hash)), 0o600); err != nil {
+		if err := os.WriteFile(m.fsPath("etc/kubernetes/kubeadm-join.yaml"), []byte(s.kubeadmJoinConfig(m, token, hash, certKey)), 0o600); err != nil {
 			return err
 		}
 	}
@@ -285,7 +299,7 @@ func (s *State) pushKubeadmImages(ctx context.Context, pause v1.Image) error {
 func (s *State) kubeadmUp(ctx context.Context, log func(string, ...any)) error {
 	nodes := s.Nodes()
 	for i, m := range nodes {
-		args := []string{"init", "--config", "/etc/kubernetes/kubeadm-init.yaml", "--skip-token-print", "--v=1"}
+		args := []string{"init", "--config", "/etc/kubernetes/kubeadm-init.yaml", "--upload-certs", "--skip-token-print", "--v=1"}
 		if i > 0 {
 			args = []string{"join", "--config", "/etc/kubernetes/kubeadm-join.yaml", "--v=1"}
 		}

@@ -63,7 +63,8 @@ type Config struct {
 	// Kubeadm builds the cluster with kubeadm (init on cp-1, join on the
 	// others; kubeadm.go) instead of binary-deployed units: the control
 	// plane and etcd as static pods from images in the private registry,
-	// kube-proxy as a DaemonSet, CoreDNS. One control plane only, for now.
+	// kube-proxy as a DaemonSet, CoreDNS; with three control planes,
+	// etcd stacked on each (`kubeadm join --control-plane`).
 	Kubeadm bool
 	// Log reports progress (nil: silent).
 	Log func(format string, args ...any)
@@ -256,8 +257,8 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.Workers < 0 || (cfg.ControlPlanes != 1 && cfg.ControlPlanes != 3) {
 		return nil, fmt.Errorf("sandbox: control planes must be 1 or 3 and workers >= 0 (got %d and %d)", cfg.ControlPlanes, cfg.Workers)
 	}
-	if cfg.Kubeadm && (cfg.ControlPlanes != 1 || cfg.Runtime != RuntimeContainerd) {
-		return nil, fmt.Errorf("sandbox: a kubeadm sandbox has one control plane and the containerd runtime (got %d and %s)", cfg.ControlPlanes, cfg.Runtime)
+	if cfg.Kubeadm && cfg.Runtime != RuntimeContainerd {
+		return nil, fmt.Errorf("sandbox: a kubeadm sandbox runs the containerd runtime (got %s)", cfg.Runtime)
 	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("sandbox: needs root (network and mount namespaces, bind mounts)")

@@ -6,7 +6,6 @@ package fakenode
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -31,8 +30,9 @@ type Node struct {
 	// script without a handler fails.
 	Scripts map[string]Handler
 
-	mu    sync.Mutex
-	calls []Call
+	mu      sync.Mutex
+	calls   []Call
+	uploads map[string][]byte
 }
 
 // Run plays cmd's script.
@@ -55,9 +55,30 @@ func (n *Node) Run(ctx context.Context, cmd string, _ io.Reader) ([]byte, error)
 	return []byte(out), err
 }
 
-// Upload is refused: nodes are staged through scripts in these tests.
-func (n *Node) Upload(context.Context, string, os.FileMode, io.Reader) (int64, error) {
-	return 0, errors.New("fakenode: upload not supported")
+// Upload keeps what r holds as the file p (Uploaded reads it back).
+func (n *Node) Upload(ctx context.Context, p string, _ os.FileMode, r io.Reader) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return int64(len(data)), err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.uploads == nil {
+		n.uploads = map[string][]byte{}
+	}
+	n.uploads[p] = data
+	return int64(len(data)), nil
+}
+
+// Uploaded is the file Upload wrote at p, and whether it did.
+func (n *Node) Uploaded(p string) ([]byte, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	data, ok := n.uploads[p]
+	return data, ok
 }
 
 // Close does nothing.
