@@ -284,7 +284,7 @@ func TestApplyKilledMidNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-exited
-	st := status(t)
+	st := h.Status(t)
 	if st.State == inplace.StateComplete {
 		t.Fatalf("state %s after a kill mid-node", st.State)
 	}
@@ -322,7 +322,7 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 			t.Errorf("%s: kubelet %s ready %v, want %s and Ready", name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n), want)
 		}
 	}
-	st := status(t)
+	st := h.Status(t)
 	if st.State != inplace.StateFailed || !strings.Contains(st.LastError, "worker-2") {
 		t.Errorf("state %s, last error %q", st.State, st.LastError)
 	}
@@ -384,7 +384,7 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 			t.Errorf("%s: kubelet %s, ready %v, annotations %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n), n.Annotations)
 		}
 	}
-	if st := status(t); st.State != inplace.StateComplete || st.Backup == "" {
+	if st := h.Status(t); st.State != inplace.StateComplete || st.Backup == "" {
 		t.Errorf("state %s, etcd backup %q", st.State, st.Backup)
 	}
 	if !strings.Contains(r.Stderr, "static pods started anew") {
@@ -463,16 +463,6 @@ func TestApplyAgainChangesNothing(t *testing.T) {
 	if v := apiserverVersion(t); v != h.SB.NewVersion {
 		t.Errorf("the API server runs %s after a refused rollback", v)
 	}
-}
-
-func status(t *testing.T) *inplace.UpgradeState {
-	t.Helper()
-	r := h.Upgrade(t, "", "status", "-o", "json")
-	var st inplace.UpgradeState
-	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil || r.Code != 0 {
-		t.Fatalf("status: %v\n%s%s", err, r.Stdout, r.Stderr)
-	}
-	return &st
 }
 
 func cleanup(t *testing.T) map[string]inplace.NodeCleanup {

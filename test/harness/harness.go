@@ -6,6 +6,7 @@ package harness
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/prober"
@@ -340,6 +342,50 @@ func (h *Harness) Running(t *testing.T, node string) map[string]string {
 		}
 	}
 	return out
+}
+
+// Shop lists the running shop containers on every node of the sandbox
+// (ID -> "NODE namespace/pod/name").
+func (h *Harness) Shop(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, m := range h.SB.Nodes() {
+		for id, what := range h.Running(t, m.Name) {
+			if strings.HasPrefix(what, sandbox.WorkloadNamespace+"/") {
+				out[id] = m.Name + " " + what
+			}
+		}
+	}
+	return out
+}
+
+// Probe starts the prober on what a user judges the sandbox's
+// availability by (sandbox.ProbeTargets: the shop Service from every
+// worker, every shop pod), 10 requests a second each and one held stream;
+// it is stopped when the test ends, if not before (Stop gives the verdict).
+func (h *Harness) Probe(t *testing.T) *prober.Prober {
+	t.Helper()
+	targets, err := h.SB.ProbeTargets(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := prober.Start(context.Background(), prober.Config{Targets: targets, Rate: 10, Streams: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop() })
+	return p
+}
+
+// Status is `upgrade status -o json`: the upgrade the cluster records.
+func (h *Harness) Status(t *testing.T) *inplace.UpgradeState {
+	t.Helper()
+	r := h.Upgrade(t, "", "status", "-o", "json")
+	var st inplace.UpgradeState
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil || r.Code != 0 {
+		t.Fatalf("status: exit %d, %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
+	}
+	return &st
 }
 
 // Node reads a Node.

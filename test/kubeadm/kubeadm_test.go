@@ -29,7 +29,6 @@ import (
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/test/harness"
-	"github.com/kubelift/kubelift/test/prober"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
 
@@ -94,20 +93,6 @@ func wantControlPlane(version string) func() (bool, string) {
 		}
 		return true, ""
 	}
-}
-
-// shop lists each worker's running shop containers (ID -> pod/container).
-func shop(t *testing.T) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	for _, m := range h.SB.Nodes() {
-		for id, what := range h.Running(t, m.Name) {
-			if strings.HasPrefix(what, sandbox.WorkloadNamespace+"/") {
-				out[id] = m.Name + " " + what
-			}
-		}
-	}
-	return out
 }
 
 // The sandbox is what kubeadm made: kubeadm-config at the old version with
@@ -235,18 +220,11 @@ func TestStaticPodNeverHealthyRolledBackByKubeadm(t *testing.T) {
 // shop container restarted, the prober saw nothing fail, and apply again
 // has nothing to do.
 func TestKilledWhileKubeadmRunsThenResumed(t *testing.T) {
-	before := shop(t)
+	before := h.Shop(t)
 	if len(before) == 0 {
 		t.Fatal("no shop containers running")
 	}
-	targets, err := h.SB.ProbeTargets(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	probe, err := prober.Start(context.Background(), prober.Config{Targets: targets, Rate: 10, Streams: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	probe := h.Probe(t)
 	args, pw := flags("apply", "--restore-labels", "--settle", "5s", "--lock-duration", "6s", "-q")
 	cmd, stderr, err := h.Start(pw, args...)
 	if err != nil {
@@ -303,7 +281,7 @@ func TestKilledWhileKubeadmRunsThenResumed(t *testing.T) {
 			t.Errorf("node %s: kubelet %s", m.Name, v)
 		}
 	}
-	after := shop(t)
+	after := h.Shop(t)
 	for id, what := range before {
 		if _, ok := after[id]; !ok {
 			t.Errorf("shop container restarted: %s (%s)", what, id)

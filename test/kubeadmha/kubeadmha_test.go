@@ -12,7 +12,6 @@ package kubeadmha
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -24,7 +23,6 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/test/harness"
-	"github.com/kubelift/kubelift/test/prober"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
 
@@ -119,20 +117,6 @@ func everywhere(version string) func() (bool, string) {
 	}
 }
 
-// shop lists the running shop containers on every node (ID -> what).
-func shop(t *testing.T) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	for _, m := range h.SB.Nodes() {
-		for id, what := range h.Running(t, m.Name) {
-			if strings.HasPrefix(what, sandbox.WorkloadNamespace+"/") {
-				out[id] = m.Name + " " + what
-			}
-		}
-	}
-	return out
-}
-
 // kubeletStarts is when each node's kubelet said it started (its
 // "Starting" Event), after since.
 func kubeletStarts(t *testing.T, since time.Time) map[string]time.Time {
@@ -154,32 +138,14 @@ func kubeletStarts(t *testing.T, since time.Time) map[string]time.Time {
 	return out
 }
 
-func status(t *testing.T) inplace.UpgradeState {
-	t.Helper()
-	r := h.Upgrade(t, "", "status", "-o", "json")
-	var st inplace.UpgradeState
-	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
-		t.Fatalf("status -o json: %v\n%s%s", err, r.Stdout, r.Stderr)
-	}
-	return st
-}
-
 func TestHAPatchUpgradeThenRollback(t *testing.T) {
 	harness.Eventually(t, 2*time.Minute, everywhere(from))
 	h.Import(t, h.HashSkipBundle)
-	before := shop(t)
+	before := h.Shop(t)
 	if len(before) == 0 {
 		t.Fatal("no shop containers running")
 	}
-	targets, err := h.SB.ProbeTargets(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	probe, err := prober.Start(context.Background(), prober.Config{Targets: targets, Rate: 10, Streams: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer probe.Stop()
+	probe := h.Probe(t)
 
 	began := time.Now()
 	reg, pw := h.RegistryFlags()
@@ -223,7 +189,7 @@ func TestHAPatchUpgradeThenRollback(t *testing.T) {
 		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	harness.Eventually(t, 2*time.Minute, everywhere(from))
-	st := status(t)
+	st := h.Status(t)
 	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion || st.ControlPlane != inplace.KindKubeadm {
 		t.Errorf("status after rollback: state %s, %s -> %s, control plane %q", st.State, st.From, st.To, st.ControlPlane)
 	}
@@ -251,7 +217,7 @@ func TestHAPatchUpgradeThenRollback(t *testing.T) {
 	}
 
 	res := probe.Stop()
-	after := shop(t)
+	after := h.Shop(t)
 	for id, what := range before {
 		if _, ok := after[id]; !ok {
 			t.Errorf("shop container restarted: %s (%s)", what, id)

@@ -6,7 +6,6 @@
 package rollback
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -71,16 +70,6 @@ func expectEverywhere(t *testing.T, version string, before map[string]map[string
 	}
 }
 
-func status(t *testing.T) inplace.UpgradeState {
-	t.Helper()
-	r := h.Upgrade(t, "", "status", "-o", "json")
-	var st inplace.UpgradeState
-	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
-		t.Fatalf("status -o json: %v\n%s%s", err, r.Stdout, r.Stderr)
-	}
-	return st
-}
-
 func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 1 || !strings.Contains(r.Stderr, "no upgrade is recorded") {
 		t.Fatalf("rollback before any upgrade: exit %d\n%s", r.Code, r.Stderr)
@@ -99,7 +88,7 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	expectEverywhere(t, h.SB.NewVersion, before)
-	first := status(t)
+	first := h.Status(t)
 	if first.Backup == "" {
 		t.Errorf("the first apply recorded no etcd snapshot: %+v", first)
 	}
@@ -111,7 +100,7 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	expectEverywhere(t, from, before)
-	st := status(t)
+	st := h.Status(t)
 	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion {
 		t.Errorf("status after rollback: state %s, %s -> %s", st.State, st.From, st.To)
 	}
@@ -139,7 +128,7 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 		t.Fatalf("apply after rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	expectEverywhere(t, h.SB.NewVersion, before)
-	second := status(t)
+	second := h.Status(t)
 	if second.State != inplace.StateComplete {
 		t.Errorf("status after the second apply: %s", second.State)
 	}
