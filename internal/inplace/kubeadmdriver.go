@@ -123,14 +123,15 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) er
 	first := node == r.plan.firstControlPlane()
 	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
 		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
-		patches, err := o.exists(ctx, kubeadm.PatchesDir)
+		verb := "node"
+		if first {
+			verb = "apply"
+		}
+		args, err := r.kubeadmArgs(ctx, o, verb)
 		if err != nil {
 			return err
 		}
-		args, run := kubeadm.NodeArgs(patches), r.kubeadmRun("node")
-		if first {
-			args, run = kubeadm.ApplyArgs(to, patches), r.kubeadmRun("apply")
-		}
+		run := r.kubeadmRun(verb)
 		r.event(ctx, node, "UpgradingControlPlane", fmt.Sprintf("kubelift: kubeadm %s (%s -> %s)", strings.Join(args, " "), o.from, to))
 		if err := r.waitLeaders(ctx); err != nil {
 			return err
@@ -242,11 +243,40 @@ func (d kubeadmDriver) BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOp
 	if r.tgts[o.name].Role == RoleControlPlane {
 		return nil
 	}
-	patches, err := o.exists(ctx, kubeadm.PatchesDir)
+	args, err := r.kubeadmArgs(ctx, o, "node")
 	if err != nil {
 		return err
 	}
-	return r.runKubeadm(ctx, o, r.kubeadmRun("node"), kubeadm.NodeArgs(patches))
+	return r.runKubeadm(ctx, o, r.kubeadmRun("node"), args)
+}
+
+// kubeadmArgs are the arguments of `kubeadm upgrade VERB` on the node:
+// --patches when the node has kubeadm's patches directory, and with
+// --kubeadm-config the node's UpgradeConfiguration, put on the node first
+// (it then says the patches directory: kubeadm refuses the flag beside
+// --config).
+func (r *applyRun) kubeadmArgs(ctx context.Context, o *nodeOps, verb string) ([]string, error) {
+	patches, err := o.exists(ctx, kubeadm.PatchesDir)
+	if err != nil {
+		return nil, err
+	}
+	config := ""
+	if c := r.opts.KubeadmConfig; c != nil {
+		data, at, err := c.ForNode(KubeadmRunDir, patches)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeadm-config: %w", err)
+		}
+		if r.dry {
+			r.would(o.name, "put the UpgradeConfiguration (--kubeadm-config) at "+at, "")
+		} else if _, err := o.n.Upload(ctx, at, 0o600, bytes.NewReader(data)); err != nil {
+			return nil, err
+		}
+		config = at
+	}
+	if verb == "apply" {
+		return kubeadm.ApplyArgs(r.target.Version.String(), patches, config), nil
+	}
+	return kubeadm.NodeArgs(patches, config), nil
 }
 
 // kubeadmRun names a kubeadm run of this upgrade on a node:
@@ -286,15 +316,6 @@ func (p *Plan) firstControlPlane() string {
 // lines for its reason.
 func (r *applyRun) runKubeadm(ctx context.Context, o *nodeOps, run string, args []string) error {
 	prog := StagePath(r.opts.Plan.StageDir, r.target.Version.String(), "kubeadm")
-	if c := r.opts.KubeadmConfig; c != nil {
-		p := c.NodePath(KubeadmRunDir)
-		if r.dry {
-			r.would(o.name, "put the UpgradeConfiguration (--kubeadm-config) at "+p, "")
-		} else if _, err := o.n.Upload(ctx, p, 0o600, bytes.NewReader(c.Data)); err != nil {
-			return err
-		}
-		args = append(slices.Clip(args), "--config", p)
-	}
 	start := append([]string{KubeadmRunDir, run, prog}, args...)
 	if r.dry {
 		r.would(o.name, "kubeadm "+strings.Join(args, " "), nodescript.KubeadmStart.Show(start...))

@@ -399,41 +399,47 @@ func TestLeadsNow(t *testing.T) {
 }
 
 // --kubeadm-config: the UpgradeConfiguration is put on the node, named by
-// its sha256, and given to kubeadm as --config; a dry run only says so.
-func TestRunKubeadmWithConfig(t *testing.T) {
+// its sha256, the patches directory in it when the node has one (not as
+// --patches: kubeadm refuses that beside --config), and given to kubeadm
+// as --config; a dry run only says so.
+func TestKubeadmArgsWithConfig(t *testing.T) {
 	cfg, err := kubeadm.ParseUpgradeConfig("c.yaml", []byte("apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\ntimeouts:\n  upgradeManifests: 90s\n"), "v1.31.4")
 	if err != nil {
 		t.Fatal(err)
 	}
 	v, _ := catalog.ParseVersion("v1.31.4")
-	for _, dry := range []bool{false, true} {
-		var started []string
+	for _, tc := range []struct {
+		verb    string
+		patches bool
+		config  *kubeadm.UpgradeConfig
+		dry     bool
+		want    string // the arguments, CONFIG for the file's path
+	}{
+		{"apply", true, nil, false, "upgrade apply v1.31.4 --yes --patches /etc/kubernetes/patches"},
+		{"node", false, nil, false, "upgrade node"},
+		{"apply", true, cfg, false, "upgrade apply v1.31.4 --yes --config CONFIG"},
+		{"node", false, cfg, false, "upgrade node --config CONFIG"},
+		{"node", true, cfg, true, "upgrade node --config CONFIG"},
+	} {
 		node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
-			nodescript.KubeadmStart.Name:  func(args []string) (string, error) { started = args; return "done\n", nil },
-			nodescript.KubeadmStatus.Name: func([]string) (string, error) { return "exit 0\n", nil },
+			nodescript.Exists.Name: func([]string) (string, error) { return map[bool]string{true: "yes\n", false: "no\n"}[tc.patches], nil },
 		}}
-		r := &applyRun{opts: ApplyOptions{KubeadmConfig: cfg, Plan: PlanOptions{StageDir: DefaultStageDir}}, target: &Target{Version: v}, res: &ApplyResult{},
-			dry: dry, wait: waiter.Waiter{}, log: slog.New(slog.DiscardHandler)}
-		args := []string{"upgrade", "node"}
-		if err := r.runKubeadm(context.Background(), &nodeOps{n: node, name: "worker-1"}, "upgrade-node-v1.31.4-1", args); err != nil {
+		r := &applyRun{opts: ApplyOptions{KubeadmConfig: tc.config}, target: &Target{Version: v}, res: &ApplyResult{}, dry: tc.dry, log: slog.New(slog.DiscardHandler)}
+		args, err := r.kubeadmArgs(context.Background(), &nodeOps{n: node, name: "cp-1"}, tc.verb)
+		if err != nil {
 			t.Fatal(err)
 		}
-		p := KubeadmRunDir + "/upgrade-config-" + cfg.Sum[:16] + ".yaml"
-		data, uploaded := node.Uploaded(p)
-		if dry {
-			if uploaded || started != nil || len(r.res.DryRun) != 2 || !strings.Contains(r.res.DryRun[1].Command, "upgrade node --config "+p) {
-				t.Errorf("dry run: uploaded %v, started %q, said %+v", uploaded, started, r.res.DryRun)
+		got := strings.Join(args, " ")
+		if tc.config != nil {
+			data, at, _ := tc.config.ForNode(KubeadmRunDir, tc.patches)
+			got = strings.ReplaceAll(got, at, "CONFIG")
+			put, uploaded := node.Uploaded(at)
+			if tc.dry == uploaded || (uploaded && string(put) != string(data)) || (tc.patches && !strings.Contains(string(data), kubeadm.PatchesDir)) {
+				t.Errorf("%s (patches %v, dry run %v): on the node at %s: %q (uploaded %v)", tc.verb, tc.patches, tc.dry, at, put, uploaded)
 			}
-			continue
 		}
-		if string(data) != string(cfg.Data) {
-			t.Errorf("on the node at %s: %q (uploaded %v)", p, data, uploaded)
-		}
-		if got := strings.Join(started[3:], " "); got != "upgrade node --config "+p {
-			t.Errorf("kubeadm ran with %q", got)
-		}
-		if len(args) != 2 {
-			t.Errorf("the caller's arguments changed: %q", args)
+		if got != tc.want {
+			t.Errorf("%s (patches %v, config %v): %q, want %q", tc.verb, tc.patches, tc.config != nil, got, tc.want)
 		}
 	}
 }

@@ -191,23 +191,28 @@ func (c *Config) Images(rel *catalog.Release) ([]Image, error) {
 }
 
 // Commands of an upgrade, as kubelift runs them on a node with the
-// target's kubeadm (ARGS after the program).
+// target's kubeadm (ARGS after the program). patches passes --patches
+// PatchesDir (the node has it and no --config says it: kubeadm refuses
+// the flag beside --config); config, when not "", is the node's
+// UpgradeConfiguration file (--config).
 
 // ApplyArgs upgrades the first control-plane node: the control plane and
 // etcd's static pods, the cluster's configuration, the kubelet's
 // configuration, and the CoreDNS and kube-proxy addons.
-func ApplyArgs(version string, patches bool) []string {
-	args := []string{"upgrade", "apply", version, "--yes"}
-	if patches {
-		args = append(args, "--patches", PatchesDir)
-	}
-	return args
+func ApplyArgs(version string, patches bool, config string) []string {
+	return withOptions([]string{"upgrade", "apply", version, "--yes"}, patches, config)
 }
 
 // NodeArgs upgrades any other node: its static pods on a control-plane
 // node, and its kubelet's configuration.
-func NodeArgs(patches bool) []string {
-	args := []string{"upgrade", "node"}
+func NodeArgs(patches bool, config string) []string {
+	return withOptions([]string{"upgrade", "node"}, patches, config)
+}
+
+func withOptions(args []string, patches bool, config string) []string {
+	if config != "" {
+		return append(args, "--config", config)
+	}
 	if patches {
 		args = append(args, "--patches", PatchesDir)
 	}

@@ -1,6 +1,7 @@
 package kubeadm
 
 import (
+	"sigs.k8s.io/yaml"
 	"strings"
 	"testing"
 
@@ -110,8 +111,36 @@ func TestParseUpgradeConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(c.Data) != good || len(c.Sum) != 64 || c.NodePath("/d") != "/d/upgrade-config-"+c.Sum[:16]+".yaml" {
+	if string(c.Data) != good || len(c.Sum) != 64 {
 		t.Errorf("config %+v", c)
+	}
+	// A node without patches gets the file as it is; one with them, the
+	// patches directory in both sections (kubeadm refuses --patches beside
+	// --config), unless the file names one.
+	data, at, err := c.ForNode("/d", false)
+	if err != nil || string(data) != good || at != "/d/upgrade-config-"+c.Sum[:16]+".yaml" {
+		t.Errorf("without patches: %q at %s, %v", data, at, err)
+	}
+	data, at2, err := c.ForNode("/d", true)
+	if err != nil || at2 == at || !strings.HasPrefix(at2, "/d/upgrade-config-") {
+		t.Fatalf("with patches: at %s, %v", at2, err)
+	}
+	var doc struct {
+		Kind     string
+		Timeouts struct{ UpgradeManifests string }
+		Apply    struct{ Patches struct{ Directory string } }
+		Node     struct{ Patches struct{ Directory string } }
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil || doc.Kind != "UpgradeConfiguration" || doc.Timeouts.UpgradeManifests != "90s" ||
+		doc.Apply.Patches.Directory != PatchesDir || doc.Node.Patches.Directory != PatchesDir {
+		t.Errorf("with patches: %s (%v)", data, err)
+	}
+	own, err := ParseUpgradeConfig("f.yaml", []byte(good+"node:\n  patches:\n    directory: /srv/p\n"), "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, _, _ := own.ForNode("/d", true); !strings.Contains(string(data), "directory: /srv/p") || !strings.Contains(string(data), "directory: "+PatchesDir) {
+		t.Errorf("the file's own patches directory: %s", data)
 	}
 	for _, tc := range []struct{ name, doc, want string }{
 		{"an older API", "apiVersion: kubeadm.k8s.io/v1beta3\nkind: UpgradeConfiguration\n", "want kind UpgradeConfiguration, apiVersion kubeadm.k8s.io/v1beta4"},

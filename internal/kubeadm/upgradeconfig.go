@@ -25,13 +25,43 @@ const UpgradeConfigAPIVersion = "kubeadm.k8s.io/v1beta4"
 type UpgradeConfig struct {
 	// Data is the file, byte for byte.
 	Data []byte
-	// Sum is its sha256, hex: the name it has on the nodes.
+	// Sum is its sha256, hex.
 	Sum string
 }
 
-// NodePath is where the file is put on a node, below dir.
-func (c *UpgradeConfig) NodePath(dir string) string {
-	return dir + "/upgrade-config-" + c.Sum[:16] + ".yaml"
+// ForNode is the file as a node gets it: with patches (the node has
+// PatchesDir), apply.patches.directory and node.patches.directory set to
+// it where the file leaves them out (kubeadm refuses --patches beside
+// --config), and where on the node it goes, below dir, named by its
+// sha256.
+func (c *UpgradeConfig) ForNode(dir string, patches bool) (data []byte, at string, err error) {
+	data = c.Data
+	if patches {
+		doc := map[string]any{}
+		if err := yaml.Unmarshal(c.Data, &doc); err != nil {
+			return nil, "", err
+		}
+		for _, section := range []string{"apply", "node"} {
+			sec, _ := doc[section].(map[string]any)
+			if sec == nil {
+				sec = map[string]any{}
+			}
+			p, _ := sec["patches"].(map[string]any)
+			if p == nil {
+				p = map[string]any{}
+			}
+			if d, _ := p["directory"].(string); d == "" {
+				p["directory"] = PatchesDir
+			}
+			sec["patches"] = p
+			doc[section] = sec
+		}
+		if data, err = yaml.Marshal(doc); err != nil {
+			return nil, "", err
+		}
+	}
+	sum := sha256.Sum256(data)
+	return data, dir + "/upgrade-config-" + hex.EncodeToString(sum[:8]) + ".yaml", nil
 }
 
 // docSeparator is a YAML document separator line.
