@@ -3,7 +3,6 @@ package inplace
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/url"
 	"sort"
 	"strings"
@@ -12,7 +11,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -110,28 +108,33 @@ func (pc *planCheck) health(ctx context.Context) {
 }
 
 // probe runs check until it passes or HealthWindow has passed, backing
-// off between tries (from healthBackoff, doubling, at most 5 s). It
-// returns nil, or the last failure with how long and how many probes it
-// failed for.
+// off between tries (from healthBackoff, doubling, at most
+// healthBackoffCap, the last wait cut to the window's end). It returns nil, or the last failure with
+// how long and how many probes it failed for. (wait.Backoff's Cap ends
+// the steps once reached: with it, the window was never used past 7.5 s.)
 func (pc *planCheck) probe(ctx context.Context, check func(context.Context) error) error {
 	began := time.Now()
-	windowCtx, cancel := context.WithTimeout(ctx, pc.opts.HealthWindow)
-	defer cancel()
+	end := began.Add(pc.opts.HealthWindow)
+	backoff := max(pc.opts.healthBackoff, time.Millisecond)
 	tries := 0
-	var last error
-	b := wait.Backoff{Duration: max(pc.opts.healthBackoff, time.Millisecond), Factor: 2, Cap: 5 * time.Second, Steps: math.MaxInt32}
-	_ = wait.ExponentialBackoffWithContext(windowCtx, b, func(context.Context) (bool, error) {
+	for {
 		tries++
-		last = check(ctx) // the probe itself is not cut short by the window's end
-		return last == nil, nil
-	})
-	if tries == 0 { // no window at all: one probe
-		tries, last = 1, check(ctx)
+		last := check(ctx) // the probe itself is not cut short by the window's end
+		if last == nil {
+			return nil
+		}
+		left := time.Until(end)
+		if left <= 0 || ctx.Err() != nil {
+			return fmt.Errorf("%w (failing for %s, %d probes)", last, time.Since(began).Round(100*time.Millisecond), tries)
+		}
+		t := time.NewTimer(min(backoff, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, max(pc.opts.healthBackoffCap, time.Millisecond))
 	}
-	if last == nil {
-		return nil
-	}
-	return fmt.Errorf("%w (failing for %s, %d probes)", last, time.Since(began).Round(100*time.Millisecond), tries)
 }
 
 func readyz(ctx context.Context, cfg *rest.Config, addr string) error {

@@ -136,9 +136,9 @@ type PlanOptions struct {
 	// a leader's lease) may fail before it is a finding: probes are
 	// repeated with backoff within it (default 30s).
 	HealthWindow time.Duration
-	// healthBackoff is the first pause between probes (500ms; tests
-	// shorten it).
-	healthBackoff time.Duration
+	// healthBackoff is the first pause between probes (500ms) and
+	// healthBackoffCap the longest (5s); tests shorten them.
+	healthBackoff, healthBackoffCap time.Duration
 	Now           func() time.Time
 	Log           *slog.Logger
 }
@@ -202,6 +202,9 @@ func (opts *PlanOptions) defaults() error {
 	}
 	if opts.healthBackoff == 0 {
 		opts.healthBackoff = 500 * time.Millisecond
+	}
+	if opts.healthBackoffCap == 0 {
+		opts.healthBackoffCap = 5 * time.Second
 	}
 	if opts.Catalog == nil {
 		c, err := catalog.Default()
