@@ -139,8 +139,8 @@ type PlanOptions struct {
 	// healthBackoff is the first pause between probes (500ms) and
 	// healthBackoffCap the longest (5s); tests shorten them.
 	healthBackoff, healthBackoffCap time.Duration
-	Now           func() time.Time
-	Log           *slog.Logger
+	Now                             func() time.Time
+	Log                             *slog.Logger
 }
 
 // cluster is what BuildPlan read.
