@@ -52,8 +52,11 @@ it does not resolve itself. Then, holding the Lease kube-system/kubelift-upgrade
 (one upgrade at a time; a run that died is taken over once its lease expires):
 
   1. stages the binaries a node lacks
-  2. snapshots etcd on a control-plane node (--skip-etcd-backup to skip)
-  3. control plane, one node at a time: kube-apiserver, controller manager,
+  2. adds the missing not-ready/unreachable NoExecute tolerations (300 s) to
+     running pods, before anything restarts; with --restore-labels, adds
+     back the node labels pods' nodeSelectors need
+  3. snapshots etcd on a control-plane node (--skip-etcd-backup to skip)
+  4. control plane, one node at a time: kube-apiserver, controller manager,
      scheduler, each backed up, swapped by rename, restarted and waited for
      at the target (the API server's /readyz at the node) before the next.
      On a kubeadm-built cluster (kube-system/kubeadm-config), kubeadm does
@@ -61,9 +64,6 @@ it does not resolve itself. Then, holding the Lease kube-system/kubelift-upgrade
      upgrade node' on the others (and on each worker before its kubelet),
      run detached on the node and followed; --kubeadm-config gives kubeadm
      an UpgradeConfiguration
-  4. adds the missing not-ready/unreachable NoExecute tolerations (300 s) to
-     running pods; with --restore-labels, adds back the node labels pods'
-     nodeSelectors need
   5. kubelets, once every API server runs the target: control-plane nodes one
      at a time, then workers with at most --max-unavailable in flight (a slot
      frees as soon as a node is done; --canary grows 1, 2, 4 ...; --soak

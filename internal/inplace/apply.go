@@ -256,10 +256,15 @@ func (r *applyRun) runbook() []step {
 		// Undone last: the record says the upgrade was rolled back.
 		{name: "record", do: r.recordStep, undo: r.recordUndo},
 		// The snapshot is kept: it is what a restore of etcd would need.
+		// Before any component restarts: a node whose kubelet cannot reach
+		// an API server for a while (its only endpoint restarting, as
+		// kubeadm moves the control plane) is tainted NotReady by a
+		// controller manager that still runs elsewhere, and pods without
+		// the tolerations are evicted at once. Tolerations and labels
+		// added are right for the old version too.
+		{name: "workloads", do: r.workloadsStep},
 		{name: "back up etcd", do: r.etcdStep},
 		{name: "control plane", do: r.controlPlaneStep, undo: r.controlPlaneUndo},
-		// Tolerations and labels added are right for the old version too.
-		{name: "workloads", do: r.workloadsStep},
 		{name: "kubelets", do: r.kubeletsStep, undo: r.kubeletsUndo},
 		{name: "complete", do: r.completeStep},
 	}

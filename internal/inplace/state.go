@@ -21,9 +21,9 @@ const StateName = "kubelift-upgrade"
 // Upgrade states, in the order an upgrade passes them (StarlingX's).
 const (
 	StateStarted               = "upgrade-started"
+	StatePatchingWorkloads     = "patching-workloads"
 	StateUpgradingControlPlane = "upgrading-control-plane"
 	StateUpgradedControlPlane  = "upgraded-control-plane"
-	StatePatchingWorkloads     = "patching-workloads"
 	StateUpgradingKubelets     = "upgrading-kubelets"
 	StateComplete              = "upgrade-complete"
 	StateFailed                = "upgrade-failed"

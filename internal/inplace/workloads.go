@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -40,7 +41,12 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 			r.res.Patched = append(r.res.Patched, pod.Namespace+"/"+pod.Name)
 			continue
 		}
-		if _, err := r.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		if _, err := r.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); apierrors.IsNotFound(err) {
+			// Gone since the plan listed it (a rollout replaced it): its
+			// replacement is the plan's next run's business.
+			r.log.Info("pod gone before its tolerations were added", "pod", pod.Namespace+"/"+pod.Name)
+			continue
+		} else if err != nil {
 			return fmt.Errorf("pod %s/%s: add tolerations: %w", pod.Namespace, pod.Name, err)
 		}
 		r.res.Patched = append(r.res.Patched, pod.Namespace+"/"+pod.Name)
