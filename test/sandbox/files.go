@@ -198,6 +198,11 @@ func (s *State) makeFiles(cfg Config) error {
 			if err := s.adminFiles(m, issued["registry"]); err != nil {
 				return err
 			}
+			if s.Kubeadm && s.HA() {
+				if err := s.lbFiles(m); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		if m.Role == "internet" {

@@ -142,7 +142,7 @@ apiVersion: kubeadm.k8s.io/v1beta3
 kind: ClusterConfiguration
 kubernetesVersion: %[4]s
 clusterName: kubelift-sandbox
-controlPlaneEndpoint: %[2]s:6443
+controlPlaneEndpoint: %[10]s
 imageRepository: %[5]s
 networking:
   serviceSubnet: 10.96.0.0/16
@@ -158,7 +158,7 @@ controllerManager:
     flex-volume-plugin-dir: /var/lib/kubelet/volume-plugins
 ---
 %[7]s---
-%[8]s`, token, m.Address, s.nodeRegistration(m), s.OldVersion, s.ImageRepository(), NodeMonitorGracePeriod, kubeadmKubeletConfig, kubeadmProxyConfig, certKey)
+%[8]s`, token, m.Address, s.nodeRegistration(m), s.OldVersion, s.ImageRepository(), NodeMonitorGracePeriod, kubeadmKubeletConfig, kubeadmProxyConfig, certKey, s.controlPlaneEndpoint())
 }
 
 // kubeadmJoinConfig is a joining node's /etc/kubernetes/kubeadm-join.yaml:
@@ -178,10 +178,10 @@ func (s *State) kubeadmJoinConfig(m *Machine, token, caHash, certKey string) str
 kind: JoinConfiguration
 discovery:
   bootstrapToken:
-    apiServerEndpoint: %s:6443
+    apiServerEndpoint: %s
     token: %s
     caCertHashes: [%q]
-%s%s`, s.Nodes()[0].Address, token, caHash, controlPlane, s.nodeRegistration(m))
+%s%s`, s.controlPlaneEndpoint(), token, caHash, controlPlane, s.nodeRegistration(m))
 }
 
 // kubeadmNodeFiles gives node m what kubeadm's packages and the operator

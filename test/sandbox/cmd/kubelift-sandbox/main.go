@@ -214,6 +214,20 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	serveFiles.Flags().StringVar(&filesDir, "dir", "/srv/files", "directory to serve")
 	serveFiles.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 
-	root.AddCommand(up, down, status, execCmd, nodeInit, cri, serveFiles)
+	var lbListen string
+	var lbBackends []string
+	lb := &cobra.Command{
+		Use:    "lb",
+		Short:  "Forward TCP to the ready API servers (the HA kubeadm sandbox's load balancer)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return sandbox.ServeLB(cmd.Context(), lbListen, lbBackends)
+		},
+	}
+	lb.Flags().StringVar(&lbListen, "listen", "", "address to listen on")
+	lb.Flags().StringArrayVar(&lbBackends, "backend", nil, "an API server's host:port (repeated)")
+
+	root.AddCommand(up, down, status, execCmd, nodeInit, cri, serveFiles, lb)
 	return root
 }
