@@ -2,6 +2,8 @@ package inplace
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/url"
 	"sort"
@@ -137,7 +139,22 @@ func (pc *planCheck) probe(ctx context.Context, check func(context.Context) erro
 	}
 }
 
+// readyz asks the API server at addr (on the kubeconfig's port) for
+// /readyz, its certificate verified against the kubeconfig's CA for the
+// name the kubeconfig uses (every API server's certificate names the
+// cluster's endpoint) or, when it does not name that, for addr itself
+// (an API server's certificate names its own address; a kubeconfig that
+// names one API server directly does not match the others).
 func readyz(ctx context.Context, cfg *rest.Config, addr string) error {
+	err := readyzAs(ctx, cfg, addr, "")
+	var hostErr x509.HostnameError
+	if errors.As(err, &hostErr) {
+		return readyzAs(ctx, cfg, addr, addr)
+	}
+	return err
+}
+
+func readyzAs(ctx context.Context, cfg *rest.Config, addr, serverName string) error {
 	c := rest.CopyConfig(cfg)
 	host := c.Host
 	if i := strings.LastIndex(host, ":"); i > strings.Index(host, "://")+2 {
@@ -145,7 +162,10 @@ func readyz(ctx context.Context, cfg *rest.Config, addr string) error {
 	} else {
 		c.Host = "https://" + addr
 	}
-	if c.TLSClientConfig.ServerName == "" {
+	switch {
+	case serverName != "":
+		c.TLSClientConfig.ServerName = serverName
+	case c.TLSClientConfig.ServerName == "":
 		// Verify the certificate against the name the kubeconfig uses.
 		if u, err := url.Parse(host); err == nil {
 			c.TLSClientConfig.ServerName = u.Hostname()

@@ -2,10 +2,16 @@ package inplace
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/rest"
 )
 
 // A probe keeps trying, with its backoff capped, for the whole window: a
@@ -30,5 +36,36 @@ func TestProbeUsesTheWholeWindow(t *testing.T) {
 	err = pc.probe(context.Background(), func(context.Context) error { return errors.New("no live lease") })
 	if err == nil || !strings.Contains(err.Error(), "no live lease (failing for") || !strings.Contains(err.Error(), "probes)") {
 		t.Fatalf("probe: %v", err)
+	}
+}
+
+// readyz verifies each API server's certificate for the kubeconfig's name
+// or, when it does not carry that name (a kubeconfig naming one API server
+// directly), for the server's own address; never without verifying.
+func TestReadyzVerifiesForTheNameOrTheAddress(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			_, _ = w.Write([]byte("ok"))
+		}
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	for _, tc := range []struct {
+		name, host string
+		ca         []byte
+		ok         bool
+	}{
+		{"the kubeconfig's name", "example.com", ca, true}, // the test certificate's name
+		{"another name: the address", "api.cluster.invalid", ca, true},
+		{"an unknown CA", "example.com", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := &rest.Config{Host: "https://" + tc.host + ":" + port, TLSClientConfig: rest.TLSClientConfig{CAData: tc.ca}}
+			err := readyz(context.Background(), cfg, "127.0.0.1")
+			if (err == nil) != tc.ok {
+				t.Fatalf("readyz: %v, want ok %v", err, tc.ok)
+			}
+		})
 	}
 }

@@ -347,7 +347,10 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 		}
 		m.Root = filepath.Join(s.Dir, "machines", m.Name)
 	}
-	s.APIServer = fmt.Sprintf("https://%s:6443", s.Nodes()[0].Address)
+	// The operator's kubeconfig names the control-plane endpoint, as
+	// kubeadm's admin.conf does: the load balancer with three kubeadm
+	// control planes, else cp-1.
+	s.APIServer = "https://" + s.controlPlaneEndpoint()
 	if err := s.save(); err != nil { // from here on, Down can clean up
 		return err
 	}
