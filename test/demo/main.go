@@ -227,7 +227,7 @@ func run(ctx context.Context, sb *sandbox.State) error {
 		return err
 	}
 	fmt.Printf("probing %d targets (the Service shop/api from every worker, every shop pod by its address), 10 requests a second each and a held /stream connection, while the cluster is upgraded\n", len(targets))
-	step("Applying: control plane first, then tolerations and labels, then every kubelet and kube-proxy, each verified")
+	step("Applying: tolerations and labels first, then the control plane, then every kubelet and kube-proxy, each verified")
 	applyArgs := append(append([]string{"apply", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "--restore-labels", "--settle", "5s"}, regArgs...),
 		"--inventory", filepath.Join(sb.Dir, "inventory.yaml"), "--cache-dir", filepath.Join(work, "stage-cache"))
 	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), applyArgs...); err != nil {
