@@ -17,11 +17,21 @@ all: build
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
 
+INOTIFY_INSTANCES = 1024
+
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@# Two clusters side by side (make test runs two sandboxes at once) need
+	@# more inotify instances than Linux's default 128 per user: every
+	@# kubelet, API server, controller manager and containerd watches files
+	@# (kind gives the same advice for several clusters on one host).
+	@if [ "$$(cat /proc/sys/fs/inotify/max_user_instances)" -lt $(INOTIFY_INSTANCES) ]; then \
+		echo "raising fs.inotify.max_user_instances to $(INOTIFY_INSTANCES) (several clusters on one host)"; \
+		$(SUDO) sysctl -qw fs.inotify.max_user_instances=$(INOTIFY_INSTANCES); \
 	fi
 
 tools: $(TOOLS)/crane

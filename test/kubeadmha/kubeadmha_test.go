@@ -217,6 +217,12 @@ func TestHAPatchUpgradeThenRollback(t *testing.T) {
 	}
 
 	res := probe.Stop()
+	// What the node lifecycle controller saw, to read beside the prober.
+	if evs, err := h.Client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "reason=NodeNotReady"}); err == nil {
+		for _, e := range evs.Items {
+			t.Logf("event %s %s: %s (%s)", e.LastTimestamp.Format(time.TimeOnly), e.InvolvedObject.Name, e.Message, e.Source.Component)
+		}
+	}
 	after := h.Shop(t)
 	for id, what := range before {
 		if _, ok := after[id]; !ok {

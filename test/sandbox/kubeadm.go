@@ -133,7 +133,7 @@ kind: InitConfiguration
 bootstrapTokens:
 - token: %[1]s
   ttl: 24h0m0s
-certificateKey: %[9]s
+certificateKey: %[8]s
 localAPIEndpoint:
   advertiseAddress: %[2]s
   bindPort: 6443
@@ -142,7 +142,7 @@ apiVersion: kubeadm.k8s.io/v1beta3
 kind: ClusterConfiguration
 kubernetesVersion: %[4]s
 clusterName: kubelift-sandbox
-controlPlaneEndpoint: %[10]s
+controlPlaneEndpoint: %[9]s
 imageRepository: %[5]s
 networking:
   serviceSubnet: 10.96.0.0/16
@@ -152,13 +152,16 @@ apiServer:
     disable-admission-plugins: DefaultTolerationSeconds
     kubelet-preferred-address-types: InternalIP
 controllerManager:
+  # node-monitor-grace-period: kubeadm's default (40 s), not the binary
+  # sandbox's 20 s (which its eviction stories need): a kubelet restarted
+  # on a loaded 2-core machine, or whose API server waits on its etcd
+  # member, may miss 20 s of heartbeats, and a NotReady node's pods leave
+  # their Services' endpoints.
   extraArgs:
-    node-monitor-period: 2s
-    node-monitor-grace-period: %[6]s
     flex-volume-plugin-dir: /var/lib/kubelet/volume-plugins
 ---
-%[7]s---
-%[8]s`, token, m.Address, s.nodeRegistration(m), s.OldVersion, s.ImageRepository(), NodeMonitorGracePeriod, kubeadmKubeletConfig, kubeadmProxyConfig, certKey, s.controlPlaneEndpoint())
+%[6]s---
+%[7]s`, token, m.Address, s.nodeRegistration(m), s.OldVersion, s.ImageRepository(), kubeadmKubeletConfig, kubeadmProxyConfig, certKey, s.controlPlaneEndpoint())
 }
 
 // kubeadmJoinConfig is a joining node's /etc/kubernetes/kubeadm-join.yaml:
