@@ -222,8 +222,12 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		podsBefore := pr.pods
 		// hash-skip file, when the hash era changes and the kubelet reads it
 		if r.target.Manifest.KubeletHashSkip(archOr(st.Arch)) {
-			if era, err := r.eraOf(o.from); err != nil || era != r.target.Release.KubeletHashEra {
-				if err := o.writeHashSkip(ctx, r.opts.Plan.Now()); err != nil {
+			era, err := r.eraOf(o.from)
+			if err != nil {
+				return fmt.Errorf("node %s: the hash era of kubelet %s, which the hash-skip file must name: %w", o.name, o.from, err)
+			}
+			if era != r.target.Release.KubeletHashEra {
+				if err := o.writeHashSkip(ctx, era, r.opts.Plan.Now()); err != nil {
 					return err
 				}
 			}

@@ -115,9 +115,9 @@ func (o *nodeOps) restore(ctx context.Context, comp string) error {
 }
 
 // writeHashSkip writes the hash-skip file the upgraded kubelet reads,
-// atomically.
-func (o *nodeOps) writeHashSkip(ctx context.Context, now time.Time) error {
-	data, err := json.Marshal(hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: o.from, NewKubeletVersion: o.to, UpgradedAt: now.UTC()})
+// atomically: the old kubelet's version and hash era (oldEra).
+func (o *nodeOps) writeHashSkip(ctx context.Context, oldEra string, now time.Time) error {
+	data, err := json.Marshal(hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: o.from, OldHashEra: oldEra, NewKubeletVersion: o.to, UpgradedAt: now.UTC()})
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -112,7 +111,6 @@ func tolerates(ts []corev1.Toleration, key string) bool {
 func (pc *planCheck) restarts() {
 	t := pc.target
 	hasher := &kubeletcompat.Hasher{Version: t.Version, Era: t.Release.KubeletHashEra}
-	start := pc.opts.Now().Add(time.Hour) // the upgraded kubelet starts after every running container
 	for i := range pc.plan.Nodes {
 		s := &pc.plan.Nodes[i]
 		f := pc.view.facts[s.Name]
@@ -132,11 +130,11 @@ func (pc *planCheck) restarts() {
 			}
 			recreate = kubeletcompat.StaticPodsRecreated(kv, t.Version)
 		}
-		if t.Manifest.KubeletHashSkip(archOr(s.Arch)) && era != t.Release.KubeletHashEra {
-			cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: s.Kubelet, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
+		if t.Manifest.KubeletHashSkip(archOr(s.Arch)) && era != "unknown" && era != t.Release.KubeletHashEra {
+			cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: s.Kubelet, OldHashEra: era, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
 		}
 		preds, err := kubeletcompat.PredictPods(pc.onNode[s.Name], map[string][]kubeletcompat.RuntimeContainer{s.Name: f.Containers},
-			kubeletcompat.PredictOptions{Target: hasher, Cache: cache, KubeletStart: start, RecreateStatic: recreate})
+			kubeletcompat.PredictOptions{Target: hasher, Cache: cache, RecreateStatic: recreate})
 		if err != nil {
 			pc.add(Warning, "restarts", "node/"+s.Name, "cannot predict restarts: "+err.Error(), "")
 			continue

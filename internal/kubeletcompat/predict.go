@@ -2,7 +2,6 @@ package kubeletcompat
 
 import (
 	"sort"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -17,8 +16,6 @@ type PredictOptions struct {
 	InPlacePodVerticalScaling bool
 	// Cache is the hash-skip file that will be on the node; nil: none.
 	Cache *hashskip.File
-	// KubeletStart is when the upgraded kubelet starts (default: now).
-	KubeletStart time.Time
 	// RecreateStatic: the target gives static pods new UIDs (see
 	// StaticPodsRecreated), so their containers are all started anew.
 	RecreateStatic bool
@@ -64,10 +61,6 @@ func Predict(pods []corev1.Pod, running map[string][]RuntimeContainer, opts Pred
 // PredictPods is Predict over pods held elsewhere (a plan's pods of one
 // node, indexed without copying them).
 func PredictPods(pods []*corev1.Pod, running map[string][]RuntimeContainer, opts PredictOptions) ([]Prediction, error) {
-	start := opts.KubeletStart
-	if start.IsZero() {
-		start = time.Now()
-	}
 	byUID := ByRuntimeUID(pods)
 	var out []Prediction
 	for node, containers := range running {
@@ -104,7 +97,12 @@ func PredictPods(pods []*corev1.Pod, running map[string][]RuntimeContainer, opts
 				out = append(out, p)
 				continue
 			}
-			p.Protected = p.Changed && opts.Cache.Skip(opts.Target.Version.String(), start, rc.StartedAt)
+			// The dual-era rule: kept when the recorded hash is the old
+			// kubelet's era's hash of the spec as it is now.
+			p.Protected = p.Changed && opts.Cache.Keep(ParseLabel(rc.Hash), func(era string) (uint64, bool) {
+				h, err := (&Hasher{Version: opts.Target.Version, Era: era}).Hash(spec)
+				return h, err == nil
+			})
 			p.Restart = p.Changed && !p.Protected
 			out = append(out, p)
 		}

@@ -87,7 +87,7 @@ func TestPredict(t *testing.T) {
 	pods := []corev1.Pod{pod, *pod2}
 
 	// Without the cache: every container the 1.30 kubelet started restarts.
-	got, err := Predict(pods, running, PredictOptions{Target: target, KubeletStart: kubeletStart})
+	got, err := Predict(pods, running, PredictOptions{Target: target})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,15 +107,15 @@ func TestPredict(t *testing.T) {
 		t.Errorf("%d restarts without the cache, want 3: %+v", restarts, got)
 	}
 	// With the cache: none restarts; the container the new kubelet made was never changed.
-	cache := &hashskip.File{OldKubeletVersion: "v1.30.14"}
-	got, _ = Predict(pods, running, PredictOptions{Target: target, KubeletStart: kubeletStart, Cache: cache})
+	cache := &hashskip.File{OldKubeletVersion: "v1.30.14", OldHashEra: hashskip.EraJSONWithoutResources}
+	got, _ = Predict(pods, running, PredictOptions{Target: target, Cache: cache})
 	for _, p := range got {
 		if p.Restart || p.Protected != p.Changed {
 			t.Errorf("with cache: %+v", p)
 		}
 	}
 	// A same-era upgrade (1.30.14 -> 1.30.15-like target in the same era) changes nothing.
-	got, _ = Predict(pods, map[string][]RuntimeContainer{"worker-1": running["worker-1"][:3]}, PredictOptions{Target: old, KubeletStart: kubeletStart})
+	got, _ = Predict(pods, map[string][]RuntimeContainer{"worker-1": running["worker-1"][:3]}, PredictOptions{Target: old})
 	for _, p := range got {
 		if p.Changed {
 			t.Errorf("same era: %+v", p)
@@ -126,23 +126,22 @@ func TestPredict(t *testing.T) {
 	changed := pod.DeepCopy()
 	changed.Spec.Containers[1].Image = "redis:8"
 	got, _ = Predict([]corev1.Pod{*changed}, map[string][]RuntimeContainer{"worker-1": {rec("cache", target, kubeletStart.Add(time.Minute))}},
-		PredictOptions{Target: target, KubeletStart: kubeletStart, Cache: cache})
+		PredictOptions{Target: target, Cache: cache})
 	if len(got) != 1 || !got[0].Restart {
 		t.Errorf("new image on a container the new kubelet started: %+v", got)
 	}
-	// The rule's blind spot, pinned here so it cannot change silently: an
-	// image changed on a container the OLD kubelet started is protected
-	// while the cache file exists (the upgrade engine removes the file once
-	// converged; README, "Hash-skip cache").
+	// The dual-era rule has no blind spot: an image changed in place on a
+	// container the OLD kubelet started restarts too, cache or not (its
+	// recorded hash is not the old era's hash of the spec as it is now).
 	got, _ = Predict([]corev1.Pod{*changed}, map[string][]RuntimeContainer{"worker-1": {rec("cache", old, before)}},
-		PredictOptions{Target: target, KubeletStart: kubeletStart, Cache: cache})
-	if len(got) != 1 || got[0].Restart || !got[0].Protected {
+		PredictOptions{Target: target, Cache: cache})
+	if len(got) != 1 || !got[0].Restart || got[0].Protected {
 		t.Errorf("old container, changed image, cache present: %+v", got)
 	}
 	// Missing hash annotation reads as 0: changed.
 	noHash := rec("cache", target, before)
 	noHash.Hash = ""
-	got, _ = Predict(pods, map[string][]RuntimeContainer{"w": {noHash}}, PredictOptions{Target: target, KubeletStart: kubeletStart})
+	got, _ = Predict(pods, map[string][]RuntimeContainer{"w": {noHash}}, PredictOptions{Target: target})
 	if len(got) != 1 || !got[0].Restart {
 		t.Errorf("missing hash: %+v", got)
 	}
@@ -179,7 +178,7 @@ func TestPredictStaticPods(t *testing.T) {
 	v, _ := old.Hash(&mirror.Spec.Containers[0])
 	running := map[string][]RuntimeContainer{"worker-1": {{ID: "c1", PodUID: "static-uid", Pod: mirror.Name, Namespace: mirror.Namespace,
 		Name: sample.Name, Running: true, StartedAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), Hash: Label(v)}}}
-	cache := &hashskip.File{OldKubeletVersion: "v1.30.14"}
+	cache := &hashskip.File{OldKubeletVersion: "v1.30.14", OldHashEra: hashskip.EraJSONWithoutResources}
 
 	got, err := Predict([]corev1.Pod{mirror}, running, PredictOptions{Target: target, Cache: cache, RecreateStatic: true})
 	if err != nil {

@@ -8,12 +8,17 @@
 // kubelift's patch reads it in computePodActions. It depends only on the
 // standard library.
 //
-// The rule: skip the hash comparison for a container only when the running
-// kubelet is newer than the version recorded in the file and the container
-// started before this kubelet did. A container started after (created by
-// this kubelet) is compared as upstream does. Once every running
-// container's recorded hash equals what the new kubelet computes, the file
-// is removed and the kubelet behaves exactly as upstream.
+// The rule (dual era): a running container whose recorded hash differs
+// from what this kubelet computes for its spec keeps running exactly when
+// the recorded hash equals the hash of its current spec in the era of the
+// kubelet that ran before (the file's OldHashEra): the kubelet that
+// started it would see no change either. A container whose spec changed
+// since (an image set in place on a running pod) matches neither and is
+// restarted, as upstream does; so is one this kubelet started and whose
+// spec changed. Nothing depends on when the kubelet or the container
+// started, so a kubelet restart changes no outcome. Once every running
+// container's recorded hash equals what the new kubelet computes, the
+// file is removed and the kubelet behaves exactly as upstream.
 package hashskip
 
 import (
@@ -27,8 +32,23 @@ import (
 	"time"
 )
 
-// SchemaVersion of the file written and read by this package.
-const SchemaVersion = 1
+// SchemaVersion of the file written and read by this package (2: the old
+// kubelet's hash era, for the dual-era rule).
+const SchemaVersion = 2
+
+// The kubelet's container hash eras (HashContainer), named as kubelift's
+// catalog names them.
+const (
+	// EraJSON (1.16 to 1.26) and EraJSONWithoutResources (1.27 to 1.30)
+	// hash the container's JSON (the latter also writes a second hash
+	// without resources; the one compared first is the whole JSON's).
+	EraJSON                 = "json"
+	EraJSONWithoutResources = "json-without-resources"
+	// EraNameImage (1.31 on) hashes the name and the image only.
+	EraNameImage = "name-image"
+)
+
+var knownEras = map[string]bool{EraJSON: true, EraJSONWithoutResources: true, EraNameImage: true}
 
 // DefaultPath is where the kubelet looks, unless PathEnv names another file.
 const DefaultPath = "/var/lib/kubelet/kubelift-hash-skip.json"
@@ -41,9 +61,13 @@ type File struct {
 	SchemaVersion int `json:"schemaVersion"`
 	// OldKubeletVersion is the version the node ran before the upgrade.
 	OldKubeletVersion string `json:"oldKubeletVersion"`
+	// OldHashEra is that kubelet's hash era: the one the hashes of the
+	// containers it started are in.
+	OldHashEra string `json:"oldHashEra"`
 	// NewKubeletVersion is the version it was upgraded to (informational).
 	NewKubeletVersion string `json:"newKubeletVersion,omitempty"`
-	// UpgradedAt is when the file was written, just before the restart.
+	// UpgradedAt is when the file was written, just before the restart
+	// (informational: the rule does not depend on time).
 	UpgradedAt time.Time `json:"upgradedAt"`
 }
 
@@ -71,8 +95,8 @@ func Read(path string) (*File, error) {
 	if f.SchemaVersion != SchemaVersion {
 		return nil, fmt.Errorf("%s: schemaVersion %d, this reader knows %d", path, f.SchemaVersion, SchemaVersion)
 	}
-	if _, err := parseVersion(f.OldKubeletVersion); err != nil {
-		return nil, fmt.Errorf("%s: oldKubeletVersion: %w", path, err)
+	if err := f.check(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return &f, nil
 }
@@ -82,8 +106,8 @@ func Write(path string, f *File) error {
 	if f.SchemaVersion == 0 {
 		f.SchemaVersion = SchemaVersion
 	}
-	if _, err := parseVersion(f.OldKubeletVersion); err != nil {
-		return fmt.Errorf("oldKubeletVersion: %w", err)
+	if err := f.check(); err != nil {
+		return err
 	}
 	data, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
@@ -112,22 +136,28 @@ func Write(path string, f *File) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// Skip reports whether a kubelet of kubeletVersion, started at
-// kubeletStart, should skip the hash comparison for a container started at
-// containerStart. A nil File never skips.
-func (f *File) Skip(kubeletVersion string, kubeletStart, containerStart time.Time) bool {
-	if f == nil || containerStart.IsZero() || !containerStart.Before(kubeletStart) {
+// check refuses a file whose old version or era is not one.
+func (f *File) check() error {
+	if _, err := parseVersion(f.OldKubeletVersion); err != nil {
+		return fmt.Errorf("oldKubeletVersion: %w", err)
+	}
+	if !knownEras[f.OldHashEra] {
+		return fmt.Errorf("oldHashEra %q: want %s, %s or %s", f.OldHashEra, EraJSON, EraJSONWithoutResources, EraNameImage)
+	}
+	return nil
+}
+
+// Keep reports whether a running container whose recorded hash differs
+// from what this kubelet computes for its spec keeps running: exactly when
+// recorded equals oldEraHash(f.OldHashEra), the hash of the container's
+// current spec in the old kubelet's era (ok false: the kubelet cannot
+// compute that era's hash, and keeps nothing). A nil File keeps nothing.
+func (f *File) Keep(recorded uint64, oldEraHash func(era string) (hash uint64, ok bool)) bool {
+	if f == nil || oldEraHash == nil {
 		return false
 	}
-	running, err := parseVersion(kubeletVersion)
-	if err != nil {
-		return false
-	}
-	old, err := parseVersion(f.OldKubeletVersion)
-	if err != nil {
-		return false
-	}
-	return compare(running, old) > 0
+	h, ok := oldEraHash(f.OldHashEra)
+	return ok && h == recorded
 }
 
 // Hashes are one running container's recorded hash and the hash the new
@@ -168,16 +198,4 @@ func parseVersion(s string) ([3]int, error) {
 		v[i] = n
 	}
 	return v, nil
-}
-
-func compare(a, b [3]int) int {
-	for i := range a {
-		if a[i] != b[i] {
-			if a[i] < b[i] {
-				return -1
-			}
-			return 1
-		}
-	}
-	return 0
 }

@@ -8,31 +8,35 @@ import (
 	"time"
 )
 
-func TestSkipRule(t *testing.T) {
-	kubeletStart := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
-	before, after := kubeletStart.Add(-time.Hour), kubeletStart.Add(time.Second)
-	f := &File{OldKubeletVersion: "v1.30.14"}
-	for _, tc := range []struct {
-		name           string
-		file           *File
-		kubelet        string
-		containerStart time.Time
-		want           bool
-	}{
-		{"upgraded kubelet, old container", f, "v1.31.4", before, true},
-		{"upgraded kubelet, container it created", f, "v1.31.4", after, false},
-		{"started at the same instant", f, "v1.31.4", kubeletStart, false},
-		{"same version as recorded", f, "v1.30.14", before, false},
-		{"older than recorded (rolled back)", f, "v1.30.2", before, false},
-		{"patch upgrade within the minor", f, "v1.30.15", before, true},
-		{"version with build metadata", f, "v1.31.4+kubelift", before, true},
-		{"no file", nil, "v1.31.4", before, false},
-		{"unparsable kubelet version", f, "devel", before, false},
-		{"unknown container start", f, "v1.31.4", time.Time{}, false},
-	} {
-		if got := tc.file.Skip(tc.kubelet, kubeletStart, tc.containerStart); got != tc.want {
-			t.Errorf("%s: Skip = %v, want %v", tc.name, got, tc.want)
+// The dual-era rule: kept exactly when the recorded hash is the old era's
+// hash of the current spec.
+func TestKeepRule(t *testing.T) {
+	f := &File{OldKubeletVersion: "v1.30.14", OldHashEra: EraJSONWithoutResources}
+	// oldEra is the kubelet's copy of the old eras' hashes of the spec it
+	// holds now: 0x1111 in the JSON eras.
+	oldEra := func(era string) (uint64, bool) {
+		if era == EraJSON || era == EraJSONWithoutResources {
+			return 0x1111, true
 		}
+		return 0, false
+	}
+	for _, tc := range []struct {
+		name     string
+		file     *File
+		recorded uint64
+		want     bool
+	}{
+		{"started by the old kubelet, spec unchanged", f, 0x1111, true},
+		{"started by the old kubelet, spec changed since (image set in place)", f, 0x2222, false},
+		{"no file", nil, 0x1111, false},
+		{"an era this kubelet cannot hash", &File{OldKubeletVersion: "v1.31.4", OldHashEra: EraNameImage}, 0x1111, false},
+	} {
+		if got := tc.file.Keep(tc.recorded, oldEra); got != tc.want {
+			t.Errorf("%s: Keep = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if f.Keep(0x1111, nil) {
+		t.Error("kept without an old-era hash")
 	}
 }
 
@@ -49,23 +53,28 @@ func TestFileRoundTripAndErrors(t *testing.T) {
 		t.Fatalf("missing file: %v %v", f, err)
 	}
 	at := time.Date(2026, 11, 22, 9, 0, 0, 0, time.UTC)
-	if err := Write(p, &File{OldKubeletVersion: "v1.30.14", NewKubeletVersion: "v1.31.4", UpgradedAt: at}); err != nil {
+	if err := Write(p, &File{OldKubeletVersion: "v1.30.14", OldHashEra: EraJSONWithoutResources, NewKubeletVersion: "v1.31.4", UpgradedAt: at}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := Read(p)
-	if err != nil || f.OldKubeletVersion != "v1.30.14" || !f.UpgradedAt.Equal(at) || f.SchemaVersion != SchemaVersion {
+	if err != nil || f.OldKubeletVersion != "v1.30.14" || f.OldHashEra != EraJSONWithoutResources || !f.UpgradedAt.Equal(at) || f.SchemaVersion != SchemaVersion {
 		t.Fatalf("read back %+v, %v", f, err)
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("%d files in dir after an atomic write", len(entries))
 	}
-	if err := Write(p, &File{OldKubeletVersion: "1.30"}); err == nil {
+	if err := Write(p, &File{OldKubeletVersion: "1.30", OldHashEra: EraJSON}); err == nil {
 		t.Error("wrote a bad version")
+	}
+	if err := Write(p, &File{OldKubeletVersion: "v1.30.14", OldHashEra: "spew"}); err == nil {
+		t.Error("wrote an era the rule cannot use")
 	}
 	for name, body := range map[string]string{
 		"garbage":    "{",
-		"schema":     `{"schemaVersion": 9, "oldKubeletVersion": "v1.30.14"}`,
-		"no version": `{"schemaVersion": 1}`,
+		"schema":     `{"schemaVersion": 9, "oldKubeletVersion": "v1.30.14", "oldHashEra": "json"}`,
+		"schema 1":   `{"schemaVersion": 1, "oldKubeletVersion": "v1.30.14"}`,
+		"no version": `{"schemaVersion": 2, "oldHashEra": "json"}`,
+		"no era":     `{"schemaVersion": 2, "oldKubeletVersion": "v1.30.14"}`,
 	} {
 		os.WriteFile(p, []byte(body), 0o644)
 		if _, err := Read(p); err == nil || !strings.Contains(err.Error(), p) {

@@ -306,7 +306,7 @@ func TestKubeletSwapAndHashSkip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := &hashskip.File{OldKubeletVersion: "v1.30.14", NewKubeletVersion: "v1.31.4", UpgradedAt: time.Now()}
+	cache := &hashskip.File{OldKubeletVersion: "v1.30.14", OldHashEra: hashskip.EraJSONWithoutResources, NewKubeletVersion: "v1.31.4", UpgradedAt: time.Now()}
 	if err := hashskip.Write(n.skipFile, cache); err != nil {
 		t.Fatal(err)
 	}

@@ -330,7 +330,7 @@ func TestKubeletInPlaceHashSkip(t *testing.T) {
 	ns := "hashskip"
 	pods := pinnedPods(t, m, ns, "app", 2, sandbox.NotReadyTolerations())
 	ids := runningContainers(t, m, pods)
-	cache := &hashskip.File{OldKubeletVersion: cfg.OldVersion, NewKubeletVersion: cfg.NewVersion, UpgradedAt: time.Now()}
+	cache := &hashskip.File{OldKubeletVersion: cfg.OldVersion, OldHashEra: hashskip.EraJSONWithoutResources, NewKubeletVersion: cfg.NewVersion, UpgradedAt: time.Now()}
 	local := filepath.Join(t.TempDir(), "cache.json")
 	if err := hashskip.Write(local, cache); err != nil {
 		t.Fatal(err)

@@ -14,17 +14,17 @@ import (
 
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/component-base/version"
 
 	"github.com/kubelift/kubelift/pkg/hashskip"
 
 	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
 )
 
-// Run with -ldflags "-X k8s.io/component-base/version.gitVersion=v1.31.4"
-// (hack/build-kubelet.sh does), so this kubelet is a 1.31.4 one.
+// The dual-era rule inside computePodActions: a container whose recorded
+// hash is the 1.30 era's hash of its current spec is kept; one whose spec
+// changed since (its image set in place) is restarted; so is every
+// container without the file, or with a file of this kubelet's own era.
 func TestKubeliftHashSkip(t *testing.T) {
-	require.Equal(t, "v1.31.4", version.Get().GitVersion, "build the test with the kubelet's version stamped")
 	ctx := context.Background()
 	_, _, m, err := createTestRuntimeManager()
 	require.NoError(t, err)
@@ -39,63 +39,52 @@ func TestKubeliftHashSkip(t *testing.T) {
 		ContainersToKill:  getKillMap(basePod, baseStatus, []int{1}),
 		ContainersToStart: []int{1},
 	}
-	// An old-era hash (what a 1.30 kubelet recorded for such a container).
-	const oldEraHash = uint64(0x3c42280f)
 	skipFile := filepath.Join(t.TempDir(), "kubelift-hash-skip.json")
 	t.Setenv(hashskip.PathEnv, skipFile)
 	setFile := func(f *hashskip.File) {
 		if f != nil {
 			require.NoError(t, hashskip.Write(skipFile, f))
+		} else if err := os.Remove(skipFile); err != nil && !os.IsNotExist(err) {
+			require.NoError(t, err)
 		}
 		kubeliftHashSkip.Lock()
 		kubeliftHashSkip.read = time.Time{} // read again
 		kubeliftHashSkip.Unlock()
 	}
-
+	from130 := &hashskip.File{OldKubeletVersion: "v1.30.14", OldHashEra: hashskip.EraJSONWithoutResources}
+	// What a 1.30 kubelet recorded for the container as it is, and for it
+	// before its image was changed in place.
+	oldEra := func(c *v1.Container) uint64 {
+		h, ok := kubeliftOldEraHash(c)(hashskip.EraJSON)
+		require.True(t, ok)
+		return h
+	}
 	for desc, test := range map[string]struct {
-		file           *hashskip.File
-		containerStart time.Time
-		actions        podActions
+		file    *hashskip.File
+		changed bool // the image was set in place after the old kubelet started it
+		actions podActions
 	}{
-		"no hash-skip file: restarted, as upstream": {
-			file:           nil,
-			containerStart: kubeliftKubeletStart.Add(-time.Hour),
-			actions:        restartOne,
-		},
-		"started before this kubelet, file from the 1.30 kubelet: kept": {
-			file:           &hashskip.File{OldKubeletVersion: "v1.30.14"},
-			containerStart: kubeliftKubeletStart.Add(-time.Hour),
-			actions:        noAction,
-		},
-		"started after this kubelet: restarted, as upstream": {
-			file:           &hashskip.File{OldKubeletVersion: "v1.30.14"},
-			containerStart: kubeliftKubeletStart.Add(time.Second),
-			actions:        restartOne,
-		},
-		"file records this kubelet's own version: restarted": {
-			file:           &hashskip.File{OldKubeletVersion: "v1.31.4"},
-			containerStart: kubeliftKubeletStart.Add(-time.Hour),
-			actions:        restartOne,
-		},
+		"no hash-skip file: restarted, as upstream":                      {nil, false, restartOne},
+		"started by the 1.30 kubelet, spec unchanged: kept":              {from130, false, noAction},
+		"started by the 1.30 kubelet, image changed in place: restarted": {from130, true, restartOne},
+		"file of this kubelet's own era: restarted (a real change)":      {&hashskip.File{OldKubeletVersion: "v1.31.3", OldHashEra: hashskip.EraNameImage}, false, restartOne},
 	} {
 		t.Run(desc, func(t *testing.T) {
-			if test.file == nil {
-				require.NoError(t, removeIfExists(skipFile))
-			}
 			setFile(test.file)
 			pod, status := makeBasePodAndStatus()
 			pod.Spec.RestartPolicy = v1.RestartPolicyAlways
-			status.ContainerStatuses[1].Hash = oldEraHash
-			status.ContainerStatuses[1].StartedAt = test.containerStart
-			actions := m.computePodActions(ctx, pod, status)
-			verifyActions(t, &test.actions, &actions, desc)
+			started := pod.Spec.Containers[1].DeepCopy()
+			status.ContainerStatuses[1].Hash = oldEra(started)
+			if test.changed {
+				pod.Spec.Containers[1].Image = "busybox:changed-in-place"
+			}
+			// The outcome is the same after this kubelet restarts: nothing
+			// in the rule depends on when it or the container started.
+			for _, started := range []time.Time{time.Now().Add(-time.Hour), time.Now().Add(time.Hour)} {
+				status.ContainerStatuses[1].StartedAt = started
+				actions := m.computePodActions(ctx, pod, status)
+				verifyActions(t, &test.actions, &actions, desc)
+			}
 		})
 	}
-}
-
-func removeIfExists(p string) error {
-	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	return nil
 }
