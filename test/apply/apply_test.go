@@ -20,6 +20,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -462,6 +463,94 @@ func TestApplyAgainChangesNothing(t *testing.T) {
 	}
 	if v := apiserverVersion(t); v != h.SB.NewVersion {
 		t.Errorf("the API server runs %s after a refused rollback", v)
+	}
+}
+
+// The dual-era rule on a real kubelet: after the upgrade, while the
+// hash-skip file is on the node, an image set in place on a container the
+// old kubelet started is acted on (that container, and only it, restarts
+// with the new image), and a restart of that kubelet changes neither that
+// nor the containers it kept.
+func TestImageSetInPlaceIsRestartedWhileTheFileExists(t *testing.T) {
+	ctx := context.Background()
+	// A shop pod off worker-1 (whose containers the next test wants all
+	// old).
+	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pod *corev1.Pod
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.Spec.NodeName != "worker-1" && p.Status.Phase == corev1.PodRunning && pod == nil {
+			pod = p
+		}
+	}
+	if pod == nil {
+		t.Fatal("no shop pod runs off worker-1")
+	}
+	name, node := pod.Name, pod.Spec.NodeName
+	if out := h.SSH(t, node, "test -e /var/lib/kubelet/kubelift-hash-skip.json && echo present || echo absent"); out != "present\n" {
+		t.Fatalf("%s's hash-skip file: %s", node, out)
+	}
+	before := h.Shop(t)
+	var proxyID string
+	restarts := map[string]int32{} // container -> restarts before
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == "proxy" {
+			proxyID = strings.TrimPrefix(cs.ContainerID, "containerd://")
+		}
+		restarts[cs.Name] = cs.RestartCount
+	}
+	restarts["proxy"]++ // what is expected after
+	if _, ok := before[proxyID]; proxyID == "" || !ok {
+		t.Fatalf("%s's proxy container %q is not running", name, proxyID)
+	}
+	image := h.SB.Registry.Address + "/" + sandbox.ShopAppImage // the same program under another name
+	patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/containers/1/image","value":%q}]`, image)
+	if _, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).Patch(ctx, name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 2*time.Minute, func() (bool, string) {
+		p, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.Name == "proxy" {
+				return cs.Ready && cs.RestartCount == restarts["proxy"] && strings.HasSuffix(cs.Image, sandbox.ShopAppImage),
+					fmt.Sprintf("proxy: restarts %d, image %s, ready %v", cs.RestartCount, cs.Image, cs.Ready)
+			}
+		}
+		return false, "no proxy container status"
+	})
+	// Only that container changed; then the kubelet restarts, and still.
+	check := func(when string) {
+		now := h.Shop(t)
+		for id, what := range before {
+			if _, ok := now[id]; !ok && id != proxyID {
+				t.Errorf("%s: container %s (%s) no longer runs", when, what, id)
+			}
+		}
+		if _, ok := now[proxyID]; ok {
+			t.Errorf("%s: %s's proxy still runs its old container %s", when, name, proxyID)
+		}
+	}
+	check("after the image was set")
+	h.SSH(t, node, "systemctl restart kubelet")
+	harness.Eventually(t, 2*time.Minute, func() (bool, string) {
+		n := h.Node(t, node)
+		return sandbox.NodeReady(n), node + " not Ready after its kubelet restarted"
+	})
+	time.Sleep(20 * time.Second) // two of the kubelet's pod syncs (syncFrequency 10s) with the file read anew
+	check("after " + node + "'s kubelet restarted")
+	p, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.RestartCount != restarts[cs.Name] {
+			t.Errorf("after the kubelet restarted, %s's %s restarted %d times, want %d", name, cs.Name, cs.RestartCount, restarts[cs.Name])
+		}
 	}
 }
 
