@@ -13,6 +13,8 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/internal/upgradelock"
+	"github.com/kubelift/kubelift/internal/waiter"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -490,8 +492,20 @@ func (p podInfo) ended() bool { return p.phase == corev1.PodFailed || p.phase ==
 // (the scale benchmark's 5000 nodes saturated the API server so). The
 // cache trails etcd by the watch's latency, milliseconds, far less than
 // the --settle pause before the list that verifies.
+//
+// An API server that cannot be reached or answer for a while (one
+// restarting: on a kubeadm control-plane node, the node's own) is waited
+// for, up to ReadyTimeout; an answer that refuses is an error at once.
 func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]podInfo, error) {
-	l, err := r.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, ResourceVersion: "0"})
+	var l *corev1.PodList
+	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+		var err error
+		l, err = r.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, ResourceVersion: "0"})
+		if err != nil && !upgradelock.Unavailable(err) {
+			return waiter.Stop(err)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list pods on %s: %w", node, err)
 	}

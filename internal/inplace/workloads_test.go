@@ -2,13 +2,23 @@ package inplace
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // The workloads step passes over a pod gone since the plan listed it (a
@@ -31,4 +41,56 @@ func TestWorkloadsPassOverAPodGone(t *testing.T) {
 	if len(got.Spec.Tolerations) != 2 {
 		t.Errorf("tolerations %v", got.Spec.Tolerations)
 	}
+}
+
+// podsOn waits out an API server that refuses connections (restarting),
+// and fails at once on one that answers with a refusal.
+func TestPodsOnWaitsForARestartingAPIServer(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fail    error
+		wantErr bool
+	}{
+		{"connection refused, twice", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false},
+		{"forbidden", apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("no")), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "p", UID: "u"}, Spec: corev1.PodSpec{NodeName: "cp-1"}})
+			calls := 0
+			client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+				calls++
+				if calls <= 2 {
+					return true, nil, tc.fail
+				}
+				return false, nil, nil
+			})
+			r := &applyRun{client: client, opts: ApplyOptions{ReadyTimeout: time.Minute}, wait: waiter.Waiter{Clock: fastClock(t)}}
+			pods, err := r.podsOn(context.Background(), "cp-1")
+			if tc.wantErr {
+				if err == nil || calls != 1 {
+					t.Fatalf("podsOn: %v after %d calls, want an error at once", err, calls)
+				}
+				return
+			}
+			if err != nil || len(pods) != 1 || calls != 3 {
+				t.Fatalf("podsOn: %v, %d pods after %d calls", err, len(pods), calls)
+			}
+		})
+	}
+}
+
+// fastClock is a fake clock that steps past every wait.
+func fastClock(t *testing.T) *clocktesting.FakeClock {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		for ctx.Err() == nil {
+			if clk.HasWaiters() {
+				clk.Step(time.Second)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	return clk
 }

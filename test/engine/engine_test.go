@@ -20,6 +20,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/pkg/hashskip"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/prober"
@@ -520,8 +521,12 @@ func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 
 	// worker-2 with the hash-skip kubelet and its file: none restarts.
 	before = running(t, "worker-2")
-	ssh(t, "worker-2", fmt.Sprintf(`printf '{"schemaVersion":1,"oldKubeletVersion":"%s","newKubeletVersion":"%s","upgradedAt":"%s"}' > /var/lib/kubelet/kubelift-hash-skip.json`,
-		sb.OldVersion, sb.NewVersion, time.Now().UTC().Format(time.RFC3339)))
+	file, err := json.Marshal(hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: sb.OldVersion, OldHashEra: hashskip.EraJSONWithoutResources,
+		NewKubeletVersion: sb.NewVersion, UpgradedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ssh(t, "worker-2", fmt.Sprintf(`printf '%%s' '%s' > /var/lib/kubelet/kubelift-hash-skip.json`, file))
 	swapKubelet(t, "worker-2", stageDir)
 	// A pod with no not-ready toleration (the "api" Deployment's, the
 	// intolerant bare pod) is deleted by the taint manager if the
