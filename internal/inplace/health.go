@@ -111,9 +111,10 @@ func (pc *planCheck) health(ctx context.Context) {
 
 // probe runs check until it passes or HealthWindow has passed, backing
 // off between tries (from healthBackoff, doubling, at most
-// healthBackoffCap, the last wait cut to the window's end). It returns nil, or the last failure with
-// how long and how many probes it failed for. (wait.Backoff's Cap ends
-// the steps once reached: with it, the window was never used past 7.5 s.)
+// healthBackoffCap, the last wait cut to the window's end). It returns
+// nil, or the last failure with how long and how many probes it failed
+// for. (wait.Backoff's Cap ends the steps once reached: with it, the
+// window was never used past 7.5 s.)
 func (pc *planCheck) probe(ctx context.Context, check func(context.Context) error) error {
 	began := time.Now()
 	end := began.Add(pc.opts.HealthWindow)
