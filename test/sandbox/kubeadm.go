@@ -155,10 +155,11 @@ controllerManager:
   # node-monitor-grace-period: 2 minutes, not the binary sandbox's 20 s
   # (which its eviction stories need) nor kubeadm's 40 s: a kubeadm
   # control plane (three of them, with their etcd members, in the HA
-  # sandbox) on a loaded 2-core machine stalls for longer than a real one (fresh-clone runs saw every node marked
-  # NotReady at once, 40 s after the heartbeats stalled, and the shop's
-  # Service lose its endpoints for seconds), and a NotReady node's pods
-  # leave their Services.
+  # sandbox) on a loaded 2-core machine stalls for longer than a real
+  # one (fresh-clone runs saw every node marked NotReady at once, 40 s
+  # after the heartbeats stalled, and the shop's Service lose its
+  # endpoints for seconds), and a NotReady node's pods leave their
+  # Services.
   extraArgs:
     node-monitor-grace-period: 2m0s
     flex-volume-plugin-dir: /var/lib/kubelet/volume-plugins
