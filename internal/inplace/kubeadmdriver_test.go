@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeadm"
@@ -87,17 +86,8 @@ func TestRunKubeadm(t *testing.T) {
 		{"garbage", []string{"exit x$(reboot)\n"}, `kubeadm status "exit x$(reboot)"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC))
-			go func() {
-				for ctx.Err() == nil {
-					if clk.HasWaiters() {
-						clk.Step(2 * time.Second)
-					}
-					time.Sleep(100 * time.Microsecond)
-				}
-			}()
+			ctx := context.Background()
+			clk := steppingClock(t, 2*time.Second)
 			polls := 0
 			var started []string
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{

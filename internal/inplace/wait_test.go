@@ -21,15 +21,7 @@ func TestComponentWaitIsOnTheRunsClock(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
-	clk := clocktesting.NewFakeClock(start)
-	go func() { // time passes only while the run waits
-		for ctx.Err() == nil {
-			if clk.HasWaiters() {
-				clk.Step(time.Second)
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
-	}()
+	clk := steppingClock(t, time.Second)
 	// A node whose component never moves: every read of what runs says
 	// v1.30.14.
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
@@ -56,4 +48,22 @@ func TestComponentWaitIsOnTheRunsClock(t *testing.T) {
 	if r.res.Waiting != (5 * time.Minute).Seconds() {
 		t.Errorf("Waiting = %vs, want 300 (the run's clock)", r.res.Waiting)
 	}
+}
+
+// steppingClock is a fake clock, at 2026-11-25 00:00 UTC, that moves on
+// by step whenever something waits on it (until the test ends): time
+// passes only while the run waits.
+func steppingClock(t *testing.T, step time.Duration) *clocktesting.FakeClock {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		for ctx.Err() == nil {
+			if clk.HasWaiters() {
+				clk.Step(step)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	return clk
 }

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kubelift/kubelift/internal/waiter"
 )
@@ -64,7 +63,7 @@ func TestPodsOnWaitsForARestartingAPIServer(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			r := &applyRun{client: client, opts: ApplyOptions{ReadyTimeout: time.Minute}, wait: waiter.Waiter{Clock: fastClock(t)}}
+			r := &applyRun{client: client, opts: ApplyOptions{ReadyTimeout: time.Minute}, wait: waiter.Waiter{Clock: steppingClock(t, time.Second)}}
 			pods, err := r.podsOn(context.Background(), "cp-1")
 			if tc.wantErr {
 				if err == nil || calls != 1 {
@@ -77,20 +76,4 @@ func TestPodsOnWaitsForARestartingAPIServer(t *testing.T) {
 			}
 		})
 	}
-}
-
-// fastClock is a fake clock that steps past every wait.
-func fastClock(t *testing.T) *clocktesting.FakeClock {
-	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC))
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go func() {
-		for ctx.Err() == nil {
-			if clk.HasWaiters() {
-				clk.Step(time.Second)
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
-	}()
-	return clk
 }
