@@ -417,11 +417,11 @@ func staticComponent(p *corev1.Pod) (string, string, error) {
 		if c.Name != comp {
 			continue
 		}
-		i := strings.LastIndex(c.Image, ":")
-		if i < 0 || strings.Contains(c.Image[i:], "/") {
+		tag := kubeadm.ImageTag(c.Image)
+		if tag == "" {
 			return "", "", fmt.Errorf("pod %s/%s image %q: no tag to read its version from", p.Namespace, p.Name, c.Image)
 		}
-		v, err := catalog.ParseReported(c.Image[i+1:])
+		v, err := catalog.ParseReported(tag)
 		if err != nil {
 			return "", "", fmt.Errorf("pod %s/%s image %q: %w", p.Namespace, p.Name, c.Image, err)
 		}

@@ -33,12 +33,16 @@ type Manifest struct {
 }
 
 // Tag is the manifest's image tag ("" when it has none).
-func (m Manifest) Tag() string {
-	i := strings.LastIndex(m.Image, ":")
-	if i < 0 || strings.Contains(m.Image[i:], "/") {
+func (m Manifest) Tag() string { return ImageTag(m.Image) }
+
+// ImageTag is the tag of an image reference ("" when it has none: a colon
+// before the last slash is a registry's port).
+func ImageTag(image string) string {
+	i := strings.LastIndex(image, ":")
+	if i < 0 || strings.Contains(image[i:], "/") {
 		return ""
 	}
-	return m.Image[i+1:]
+	return image[i+1:]
 }
 
 // Version is the Kubernetes version a control-plane component's manifest
@@ -149,8 +153,7 @@ func SetProxyTag(ctx context.Context, c kubernetes.Interface, from, tag string) 
 		if ct.Name != "kube-proxy" {
 			continue
 		}
-		m := Manifest{Image: ct.Image}
-		if m.Tag() != from {
+		if ImageTag(ct.Image) != from {
 			return false, nil
 		}
 		image := strings.TrimSuffix(ct.Image, from) + tag
