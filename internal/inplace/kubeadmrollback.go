@@ -49,6 +49,7 @@ func readManifests(ctx context.Context, o *nodeOps) (map[string]kubeadm.Manifest
 func parseManifests(node, out string) (map[string]kubeadm.Manifest, []map[string]kubeadm.Manifest, error) {
 	current := map[string]kubeadm.Manifest{}
 	var backups []map[string]kubeadm.Manifest
+	lastDir := ""
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	for i := 0; i < len(lines); i++ {
 		l := lines[i]
@@ -81,19 +82,12 @@ func parseManifests(node, out string) (map[string]kubeadm.Manifest, []map[string
 			current[m.Component] = m
 			continue
 		}
-		if len(backups) == 0 || path.Dir(firstPath(backups[len(backups)-1])) != dir {
-			backups = append(backups, map[string]kubeadm.Manifest{})
+		if dir != lastDir { // the script prints each backup's files together
+			backups, lastDir = append(backups, map[string]kubeadm.Manifest{}), dir
 		}
 		backups[len(backups)-1][m.Component] = m
 	}
 	return current, backups, nil
-}
-
-func firstPath(set map[string]kubeadm.Manifest) string {
-	for _, m := range set {
-		return m.Path
-	}
-	return ""
 }
 
 // manifestRestores says which manifests put node's control plane back at
