@@ -76,9 +76,57 @@ type Release struct {
 	Files        []File              `json:"files"`
 	Withdrawn    bool                `json:"withdrawn,omitempty"`
 
-	parsed    Version
-	upgrade   []Range
-	downgrade []Range
+	parsed      Version
+	upgrade     []Range
+	downgrade   []Range
+	removedAPIs []RemovedAPI
+}
+
+// RemovedAPI is an entry of removedAPIs: a group-version the release no
+// longer serves, or one resource of it when the rest stays.
+type RemovedAPI struct {
+	Group, Version string
+	// Resource is empty when the whole group-version goes.
+	Resource string
+}
+
+// GroupVersion is "group/version".
+func (a RemovedAPI) GroupVersion() string { return a.Group + "/" + a.Version }
+
+func (a RemovedAPI) String() string {
+	if a.Resource == "" {
+		return a.GroupVersion()
+	}
+	return a.GroupVersion() + "/" + a.Resource
+}
+
+var (
+	apiGroupRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$|^(apps|batch|policy|autoscaling)$`)
+	apiVersionRE  = regexp.MustCompile(`^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$`)
+	apiResourceRE = regexp.MustCompile(`^[a-z][a-z0-9]*$`)
+)
+
+// ParseRemovedAPI reads "group/version" or "group/version/resource"
+// (resource as the API serves it: lowercase plural). The core group is
+// never removed, so a group is always named.
+func ParseRemovedAPI(s string) (RemovedAPI, error) {
+	parts := strings.Split(s, "/")
+	if len(parts) < 2 || len(parts) > 3 {
+		return RemovedAPI{}, fmt.Errorf("%q: want group/version or group/version/resource", s)
+	}
+	a := RemovedAPI{Group: parts[0], Version: parts[1]}
+	if len(parts) == 3 {
+		a.Resource = parts[2]
+	}
+	switch {
+	case !apiGroupRE.MatchString(a.Group):
+		return RemovedAPI{}, fmt.Errorf("%q: %q is not an API group", s, a.Group)
+	case !apiVersionRE.MatchString(a.Version):
+		return RemovedAPI{}, fmt.Errorf("%q: %q is not an API version", s, a.Version)
+	case len(parts) == 3 && !apiResourceRE.MatchString(a.Resource):
+		return RemovedAPI{}, fmt.Errorf("%q: %q is not a resource (lowercase plural)", s, a.Resource)
+	}
+	return a, nil
 }
 
 // File is a binary or archive of a release, fetched from URL.
@@ -259,10 +307,13 @@ func (r *Release) validate(arches []string) error {
 			}
 		}
 	}
+	r.removedAPIs = nil
 	for i, a := range r.RemovedAPIs {
-		if !strings.Contains(a, "/") {
-			return fail(fmt.Sprintf("removedAPIs[%d]", i), "%q: want group/version", a)
+		api, err := ParseRemovedAPI(a)
+		if err != nil {
+			return fail(fmt.Sprintf("removedAPIs[%d]", i), "%v", err)
 		}
+		r.removedAPIs = append(r.removedAPIs, api)
 	}
 	if len(r.Images) == 0 {
 		return fail("images", "is empty")
@@ -346,6 +397,9 @@ func (c *Catalog) VersionList() []string {
 
 // SupportsArch reports whether the catalog lists arch.
 func (c *Catalog) SupportsArch(arch string) bool { return contains(c.Arches, arch) }
+
+// Removed returns what the release stops serving (removedAPIs, parsed).
+func (r *Release) Removed() []RemovedAPI { return r.removedAPIs }
 
 // Parsed returns the release's version.
 func (r *Release) Parsed() Version { return r.parsed }

@@ -2,6 +2,7 @@ package inplace
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -324,41 +326,121 @@ func (pc *planCheck) removedFlags() {
 	}
 }
 
-// removedAPIs: objects served under a group-version the target removes.
-func (pc *planCheck) removedAPIs(ctx context.Context) {
-	for _, gvs := range pc.target.Release.RemovedAPIs {
-		gv, err := schema.ParseGroupVersion(gvs)
-		if err != nil {
+// cgroupV1: kubelets from 1.35 refuse to start on a cgroup v1 host unless
+// failCgroupV1 is false in their configuration. A kubeadm cluster's comes
+// from the kubelet-config ConfigMap (kubeadm upgrade node rewrites the
+// node's file from it), a binary cluster's from the node's file or flag.
+func (pc *planCheck) cgroupV1() {
+	if pc.target.Version.Minor < 35 {
+		return
+	}
+	for _, s := range pc.plan.Nodes {
+		f := pc.view.facts[s.Name]
+		if f == nil || f.Cgroup != 1 {
 			continue
 		}
-		rl, err := pc.opts.Client.Discovery().ServerResourcesForGroupVersion(gvs)
-		if err != nil {
-			continue // not served: nothing uses it
+		msg := fmt.Sprintf("the node runs cgroup v1: kubelet %s will refuse to start on it unless failCgroupV1 is false", pc.target.Version)
+		if kc := pc.view.kubeadm; kc != nil {
+			if kc.KubeletFailCgroupV1 == nil || *kc.KubeletFailCgroupV1 {
+				pc.add(Blocking, "cgroup", "node/"+s.Name, msg+", and configmap kube-system/kubelet-config does not set it (kubeadm upgrade node writes the node's configuration from it)",
+					"set failCgroupV1: false in configmap kube-system/kubelet-config, or move the node to cgroup v2")
+			}
+			continue
 		}
-		for _, r := range rl.APIResources {
-			if strings.Contains(r.Name, "/") || !hasVerb(r.Verbs, "list") {
-				continue
+		if f.FailCgroupV1 == nil || *f.FailCgroupV1 {
+			where := "the kubelet's configuration file"
+			if c := f.Values["kubelet --config"]; c != "" {
+				where = c
 			}
-			n := -1
-			if pc.opts.Dynamic != nil {
-				l, err := pc.opts.Dynamic.Resource(gv.WithResource(r.Name)).List(ctx, metav1.ListOptions{Limit: 1})
-				if err == nil {
-					n = len(l.Items)
-					if l.GetRemainingItemCount() != nil {
-						n += int(*l.GetRemainingItemCount())
-					}
-				}
-			}
-			switch {
-			case n == 0:
-			case n > 0:
-				pc.add(Warning, "removed-apis", "api/"+gvs+"/"+r.Name, fmt.Sprintf("%d %s are served under %s, which %s no longer serves: clients and manifests using it will fail", n, r.Name, gvs, pc.target.Version),
-					"move manifests and clients to a served version of "+gv.Group)
-			default:
-				pc.add(Warning, "removed-apis", "api/"+gvs+"/"+r.Name, fmt.Sprintf("%s is served now and removed in %s", gvs, pc.target.Version), "check that no client uses it")
-			}
+			pc.add(Blocking, "cgroup", "node/"+s.Name, msg+", and "+where+" does not set it",
+				"set failCgroupV1: false in "+where+", or move the node to cgroup v2")
 		}
 	}
+}
+
+// removedAPIs: objects written through an API the target (or a minor on
+// the way) stops serving block the plan; the API itself, still served now,
+// is a warning, since clients reading through it will fail too.
+func (pc *planCheck) removedAPIs(ctx context.Context) {
+	for _, rel := range []*catalog.Release{pc.target.Release} {
+		for _, api := range rel.Removed() {
+			pc.removedAPI(ctx, rel.Parsed().MinorString(), api)
+		}
+	}
+}
+
+// maxRemovedAPIObjects bounds the objects one removed resource lists.
+const maxRemovedAPIObjects = 50000
+
+func (pc *planCheck) removedAPI(ctx context.Context, version string, api catalog.RemovedAPI) {
+	gvs := api.GroupVersion()
+	rl, err := pc.opts.Client.Discovery().ServerResourcesForGroupVersion(gvs)
+	if err != nil {
+		return // not served: nothing uses it
+	}
+	for _, r := range rl.APIResources {
+		if strings.Contains(r.Name, "/") || !hasVerb(r.Verbs, "list") || (api.Resource != "" && r.Name != api.Resource) {
+			continue
+		}
+		obj := "api/" + gvs + "/" + r.Name
+		if pc.opts.Dynamic == nil {
+			pc.add(Warning, "removed-apis", obj, fmt.Sprintf("%s is served now and not from %s", obj[len("api/"):], version), "check that no client uses it")
+			continue
+		}
+		res := pc.opts.Dynamic.Resource(schema.GroupVersionResource{Group: api.Group, Version: api.Version, Resource: r.Name})
+		opts := listOptions()
+		n, writers := 0, 0
+		for n < maxRemovedAPIObjects {
+			l, err := res.List(ctx, opts)
+			if err != nil {
+				pc.add(Warning, "removed-apis", obj, fmt.Sprintf("%s is served now and not from %s; its objects cannot be listed: %v", obj[len("api/"):], version, err), "check that no object or client uses it")
+				break
+			}
+			for i := range l.Items {
+				n++
+				u := &l.Items[i]
+				manager, ok := writtenThrough(u, gvs)
+				if !ok {
+					continue
+				}
+				writers++
+				name := r.Name + "." + api.Group + "/" + u.GetName()
+				if u.GetNamespace() != "" {
+					name = r.Name + "." + api.Group + "/" + u.GetNamespace() + "/" + u.GetName()
+				}
+				pc.add(Blocking, "removed-apis", name, fmt.Sprintf("was written through %s (by %s), which %s no longer serves: whatever writes it so will fail from then on", gvs, manager, version),
+					"re-apply it, and change the manifests and clients that write it, through a served version of "+api.Group)
+			}
+			if opts.Continue = l.GetContinue(); opts.Continue == "" {
+				break
+			}
+		}
+		if n > 0 && writers == 0 {
+			pc.add(Warning, "removed-apis", obj, fmt.Sprintf("%d %s are served under %s, which %s no longer serves; none was written through it, but clients reading through it will fail", n, r.Name, gvs, version),
+				"check that no client uses "+gvs)
+		}
+	}
+}
+
+// writtenThrough reports whether an object was last written through
+// group-version gv, and by which field manager: its managedFields name the
+// API version each manager used, and a kubectl apply's annotation the
+// manifest's apiVersion.
+func writtenThrough(u *unstructured.Unstructured, gv string) (string, bool) {
+	for _, mf := range u.GetManagedFields() {
+		if mf.APIVersion == gv {
+			return mf.Manager, true
+		}
+	}
+	if last := u.GetAnnotations()[corev1.LastAppliedConfigAnnotation]; last != "" {
+		var m struct {
+			APIVersion string `json:"apiVersion"`
+		}
+		if json.Unmarshal([]byte(last), &m) == nil && m.APIVersion == gv {
+			return "kubectl apply", true
+		}
+	}
+	return "", false
 }
 
 func hasVerb(verbs []string, v string) bool {

@@ -33,6 +33,7 @@ import (
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -265,23 +266,86 @@ func TestRemovedFlags(t *testing.T) {
 
 func TestRemovedAPIs(t *testing.T) {
 	w := newWorld(t)
-	w.opts.Target.Release.RemovedAPIs = []string{"flowcontrol.apiserver.k8s.io/v1beta3"}
+	w.opts.Target.Release.RemovedAPIs = []string{"flowcontrol.apiserver.k8s.io/v1beta3", "networking.k8s.io/v1beta1/servicecidrs"}
+	if err := w.opts.Target.Release.Check("test"); err != nil {
+		t.Fatal(err)
+	}
 	c := fake.NewClientset()
 	c.Resources = []*metav1.APIResourceList{{GroupVersion: "flowcontrol.apiserver.k8s.io/v1beta3", APIResources: []metav1.APIResource{
 		{Name: "flowschemas", Kind: "FlowSchema", Verbs: []string{"list", "get"}}, {Name: "flowschemas/status", Verbs: []string{"get"}},
-		{Name: "prioritylevelconfigurations", Kind: "PriorityLevelConfiguration", Verbs: []string{"list"}}}}}
+		{Name: "prioritylevelconfigurations", Kind: "PriorityLevelConfiguration", Verbs: []string{"list"}}}},
+		{GroupVersion: "networking.k8s.io/v1beta1", APIResources: []metav1.APIResource{
+			{Name: "servicecidrs", Kind: "ServiceCIDR", Verbs: []string{"list"}}, {Name: "ipaddresses", Kind: "IPAddress", Verbs: []string{"list"}}}}}
 	w.opts.Client = c
 	gvr := schema.GroupVersionResource{Group: "flowcontrol.apiserver.k8s.io", Version: "v1beta3", Resource: "flowschemas"}
-	fs := &unstructured.Unstructured{}
-	fs.SetAPIVersion("flowcontrol.apiserver.k8s.io/v1beta3")
-	fs.SetKind("FlowSchema")
-	fs.SetName("exempt")
+	object := func(apiVersion, kind, ns, name string, managed ...metav1.ManagedFieldsEntry) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion(apiVersion)
+		u.SetKind(kind)
+		u.SetNamespace(ns)
+		u.SetName(name)
+		u.SetManagedFields(managed)
+		return u
+	}
+	// "exempt" is the API server's own, written through v1; "mine" was
+	// written through v1beta3 by a client; "applied" by kubectl apply of a
+	// v1beta3 manifest.
+	exempt := object(gvr.GroupVersion().String(), "FlowSchema", "", "exempt", metav1.ManagedFieldsEntry{Manager: "api-priority-and-fairness-config-producer-v1", APIVersion: "flowcontrol.apiserver.k8s.io/v1"})
+	mine := object(gvr.GroupVersion().String(), "FlowSchema", "", "mine", metav1.ManagedFieldsEntry{Manager: "helm", APIVersion: "flowcontrol.apiserver.k8s.io/v1beta3"})
+	applied := object(gvr.GroupVersion().String(), "FlowSchema", "", "applied")
+	applied.SetAnnotations(map[string]string{corev1.LastAppliedConfigAnnotation: `{"apiVersion":"flowcontrol.apiserver.k8s.io/v1beta3","kind":"FlowSchema"}`})
+	cidrs := schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1beta1", Resource: "servicecidrs"}
+	ips := schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1beta1", Resource: "ipaddresses"}
+	cidr := object("networking.k8s.io/v1beta1", "ServiceCIDR", "", "kubernetes", metav1.ManagedFieldsEntry{Manager: "kube-apiserver", APIVersion: "networking.k8s.io/v1"})
+	ip := object("networking.k8s.io/v1beta1", "IPAddress", "", "10.0.0.1", metav1.ManagedFieldsEntry{Manager: "old-tool", APIVersion: "networking.k8s.io/v1beta1"})
 	w.opts.Dynamic = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		gvr: "FlowSchemaList", {Group: gvr.Group, Version: gvr.Version, Resource: "prioritylevelconfigurations"}: "PriorityLevelConfigurationList"}, fs)
+		gvr: "FlowSchemaList", {Group: gvr.Group, Version: gvr.Version, Resource: "prioritylevelconfigurations"}: "PriorityLevelConfigurationList",
+		cidrs: "ServiceCIDRList", ips: "IPAddressList"}, exempt, mine, applied, cidr, ip)
 	got := only(w.plan(t), "removed-apis")
-	want(t, got, Warning, "api/flowcontrol.apiserver.k8s.io/v1beta3/flowschemas", "1 flowschemas are served under flowcontrol.apiserver.k8s.io/v1beta3")
-	if len(got) != 1 {
-		t.Errorf("findings %+v (no objects of prioritylevelconfigurations: none for it)", got)
+	want(t, got, Blocking, "flowschemas.flowcontrol.apiserver.k8s.io/mine", "written through flowcontrol.apiserver.k8s.io/v1beta3 (by helm), which v1.31 no longer serves")
+	want(t, got, Blocking, "flowschemas.flowcontrol.apiserver.k8s.io/applied", "(by kubectl apply)")
+	want(t, got, Warning, "api/networking.k8s.io/v1beta1/servicecidrs", "1 servicecidrs are served under networking.k8s.io/v1beta1, which v1.31 no longer serves; none was written through it")
+	if len(got) != 3 {
+		t.Errorf("findings %+v (want none for exempt, written through v1, none for prioritylevelconfigurations, which has no objects, and none for ipaddresses, which the catalog keeps)", got)
+	}
+}
+
+func TestCgroupV1(t *testing.T) {
+	w := newWorld(t)
+	f, no := false, true
+	for _, n := range []string{"cp-1", "worker-1", "worker-2"} {
+		w.view.facts[n].Cgroup = 1
+	}
+	w.view.facts["cp-1"].FailCgroupV1 = &f
+	w.view.facts["worker-1"].Values["kubelet --config"] = "/var/lib/kubelet/config.yaml"
+	w.view.facts["worker-2"].FailCgroupV1 = &no
+	if fs := only(w.plan(t), "cgroup"); len(fs) != 0 {
+		t.Errorf("target v1.31.4: findings %+v (kubelets before 1.35 start on cgroup v1)", fs)
+	}
+	w.opts.Target.Version, _ = catalog.ParseVersion("v1.35.4")
+	fs := only(w.plan(t), "cgroup")
+	want(t, fs, Blocking, "node/worker-1", "the node runs cgroup v1: kubelet v1.35.4 will refuse to start on it unless failCgroupV1 is false, and /var/lib/kubelet/config.yaml does not set it")
+	want(t, fs, Blocking, "node/worker-2", "and the kubelet's configuration file does not set it")
+	if len(fs) != 2 {
+		t.Errorf("findings %+v (cp-1 sets failCgroupV1: false)", fs)
+	}
+	// A kubeadm cluster: the ConfigMap decides, whatever the node's file says.
+	w.view.kubeadm = &kubeadm.Config{}
+	fs = only(w.plan(t), "cgroup")
+	want(t, fs, Blocking, "node/cp-1", "configmap kube-system/kubelet-config does not set it")
+	if len(fs) != 3 {
+		t.Errorf("findings %+v", fs)
+	}
+	w.view.kubeadm.KubeletFailCgroupV1 = &f
+	if fs = only(w.plan(t), "cgroup"); len(fs) != 0 {
+		t.Errorf("findings %+v, want none: the ConfigMap sets failCgroupV1: false", fs)
+	}
+	w.view.kubeadm = nil
+	for _, n := range []string{"worker-1", "worker-2"} {
+		w.view.facts[n].Cgroup = 2
+	}
+	if fs = only(w.plan(t), "cgroup"); len(fs) != 0 {
+		t.Errorf("findings %+v, want none on cgroup v2", fs)
 	}
 }
 

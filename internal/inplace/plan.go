@@ -40,7 +40,8 @@ type Finding struct {
 	// Check names the check that found it (see Checks).
 	Check string `json:"check"`
 	// Object is what it is about: node/NAME, pod/NS/NAME, apiserver/NODE,
-	// version/V, image/REF, api/GROUP/VERSION.
+	// version/V, image/REF, api/GROUP/VERSION/RESOURCE,
+	// RESOURCE.GROUP/[NAMESPACE/]NAME.
 	Object string `json:"object"`
 	// Node is the node the object is on, if any.
 	Node    string `json:"node,omitempty"`
@@ -50,7 +51,7 @@ type Finding struct {
 
 // Checks the plan runs, in the order findings are listed.
 var Checks = []string{"values", "path", "skew", "imported", "images", "kubeadm", "ssh", "health", "staged", "disk",
-	"removed-flags", "removed-apis", "readmission", "eviction", "restarts"}
+	"removed-flags", "cgroup", "removed-apis", "readmission", "eviction", "restarts"}
 
 // NodeState is a node as the plan found it.
 type NodeState struct {
@@ -237,6 +238,7 @@ func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, err
 	pc.health(ctx)
 	pc.staged()
 	pc.removedFlags()
+	pc.cgroupV1()
 	pc.removedAPIs(ctx)
 	pc.readmission()
 	pc.eviction()

@@ -1,6 +1,7 @@
 // Package kubeadm is what kubelift knows of clusters kubeadm built: it
 // reads the cluster's ClusterConfiguration from the kubeadm-config
-// ConfigMap (refusing what does not parse), names the images `kubeadm
+// ConfigMap and what of the kubelets' configuration kubelift checks from
+// kubelet-config (refusing what does not parse), names the images `kubeadm
 // upgrade` will pull for a release under the cluster's imageRepository
 // (as kubeadm's own images.go does, CoreDNS's path included), says the
 // kubeadm commands an upgrade runs on each node, reads the static pod
@@ -30,6 +31,11 @@ const (
 	// ClusterConfigKey is the ConfigMap's key holding the
 	// ClusterConfiguration document.
 	ClusterConfigKey = "ClusterConfiguration"
+	// KubeletConfigMapName holds the KubeletConfiguration (key
+	// KubeletConfigKey) that `kubeadm upgrade node` writes to each node's
+	// /var/lib/kubelet/config.yaml.
+	KubeletConfigMapName = "kubelet-config"
+	KubeletConfigKey     = "kubelet"
 )
 
 // Paths kubeadm uses on a node.
@@ -69,6 +75,10 @@ type Config struct {
 	EtcdDataDir string
 	// CertificatesDir holds the cluster's PKI (etcd's under etcd/).
 	CertificatesDir string
+	// KubeletFailCgroupV1 is failCgroupV1 in the kubelet-config
+	// ConfigMap: nil when it is not set there (or there is no such
+	// ConfigMap).
+	KubeletFailCgroupV1 *bool
 }
 
 // clusterConfiguration is the part of kubeadm's ClusterConfiguration
@@ -108,7 +118,32 @@ func Read(ctx context.Context, c kubernetes.Interface) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("configmap %s/%s: %w", ConfigNamespace, ConfigMapName, err)
 	}
+	kcm, err := c.CoreV1().ConfigMaps(ConfigNamespace).Get(ctx, KubeletConfigMapName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return cfg, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read configmap %s/%s: %w", ConfigNamespace, KubeletConfigMapName, err)
+	}
+	if cfg.KubeletFailCgroupV1, err = parseKubeletConfig([]byte(kcm.Data[KubeletConfigKey])); err != nil {
+		return nil, fmt.Errorf("configmap %s/%s: %s: %w", ConfigNamespace, KubeletConfigMapName, KubeletConfigKey, err)
+	}
 	return cfg, nil
+}
+
+// parseKubeletConfig reads failCgroupV1 of a KubeletConfiguration.
+func parseKubeletConfig(doc []byte) (*bool, error) {
+	var kc struct {
+		Kind         string `json:"kind"`
+		FailCgroupV1 *bool  `json:"failCgroupV1"`
+	}
+	if err := yaml.Unmarshal(doc, &kc); err != nil {
+		return nil, err
+	}
+	if kc.Kind != "KubeletConfiguration" {
+		return nil, fmt.Errorf("kind %q: not a KubeletConfiguration", kc.Kind)
+	}
+	return kc.FailCgroupV1, nil
 }
 
 // Parse reads a ClusterConfiguration document; a field that does not

@@ -1,9 +1,14 @@
 package kubeadm
 
 import (
-	"sigs.k8s.io/yaml"
+	"context"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 )
@@ -43,6 +48,46 @@ func TestParse(t *testing.T) {
 	}
 	if c.KubernetesVersion.String() != "v1.30.14" || c.ImageRepository != "10.78.0.1:5000/library" || !c.LocalEtcd || c.EtcdDataDir != "/var/lib/etcd" {
 		t.Fatalf("parsed %+v", c)
+	}
+}
+
+func TestReadKubeletConfig(t *testing.T) {
+	cm := func(name, key, doc string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ConfigNamespace, Name: name}, Data: map[string]string{key: doc}}
+	}
+	cluster := cm(ConfigMapName, ClusterConfigKey, sandboxDoc)
+	for _, tc := range []struct {
+		name, doc string
+		want      string // "" not set, "true", "false", or "error: ..."
+	}{
+		{"false", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n", "false"},
+		{"not set", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n", ""},
+		{"not a bool", "kind: KubeletConfiguration\nfailCgroupV1: sometimes\n", "error: configmap kube-system/kubelet-config: kubelet:"},
+		{"other kind", "kind: KubeProxyConfiguration\n", `error: configmap kube-system/kubelet-config: kubelet: kind "KubeProxyConfiguration"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Read(context.Background(), fake.NewClientset(cluster, cm(KubeletConfigMapName, KubeletConfigKey, tc.doc)))
+			if msg, isErr := strings.CutPrefix(tc.want, "error: "); isErr {
+				if err == nil || !strings.Contains(err.Error(), msg) {
+					t.Fatalf("err = %v, want %q", err, msg)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := ""
+			if c.KubeletFailCgroupV1 != nil {
+				got = map[bool]string{true: "true", false: "false"}[*c.KubeletFailCgroupV1]
+			}
+			if got != tc.want {
+				t.Errorf("failCgroupV1 = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	c, err := Read(context.Background(), fake.NewClientset(cluster))
+	if err != nil || c.KubeletFailCgroupV1 != nil {
+		t.Errorf("without kubelet-config: %+v, %v", c, err)
 	}
 }
 

@@ -58,6 +58,12 @@ type Facts struct {
 	// ContainersErr says why they could not be read.
 	Containers    []kubeletcompat.RuntimeContainer `json:"-"`
 	ContainersErr string                           `json:"containersError,omitempty"`
+	// Cgroup is the node's cgroup version: 1, 2, or 0 when not read.
+	Cgroup int `json:"cgroup,omitempty"`
+	// FailCgroupV1 is what the running kubelet is told of failCgroupV1,
+	// by --fail-cgroupv1 or its configuration file: nil when neither
+	// says (the kubelet's default then applies: true from 1.35).
+	FailCgroupV1 *bool `json:"failCgroupV1,omitempty"`
 	// Bad are the values read that did not parse: refused, each left
 	// out of the fields above.
 	Bad []BadValue `json:"refused,omitempty"`
@@ -135,6 +141,19 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 					f.FreeBytes = kb << 10
 				}
 			}
+		case s.head == "kubelet-config":
+			if v, ok := strings.CutPrefix(strings.TrimSpace(s.body), "failCgroupV1:"); ok {
+				f.setFailCgroupV1("failCgroupV1 (kubelet configuration file)", v)
+			}
+		case s.head == "cgroupfs":
+			switch t := strings.TrimSpace(s.body); t {
+			case "cgroup2fs":
+				f.Cgroup = 2
+			case "tmpfs":
+				f.Cgroup = 1
+			default:
+				f.Bad = append(f.Bad, BadValue{Node: node, Field: "file system type of /sys/fs/cgroup", Value: t, Reason: "want cgroup2fs (cgroup v2) or tmpfs (cgroup v1)"})
+			}
 		case s.head == "crictl":
 			if sectionsHave(sections, "crictl-failed") {
 				f.ContainersErr = strings.TrimSpace(lastLines(s.body, 3))
@@ -168,8 +187,32 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 	for c := range f.Flags {
 		sort.Strings(f.Flags[c])
 	}
+	// The flag overrides the file.
+	if v, ok := f.Values["kubelet --fail-cgroupv1"]; ok {
+		if v == "" {
+			v = "true"
+		}
+		f.setFailCgroupV1("kubelet --fail-cgroupv1", v)
+	}
 	f.checkValues()
 	return f, nil
+}
+
+// setFailCgroupV1 records a failCgroupV1 setting read from field, or
+// refuses a value that is not a boolean.
+func (f *Facts) setFailCgroupV1(field, v string) {
+	v, _, _ = strings.Cut(v, " #") // a YAML comment
+	v = strings.Trim(strings.TrimSpace(v), `"'`)
+	var b bool
+	switch strings.ToLower(v) {
+	case "true":
+		b = true
+	case "false":
+	default:
+		f.Bad = append(f.Bad, BadValue{Node: f.Name, Field: field, Value: v, Reason: "want true or false"})
+		return
+	}
+	f.FailCgroupV1 = &b
 }
 
 // checkValues refuses the flag values node scripts would be given that

@@ -146,3 +146,36 @@ func TestEmptyCommandLineIsNotRefused(t *testing.T) {
 		t.Errorf("refused %v, components %v, programs %v, --v=%q", f.Bad, f.Components, f.Programs, f.Values["kubelet --v"])
 	}
 }
+
+func TestReadFactsCgroup(t *testing.T) {
+	read := func(out string) *Facts {
+		t.Helper()
+		f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.35.4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	f := read("### kubelet-config\nfailCgroupV1: false # on cgroup v1 until the OS moves\n### cgroupfs\ntmpfs\n")
+	if f.Cgroup != 1 || f.FailCgroupV1 == nil || *f.FailCgroupV1 || len(f.Bad) != 0 {
+		t.Errorf("cgroup %d, failCgroupV1 %v, refused %v", f.Cgroup, f.FailCgroupV1, f.Bad)
+	}
+	// The flag, read from the unit, overrides the file.
+	f = read("### kubelet-config\nfailCgroupV1: false\n### unit kubelet /etc/systemd/system/kubelet.service\nExecStart=/usr/local/bin/kubelet --fail-cgroupv1\n### cgroupfs\ncgroup2fs\n")
+	if f.Cgroup != 2 || f.FailCgroupV1 == nil || !*f.FailCgroupV1 {
+		t.Errorf("cgroup %d, failCgroupV1 %v", f.Cgroup, f.FailCgroupV1)
+	}
+	// Neither says: the kubelet's default.
+	if f = read("### cgroupfs\ntmpfs\n"); f.FailCgroupV1 != nil {
+		t.Errorf("failCgroupV1 %v, want not set", *f.FailCgroupV1)
+	}
+	f = read("### kubelet-config\nfailCgroupV1: $(reboot)\n### cgroupfs\nnfs\n")
+	if f.Cgroup != 0 || f.FailCgroupV1 != nil || len(f.Bad) != 2 {
+		t.Fatalf("cgroup %d, failCgroupV1 %v, refused %v", f.Cgroup, f.FailCgroupV1, f.Bad)
+	}
+	for i, want := range []string{`node worker-1: failCgroupV1 (kubelet configuration file) "$(reboot)" refused: want true or false`, `node worker-1: file system type of /sys/fs/cgroup "nfs" refused`} {
+		if !strings.Contains(f.Bad[i].Error(), want) {
+			t.Errorf("refused[%d] = %q, want %q", i, f.Bad[i].Error(), want)
+		}
+	}
+}

@@ -83,6 +83,7 @@ syncFrequency: 10s
 nodeStatusUpdateFrequency: 4s
 failSwapOn: false
 cgroupDriver: cgroupfs
+failCgroupV1: false
 containerRuntimeEndpoint: ` + containerdEndpoint + `
 cgroupsPerQOS: true
 imageGCHighThresholdPercent: 100

@@ -63,6 +63,9 @@ WantedBy=multi-user.target
 
 // kubeletConfigCommon is every node's kubelet configuration but for the
 // runtime's part (kubeletConfigStandIn, kubeletConfigContainerd).
+// failCgroupV1: false lets kubelets from 1.35 start on this cgroup v1
+// host (1.31-1.34 read it too; 1.30 ignores the field it does not know,
+// with a warning, as its lenient decoding does).
 const kubeletConfigCommon = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %s
@@ -77,6 +80,7 @@ syncFrequency: 10s
 nodeStatusUpdateFrequency: 4s
 failSwapOn: false
 cgroupDriver: cgroupfs
+failCgroupV1: false
 `
 
 // kubeletConfigStandIn works without cgroup management (the runtime is a

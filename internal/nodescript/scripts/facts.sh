@@ -1,8 +1,10 @@
 # kubelift node script: facts
 # Prints, in "### " sections, what a node says of itself: the version
 # and command line of each component's running unit, its unit files and
-# the EnvironmentFiles they read, the files staged for the target, the
-# free space below the stage directory, and the runtime's containers.
+# the EnvironmentFiles they read, the failCgroupV1 line of the running
+# kubelet's configuration file, the files staged for the target, the free
+# space below the stage directory, the cgroup file system and the
+# runtime's containers.
 # Arguments: VERSION_DIR STAGE_DIR COMPONENT...
 export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 vdir=$1
@@ -13,6 +15,12 @@ for c in "$@"; do
   if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then
     echo "### version $c"; "/proc/$pid/exe" --version 2>&1 | head -n 1
     echo "### cmdline $c"; tr '\0' '\n' <"/proc/$pid/cmdline"; echo
+    if [ "$c" = kubelet ]; then
+      conf=$(tr '\0' '\n' <"/proc/$pid/cmdline" | sed -n -e 's/^--config=//p' -e '/^--config$/{n;p;}' | head -n 1)
+      if [ -n "$conf" ] && [ -f "$conf" ]; then
+        echo "### kubelet-config"; grep -E '^failCgroupV1:' "$conf" || true
+      fi
+    fi
   fi
   for f in "/etc/systemd/system/$c.service" "/run/systemd/system/$c.service" "/lib/systemd/system/$c.service" "/usr/lib/systemd/system/$c.service" \
       /etc/systemd/system/"$c".service.d/*.conf /run/systemd/system/"$c".service.d/*.conf /lib/systemd/system/"$c".service.d/*.conf /usr/lib/systemd/system/"$c".service.d/*.conf; do
@@ -30,4 +38,5 @@ if [ -d "$vdir" ]; then (cd "$vdir" && sha256sum -- * 2>/dev/null); fi
 d=$sdir
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 echo '### df'; df -Pk "$d" | tail -n 1
+echo '### cgroupfs'; stat -fc %T /sys/fs/cgroup
 echo '### crictl'; crictl ps -o json 2>&1 || echo '### crictl-failed'
