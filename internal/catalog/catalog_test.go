@@ -11,12 +11,12 @@ func TestDefaultCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatalf("built-in catalog: %v", err)
 	}
-	// Every minor from 1.28 to 1.34, and the two versions the sandbox uses.
+	// Every minor from 1.28 to 1.37, and the two versions the sandbox uses.
 	minors := map[int]bool{}
 	for _, r := range c.Versions {
 		minors[r.Parsed().Minor] = true
 	}
-	for m := 28; m <= 34; m++ {
+	for m := 28; m <= 37; m++ {
 		if !minors[m] {
 			t.Errorf("no release of minor 1.%d", m)
 		}
@@ -42,6 +42,18 @@ func TestDefaultCatalog(t *testing.T) {
 	}
 	if !contains(r.RemovedKubeletFlags, "--keep-terminated-pod-volumes") {
 		t.Errorf("v1.31.4 removed flags: %v", r.RemovedKubeletFlags)
+	}
+	r37, err := c.Lookup("v1.37.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want37 := RemovedAPI{Group: "networking.k8s.io", Version: "v1beta1", Resource: "servicecidrs"}
+	found := false
+	for _, a := range r37.Removed() {
+		found = found || a == want37
+	}
+	if !found {
+		t.Errorf("v1.37.2 removes %v, want %v among them", r37.Removed(), want37)
 	}
 }
 
@@ -108,6 +120,10 @@ func TestParseErrorsNameFileVersionField(t *testing.T) {
 		{"minor downgrade", "downgradeTo: []", "downgradeTo: [v1.30.14]", "downgradeTo[0]: \"v1.30.14\": downgrades are to a lower patch of v1.31 only"},
 		{"bad range", "upgradeFrom: [v1.30]", "upgradeFrom: [v1.30.5-v1.30.1]", "end is older than start"},
 		{"flag", "removedKubeletFlags: []", "removedKubeletFlags: [cloud-config]", "removedKubeletFlags[0]"},
+		{"api without version", "removedAPIs: []", "removedAPIs: [flowcontrol.apiserver.k8s.io]", `removedAPIs[0]: "flowcontrol.apiserver.k8s.io": want group/version`},
+		{"api version", "removedAPIs: []", "removedAPIs: [networking.k8s.io/beta1]", `removedAPIs[0]: "networking.k8s.io/beta1": "beta1" is not an API version`},
+		{"api resource", "removedAPIs: []", "removedAPIs: [networking.k8s.io/v1beta1/IPAddress]", `"IPAddress" is not a resource`},
+		{"api group", "removedAPIs: []", "removedAPIs: [\"v1/pods\"]", `"v1" is not an API group`},
 		{"image", "pause:3.10", "Pause:3.10", "images[0]"},
 		{"url", "https://dl.k8s.io", "ftp://dl.k8s.io", "files[0].url"},
 		{"sha", "url: https://dl.k8s.io/release/v1.31.4/bin/linux/{arch}/kubelet", "url: https://dl.k8s.io/release/v1.31.4/bin/linux/{arch}/kubelet\n        sha256: {amd64: abc}", "files[0].sha256.amd64"},
