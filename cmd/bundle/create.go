@@ -22,6 +22,7 @@ import (
 type createOptions struct {
 	IO                *cli.IO
 	KubernetesVersion string
+	From              string
 	Arches            []string
 	SignKey           string
 	Unsigned          bool
@@ -56,6 +57,12 @@ Downloads go through a content-addressed cache (--cache-dir), so a re-run
 after a dropped connection fetches only what is missing. The bundle is
 written to a temporary file and renamed into place when complete.
 
+--from MINOR (or VERSION) also bundles, for every minor between it and the
+target, the control-plane binaries, kubeadm and control-plane images of that
+minor's newest catalog release: the control plane passes through each minor,
+while kubelets and kube-proxy go straight to the target (at most 3 minors
+on, the kubelet skew the API server allows). 'bundle inspect' lists the hops.
+
 --format run makes a self-extracting installer: './FILE.run --help'. It
 embeds the 'upgrade' program (by default the one next to this program).
 
@@ -65,6 +72,7 @@ rewriting; with '-o json' as JSON, for your proxy's allow-list:
 		Example: `  bundle create --kubernetes-version v1.31.4 --sign-key team.key -o k8s-v1.31.4.tar
   bundle create --kubernetes-version v1.31.4 --sign-key team.key --format run \
       --registry-mirror registry.k8s.io=mirror.corp:5000/k8s --image nginx:1.27
+  bundle create --kubernetes-version v1.33.13 --from v1.30 --sign-key team.key
   bundle create --kubernetes-version v1.31.4 --dry-run -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -85,6 +93,7 @@ rewriting; with '-o json' as JSON, for your proxy's allow-list:
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.KubernetesVersion, "kubernetes-version", "", "Kubernetes version to bundle, e.g. v1.31.4")
+	f.StringVar(&opts.From, "from", "", "also bundle the control plane of every minor between this one (v1.30) and the target")
 	f.StringSliceVar(&opts.Arches, "arch", []string{"amd64"}, "architectures: amd64, arm64 (comma-separated)")
 	f.StringVar(&opts.SignKey, "sign-key", "", "private key (PEM) to sign the bundle with (bundle keygen)")
 	f.BoolVar(&opts.Unsigned, "unsigned", false, "make an unsigned bundle (operators must pass --allow-unsigned)")
@@ -114,6 +123,7 @@ func createRun(ctx context.Context, opts *createOptions) error {
 	co := &bundle.CreateOptions{
 		Catalog:           cat,
 		KubernetesVersion: opts.KubernetesVersion,
+		From:              opts.From,
 		Arches:            opts.Arches,
 		ExtraImages:       opts.Images,
 		AllPlatforms:      opts.AllPlatforms,
@@ -170,6 +180,12 @@ func createRun(ctx context.Context, opts *createOptions) error {
 			}
 			fmt.Fprintf(opts.IO.Out, "  file  %s %s (%s)\n", f.Name, f.URL, sum)
 		}
+		for _, h := range plan.Hops {
+			fmt.Fprintf(opts.IO.Out, "and, for the control plane to pass through %s:\n", h.Version)
+			for _, f := range h.Files {
+				fmt.Fprintf(opts.IO.Out, "  file  %s %s\n", f.Name, f.URL)
+			}
+		}
 		return nil
 	}
 
@@ -207,8 +223,15 @@ func createRun(ctx context.Context, opts *createOptions) error {
 	if signer == "" {
 		signer = "nobody (unsigned)"
 	}
-	fmt.Fprintf(opts.IO.Out, "wrote %s: Kubernetes %s %v, %d images, %d files, %d entries, %s, signed by %s (%.1fs)\n",
-		opts.Output, m.KubernetesVersion, m.Arches, len(m.Images), len(m.Files), len(m.Entries), bundle.HumanBytes(m.TotalSize()), signer, time.Since(start).Seconds())
+	hops := ""
+	for i, h := range m.Hops {
+		if i == 0 {
+			hops = ", control plane through"
+		}
+		hops += " " + h.Release.Version
+	}
+	fmt.Fprintf(opts.IO.Out, "wrote %s: Kubernetes %s %v%s, %d images, %d files, %d entries, %s, signed by %s (%.1fs)\n",
+		opts.Output, m.KubernetesVersion, m.Arches, hops, len(m.Images), len(m.Files), len(m.Entries), bundle.HumanBytes(m.TotalSize()), signer, time.Since(start).Seconds())
 	return nil
 }
 

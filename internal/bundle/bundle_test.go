@@ -564,3 +564,78 @@ func TestVerifyManifestApart(t *testing.T) {
 		}
 	}
 }
+
+func TestCreateWithHops(t *testing.T) {
+	f := newFixture(t)
+	out := filepath.Join(f.dir, "hops.tar")
+	opts := f.options(out)
+	opts.From = "v1.29"
+	if _, err := Create(context.Background(), opts); err != nil {
+		t.Fatal(err)
+	}
+	m, err := VerifyFile(context.Background(), out, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Hops) != 1 || m.Hops[0].Release.Version != bundletest.HopVersion {
+		t.Fatalf("hops %+v, want one: %s", m.Hops, bundletest.HopVersion)
+	}
+	entries := map[string]string{}
+	for _, e := range m.Entries {
+		entries[e.Path] = e.SHA256
+	}
+	var names []string
+	for _, hf := range m.Hops[0].Files {
+		names = append(names, hf.Name)
+		content := map[string]string{"kubeadm": "kubeadm v1.30.14 amd64", "kube-apiserver": "kube-apiserver v1.30.14 amd64"}[hf.Name]
+		want := fmt.Sprintf("%x", sha256.Sum256([]byte(content)))
+		if hf.Path != "hops/v1.30.14/bin/linux/amd64/"+hf.Name || hf.SHA256 != want || entries[hf.Path] != want {
+			t.Errorf("hop file %+v: want path hops/v1.30.14/bin/linux/amd64/%s, sha256 %s, entry %s", hf, hf.Name, want, entries[hf.Path])
+		}
+	}
+	if strings.Join(names, " ") != "kubeadm kube-apiserver" {
+		t.Errorf("hop files %v: want the control plane's and kubeadm, not the kubelet", names)
+	}
+	if n := f.Hits("/v1.30.14/amd64/kubelet"); n != 0 {
+		t.Errorf("the hop's kubelet was downloaded %d times: kubelets go straight to the target", n)
+	}
+	for _, bf := range m.Files {
+		if strings.HasPrefix(bf.Path, "hops/") {
+			t.Errorf("hop file %s among the target's files", bf.Path)
+		}
+	}
+	hopImage := f.reg + "/kube-apiserver:" + bundletest.HopVersion
+	found := false
+	for _, img := range m.Images {
+		if img.Ref == hopImage {
+			found = img.Digest == f.digests[hopImage]
+		}
+	}
+	if !found {
+		t.Errorf("images %+v lack %s at its upstream digest", m.Images, hopImage)
+	}
+
+	// A manifest whose hop file is not the entry it names, or whose hop is
+	// not older than the target, is refused when read.
+	for _, tc := range []struct{ from, to, want string }{
+		{`"path": "hops/v1.30.14/bin/linux/amd64/kubeadm"`, `"path": "bin/linux/amd64/kubeadm"`, `hops[0]: file "bin/linux/amd64/kubeadm": not an entry`},
+		{`"kubernetesVersion": "v1.31.4"`, `"kubernetesVersion": "v1.30.14"`, "hops[0]: v1.30.14: hops must be listed oldest first, each older than v1.30.14"},
+	} {
+		bad := strings.Replace(string(m.Raw), tc.from, tc.to, 1)
+		if bad == string(m.Raw) {
+			t.Fatalf("%q not in the manifest", tc.from)
+		}
+		if _, err := parseManifest([]byte(bad)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("manifest with %s: %v, want %q", tc.to, err, tc.want)
+		}
+	}
+
+	opts.From = "v1.27"
+	if _, err := MakePlan(opts); err == nil || !strings.Contains(err.Error(), "kubelets at v1.27 would be 4 minors older than the API server at v1.31.4") {
+		t.Errorf("--from v1.27: %v", err)
+	}
+	opts.From = "v1.29.x"
+	if _, err := MakePlan(opts); err == nil || !strings.Contains(err.Error(), "--from") {
+		t.Errorf("--from v1.29.x: %v", err)
+	}
+}

@@ -49,11 +49,14 @@ const (
 type CreateOptions struct {
 	Catalog           *catalog.Catalog
 	KubernetesVersion string
-	Arches            []string
-	RegistryMirrors   []Mirror
-	URLMirrors        []Mirror
-	ExtraImages       []string
-	ExtraFiles        []ExtraFile
+	// From, a minor ("v1.30") or version, also bundles the releases the
+	// control plane passes through from there (catalog.Hops).
+	From            string
+	Arches          []string
+	RegistryMirrors []Mirror
+	URLMirrors      []Mirror
+	ExtraImages     []string
+	ExtraFiles      []ExtraFile
 	// AllPlatforms bundles every platform of multi-arch images, so import
 	// can push their indexes with the upstream digest.
 	AllPlatforms bool
@@ -130,8 +133,9 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 	}); err != nil {
 		return nil, err
 	}
-	files := make([]*fetch.File, len(plan.Files))
-	for i, f := range plan.Files {
+	planned := plan.allFiles()
+	files := make([]*fetch.File, len(planned))
+	for i, f := range planned {
 		files[i] = &fetch.File{URL: f.URL, SHA256: f.SHA256}
 	}
 	fetcher := &fetch.Fetcher{Store: store, Client: opts.HTTPClient, Jobs: jobs, Progress: opts.Progress}
@@ -192,20 +196,39 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 	if err != nil {
 		return fail(err)
 	}
-	for i, f := range plan.Files {
+	for _, h := range plan.Hops {
+		m.Hops = append(m.Hops, Hop{Release: *h.release})
+	}
+	for i, f := range planned {
 		bf := File{Name: f.Name, Arch: f.Arch, Path: f.Path, URL: f.source, SHA256: files[i].SHA256, Size: files[i].Size}
-		if f.Name == "kubelet" {
+		if i < len(plan.Files) && f.Name == "kubelet" {
 			if bf.HashSkip, err = kubeletHashSkip(store, bf.SHA256); err != nil {
 				return fail(fmt.Errorf("file %s: %w", f.Path, err))
 			}
 		}
-		m.Files = append(m.Files, bf)
+		if i < len(plan.Files) {
+			m.Files = append(m.Files, bf)
+		} else {
+			hop := &m.Hops[hopOf(plan, i-len(plan.Files))]
+			hop.Files = append(hop.Files, bf)
+		}
 		m.Entries = append(m.Entries, Entry{Path: f.Path, Size: files[i].Size, SHA256: files[i].SHA256})
 	}
 	if err := write(ctx, opts, m, layout, store, format, pipe{ready: ready, done: blobsDone, n: len(unique)}, log); err != nil {
 		return fail(err)
 	}
 	return m, nil
+}
+
+// hopOf returns the index of the hop whose files hold the n-th hop file.
+func hopOf(plan *Plan, n int) int {
+	for i, h := range plan.Hops {
+		if n < len(h.Files) {
+			return i
+		}
+		n -= len(h.Files)
+	}
+	return len(plan.Hops) - 1
 }
 
 // kubeletHashSkip reads a cached kubelet and says whether it honours the

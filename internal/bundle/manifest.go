@@ -51,7 +51,11 @@ type Manifest struct {
 	Release catalog.Release `json:"release"`
 	Images  []Image         `json:"images"`
 	Files   []File          `json:"files"`
-	Entries []Entry         `json:"entries"`
+	// Hops are the releases the control plane passes through on the way
+	// to KubernetesVersion, oldest first (bundle create --from), each
+	// with its control-plane binaries; their images are in Images.
+	Hops    []Hop   `json:"hops,omitempty"`
+	Entries []Entry `json:"entries"`
 	// InstallerSHA256 and InstallerSize describe the upgrade program a .run
 	// file carries after the tar stream; empty for plain bundles. Kept flat
 	// so the shell stub can find it with grep.
@@ -62,6 +66,12 @@ type Manifest struct {
 	// Raw and Signature are the bytes as read from a verified bundle.
 	Raw       []byte `json:"-"`
 	Signature []byte `json:"-"`
+}
+
+// Hop is a release the control plane passes through.
+type Hop struct {
+	Release catalog.Release `json:"release"`
+	Files   []File          `json:"files"`
 }
 
 // Tool records what made the bundle.
@@ -165,7 +175,43 @@ func parseManifest(data []byte) (*Manifest, error) {
 			return nil, fmt.Errorf("%s: entry %q: bad size or sha256", ManifestName, e.Path)
 		}
 	}
+	if err := m.checkHops(); err != nil {
+		return nil, fmt.Errorf("%s: %w", ManifestName, err)
+	}
 	return &m, nil
+}
+
+// checkHops checks each hop's release, that hops are listed oldest first
+// and older than the target, and that each hop file is an entry of the
+// same sha256 under hops/VERSION/.
+func (m *Manifest) checkHops() error {
+	sums := make(map[string]string, len(m.Entries))
+	for _, e := range m.Entries {
+		sums[e.Path] = e.SHA256
+	}
+	target, err := catalog.ParseVersion(m.KubernetesVersion)
+	if err != nil {
+		return fmt.Errorf("kubernetesVersion: %w", err)
+	}
+	prev := catalog.Version{}
+	for i := range m.Hops {
+		h := &m.Hops[i]
+		where := fmt.Sprintf("hops[%d]", i)
+		if err := h.Release.Check(ManifestName + " " + where); err != nil {
+			return err
+		}
+		v := h.Release.Parsed()
+		if v.Compare(prev) <= 0 || v.Compare(target) >= 0 {
+			return fmt.Errorf("%s: %s: hops must be listed oldest first, each older than %s", where, h.Release.Version, m.KubernetesVersion)
+		}
+		prev = v
+		for _, f := range h.Files {
+			if !strings.HasPrefix(f.Path, "hops/"+h.Release.Version+"/") || sums[f.Path] != f.SHA256 {
+				return fmt.Errorf("%s: file %q: not an entry of sha256 %s under hops/%s/", where, f.Path, f.SHA256, h.Release.Version)
+			}
+		}
+	}
+	return nil
 }
 
 // checkPath accepts clean, relative, slash-separated paths only.

@@ -7,6 +7,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -63,7 +64,35 @@ type Plan struct {
 	Arches            []string       `json:"arches"`
 	Images            []PlannedImage `json:"images"`
 	Files             []PlannedFile  `json:"files"`
-	release           *catalog.Release
+	// Hops are the releases the control plane passes through on the way
+	// from CreateOptions.From, oldest first; their images are in Images.
+	Hops    []PlannedHop `json:"hops,omitempty"`
+	release *catalog.Release
+}
+
+// PlannedHop is a release the control plane passes through: its
+// control-plane binaries and kubeadm, stored under hops/VERSION/.
+type PlannedHop struct {
+	Version string        `json:"version"`
+	Files   []PlannedFile `json:"files"`
+	release *catalog.Release
+}
+
+// HopFiles are the files of a hop's release a bundle carries: what a
+// control-plane node runs (kubeadm for kubeadm clusters). Kubelets,
+// kube-proxy and the node tools go straight to the target.
+var HopFiles = []string{"kubeadm", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// hopImages are the images of a hop's release a bundle carries: what
+// kubeadm upgrades at each minor.
+func hopImages(rel *catalog.Release) []string {
+	var out []string
+	for _, ref := range rel.Images {
+		if !strings.Contains(ref, "/kube-proxy:") {
+			out = append(out, ref)
+		}
+	}
+	return out
 }
 
 // PlannedImage is an image to fetch.
@@ -103,8 +132,22 @@ func MakePlan(opts *CreateOptions) (*Plan, error) {
 		}
 	}
 	p := &Plan{KubernetesVersion: rel.Version, Arches: arches, release: rel}
+	var hops []*catalog.Release
+	if opts.From != "" {
+		from, err := catalog.ParseRange(opts.From)
+		if err != nil {
+			return nil, fmt.Errorf("--from: %w", err)
+		}
+		if hops, err = opts.Catalog.Hops(from, rel); err != nil {
+			return nil, err
+		}
+	}
+	refs := append([]string{}, rel.Images...)
+	for _, h := range hops {
+		refs = append(refs, hopImages(h)...)
+	}
 	seen := map[string]bool{}
-	for _, ref := range append(append([]string{}, rel.Images...), opts.ExtraImages...) {
+	for _, ref := range append(refs, opts.ExtraImages...) {
 		norm, err := NormalizeRef(ref)
 		if err != nil {
 			return nil, fmt.Errorf("image %q: %w", ref, err)
@@ -153,7 +196,30 @@ func MakePlan(opts *CreateOptions) (*Plan, error) {
 		p.Files = append(p.Files, pf)
 	}
 	sort.SliceStable(p.Files, func(i, j int) bool { return p.Files[i].Path < p.Files[j].Path })
+	for _, h := range hops {
+		ph := PlannedHop{Version: h.Version, release: h}
+		for _, arch := range arches {
+			for _, f := range h.Files {
+				if !slices.Contains(HopFiles, f.Name) {
+					continue
+				}
+				u := f.URLFor(arch)
+				ph.Files = append(ph.Files, PlannedFile{Name: f.Name, Arch: arch, URL: rewrite(u, opts.URLMirrors), SHA256: f.SHA256[arch],
+					Path: path.Join("hops", h.Version, "bin", "linux", arch, path.Base(mustPath(u))), source: u})
+			}
+		}
+		p.Hops = append(p.Hops, ph)
+	}
 	return p, nil
+}
+
+// allFiles is every file of the plan, the hops' after the target's.
+func (p *Plan) allFiles() []PlannedFile {
+	all := append([]PlannedFile{}, p.Files...)
+	for _, h := range p.Hops {
+		all = append(all, h.Files...)
+	}
+	return all
 }
 
 func mustPath(u string) string {

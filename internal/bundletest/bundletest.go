@@ -46,6 +46,10 @@ type World struct {
 // Version is the Kubernetes version in the test catalog.
 const Version = "v1.31.4"
 
+// HopVersion is the release of the minor before Version in the test
+// catalog: the hop of a bundle made --from v1.29.
+const HopVersion = "v1.30.14"
+
 // New starts the servers (stopped when the test ends).
 func New(t *testing.T) *World {
 	t.Helper()
@@ -81,6 +85,7 @@ func New(t *testing.T) *World {
 		w.Digests[ref] = d.String()
 	}
 	push(w.Registry+"/kube-apiserver:"+Version, mk("amd64"))
+	push(w.Registry+"/kube-apiserver:"+HopVersion, mk("amd64"))
 	push(w.Registry+"/kube-proxy:"+Version, mk("amd64"))
 	idx := mutate.AppendManifests(empty.Index,
 		mutate.IndexAddendum{Add: mk("amd64"), Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}},
@@ -95,7 +100,9 @@ func New(t *testing.T) *World {
 	w.Digests[w.Registry+"/coredns/coredns:v1.11.3"] = d.String()
 
 	content := map[string]string{"/v1.31.4/amd64/kubelet": "kubelet amd64 binary", "/v1.31.4/amd64/kubeadm": "kubeadm amd64 binary",
-		"/v1.31.4/arm64/kubelet": "kubelet arm64 binary", "/v1.31.4/arm64/kubeadm": "kubeadm arm64 binary", "/extra/tool": "extra tool"}
+		"/v1.31.4/arm64/kubelet": "kubelet arm64 binary", "/v1.31.4/arm64/kubeadm": "kubeadm arm64 binary", "/extra/tool": "extra tool",
+		"/v1.30.14/amd64/kubeadm": "kubeadm v1.30.14 amd64", "/v1.30.14/amd64/kube-apiserver": "kube-apiserver v1.30.14 amd64",
+		"/v1.30.14/amd64/kubelet": "kubelet v1.30.14 amd64 (never bundled as a hop)"}
 	files := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
 		if b, ok := strings.CutSuffix(p, ".sha256"); ok {
@@ -119,8 +126,24 @@ func New(t *testing.T) *World {
 
 	cat := fmt.Sprintf(`schemaVersion: 1
 arches: [amd64, arm64]
-kubeletHashEras: [{era: name-image, from: v1.31.0}]
+kubeletHashEras: [{era: name-image, from: v1.28.0}]
 versions:
+  - version: v1.30.14
+    kubeletHashEra: name-image
+    upgradeFrom: [v1.29]
+    downgradeTo: []
+    removedKubeletFlags: []
+    removedAPIs: []
+    images:
+      - %[1]s/kube-apiserver:v1.30.14
+      - %[1]s/coredns/coredns:v1.11.3
+    files:
+      - name: kubelet
+        url: %[2]s/v1.30.14/{arch}/kubelet
+      - name: kubeadm
+        url: %[2]s/v1.30.14/{arch}/kubeadm
+      - name: kube-apiserver
+        url: %[2]s/v1.30.14/{arch}/kube-apiserver
   - version: v1.31.4
     kubeletHashEra: name-image
     upgradeFrom: [v1.30]

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -95,13 +96,24 @@ type summary struct {
 	Tool              bundle.Tool    `json:"tool"`
 	Images            []bundle.Image `json:"images"`
 	Files             []bundle.File  `json:"files"`
+	Hops              []hopSummary   `json:"hops,omitempty"`
 	Entries           int            `json:"entries"`
 	Bytes             int64          `json:"bytes"`
 }
 
+// hopSummary is a release the bundle's control plane passes through.
+type hopSummary struct {
+	Version string        `json:"version"`
+	Files   []bundle.File `json:"files"`
+}
+
 func verifySummary(file string, m *bundle.Manifest) summary {
-	return summary{File: file, Verified: true, KubernetesVersion: m.KubernetesVersion, Arches: m.Arches, Signer: m.Signer,
+	s := summary{File: file, Verified: true, KubernetesVersion: m.KubernetesVersion, Arches: m.Arches, Signer: m.Signer,
 		Created: m.Created, Tool: m.Tool, Images: m.Images, Files: m.Files, Entries: len(m.Entries), Bytes: m.TotalSize()}
+	for _, h := range m.Hops {
+		s.Hops = append(s.Hops, hopSummary{Version: h.Release.Version, Files: h.Files})
+	}
+	return s
 }
 
 // NewCmdExtract is `extract --key PUB FILE DIR`.
@@ -173,8 +185,16 @@ func printInspect(w io.Writer, m *bundle.Manifest, signed bool) error {
 	if signed {
 		signer = m.Signer + " (claimed; not verified, run verify --key)"
 	}
-	fmt.Fprintf(w, "Kubernetes:  %s\nArches:      %v\nCreated:     %s by %s %s\nSigner:      %s\nHash era:    %s\nContent:     %d entries, %s\n\n",
-		m.KubernetesVersion, m.Arches, m.Created.Format(time.RFC3339), m.Tool.Name, m.Tool.Version, signer, m.Release.KubeletHashEra, len(m.Entries), bundle.HumanBytes(m.TotalSize()))
+	hops := "none (one minor)"
+	if len(m.Hops) > 0 {
+		var vs []string
+		for _, h := range m.Hops {
+			vs = append(vs, h.Release.Version)
+		}
+		hops = strings.Join(vs, ", ") + " (the control plane passes through each; kubelets go straight to " + m.KubernetesVersion + ")"
+	}
+	fmt.Fprintf(w, "Kubernetes:  %s\nHops:        %s\nArches:      %v\nCreated:     %s by %s %s\nSigner:      %s\nHash era:    %s\nContent:     %d entries, %s\n\n",
+		m.KubernetesVersion, hops, m.Arches, m.Created.Format(time.RFC3339), m.Tool.Name, m.Tool.Version, signer, m.Release.KubeletHashEra, len(m.Entries), bundle.HumanBytes(m.TotalSize()))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "IMAGE\tDIGEST\tPLATFORMS\tSIZE")
 	for _, im := range m.Images {
@@ -184,6 +204,11 @@ func printInspect(w io.Writer, m *bundle.Manifest, signed bool) error {
 	fmt.Fprintln(tw, "FILE\tSHA256\tARCH\tSIZE")
 	for _, f := range m.Files {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Path, f.SHA256, f.Arch, bundle.HumanBytes(f.Size))
+	}
+	for _, h := range m.Hops {
+		for _, f := range h.Files {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Path, f.SHA256, f.Arch, bundle.HumanBytes(f.Size))
+		}
 	}
 	return tw.Flush()
 }
