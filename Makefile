@@ -111,7 +111,7 @@ kubelet:
 # kubeletcompat's vectors from the real kubelet code at each tag (slow:
 # builds k8s.io/kubernetes/pkg/kubelet/container; not run by make test).
 hash-vectors:
-	hack/kubelet-hash-vectors.sh v1.28.15 v1.30.14 v1.31.4
+	hack/kubelet-hash-vectors.sh v1.28.15 v1.30.14 v1.31.4 v1.32.13 v1.33.13 v1.34.4 v1.35.4 v1.36.3 v1.37.2
 
 clean: sandbox-down
 	-$(SUDO) bin/kubelift-sandbox down --dir $(KUBEADM_SANDBOX_DIR)
