@@ -166,6 +166,9 @@ type applyRun struct {
 	events *eventQueue
 	// cordoned holds the nodes this run cordoned.
 	cordoned sync.Map
+	// resumingControlPlane: the run this one resumes stopped while it
+	// moved a control-plane node.
+	resumingControlPlane bool
 	// stateIdx indexes plan.Nodes by name (built once).
 	indexOnce sync.Once
 	stateIdx  map[string]int
@@ -308,6 +311,9 @@ func (r *applyRun) planStep(ctx context.Context) error {
 			return fmt.Errorf("--kubeadm-config: kubeadm %s has no UpgradeConfiguration (kubeadm v1.31 and later do)", r.target.Version)
 		}
 	}
+	if r.resumingControlPlane, err = controlPlaneInFlight(ctx, r.client, r.target.Version.String()); err != nil {
+		return err
+	}
 	var blocking []string
 	for _, f := range p.Findings {
 		if f.Severity != Blocking || r.resolves(f) {
@@ -323,6 +329,24 @@ func (r *applyRun) planStep(ctx context.Context) error {
 		r.log.Info("every node already runs the target: nothing to do", "version", r.target.Version.String())
 	}
 	return nil
+}
+
+// controlPlaneInFlight reports whether the recorded upgrade to to stopped
+// while it moved a control-plane node.
+func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string) (bool, error) {
+	s, err := ReadState(ctx, c)
+	if err != nil || s == nil || s.To != to {
+		return false, err
+	}
+	if s.State == StateUpgradingControlPlane {
+		return true, nil
+	}
+	for _, n := range s.Nodes {
+		if n.Role == RoleControlPlane && n.Status == NodeUpgrading {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // resolves says apply itself fixes a blocking finding, or it is about a
@@ -341,6 +365,14 @@ func (r *applyRun) resolves(f Finding) bool {
 	}
 	if f.Check == "restarts" && r.opts.Drain {
 		return true // drained first: nothing runs there to restart
+	}
+	if f.Check == "health" && r.resumingControlPlane && (strings.HasPrefix(f.Object, "apiserver/") || strings.HasPrefix(f.Object, "lease/")) {
+		// The run this one resumes stopped while a control-plane node
+		// moved (kubeadm may be restarting its components right now): the
+		// control plane step follows that move and waits for the
+		// components, and for the leases before the next node.
+		r.log.Warn("resuming a control plane upgrade in flight: the control plane step waits for this", "object", f.Object, "finding", f.Message)
+		return true
 	}
 	return f.Check == "readmission" && r.opts.RestoreLabels && strings.Contains(f.Message, "lacks the label")
 }
