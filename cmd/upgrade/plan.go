@@ -172,7 +172,11 @@ func planRun(ctx context.Context, opts *planOptions) error {
 }
 
 func printPlan(w io.Writer, p *inplace.Plan) {
-	fmt.Fprintf(w, "Upgrade to %s (from %s), control plane: %s\n\n", p.To, strings.Join(p.From, ", "), p.ControlPlane)
+	fmt.Fprintf(w, "Upgrade to %s (from %s), control plane: %s\n", p.To, strings.Join(p.From, ", "), p.ControlPlane)
+	if len(p.Hops) > 0 {
+		fmt.Fprintf(w, "The control plane passes through %s; kubelets go straight to %s.\n", strings.Join(p.Hops, ", "), p.To)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tROLE\tREADY\tKUBELET\tKUBE-PROXY\tAPISERVER\tCONTROLLER-MANAGER\tSCHEDULER\tSTAGED\tCONTAINERS\tWOULD RESTART\tKEPT BY HASH-SKIP\tRECREATED (STATIC PODS)")
 	for _, n := range p.Nodes {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -196,6 +198,15 @@ func (pc *planCheck) path() {
 				continue
 			}
 			obj := "node/" + s.Name
+			// The next release on the way from here: the first of the
+			// hops and the target newer than what the component runs.
+			next := pc.target
+			for _, t := range pc.target.Chain() {
+				if from.Compare(t.Version) < 0 {
+					next = t
+					break
+				}
+			}
 			switch c := from.Compare(to); {
 			case c == 0:
 			case c > 0:
@@ -203,10 +214,19 @@ func (pc *planCheck) path() {
 				if from.Minor != to.Minor || err != nil || !rel.CanDowngradeTo(to) {
 					pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: %s would be a downgrade the catalog does not allow (patch downgrades within a minor only, listed in downgradeTo)", comp, from, to), "choose a version the catalog allows, or upgrade forward")
 				}
-			case to.Minor-from.Minor > 1 || to.Major != from.Major:
-				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: %s skips a minor version (the API server must not skip one)", comp, from, to), fmt.Sprintf("upgrade to a %d.%d release first", to.Major, from.Minor+1))
-			case !pc.target.Release.CanUpgradeFrom(from):
-				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, to, strings.Join(pc.target.Release.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
+			case next.Version.Minor-from.Minor > 1 || next.Version.Major != from.Major:
+				msg := fmt.Sprintf("%s runs %s: %s skips a minor version (the API server must not skip one)", comp, from, next.Version)
+				if len(pc.target.Hops) > 0 {
+					msg += fmt.Sprintf("; the bundle passes through %s", hopList(pc.target))
+				}
+				pc.add(Blocking, "path", obj, msg, fmt.Sprintf("upgrade to a %d.%d release first, or make the bundle with bundle create --from v%d.%d", to.Major, from.Minor+1, from.Major, from.Minor))
+			case !next.Release.CanUpgradeFrom(from):
+				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, next.Version, strings.Join(next.Release.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
+			case next != pc.target:
+				// The engine's side of hops is being built: until apply
+				// moves the control plane hop by hop, it must not start.
+				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the way to %s passes through %s, and this kubelift cannot move a control plane through hops yet", comp, from, to, hopList(pc.target)),
+					fmt.Sprintf("upgrade one minor at a time: import and apply a %s bundle first", next.Version.MinorString()))
 			}
 		}
 	}
@@ -301,22 +321,23 @@ func (pc *planCheck) staged() {
 	}
 }
 
-// removedFlags: no component is started with a flag the target removed.
+// removedFlags: no component is started with a flag the target, or a
+// hop on the way, removed.
 func (pc *planCheck) removedFlags() {
-	rel := pc.target.Release
-	removed := map[string][]string{"kubelet": rel.RemovedKubeletFlags}
-	for c, fl := range rel.RemovedFlags {
-		removed[c] = fl
-	}
-	for _, s := range pc.plan.Nodes {
-		f := pc.view.facts[s.Name]
-		if f == nil {
-			continue
+	for _, t := range pc.target.Chain() {
+		rel := t.Release
+		removed := map[string][]string{"kubelet": rel.RemovedKubeletFlags}
+		for c, fl := range rel.RemovedFlags {
+			removed[c] = fl
 		}
-		for comp, flags := range removed {
-			for _, fl := range flags {
-				for _, have := range f.Flags[comp] {
-					if have == fl {
+		for _, s := range pc.plan.Nodes {
+			f := pc.view.facts[s.Name]
+			if f == nil {
+				continue
+			}
+			for _, comp := range slices.Sorted(maps.Keys(removed)) {
+				for _, fl := range removed[comp] {
+					if slices.Contains(f.Flags[comp], fl) {
 						pc.add(Blocking, "removed-flags", "node/"+s.Name, fmt.Sprintf("%s is started with %s (in %s), which %s removed: it would not start", comp, fl, f.FlagSources[comp+" "+fl], rel.Version),
 							"remove "+fl+" from "+f.FlagSources[comp+" "+fl])
 					}
@@ -324,6 +345,15 @@ func (pc *planCheck) removedFlags() {
 			}
 		}
 	}
+}
+
+// hopList names the hops of t, "v1.31.14, v1.32.13".
+func hopList(t *Target) string {
+	var vs []string
+	for _, h := range t.Hops {
+		vs = append(vs, h.Version.String())
+	}
+	return strings.Join(vs, ", ")
 }
 
 // cgroupV1: kubelets from 1.35 refuse to start on a cgroup v1 host unless
@@ -362,9 +392,9 @@ func (pc *planCheck) cgroupV1() {
 // the way) stops serving block the plan; the API itself, still served now,
 // is a warning, since clients reading through it will fail too.
 func (pc *planCheck) removedAPIs(ctx context.Context) {
-	for _, rel := range []*catalog.Release{pc.target.Release} {
-		for _, api := range rel.Removed() {
-			pc.removedAPI(ctx, rel.Parsed().MinorString(), api)
+	for _, t := range pc.target.Chain() {
+		for _, api := range t.Release.Removed() {
+			pc.removedAPI(ctx, t.Version.MinorString(), api)
 		}
 	}
 }

@@ -95,11 +95,15 @@ type Plan struct {
 	To string `json:"to"`
 	// ControlPlane is the cluster's kind, which says how its control
 	// plane is moved ("binary": systemd units whose programs are swapped).
-	ControlPlane string      `json:"controlPlane"`
-	From         []string    `json:"from"`
-	Nodes        []NodeState `json:"nodes"`
-	Steps        []Step      `json:"steps"`
-	Findings     []Finding   `json:"findings"`
+	ControlPlane string   `json:"controlPlane"`
+	From         []string `json:"from"`
+	// Hops are the releases the control plane passes through before To
+	// (the bundle's, from bundle create --from); kubelets go straight to
+	// To.
+	Hops     []string    `json:"hops,omitempty"`
+	Nodes    []NodeState `json:"nodes"`
+	Steps    []Step      `json:"steps"`
+	Findings []Finding   `json:"findings"`
 	// HashSkipKubelet says the bundled kubelet honours the hash-skip file.
 	HashSkipKubelet bool `json:"hashSkipKubelet"`
 	Blocked         bool `json:"blocked"`
@@ -222,6 +226,9 @@ func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, err
 	t := opts.Target
 	drv := driverFor(v)
 	p := &Plan{To: t.Version.String(), ControlPlane: drv.Kind(), HashSkipKubelet: t.Manifest.KubeletHashSkip("amd64")}
+	for _, h := range t.Hops {
+		p.Hops = append(p.Hops, h.Version.String())
+	}
 	pc := &planCheck{opts: opts, view: v, plan: p, target: t, driver: drv}
 	pc.index()
 	pc.nodeStates()

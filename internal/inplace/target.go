@@ -21,6 +21,29 @@ type Target struct {
 	Manifest *bundle.Manifest
 	// Release is the catalog entry the signed manifest carries.
 	Release *catalog.Release
+	// Hops are the releases the control plane passes through before
+	// Version (bundle create --from), oldest first, each a Target of its
+	// own: its Manifest holds the hop's files.
+	Hops []*Target
+}
+
+// Chain is every release the control plane moves to, in order: the hops,
+// then the target.
+func (t *Target) Chain() []*Target {
+	return append(append([]*Target{}, t.Hops...), t)
+}
+
+// hops makes the Targets of a verified manifest's hops.
+func hops(m *bundle.Manifest, r *cluster.Available) []*Target {
+	var out []*Target
+	for i := range m.Hops {
+		h := &m.Hops[i]
+		rel := h.Release // checked when the manifest was read
+		hm := &bundle.Manifest{SchemaVersion: m.SchemaVersion, Kind: m.Kind, KubernetesVersion: rel.Version, Arches: m.Arches,
+			Tool: m.Tool, Created: m.Created, Signer: m.Signer, Release: rel, Files: h.Files}
+		out = append(out, &Target{Version: rel.Parsed(), Record: r, Manifest: hm, Release: &rel})
+	}
+	return out
 }
 
 // ErrNotImported means the cluster holds no record of the version.
@@ -77,6 +100,11 @@ func verifyRecord(r *cluster.Available, trust bundle.Trust) (*Target, error) {
 	for _, f := range m.Files {
 		signed[f.Path] = f
 	}
+	for _, h := range m.Hops {
+		for _, f := range h.Files {
+			signed[f.Path] = f
+		}
+	}
 	for _, f := range r.Files {
 		if s, ok := signed[f.Path]; !ok || s.SHA256 != f.SHA256 || s.Size != f.Size {
 			return nil, fmt.Errorf("record configmap %s: file %s (sha256 %s) is not the signed bundle's", name, f.Path, f.SHA256)
@@ -86,7 +114,7 @@ func verifyRecord(r *cluster.Available, trust bundle.Trust) (*Target, error) {
 	if err := rel.Check("record configmap " + name); err != nil {
 		return nil, err
 	}
-	return &Target{Version: rel.Parsed(), Record: r, Manifest: m, Release: &rel}, nil
+	return &Target{Version: rel.Parsed(), Record: r, Manifest: m, Release: &rel, Hops: hops(m, r)}, nil
 }
 
 // TargetFromBundle is the target a verified bundle file holds (staging
@@ -96,7 +124,7 @@ func TargetFromBundle(m *bundle.Manifest) (*Target, error) {
 	if err := rel.Check("bundle " + bundle.ManifestName); err != nil {
 		return nil, err
 	}
-	return &Target{Version: rel.Parsed(), Manifest: m, Release: &rel}, nil
+	return &Target{Version: rel.Parsed(), Manifest: m, Release: &rel, Hops: hops(m, nil)}, nil
 }
 
 // File returns the signed file name for arch, and its artifact in the
