@@ -83,17 +83,10 @@ type PlannedHop struct {
 // kube-proxy and the node tools go straight to the target.
 var HopFiles = []string{"kubeadm", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
 
-// hopImages are the images of a hop's release a bundle carries: what
-// kubeadm upgrades at each minor.
-func hopImages(rel *catalog.Release) []string {
-	var out []string
-	for _, ref := range rel.Images {
-		if !strings.Contains(ref, "/kube-proxy:") {
-			out = append(out, ref)
-		}
-	}
-	return out
-}
+// hopImages are the images of a hop's release a bundle carries: all of
+// them, since `kubeadm upgrade apply` at each minor moves the control
+// plane, etcd, CoreDNS and the kube-proxy DaemonSet to that minor's.
+func hopImages(rel *catalog.Release) []string { return rel.Images }
 
 // PlannedImage is an image to fetch.
 type PlannedImage struct {
