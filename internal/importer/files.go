@@ -43,6 +43,27 @@ func FileTarget(domain, namespace, version string, f bundle.File) (name.Tag, err
 	return name.NewTag(repo+FileRepository+"/"+f.Name+":"+tag, name.WeakValidation)
 }
 
+// versionedFile is a bundle file with the release it belongs to: the
+// target's, or a hop's.
+type versionedFile struct {
+	version string
+	bundle.File
+}
+
+// bundleFiles lists the target's files, then each hop's.
+func bundleFiles(m *bundle.Manifest) []versionedFile {
+	var out []versionedFile
+	for _, f := range m.Files {
+		out = append(out, versionedFile{m.KubernetesVersion, f})
+	}
+	for _, h := range m.Hops {
+		for _, f := range h.Files {
+			out = append(out, versionedFile{h.Release.Version, f})
+		}
+	}
+	return out
+}
+
 // fileArtifact is one bundle file as a push job, and the blobs only it has
 // (its manifest's config).
 func fileArtifact(domain, namespace, version string, f bundle.File) (*registry.PushImage, map[v1.Hash][]byte, error) {
@@ -87,7 +108,7 @@ type bundleSource struct {
 
 func newBundleSource(v *bundle.Verified) *bundleSource {
 	s := &bundleSource{v: v, mem: map[v1.Hash][]byte{}, files: map[string]string{}}
-	for _, f := range v.Manifest.Files {
+	for _, f := range bundleFiles(v.Manifest) {
 		s.files[f.SHA256] = f.Path
 	}
 	return s

@@ -135,8 +135,8 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	src := newBundleSource(v)
 	var files []*registry.PushImage
 	if !opts.SkipFiles {
-		for _, f := range m.Files {
-			im, mem, err := fileArtifact(opts.Domain, opts.Namespace, m.KubernetesVersion, f)
+		for _, f := range bundleFiles(m) {
+			im, mem, err := fileArtifact(opts.Domain, opts.Namespace, f.version, f.File)
 			if err != nil {
 				return nil, err
 			}
@@ -154,8 +154,9 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	planned := bundleFiles(m)
 	for i, ip := range plan.Images[len(imgs):] {
-		f := m.Files[i]
+		f := planned[i]
 		r := FileResult{Name: f.Name, Arch: f.Arch, Target: ip.Image.Target.String(), Artifact: ip.Image.Target.Context().Digest(ip.Image.Root().Digest.String()).String(),
 			SHA256: f.SHA256, Size: f.Size, UploadBytes: ip.UploadBytes, Action: action(ip, opts.DryRun)}
 		res.UploadBytes += ip.UploadBytes
@@ -218,7 +219,7 @@ func availableRecord(res *Result, m *bundle.Manifest) *cluster.Available {
 	for _, f := range res.Files {
 		artifacts[f.SHA256] = f.Artifact
 	}
-	for _, f := range m.Files {
+	for _, f := range bundleFiles(m) {
 		a.Files = append(a.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, Path: f.Path, SHA256: f.SHA256, Size: f.Size,
 			Artifact: artifacts[f.SHA256]})
 	}

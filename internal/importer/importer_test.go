@@ -359,3 +359,40 @@ func TestImportPushesBinariesAsArtifacts(t *testing.T) {
 		t.Fatalf("SkipFiles: %v, %+v", err, res)
 	}
 }
+
+// A bundle made --from an older minor: its hops' files are pushed under
+// the hop's version, and recorded beside the target's.
+func TestImportPushesHopFiles(t *testing.T) {
+	e := newEnv(t)
+	file := e.bundle(t, "hops.tar", func(o *bundle.CreateOptions) { o.From = "v1.29" })
+	res, err := e.imp(t, file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]FileResult{}
+	for _, f := range res.Files {
+		got[f.Name+":"+f.Target[strings.LastIndex(f.Target, ":")+1:]] = f
+	}
+	for _, k := range []string{"kubeadm:" + bundletest.HopVersion + "-linux-amd64", "kube-apiserver:" + bundletest.HopVersion + "-linux-amd64", "kubeadm:" + bundletest.Version + "-linux-amd64"} {
+		f, ok := got[k]
+		if !ok || f.Action != "pushed" {
+			t.Errorf("no pushed file %s in %+v", k, res.Files)
+		}
+	}
+	if len(res.Files) != 4 { // the target's kubelet and kubeadm, the hop's kubeadm and kube-apiserver
+		t.Errorf("%d files: %+v", len(res.Files), res.Files)
+	}
+	v, err := bundle.Open(context.Background(), file, bundle.Trust{Key: e.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	rec := availableRecord(res, v.Manifest)
+	paths := map[string]string{}
+	for _, f := range rec.Files {
+		paths[f.Path] = f.Artifact
+	}
+	if a := paths["hops/"+bundletest.HopVersion+"/bin/linux/amd64/kube-apiserver"]; !strings.Contains(a, "@sha256:") {
+		t.Errorf("record files %+v: the hop's kube-apiserver has no artifact", rec.Files)
+	}
+}

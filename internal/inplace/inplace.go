@@ -74,5 +74,19 @@ func FilesForKind(kind, role string) []string {
 	return append([]string{}, nodeFiles...)
 }
 
+// HopFilesForKind lists the binaries a node of role needs of a hop, a
+// release the control plane passes through (bundle create --from): a
+// control-plane node's programs, or kubeadm on a kubeadm cluster; other
+// nodes need none (their kubelets go straight to the target).
+func HopFilesForKind(kind, role string) []string {
+	switch {
+	case role != RoleControlPlane:
+		return nil
+	case kind == KindKubeadm:
+		return []string{"kubeadm"}
+	}
+	return append([]string{}, controlPlaneFiles...)
+}
+
 // defaultTimeout bounds one command on a node.
 const defaultTimeout = 2 * time.Minute

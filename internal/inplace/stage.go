@@ -119,9 +119,6 @@ func (r *StageResult) BytesSent() (sent, size int64) {
 // ErrStage means some nodes were not staged; the result names them.
 var ErrStage = errors.New("staging failed")
 
-// Stage puts every node's files of the target under StageDir/VERSION on
-// it: compressed in transit, the sha256 checked on the node, placed
-// atomically, and skipped where the right file is already there (a re-run
 // StageCluster stages opts.Target on every node of the cluster: its Nodes
 // as the API lists them, each reached where inv says (nil: at its
 // InternalIP); opts.Nodes and opts.Targets are filled in.
@@ -148,7 +145,11 @@ func StageCluster(ctx context.Context, client kubernetes.Interface, inv *nodeacc
 	return res, err
 }
 
-// sends nothing). One unreachable node is reported and the others staged.
+// Stage puts every node's files of the target under StageDir/VERSION on
+// it, and on control-plane nodes each hop's under StageDir/HOP: compressed
+// in transit, the sha256 checked on the node, placed atomically, and
+// skipped where the right file is already there (a re-run sends nothing).
+// One unreachable node is reported and the others staged.
 func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 	log := opts.Log
 	if log == nil {
@@ -164,7 +165,7 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 		arch[n.Name] = n.Status.NodeInfo.Architecture
 	}
 	c := &compressedCache{store: &cas.Store{Dir: filepath.Join(opts.CacheDir, "files")}, dir: filepath.Join(opts.CacheDir, "gzip"),
-		source: opts.Source, target: opts.Target}
+		source: opts.Source}
 	res := &StageResult{Version: version, Dir: dir}
 	var mu sync.Mutex
 	byNode := map[string]*NodeStage{}
@@ -172,12 +173,22 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 		byNode[t.Name] = &NodeStage{Node: t.Name}
 	}
 	failed := nodeaccess.ForEach(ctx, opts.Connector, opts.Targets, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
-		ns, err := stageNode(ctx, n, t, arch[t.Name], dir, version, opts.Kind, c)
+		ns := &NodeStage{Node: t.Name}
+		var err error
+		// The hops' files (control-plane nodes only), then the target's.
+		for _, h := range opts.Target.Hops {
+			if err == nil {
+				err = stageNode(ctx, n, t, ns, arch[t.Name], dir, h, HopFilesForKind(opts.Kind, t.Role), h.Version.String()+"/", c)
+			}
+		}
+		if err == nil {
+			err = stageNode(ctx, n, t, ns, arch[t.Name], dir, opts.Target, FilesForKind(opts.Kind, t.Role), "", c)
+		}
+		sort.Strings(ns.Sent)
+		sort.Strings(ns.Present)
 		mu.Lock()
 		defer mu.Unlock()
-		if ns != nil {
-			byNode[t.Name] = ns
-		}
+		byNode[t.Name] = ns
 		if err == nil {
 			log.Info("staged", "node", t.Name, "sent", len(ns.Sent), "present", len(ns.Present), "bytes", ns.BytesSent)
 		}
@@ -199,21 +210,26 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 	return res, nil
 }
 
-// stageNode sends the node's missing files.
-func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch, dir, version, kind string, c *compressedCache) (*NodeStage, error) {
-	ns := &NodeStage{Node: t.Name}
+// stageNode sends the node's missing files of target (names) to
+// StageDir/VERSION, adding to ns what it did; a hop's files are named
+// VERSION/NAME there.
+func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, ns *NodeStage, arch, dir string, target *Target, names []string, prefix string, c *compressedCache) error {
+	if len(names) == 0 {
+		return nil
+	}
 	if arch == "" {
 		arch = "amd64"
 	}
+	version := target.Version.String()
 	var files []bundle.File
 	var artifacts []string
-	for _, name := range FilesForKind(kind, t.Role) {
-		f, artifact, ok := c.target.File(name, arch)
+	for _, name := range names {
+		f, artifact, ok := target.File(name, arch)
 		if !ok {
 			if name == "kube-proxy" || name == "kubectl" {
 				continue // optional: not every bundle carries them
 			}
-			return ns, fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", t.Name, version, name, arch)
+			return fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", t.Name, version, name, arch)
 		}
 		files = append(files, f)
 		artifacts = append(artifacts, artifact)
@@ -221,7 +237,7 @@ func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch
 	vdir := StagePath(dir, version, "")
 	out, err := n.Run(ctx, nodescript.ListStaged.Command(vdir), nil)
 	if err != nil {
-		return ns, fmt.Errorf("node %s: read %s: %w", t.Name, vdir, err)
+		return fmt.Errorf("node %s: read %s: %w", t.Name, vdir, err)
 	}
 	have := map[string]string{}
 	for _, line := range strings.Split(string(out), "\n") {
@@ -232,23 +248,21 @@ func stageNode(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, arch
 	for i, f := range files {
 		ns.Bytes += f.Size
 		if have[f.Name] == f.SHA256 {
-			ns.Present = append(ns.Present, f.Name)
+			ns.Present = append(ns.Present, prefix+f.Name)
 			continue
 		}
 		gz, err := c.compressed(ctx, f, artifacts[i])
 		if err != nil {
-			return ns, err
+			return err
 		}
 		sent, err := sendFile(ctx, n, vdir, f, gz)
 		ns.BytesSent += sent
 		if err != nil {
-			return ns, fmt.Errorf("node %s: stage %s: %w", t.Name, f.Name, err)
+			return fmt.Errorf("node %s: stage %s: %w", t.Name, prefix+f.Name, err)
 		}
-		ns.Sent = append(ns.Sent, f.Name)
+		ns.Sent = append(ns.Sent, prefix+f.Name)
 	}
-	sort.Strings(ns.Sent)
-	sort.Strings(ns.Present)
-	return ns, nil
+	return nil
 }
 
 // sendFile streams a compressed file to the node, which decompresses it
@@ -273,7 +287,6 @@ type compressedCache struct {
 	store  *cas.Store
 	dir    string
 	source Source
-	target *Target
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
 }

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
 
@@ -71,6 +72,9 @@ type memSource struct {
 
 func (s *memSource) Open(_ context.Context, f bundle.File, _ string) (io.ReadCloser, error) {
 	s.opens++
+	if c, ok := s.content[f.Path]; ok {
+		return io.NopCloser(bytes.NewReader(c)), nil
+	}
 	return io.NopCloser(bytes.NewReader(s.content[f.Name])), nil
 }
 
@@ -187,4 +191,42 @@ func gzipped(t *testing.T, b []byte) []byte {
 	zw.Write(b)
 	zw.Close()
 	return buf.Bytes()
+}
+
+// A bundle with hops: control-plane nodes get each hop's control-plane
+// programs under StageDir/HOP as well; workers only the target's files.
+func TestStageHops(t *testing.T) {
+	target, src, nodes, tgts := stageWorld(t)
+	hop := &Target{Version: catalog.Version{Major: 1, Minor: 30, Patch: 14}, Manifest: &bundle.Manifest{KubernetesVersion: "v1.30.14"}}
+	for _, name := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"} {
+		content := bytes.Repeat([]byte(name+" v1.30.14 "), 1000)
+		sum := sha256.Sum256(content)
+		p := "hops/v1.30.14/bin/linux/amd64/" + name
+		hop.Manifest.Files = append(hop.Manifest.Files, bundle.File{Name: name, Arch: "amd64", Path: p, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(content))})
+		src.content[p] = content
+	}
+	target.Hops = []*Target{hop}
+	dirs := t.TempDir()
+	opts := StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[:1], Connector: &shellNodes{cmds: map[string]int{}},
+		StageDir: filepath.Join(dirs, "cp-1"), CacheDir: t.TempDir()}
+	res, err := Stage(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(res.Nodes[0].Sent, ","); got != "kube-apiserver,kube-controller-manager,kube-proxy,kube-scheduler,kubectl,kubelet,v1.30.14/kube-apiserver,v1.30.14/kube-controller-manager,v1.30.14/kube-scheduler" {
+		t.Errorf("sent %s", got)
+	}
+	for _, name := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		got, err := os.ReadFile(filepath.Join(dirs, "cp-1", "v1.30.14", name))
+		if err != nil || !bytes.Equal(got, src.content["hops/v1.30.14/bin/linux/amd64/"+name]) {
+			t.Errorf("hop's %s staged wrong (%v)", name, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dirs, "cp-1", "v1.30.14", "kubelet")); err == nil {
+		t.Error("the hop's kubelet was staged: kubelets go straight to the target")
+	}
+	opts.Targets, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")
+	if res, err = Stage(context.Background(), opts); err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kube-proxy,kubectl,kubelet" {
+		t.Errorf("worker: %+v, %v", res.Nodes[0], err)
+	}
 }
