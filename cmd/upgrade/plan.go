@@ -188,7 +188,7 @@ func printPlan(w io.Writer, p *inplace.Plan) {
 	for i, s := range p.Steps {
 		switch s.Phase {
 		case inplace.PhaseControlPlane:
-			fmt.Fprintf(w, "  %2d. control plane on %s: %s\n", i+1, strings.Join(s.Nodes, ", "), strings.Join(s.Components, ", "))
+			fmt.Fprintf(w, "  %2d. control plane on %s to %s: %s\n", i+1, strings.Join(s.Nodes, ", "), s.Version, strings.Join(s.Components, ", "))
 		case inplace.PhaseTolerations:
 			fmt.Fprintf(w, "  %2d. add the missing not-ready/unreachable tolerations to running pods\n", i+1)
 		default:

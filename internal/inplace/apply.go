@@ -477,6 +477,12 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 // onNode dials a node and runs fn with its operations, from the version
 // its kubelet ran before this upgrade.
 func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Context, *nodeOps) error) error {
+	return r.onNodeFrom(ctx, name, r.onNodeFromVersion(name), fn)
+}
+
+// onNodeFromVersion is the version node upgrades from: its kubelet's
+// before this upgrade.
+func (r *applyRun) onNodeFromVersion(name string) string {
 	from := ""
 	if f := r.view.facts[name]; f != nil {
 		from = f.Components["kubelet"]
@@ -487,11 +493,16 @@ func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Cont
 	if len(r.plan.From) > 0 && (from == "" || from == r.target.Version.String()) {
 		from = r.plan.From[0]
 	}
-	return r.onNodeFrom(ctx, name, from, fn)
+	return from
 }
 
 // onNodeFrom is onNode with the old version given.
 func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(context.Context, *nodeOps) error) error {
+	return r.onNodeTo(ctx, name, from, r.target.Version.String(), fn)
+}
+
+// onNodeTo is onNode moving from one given version to another (a hop).
+func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(context.Context, *nodeOps) error) error {
 	if _, err := catalog.ParseReported(from); err != nil {
 		return fmt.Errorf("node %s: the version it upgrades from: %w", name, err)
 	}
@@ -507,7 +518,7 @@ func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(co
 	if f == nil {
 		return fmt.Errorf("node %s: not read by the plan", name)
 	}
-	o := &nodeOps{n: n, name: name, stageDir: r.opts.Plan.StageDir, backupDir: r.opts.BackupDir, from: from, to: r.target.Version.String(), facts: f}
+	o := &nodeOps{n: n, name: name, stageDir: r.opts.Plan.StageDir, backupDir: r.opts.BackupDir, from: from, to: to, facts: f}
 	if r.dry {
 		o.dry = func(node, command string) { r.would(node, "", command) }
 	}

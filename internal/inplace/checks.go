@@ -146,13 +146,15 @@ func (pc *planCheck) steps() ([]Step, error) {
 	if err != nil {
 		return nil, err
 	}
-	var steps []Step
-	for i := range pc.plan.Nodes {
-		if n := &pc.plan.Nodes[i]; n.Role == RoleControlPlane {
-			steps = append(steps, Step{Phase: PhaseControlPlane, Nodes: []string{n.Name}, Components: pc.driver.Components(n)})
+	// In apply's order: tolerations before any component restarts.
+	steps := []Step{{Phase: PhaseTolerations}}
+	for _, t := range pc.target.Chain() {
+		for i := range pc.plan.Nodes {
+			if n := &pc.plan.Nodes[i]; n.Role == RoleControlPlane {
+				steps = append(steps, Step{Phase: PhaseControlPlane, Version: t.Version.String(), Nodes: []string{n.Name}, Components: pc.driver.Components(n)})
+			}
 		}
 	}
-	steps = append(steps, Step{Phase: PhaseTolerations})
 	proxies := map[string]bool{}
 	for i := range pc.plan.Nodes {
 		n := &pc.plan.Nodes[i]
@@ -222,11 +224,11 @@ func (pc *planCheck) path() {
 				pc.add(Blocking, "path", obj, msg, fmt.Sprintf("upgrade to a %d.%d release first, or make the bundle with bundle create --from v%d.%d", to.Major, from.Minor+1, from.Major, from.Minor))
 			case !next.Release.CanUpgradeFrom(from):
 				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, next.Version, strings.Join(next.Release.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
-			case next != pc.target:
-				// The engine's side of hops is being built: until apply
-				// moves the control plane hop by hop, it must not start.
-				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the way to %s passes through %s, and this kubelift cannot move a control plane through hops yet", comp, from, to, hopList(pc.target)),
-					fmt.Sprintf("upgrade one minor at a time: import and apply a %s bundle first", next.Version.MinorString()))
+			case next != pc.target && pc.view.kubeadm != nil:
+				// kubeadm's side of hops is not built: a kubeadm control
+				// plane moves one minor per apply.
+				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the way to %s passes through %s, and kubelift moves a kubeadm control plane one minor at a time", comp, from, to, hopList(pc.target)),
+					fmt.Sprintf("import and apply a %s bundle first", next.Version.MinorString()))
 			}
 		}
 	}

@@ -158,7 +158,7 @@ func TestPlanCleanClusterBlocksNothing(t *testing.T) {
 	for _, s := range p.Steps {
 		order = append(order, s.Phase+":"+strings.Join(s.Nodes, ","))
 	}
-	if got := strings.Join(order, " "); got != "control-plane:cp-1 patch-tolerations: kubelets:cp-1 kubelets:worker-1 kubelets:worker-2" {
+	if got := strings.Join(order, " "); got != "patch-tolerations: control-plane:cp-1 kubelets:cp-1 kubelets:worker-1 kubelets:worker-2" {
 		t.Errorf("steps %s", got)
 	}
 }

@@ -47,20 +47,28 @@ func (r *applyRun) controlPlaneDone() bool {
 }
 
 // controlPlaneStep moves each control-plane node's control plane, one
-// node at a time, through the cluster's driver.
+// node at a time, through the cluster's driver: to each hop in turn (every
+// control-plane node at a hop before any moves past it: the API servers
+// never more than one minor apart), then to the target. The kubelets stay
+// where they are meanwhile, within the skew the bundle was made for.
 func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 	if err := r.setState(ctx, StateUpgradingControlPlane); err != nil {
 		return err
 	}
-	to := r.target.Version.String()
-	for _, n := range r.plan.Nodes {
-		if n.Role != RoleControlPlane {
-			continue
+	for _, t := range r.target.Chain() {
+		to := t.Version.String()
+		if len(r.target.Hops) > 0 {
+			r.log.Info("control plane", "to", to, "hop", t != r.target)
 		}
-		if err := r.driver.Upgrade(ctx, r, n.Name); err != nil {
-			return err
+		for _, n := range r.plan.Nodes {
+			if n.Role != RoleControlPlane {
+				continue
+			}
+			if err := r.driver.Upgrade(ctx, r, n.Name, t); err != nil {
+				return err
+			}
+			r.setNode(ctx, n.Name, NodePending, "control plane at "+to, nil)
 		}
-		r.setNode(ctx, n.Name, NodePending, "control plane at "+to, nil)
 	}
 	return r.setState(ctx, StateUpgradedControlPlane)
 }

@@ -7,6 +7,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
@@ -24,11 +25,11 @@ type controlPlane interface {
 	// BackupEtcd snapshots etcd from the first control-plane node that
 	// can, and returns "NODE:PATH".
 	BackupEtcd(ctx context.Context, r *applyRun) (string, error)
-	// Upgrade moves node's control plane to the run's target, each part
-	// healthy at the target before the next; a part that fails is put
-	// back and the error wraps ErrNodeFailed. Parts at the target already
-	// are skipped, so a re-run continues.
-	Upgrade(ctx context.Context, r *applyRun, node string) error
+	// Upgrade moves node's control plane to t (a hop on the way, or the
+	// run's target), each part healthy there before the next; a part that
+	// fails is put back and the error wraps ErrNodeFailed. Parts at t
+	// already (or, for a hop, past it) are skipped, so a re-run continues.
+	Upgrade(ctx context.Context, r *applyRun, node string, t *Target) error
 	// Undo puts node's control plane back at the version the run started
 	// from, in the reverse order of Upgrade (Rollback).
 	Undo(ctx context.Context, r *applyRun, node string) error
@@ -95,23 +96,44 @@ func (binaryDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, error)
 	return "", errors.New("no control-plane node runs kube-apiserver with --etcd-servers to back etcd up from")
 }
 
-// Upgrade swaps each part in turn: back up, swap, wait healthy, and on a
-// failure restore it.
-func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string) error {
-	to := r.target.Version.String()
+// Upgrade swaps each part in turn: back up what runs (under BACKUP/ITS
+// VERSION), swap in t's, wait healthy, and on a failure restore it.
+func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *Target) error {
+	to := t.Version.String()
 	for _, comp := range d.Components(r.nodeState(node)) {
+		file, _, ok := t.File(comp, archOr(r.nodeState(node).Arch))
+		if !ok {
+			return fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", node, to, comp, archOr(r.nodeState(node).Arch))
+		}
+		// What runs now is what a failure goes back to: through hops, the
+		// hop before (backed up under BACKUP/ITS VERSION); in one minor,
+		// the version the node upgrades from, where Rollback looks.
+		var running string
 		err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
-			if v, err := o.running(ctx, comp); err != nil {
-				return err
-			} else if v == to {
-				return nil // already at the target: a re-run skips it
-			}
-			r.setNode(ctx, node, NodeUpgrading, comp, nil)
+			var err error
+			running, err = o.running(ctx, comp)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if running == to {
+			continue // at t already: a re-run skips it
+		}
+		if v, perr := catalog.ParseReported(running); perr == nil && t != r.target && v.Compare(t.Version) > 0 {
+			continue // past this hop already
+		}
+		from := r.onNodeFromVersion(node)
+		if len(r.target.Hops) > 0 && running != "" {
+			from = running
+		}
+		err = r.onNodeTo(ctx, node, from, to, func(ctx context.Context, o *nodeOps) error {
+			r.setNode(ctx, node, NodeUpgrading, comp+" to "+to, nil)
 			r.event(ctx, node, "UpgradingComponent", fmt.Sprintf("kubelift: %s %s -> %s", comp, o.from, to))
 			if err := o.backup(ctx, comp); err != nil {
 				return err
 			}
-			if err := o.swap(ctx, comp, r.fileSHA(comp, r.nodeState(node).Arch)); err != nil {
+			if err := o.swap(ctx, comp, file.SHA256); err != nil {
 				return r.rollback(ctx, o, comp, err)
 			}
 			if err := r.waitComponent(ctx, o, comp, to); err != nil {

@@ -1,7 +1,14 @@
 package inplace
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -12,6 +19,11 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/kubeadm"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodefacts"
+	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
 )
 
 // hopWorld is newWorld's cluster at v1.30.14 with a target of v1.33.13,
@@ -48,28 +60,36 @@ func TestPathThroughHops(t *testing.T) {
 	fs := only(w.plan(t), "path")
 	want(t, fs, Blocking, "node/cp-1", "kube-apiserver runs v1.30.14: v1.33.13 skips a minor version")
 	// With them, the next release on the way is v1.31.14, which takes
-	// v1.30, and kubelets three minors back are within the skew; but apply
-	// cannot move a control plane through hops yet, so the plan says so.
+	// v1.30, and kubelets three minors back are within the skew.
 	w = hopWorld(t, true)
 	p := w.plan(t)
-	if fs := only(p, "skew"); len(fs) != 0 {
+	if fs := append(only(p, "path"), only(p, "skew")...); len(fs) != 0 {
 		t.Errorf("findings %+v, want none", fs)
 	}
-	fs = only(p, "path")
-	want(t, fs, Blocking, "node/cp-1", "kube-apiserver runs v1.30.14: the way to v1.33.13 passes through v1.31.14, v1.32.13, and this kubelift cannot move a control plane through hops yet")
-	if len(fs) != 1 {
-		t.Errorf("findings %+v, want one (one per version a component runs)", fs)
+	// The control plane's steps go through each hop, every control-plane
+	// node at one before the next.
+	var cp []string
+	for _, s := range p.Steps {
+		if s.Phase == PhaseControlPlane {
+			cp = append(cp, s.Version+":"+strings.Join(s.Nodes, ","))
+		}
 	}
-	// A control plane resumed after the first hop goes on from there;
-	// one that jumped past it is refused.
+	if got := strings.Join(cp, " "); got != "v1.31.14:cp-1 v1.32.13:cp-1 v1.33.13:cp-1" {
+		t.Errorf("control-plane steps %s", got)
+	}
+	// A control plane resumed after the first hop goes on from there.
 	for _, c := range controlPlaneFiles {
 		w.view.facts["cp-1"].Components[c] = "v1.31.14"
 	}
-	fs = only(w.plan(t), "path")
-	want(t, fs, Blocking, "node/cp-1", "kube-apiserver runs v1.31.14: the way to v1.33.13 passes through")
-	if len(fs) != 1 {
-		t.Errorf("at the first hop: findings %+v, want one", fs)
+	if fs := only(w.plan(t), "path"); len(fs) != 0 {
+		t.Errorf("at the first hop: findings %+v, want none", fs)
 	}
+	// A kubeadm control plane moves one minor per apply.
+	w.view.kubeadm = &kubeadm.Config{}
+	fs = only(w.plan(t), "path")
+	want(t, fs, Blocking, "node/cp-1", "kube-apiserver runs v1.31.14: the way to v1.33.13 passes through v1.31.14, v1.32.13, and kubelift moves a kubeadm control plane one minor at a time")
+	w.view.kubeadm = nil
+	// One that jumped past a hop is refused.
 	w.view.facts["cp-1"].Components["kube-apiserver"] = "v1.29.15"
 	fs = only(w.plan(t), "path")
 	want(t, fs, Blocking, "node/cp-1", "kube-apiserver runs v1.29.15: v1.31.14 skips a minor version", "the bundle passes through v1.31.14, v1.32.13")
@@ -95,4 +115,81 @@ func TestRemovedOnTheWay(t *testing.T) {
 	fsObj.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "helm", APIVersion: "flowcontrol.apiserver.k8s.io/v1beta3"}})
 	w.opts.Dynamic = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "FlowSchemaList"}, fsObj)
 	want(t, only(w.plan(t), "removed-apis"), Blocking, "flowschemas.flowcontrol.apiserver.k8s.io/mine", "which v1.32 no longer serves")
+}
+
+// The binary driver moves a control-plane node through a hop and on to
+// the target: each part backed up under the version it ran, the hop's
+// staged program swapped in, waited for at that version; a re-run skips
+// what is there already, and a part past a hop is not moved back to it.
+func TestBinaryDriverThroughHops(t *testing.T) {
+	w := hopWorld(t, false)
+	hop := lookup(t, w.cat, "v1.31.14")
+	sum := func(name, v string) string { return fmt.Sprintf("%064x", len(name)+len(v)) }
+	hopT := &Target{Version: hop.Parsed(), Release: hop, Manifest: &bundle.Manifest{KubernetesVersion: hop.Version}}
+	target := &Target{Version: catalog.Version{Major: 1, Minor: 32, Patch: 13}, Manifest: &bundle.Manifest{KubernetesVersion: "v1.32.13"}, Hops: []*Target{hopT}}
+	for _, c := range controlPlaneFiles {
+		hopT.Manifest.Files = append(hopT.Manifest.Files, bundle.File{Name: c, Arch: "amd64", SHA256: sum(c, "v1.31.14")})
+		target.Manifest.Files = append(target.Manifest.Files, bundle.File{Name: c, Arch: "amd64", SHA256: sum(c, "v1.32.13")})
+	}
+	running := map[string]string{}
+	for _, c := range controlPlaneFiles {
+		running[c] = "v1.30.14"
+	}
+	var mu sync.Mutex
+	var log []string
+	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+		nodescript.Running.Name: func(args []string) (string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return "Kubernetes " + running[args[0]], nil
+		},
+		nodescript.Backup.Name: func(args []string) (string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			log = append(log, "backup "+args[1]+" "+args[3]+" to "+args[0])
+			return "", nil
+		},
+		nodescript.Swap.Name: func(args []string) (string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			v := path.Base(path.Dir(args[0]))
+			if args[1] != sum(args[3], v) {
+				return "", fmt.Errorf("sha256 %s is not %s's of %s", args[1], args[3], v)
+			}
+			running[args[3]] = v
+			log = append(log, "swap "+args[3]+" "+args[0])
+			return "", nil
+		},
+	}}
+	nodes := []NodeState{{Name: "cp-1", Role: RoleControlPlane, Arch: "amd64", Kubelet: "v1.30.14", Components: map[string]string{}}}
+	for _, c := range controlPlaneFiles {
+		nodes[0].Components[c] = "v1.30.14"
+	}
+	r := &applyRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
+		opts: ApplyOptions{ReadyTimeout: time.Minute, BackupDir: "/var/lib/kubelift/backup",
+			Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: "/var/lib/kubelift/staged", Now: time.Now}},
+		plan:  &Plan{From: []string{"v1.30.14"}, Nodes: nodes},
+		view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.30.14"}}}},
+		state: &UpgradeState{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: RoleControlPlane}}, driver: binaryDriver{}}
+	ctx := context.Background()
+	if err := r.controlPlaneStep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{}
+	for _, step := range [][2]string{{"v1.30.14", "v1.31.14"}, {"v1.31.14", "v1.32.13"}} {
+		for _, c := range controlPlaneFiles {
+			want = append(want, "backup "+c+" "+step[0]+" to /var/lib/kubelift/backup/"+step[0], "swap "+c+" /var/lib/kubelift/staged/"+step[1]+"/"+c)
+		}
+	}
+	if strings.Join(log, "\n") != strings.Join(want, "\n") {
+		t.Errorf("ran:\n%s\nwant:\n%s", strings.Join(log, "\n"), strings.Join(want, "\n"))
+	}
+	if r.state.State != StateUpgradedControlPlane || r.state.Nodes[0].Step != "control plane at v1.32.13" {
+		t.Errorf("state %s, node %+v", r.state.State, r.state.Nodes)
+	}
+	// Again: at the target, nothing moves; past the hop, nothing goes back.
+	log = nil
+	if err := r.controlPlaneStep(ctx); err != nil || len(log) != 0 {
+		t.Errorf("re-run: %v, ran %q", err, log)
+	}
 }

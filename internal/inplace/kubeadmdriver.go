@@ -104,8 +104,13 @@ func (d kubeadmDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, err
 // pod of the node runs the target already, then waits until they do and
 // are Ready, and until kubeadm's addons (kube-proxy, CoreDNS) have rolled
 // out.
-func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string) error {
-	to := r.target.Version.String()
+//
+// t is the run's target: plan refuses hops on a kubeadm cluster.
+func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *Target) error {
+	if t != r.target {
+		return fmt.Errorf("node %s: kubelift moves a kubeadm control plane one minor at a time, not through %s", node, t.Version)
+	}
+	to := t.Version.String()
 	// Read through an API server restart: a run resumed while kubeadm
 	// moves the control plane may find it restarting.
 	var at map[string]string

@@ -77,8 +77,10 @@ type NodeState struct {
 // Step is one step of the ordered plan: a phase and the nodes it works on
 // at once.
 type Step struct {
-	Phase string   `json:"phase"`
-	Nodes []string `json:"nodes,omitempty"`
+	Phase string `json:"phase"`
+	// Version is what a control-plane step moves to: a hop, or the target.
+	Version string   `json:"version,omitempty"`
+	Nodes   []string `json:"nodes,omitempty"`
 	// Components are swapped on each node, in order.
 	Components []string `json:"components,omitempty"`
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,26 +25,30 @@ const StateRolledBack = "upgrade-rolled-back"
 var ErrRollbackRefused = errors.New("rollback refused")
 
 // RollbackAllowed says whether an upgrade from -> to may be rolled back
-// now: while no API server runs to yet, or, any time, when the catalog
-// lists from among to's patch downgrades. apiservers are the versions the
-// control-plane nodes' API servers run.
+// now: while every API server runs from, or a version the catalog lists
+// from among the patch downgrades of. An API server at another minor (at
+// to, or at a hop on the way) has written to etcd what an older one may
+// not read: the upgrade can only go forward. apiservers are the versions
+// the control-plane nodes' API servers run.
 func RollbackAllowed(cat *catalog.Catalog, from, to string, apiservers map[string]string) error {
-	moved := ""
-	for node, v := range apiservers {
-		if v == to {
-			moved = node
-		}
-	}
-	if moved == "" {
-		return nil
-	}
 	f, errF := catalog.ParseVersion(from)
-	rel, errT := cat.Lookup(to)
-	if errF == nil && errT == nil && rel.CanDowngradeTo(f) {
-		return nil
+	for _, node := range slices.Sorted(maps.Keys(apiservers)) {
+		v := apiservers[node]
+		if v == from || v == "" {
+			continue
+		}
+		rel, errT := cat.Lookup(v)
+		if errF == nil && errT == nil && rel.CanDowngradeTo(f) {
+			continue
+		}
+		via := ""
+		if v != to {
+			via = fmt.Sprintf(" (a release on the way to %s)", to)
+		}
+		return fmt.Errorf("%w: kube-apiserver on %s runs %s already%s, and the catalog allows rollback after that only as a patch downgrade within a minor (%s lists %v): go forward (upgrade apply) instead",
+			ErrRollbackRefused, node, v, via, v, downgrades(rel))
 	}
-	return fmt.Errorf("%w: kube-apiserver on %s runs %s already, and the catalog allows rollback after that only as a patch downgrade within a minor (%s lists %v): go forward (upgrade apply) instead",
-		ErrRollbackRefused, moved, to, to, downgrades(rel))
+	return nil
 }
 
 func downgrades(rel *catalog.Release) []string {

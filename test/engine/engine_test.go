@@ -288,7 +288,7 @@ func TestPlanHashSkipKubelet(t *testing.T) {
 	for _, s := range p.Steps {
 		order = append(order, s.Phase+":"+strings.Join(s.Nodes, ","))
 	}
-	want := "control-plane:cp-1 patch-tolerations: kubelets:cp-1 kubelets:worker-1 kubelets:worker-2,worker-3"
+	want := "patch-tolerations: control-plane:cp-1 kubelets:cp-1 kubelets:worker-1 kubelets:worker-2,worker-3"
 	if got := strings.Join(order, " "); got != want {
 		t.Errorf("steps %s\nwant  %s", got, want)
 	}
