@@ -221,7 +221,11 @@ func (pc *planCheck) path() {
 				if len(pc.target.Hops) > 0 {
 					msg += fmt.Sprintf("; the bundle passes through %s", hopList(pc.target))
 				}
-				pc.add(Blocking, "path", obj, msg, fmt.Sprintf("upgrade to a %d.%d release first, or make the bundle with bundle create --from v%d.%d", to.Major, from.Minor+1, from.Major, from.Minor))
+				fix := fmt.Sprintf("upgrade to a %d.%d release first", to.Major, from.Minor+1)
+				if pc.view.kubeadm == nil && to.Major == from.Major && to.Minor-from.Minor <= catalog.MaxKubeletSkew && len(pc.target.Hops) == 0 {
+					fix += fmt.Sprintf(", or make the bundle with bundle create --from v%d.%d", from.Major, from.Minor)
+				}
+				pc.add(Blocking, "path", obj, msg, fix)
 			case !next.Release.CanUpgradeFrom(from):
 				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, next.Version, strings.Join(next.Release.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
 			case next != pc.target && pc.view.kubeadm != nil:
@@ -313,6 +317,16 @@ func (pc *planCheck) staged() {
 				need += bf.Size
 			}
 		}
+		// Each hop's files, which the facts do not list (apply stages
+		// them, sending only what is missing): counted at full size, with
+		// their backups.
+		for _, h := range pc.target.Hops {
+			for _, name := range HopFilesForKind(pc.driver.Kind(), s.Role) {
+				if bf, _, ok := h.File(name, arch); ok {
+					need += 2 * bf.Size
+				}
+			}
+		}
 		s.Staged = len(missing) == 0
 		if len(missing) > 0 {
 			pc.add(Info, "staged", "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: apply stages them", strings.Join(missing, ", "), StagePath(pc.opts.StageDir, version, "")), "upgrade stage --to "+version)
@@ -372,21 +386,31 @@ func (pc *planCheck) cgroupV1() {
 			continue
 		}
 		msg := fmt.Sprintf("the node runs cgroup v1: kubelet %s will refuse to start on it unless failCgroupV1 is false", pc.target.Version)
+		flagFalse := f.FailCgroupV1 != nil && !*f.FailCgroupV1 && f.FailCgroupV1Source == "kubelet --fail-cgroupv1"
 		if kc := pc.view.kubeadm; kc != nil {
-			if kc.KubeletFailCgroupV1 == nil || *kc.KubeletFailCgroupV1 {
-				pc.add(Blocking, "cgroup", "node/"+s.Name, msg+", and configmap kube-system/kubelet-config does not set it (kubeadm upgrade node writes the node's configuration from it)",
+			// kubeadm upgrade node rewrites the node's file from the
+			// ConfigMap; a flag (kubeadm-flags.env, KUBELET_EXTRA_ARGS)
+			// stays.
+			if (kc.KubeletFailCgroupV1 == nil || *kc.KubeletFailCgroupV1) && !flagFalse {
+				pc.add(Blocking, "cgroup", "node/"+s.Name, msg+", and configmap kube-system/kubelet-config does not set it false (kubeadm upgrade node writes the node's configuration from it)",
 					"set failCgroupV1: false in configmap kube-system/kubelet-config, or move the node to cgroup v2")
 			}
 			continue
 		}
-		if f.FailCgroupV1 == nil || *f.FailCgroupV1 {
-			where := "the kubelet's configuration file"
-			if c := f.Values["kubelet --config"]; c != "" {
-				where = c
-			}
-			pc.add(Blocking, "cgroup", "node/"+s.Name, msg+", and "+where+" does not set it",
-				"set failCgroupV1: false in "+where+", or move the node to cgroup v2")
+		if f.FailCgroupV1 != nil && !*f.FailCgroupV1 {
+			continue
 		}
+		where := "the kubelet's configuration file"
+		if c := f.Values["kubelet --config"]; c != "" && nodefacts.CheckPath(s.Name, "kubelet --config", c) == nil {
+			where = c
+		}
+		switch {
+		case f.FailCgroupV1 == nil:
+			msg += ", and " + where + " does not set it"
+		default:
+			msg += ", and " + f.FailCgroupV1Source + " sets it true"
+		}
+		pc.add(Blocking, "cgroup", "node/"+s.Name, msg, "set failCgroupV1: false in "+where+" (and remove --fail-cgroupv1 if given), or move the node to cgroup v2")
 	}
 }
 

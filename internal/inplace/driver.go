@@ -105,13 +105,18 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 		if !ok {
 			return fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", node, to, comp, archOr(r.nodeState(node).Arch))
 		}
-		// What runs now is what a failure goes back to: through hops, the
-		// hop before (backed up under BACKUP/ITS VERSION); in one minor,
-		// the version the node upgrades from, where Rollback looks.
-		var running string
+		// What runs now is what a failure goes back to: in one minor, the
+		// version the node upgrades from, where Rollback looks; through
+		// hops, the part's own version (backed up under BACKUP/VERSION),
+		// read from its program when it does not run, so that a part
+		// that moved past a hop and then stopped is never moved back.
+		var running, installed string
 		err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
 			var err error
-			running, err = o.running(ctx, comp)
+			if running, err = o.running(ctx, comp); err != nil || len(r.target.Hops) == 0 {
+				return err
+			}
+			installed, err = o.installed(ctx, comp)
 			return err
 		})
 		if err != nil {
@@ -120,12 +125,22 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 		if running == to {
 			continue // at t already: a re-run skips it
 		}
-		if v, perr := catalog.ParseReported(running); perr == nil && t != r.target && v.Compare(t.Version) > 0 {
-			continue // past this hop already
-		}
 		from := r.onNodeFromVersion(node)
-		if len(r.target.Hops) > 0 && running != "" {
-			from = running
+		if len(r.target.Hops) > 0 {
+			cur := running
+			if cur == "" {
+				cur = installed
+			}
+			v, perr := catalog.ParseReported(cur)
+			switch {
+			case perr != nil:
+				return fmt.Errorf("node %s: %s does not run, and the version of its program cannot be read (%q): start its unit, or put its program back, and apply again", node, comp, cur)
+			case running == "" && cur == to:
+				return fmt.Errorf("node %s: %s's program is %s already but it does not run: see its unit's log; kubelift does not guess what to put back", node, comp, to)
+			case t != r.target && v.Compare(t.Version) > 0:
+				continue // past this hop already
+			}
+			from = cur
 		}
 		err = r.onNodeTo(ctx, node, from, to, func(ctx context.Context, o *nodeOps) error {
 			r.setNode(ctx, node, NodeUpgrading, comp+" to "+to, nil)

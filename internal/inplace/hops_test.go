@@ -131,9 +131,9 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 		hopT.Manifest.Files = append(hopT.Manifest.Files, bundle.File{Name: c, Arch: "amd64", SHA256: sum(c, "v1.31.14")})
 		target.Manifest.Files = append(target.Manifest.Files, bundle.File{Name: c, Arch: "amd64", SHA256: sum(c, "v1.32.13")})
 	}
-	running := map[string]string{}
+	running, installed := map[string]string{}, map[string]string{}
 	for _, c := range controlPlaneFiles {
-		running[c] = "v1.30.14"
+		running[c], installed[c] = "v1.30.14", "v1.30.14"
 	}
 	var mu sync.Mutex
 	var log []string
@@ -141,7 +141,15 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 		nodescript.Running.Name: func(args []string) (string, error) {
 			mu.Lock()
 			defer mu.Unlock()
+			if running[args[0]] == "" {
+				return "", nil
+			}
 			return "Kubernetes " + running[args[0]], nil
+		},
+		nodescript.Installed.Name: func(args []string) (string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return "Kubernetes " + installed[path.Base(args[0])], nil
 		},
 		nodescript.Backup.Name: func(args []string) (string, error) {
 			mu.Lock()
@@ -156,7 +164,7 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 			if args[1] != sum(args[3], v) {
 				return "", fmt.Errorf("sha256 %s is not %s's of %s", args[1], args[3], v)
 			}
-			running[args[3]] = v
+			running[args[3]], installed[args[3]] = v, v
 			log = append(log, "swap "+args[3]+" "+args[0])
 			return "", nil
 		},
@@ -191,5 +199,66 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 	log = nil
 	if err := r.controlPlaneStep(ctx); err != nil || len(log) != 0 {
 		t.Errorf("re-run: %v, ran %q", err, log)
+	}
+	// A part past the hop that stopped running (its program at the
+	// target) is neither moved back to the hop nor guessed at: the run
+	// stops naming it.
+	running["kube-scheduler"] = ""
+	log = nil
+	err := r.controlPlaneStep(ctx)
+	if err == nil || !strings.Contains(err.Error(), "node cp-1: kube-scheduler's program is v1.32.13 already but it does not run") || len(log) != 0 {
+		t.Errorf("stopped scheduler: %v, ran %q", err, log)
+	}
+	// One whose program is the hop's but does not run (swapped, then the
+	// run was killed before it was healthy) is not moved on either.
+	running["kube-scheduler"], installed["kube-scheduler"] = "", "v1.31.14"
+	log = nil
+	err = r.controlPlaneStep(ctx)
+	if err == nil || !strings.Contains(err.Error(), "kube-scheduler's program is v1.31.14 already but it does not run") || len(log) != 0 {
+		t.Errorf("scheduler stopped at the hop: %v, ran %q", err, log)
+	}
+}
+
+// Without hops, a part newer than the target is swapped when the catalog
+// allows the patch downgrade (plan checks that): the driver does not take
+// "newer" for "done".
+func TestBinaryDriverPatchDowngrade(t *testing.T) {
+	w := newWorld(t)
+	to := lookup(t, w.cat, "v1.31.4")
+	to.Version = "v1.31.3" // a target older than what runs
+	target := &Target{Version: catalog.Version{Major: 1, Minor: 31, Patch: 3}, Release: to, Manifest: &bundle.Manifest{KubernetesVersion: "v1.31.3"}}
+	for _, c := range controlPlaneFiles {
+		target.Manifest.Files = append(target.Manifest.Files, bundle.File{Name: c, Arch: "amd64", SHA256: strings.Repeat("a", 64)})
+	}
+	var swapped []string
+	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+		nodescript.Running.Name: func(args []string) (string, error) {
+			for _, s := range swapped {
+				if s == args[0] {
+					return "Kubernetes v1.31.3", nil
+				}
+			}
+			return "Kubernetes v1.31.4", nil
+		},
+		nodescript.Backup.Name: func([]string) (string, error) { return "", nil },
+		nodescript.Swap.Name: func(args []string) (string, error) {
+			swapped = append(swapped, args[3])
+			return "", nil
+		},
+	}}
+	nodes := []NodeState{{Name: "cp-1", Role: RoleControlPlane, Arch: "amd64", Kubelet: "v1.31.4", Components: map[string]string{}}}
+	for _, c := range controlPlaneFiles {
+		nodes[0].Components[c] = "v1.31.4"
+	}
+	r := &applyRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
+		opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, Now: time.Now}},
+		plan:  &Plan{From: []string{"v1.31.4"}, Nodes: nodes},
+		view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.4"}}}},
+		state: &UpgradeState{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: RoleControlPlane}}, driver: binaryDriver{}}
+	if err := r.controlPlaneStep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(swapped, ",") != strings.Join(controlPlaneFiles, ",") {
+		t.Errorf("swapped %v, want every part", swapped)
 	}
 }
