@@ -166,9 +166,9 @@ type applyRun struct {
 	events *eventQueue
 	// cordoned holds the nodes this run cordoned.
 	cordoned sync.Map
-	// resumingControlPlane: the run this one resumes stopped while it
-	// moved a control-plane node.
-	resumingControlPlane bool
+	// resumingControlPlane: the control-plane nodes kubeadm was moving
+	// when the run this one resumes stopped.
+	resumingControlPlane map[string]bool
 	// stateIdx indexes plan.Nodes by name (built once).
 	indexOnce sync.Once
 	stateIdx  map[string]int
@@ -331,22 +331,25 @@ func (r *applyRun) planStep(ctx context.Context) error {
 	return nil
 }
 
-// controlPlaneInFlight reports whether the recorded upgrade to to stopped
-// while it moved a control-plane node.
-func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string) (bool, error) {
+// controlPlaneInFlight returns the control-plane nodes a recorded kubeadm
+// upgrade to to was moving when its run stopped (kubeadm, detached, may
+// still be restarting their components); none for a binary cluster, whose
+// parts move only while kubelift runs.
+func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string) (map[string]bool, error) {
 	s, err := ReadState(ctx, c)
-	if err != nil || s == nil || s.To != to {
-		return false, err
+	if err != nil || s == nil || s.To != to || s.ControlPlane != KindKubeadm {
+		return nil, err
 	}
-	if s.State == StateUpgradingControlPlane {
-		return true, nil
-	}
+	var moving map[string]bool
 	for _, n := range s.Nodes {
 		if n.Role == RoleControlPlane && n.Status == NodeUpgrading {
-			return true, nil
+			if moving == nil {
+				moving = map[string]bool{}
+			}
+			moving[n.Name] = true
 		}
 	}
-	return false, nil
+	return moving, nil
 }
 
 // resolves says apply itself fixes a blocking finding, or it is about a
@@ -366,11 +369,14 @@ func (r *applyRun) resolves(f Finding) bool {
 	if f.Check == "restarts" && r.opts.Drain {
 		return true // drained first: nothing runs there to restart
 	}
-	if f.Check == "health" && r.resumingControlPlane && (strings.HasPrefix(f.Object, "apiserver/") || strings.HasPrefix(f.Object, "lease/")) {
-		// The run this one resumes stopped while a control-plane node
-		// moved (kubeadm may be restarting its components right now): the
-		// control plane step follows that move and waits for the
-		// components, and for the leases before the next node.
+	if f.Check == "health" && len(r.resumingControlPlane) > 0 &&
+		(r.resumingControlPlane[strings.TrimPrefix(f.Object, "apiserver/")] || strings.HasPrefix(f.Object, "lease/")) {
+		// The run this one resumes stopped while kubeadm moved a
+		// control-plane node (it may be restarting that node's API
+		// server, or the leaders, right now): the control plane step
+		// follows that kubeadm run, waits for the node's static pods to
+		// be Ready at the target, and for the leases before the next
+		// node.
 		r.log.Warn("resuming a control plane upgrade in flight: the control plane step waits for this", "object", f.Object, "finding", f.Message)
 		return true
 	}
@@ -426,7 +432,10 @@ func (r *applyRun) nodeAtTarget(n NodeState) bool {
 func (r *applyRun) stageStep(ctx context.Context) error {
 	var missing []nodeaccess.Target
 	for _, n := range r.plan.Nodes {
-		if !n.Staged {
+		// The plan reads what is staged of the target only: with hops, a
+		// control-plane node is always passed to Stage, which sends only
+		// what is not there.
+		if !n.Staged || (len(r.target.Hops) > 0 && n.Role == RoleControlPlane) {
 			missing = append(missing, r.tgts[n.Name])
 		}
 	}
@@ -436,6 +445,16 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 	if r.dry {
 		for _, t := range missing {
 			arch := archOr(r.nodeState(t.Name).Arch)
+			for _, h := range r.target.Hops {
+				for _, name := range HopFilesForKind(r.driver.Kind(), t.Role) {
+					if f, _, ok := h.File(name, arch); ok {
+						r.would(t.Name, "stage "+h.Version.String()+"/"+name, nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, h.Version.String(), ""), f.Name, f.SHA256))
+					}
+				}
+			}
+			if r.nodeState(t.Name).Staged {
+				continue
+			}
 			for _, name := range FilesForKind(r.driver.Kind(), t.Role) {
 				if f, _, ok := r.target.File(name, arch); ok {
 					r.would(t.Name, "stage "+name, nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, r.target.Version.String(), ""), f.Name, f.SHA256))

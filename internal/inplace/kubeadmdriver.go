@@ -123,6 +123,15 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 		return err
 	}
 	if allAt(at, to) {
+		// Moved already (by a run this one resumes): Ready there too.
+		if err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
+			if r.dry {
+				return nil
+			}
+			return r.waitStaticAt(ctx, o, to)
+		}); err != nil {
+			return err
+		}
 		return r.waitAddons(ctx)
 	}
 	first := node == r.plan.firstControlPlane()
