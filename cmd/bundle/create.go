@@ -58,7 +58,7 @@ after a dropped connection fetches only what is missing. The bundle is
 written to a temporary file and renamed into place when complete.
 
 --from MINOR (or VERSION) also bundles, for every minor between it and the
-target, the control-plane binaries, kubeadm and control-plane images of that
+target, the control-plane binaries, kubeadm and all the images of that
 minor's newest catalog release: the control plane passes through each minor,
 while kubelets and kube-proxy go straight to the target (at most 3 minors
 on, the kubelet skew the API server allows). 'bundle inspect' lists the hops.

@@ -318,23 +318,26 @@ func TestCgroupV1(t *testing.T) {
 	}
 	w.view.facts["cp-1"].FailCgroupV1 = &f
 	w.view.facts["worker-1"].Values["kubelet --config"] = "/var/lib/kubelet/config.yaml"
-	w.view.facts["worker-2"].FailCgroupV1 = &no
+	w.view.facts["worker-2"].FailCgroupV1, w.view.facts["worker-2"].FailCgroupV1Source = &no, "kubelet --fail-cgroupv1"
 	if fs := only(w.plan(t), "cgroup"); len(fs) != 0 {
 		t.Errorf("target v1.31.4: findings %+v (kubelets before 1.35 start on cgroup v1)", fs)
 	}
 	w.opts.Target.Version, _ = catalog.ParseVersion("v1.35.4")
 	fs := only(w.plan(t), "cgroup")
 	want(t, fs, Blocking, "node/worker-1", "the node runs cgroup v1: kubelet v1.35.4 will refuse to start on it unless failCgroupV1 is false, and /var/lib/kubelet/config.yaml does not set it")
-	want(t, fs, Blocking, "node/worker-2", "and the kubelet's configuration file does not set it")
+	want(t, fs, Blocking, "node/worker-2", "and kubelet --fail-cgroupv1 sets it true")
 	if len(fs) != 2 {
 		t.Errorf("findings %+v (cp-1 sets failCgroupV1: false)", fs)
 	}
-	// A kubeadm cluster: the ConfigMap decides, whatever the node's file says.
+	// A kubeadm cluster: the ConfigMap decides, whatever the node's file
+	// says (kubeadm rewrites it); a flag false on the node stays.
 	w.view.kubeadm = &kubeadm.Config{}
+	w.view.facts["worker-1"].FailCgroupV1, w.view.facts["worker-1"].FailCgroupV1Source = &f, "kubelet --fail-cgroupv1"
 	fs = only(w.plan(t), "cgroup")
-	want(t, fs, Blocking, "node/cp-1", "configmap kube-system/kubelet-config does not set it")
-	if len(fs) != 3 {
-		t.Errorf("findings %+v", fs)
+	want(t, fs, Blocking, "node/cp-1", "configmap kube-system/kubelet-config does not set it false")
+	want(t, fs, Blocking, "node/worker-2", "configmap kube-system/kubelet-config does not set it false")
+	if len(fs) != 2 {
+		t.Errorf("findings %+v (worker-1's flag says false)", fs)
 	}
 	w.view.kubeadm.KubeletFailCgroupV1 = &f
 	if fs = only(w.plan(t), "cgroup"); len(fs) != 0 {

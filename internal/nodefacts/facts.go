@@ -64,6 +64,9 @@ type Facts struct {
 	// by --fail-cgroupv1 or its configuration file: nil when neither
 	// says (the kubelet's default then applies: true from 1.35).
 	FailCgroupV1 *bool `json:"failCgroupV1,omitempty"`
+	// FailCgroupV1Source says where FailCgroupV1 was read: the flag or
+	// the configuration file.
+	FailCgroupV1Source string `json:"-"`
 	// Bad are the values read that did not parse: refused, each left
 	// out of the fields above.
 	Bad []BadValue `json:"refused,omitempty"`
@@ -198,21 +201,26 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 	return f, nil
 }
 
-// setFailCgroupV1 records a failCgroupV1 setting read from field, or
-// refuses a value that is not a boolean.
+// setFailCgroupV1 records a failCgroupV1 setting read from field (the
+// flag, as strconv.ParseBool reads it, or the configuration file, as YAML
+// 1.1 does), or refuses a value neither would take.
 func (f *Facts) setFailCgroupV1(field, v string) {
 	v, _, _ = strings.Cut(v, " #") // a YAML comment
 	v = strings.Trim(strings.TrimSpace(v), `"'`)
-	var b bool
-	switch strings.ToLower(v) {
-	case "true":
-		b = true
-	case "false":
-	default:
+	b, err := strconv.ParseBool(v)
+	if err != nil && !strings.HasPrefix(field, "kubelet --") {
+		switch strings.ToLower(v) {
+		case "yes", "on", "y":
+			b, err = true, nil
+		case "no", "off", "n":
+			b, err = false, nil
+		}
+	}
+	if err != nil {
 		f.Bad = append(f.Bad, BadValue{Node: f.Name, Field: field, Value: v, Reason: "want true or false"})
 		return
 	}
-	f.FailCgroupV1 = &b
+	f.FailCgroupV1, f.FailCgroupV1Source = &b, field
 }
 
 // checkValues refuses the flag values node scripts would be given that

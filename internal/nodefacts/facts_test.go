@@ -165,6 +165,14 @@ func TestReadFactsCgroup(t *testing.T) {
 	if f.Cgroup != 2 || f.FailCgroupV1 == nil || !*f.FailCgroupV1 {
 		t.Errorf("cgroup %d, failCgroupV1 %v", f.Cgroup, f.FailCgroupV1)
 	}
+	// What the kubelet itself takes: YAML 1.1's no in the file, 0 as the
+	// flag's value.
+	if f = read("### kubelet-config\nfailCgroupV1: no\n"); f.FailCgroupV1 == nil || *f.FailCgroupV1 || len(f.Bad) != 0 {
+		t.Errorf("failCgroupV1: no -> %v, refused %v", f.FailCgroupV1, f.Bad)
+	}
+	if f = read("### cmdline kubelet\n/usr/bin/kubelet\n--fail-cgroupv1=0\n"); f.FailCgroupV1 == nil || *f.FailCgroupV1 || f.FailCgroupV1Source != "kubelet --fail-cgroupv1" {
+		t.Errorf("--fail-cgroupv1=0 -> %v from %q", f.FailCgroupV1, f.FailCgroupV1Source)
+	}
 	// Neither says: the kubelet's default.
 	if f = read("### cgroupfs\ntmpfs\n"); f.FailCgroupV1 != nil {
 		t.Errorf("failCgroupV1 %v, want not set", *f.FailCgroupV1)
