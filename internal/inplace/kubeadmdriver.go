@@ -122,25 +122,44 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 	if err != nil {
 		return err
 	}
+	first := node == r.plan.firstControlPlane()
 	if allAt(at, to) {
-		// Moved already (by a run this one resumes): Ready there too.
+		// Moved already, by a run this one resumes: kubeadm may still be
+		// going past the static pods (its config, kubelet and addon
+		// phases), or have stopped there. Follow it to its end (re-run
+		// when it failed or was killed, as kubeadm's own advice is), so
+		// that nothing else moves while it runs; then Ready there too.
+		// A node moved without a kubeadm run of this upgrade is only
+		// waited for.
 		if err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
 			if r.dry {
 				return nil
 			}
+			verb := map[bool]string{true: "apply", false: "node"}[first]
+			run := r.kubeadmRun(verb)
+			out, err := o.run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
+			if err != nil {
+				return err
+			}
+			if status, rest, _ := strings.Cut(out, "\n"); strings.TrimSpace(status) != "lost" || strings.TrimSpace(rest) != "" {
+				args, err := r.kubeadmArgs(ctx, o, verb)
+				if err != nil {
+					return err
+				}
+				if err := r.runKubeadm(ctx, o, run, args); err != nil {
+					return err
+				}
+			}
 			return r.waitStaticAt(ctx, o, to)
 		}); err != nil {
+			r.setNode(ctx, node, failedStatus(err), "kubeadm", err)
 			return err
 		}
 		return r.waitAddons(ctx)
 	}
-	first := node == r.plan.firstControlPlane()
 	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
 		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
-		verb := "node"
-		if first {
-			verb = "apply"
-		}
+		verb := map[bool]string{true: "apply", false: "node"}[first]
 		args, err := r.kubeadmArgs(ctx, o, verb)
 		if err != nil {
 			return err

@@ -433,3 +433,61 @@ func TestKubeadmArgsWithConfig(t *testing.T) {
 		}
 	}
 }
+
+// A run resumed after kubeadm moved every static pod of a node follows
+// that node's kubeadm run to its end when there is one (kubeadm goes on
+// past the static pods), and only waits when there is none.
+func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
+	mirror := func(comp string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: comp + "-cp-1",
+			Labels: map[string]string{"component": comp, "tier": "control-plane"}, Annotations: map[string]string{kubeletcompat.MirrorAnnotation: "h"}},
+			Spec:   corev1.PodSpec{NodeName: "cp-1", Containers: []corev1.Container{{Name: comp, Image: "reg/library/" + comp + ":v1.31.4"}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	}
+	for _, tc := range []struct {
+		name     string
+		statuses []string
+		follows  bool
+	}{
+		{"kubeadm still going", []string{"running\n[upgrade/addons] ...\n", "exit 0\n"}, true},
+		{"kubeadm done", []string{"exit 0\n[upgrade] SUCCESS!\n"}, true},
+		{"no kubeadm run of this upgrade", []string{"lost\n"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var objs []runtime.Object
+			for _, c := range controlPlaneFiles {
+				objs = append(objs, mirror(c))
+			}
+			polls := 0
+			var started []string
+			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+				nodescript.Exists.Name: func([]string) (string, error) { return "no\n", nil },
+				nodescript.KubeadmStart.Name: func(args []string) (string, error) {
+					started = args
+					return strings.Fields(tc.statuses[0])[0] + "\n", nil
+				},
+				nodescript.KubeadmStatus.Name: func([]string) (string, error) {
+					s := tc.statuses[min(polls, len(tc.statuses)-1)]
+					polls++
+					return s, nil
+				},
+			}}
+			v, _ := catalog.ParseVersion("v1.31.4")
+			started0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+			target := &Target{Version: v}
+			r := &applyRun{client: fake.NewClientset(objs...), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
+				wait:  waiter.Waiter{Clock: steppingClock(t, 2*time.Second)},
+				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: DefaultStageDir, Now: func() time.Time { return started0 }}},
+				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: RoleControlPlane}}},
+				view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.3"}}}},
+				state: &UpgradeState{Started: started0}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: RoleControlPlane}}}
+			if err := (kubeadmDriver{}).Upgrade(context.Background(), r, "cp-1", target); err != nil {
+				t.Fatal(err)
+			}
+			want := fmt.Sprintf("upgrade-apply-v1.31.4-%d", started0.Unix())
+			if followed := len(started) > 1 && started[1] == want; followed != tc.follows {
+				t.Errorf("kubeadm-start %q: followed %v, want %v (run %s)", started, followed, tc.follows, want)
+			}
+		})
+	}
+}
