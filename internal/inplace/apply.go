@@ -445,20 +445,18 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 	if r.dry {
 		for _, t := range missing {
 			arch := archOr(r.nodeState(t.Name).Arch)
-			for _, h := range r.target.Hops {
-				for _, name := range HopFilesForKind(r.driver.Kind(), t.Role) {
-					if f, _, ok := h.File(name, arch); ok {
-						r.would(t.Name, "stage "+h.Version.String()+"/"+name, nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, h.Version.String(), ""), f.Name, f.SHA256))
+			would := func(rel *Target, names []string, label string) {
+				for _, name := range names {
+					if f, _, ok := rel.File(name, arch); ok {
+						r.would(t.Name, "stage "+label+name, nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, rel.Version.String(), ""), f.Name, f.SHA256))
 					}
 				}
 			}
-			if r.nodeState(t.Name).Staged {
-				continue
+			for _, h := range r.target.Hops {
+				would(h, HopFilesForKind(r.driver.Kind(), t.Role), h.Version.String()+"/")
 			}
-			for _, name := range FilesForKind(r.driver.Kind(), t.Role) {
-				if f, _, ok := r.target.File(name, arch); ok {
-					r.would(t.Name, "stage "+name, nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, r.target.Version.String(), ""), f.Name, f.SHA256))
-				}
+			if !r.nodeState(t.Name).Staged {
+				would(r.target, FilesForKind(r.driver.Kind(), t.Role), "")
 			}
 		}
 		return nil

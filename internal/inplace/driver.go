@@ -110,39 +110,32 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 		// hops, the part's own version (backed up under BACKUP/VERSION),
 		// read from its program when it does not run, so that a part
 		// that moved past a hop and then stopped is never moved back.
-		var running, installed string
-		err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
-			var err error
-			if running, err = o.running(ctx, comp); err != nil || len(r.target.Hops) == 0 {
+		err := r.onNodeTo(ctx, node, r.onNodeFromVersion(node), to, func(ctx context.Context, o *nodeOps) error {
+			running, err := o.running(ctx, comp)
+			if err != nil {
 				return err
 			}
-			installed, err = o.installed(ctx, comp)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		if running == to {
-			continue // at t already: a re-run skips it
-		}
-		from := r.onNodeFromVersion(node)
-		if len(r.target.Hops) > 0 {
-			cur := running
-			if cur == "" {
-				cur = installed
+			if running == to {
+				return nil // at t already: a re-run skips it
 			}
-			v, perr := catalog.ParseReported(cur)
-			switch {
-			case perr != nil:
-				return fmt.Errorf("node %s: %s does not run, and the version of its program cannot be read (%q): start its unit, or put its program back, and apply again", node, comp, cur)
-			case running == "" && cur == to:
-				return fmt.Errorf("node %s: %s's program is %s already but it does not run: see its unit's log; kubelift does not guess what to put back", node, comp, to)
-			case t != r.target && v.Compare(t.Version) > 0:
-				continue // past this hop already
+			if len(r.target.Hops) > 0 {
+				cur := running
+				if cur == "" {
+					if cur, err = o.installed(ctx, comp); err != nil {
+						return err
+					}
+				}
+				v, perr := catalog.ParseReported(cur)
+				switch {
+				case perr != nil:
+					return fmt.Errorf("node %s: %s does not run, and the version of its program cannot be read (%q): start its unit, or put its program back, and apply again", node, comp, cur)
+				case running == "" && cur == to:
+					return fmt.Errorf("node %s: %s's program is %s already but it does not run: see its unit's log; kubelift does not guess what to put back", node, comp, to)
+				case t != r.target && v.Compare(t.Version) > 0:
+					return nil // past this hop already
+				}
+				o.from = cur
 			}
-			from = cur
-		}
-		err = r.onNodeTo(ctx, node, from, to, func(ctx context.Context, o *nodeOps) error {
 			r.setNode(ctx, node, NodeUpgrading, comp+" to "+to, nil)
 			r.event(ctx, node, "UpgradingComponent", fmt.Sprintf("kubelift: %s %s -> %s", comp, o.from, to))
 			if err := o.backup(ctx, comp); err != nil {

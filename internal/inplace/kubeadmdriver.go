@@ -122,7 +122,10 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 	if err != nil {
 		return err
 	}
-	first := node == r.plan.firstControlPlane()
+	verb := "node" // kubeadm upgrade apply on the first, upgrade node on the others
+	if node == r.plan.firstControlPlane() {
+		verb = "apply"
+	}
 	if allAt(at, to) {
 		// Moved already, by a run this one resumes: kubeadm may still be
 		// going past the static pods (its config, kubelet and addon
@@ -135,7 +138,6 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 			if r.dry {
 				return nil
 			}
-			verb := map[bool]string{true: "apply", false: "node"}[first]
 			run := r.kubeadmRun(verb)
 			out, err := o.run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
 			if err != nil {
@@ -159,7 +161,6 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 	}
 	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
 		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
-		verb := map[bool]string{true: "apply", false: "node"}[first]
 		args, err := r.kubeadmArgs(ctx, o, verb)
 		if err != nil {
 			return err
