@@ -196,39 +196,34 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 	if err != nil {
 		return fail(err)
 	}
-	for _, h := range plan.Hops {
-		m.Hops = append(m.Hops, Hop{Release: *h.release})
+	// files holds the target's, then each hop's, in planned's order.
+	fetched := files
+	record := func(f PlannedFile) File {
+		got := fetched[0]
+		fetched = fetched[1:]
+		m.Entries = append(m.Entries, Entry{Path: f.Path, Size: got.Size, SHA256: got.SHA256})
+		return File{Name: f.Name, Arch: f.Arch, Path: f.Path, URL: f.source, SHA256: got.SHA256, Size: got.Size}
 	}
-	for i, f := range planned {
-		bf := File{Name: f.Name, Arch: f.Arch, Path: f.Path, URL: f.source, SHA256: files[i].SHA256, Size: files[i].Size}
-		if i < len(plan.Files) && f.Name == "kubelet" {
+	for _, f := range plan.Files {
+		bf := record(f)
+		if f.Name == "kubelet" {
 			if bf.HashSkip, err = kubeletHashSkip(store, bf.SHA256); err != nil {
 				return fail(fmt.Errorf("file %s: %w", f.Path, err))
 			}
 		}
-		if i < len(plan.Files) {
-			m.Files = append(m.Files, bf)
-		} else {
-			hop := &m.Hops[hopOf(plan, i-len(plan.Files))]
-			hop.Files = append(hop.Files, bf)
+		m.Files = append(m.Files, bf)
+	}
+	for _, h := range plan.Hops {
+		hop := Hop{Release: *h.release}
+		for _, f := range h.Files {
+			hop.Files = append(hop.Files, record(f))
 		}
-		m.Entries = append(m.Entries, Entry{Path: f.Path, Size: files[i].Size, SHA256: files[i].SHA256})
+		m.Hops = append(m.Hops, hop)
 	}
 	if err := write(ctx, opts, m, layout, store, format, pipe{ready: ready, done: blobsDone, n: len(unique)}, log); err != nil {
 		return fail(err)
 	}
 	return m, nil
-}
-
-// hopOf returns the index of the hop whose files hold the n-th hop file.
-func hopOf(plan *Plan, n int) int {
-	for i, h := range plan.Hops {
-		if n < len(h.Files) {
-			return i
-		}
-		n -= len(h.Files)
-	}
-	return len(plan.Hops) - 1
 }
 
 // kubeletHashSkip reads a cached kubelet and says whether it honours the

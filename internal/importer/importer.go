@@ -133,9 +133,10 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 	src := newBundleSource(v)
+	bfiles := bundleFiles(m)
 	var files []*registry.PushImage
 	if !opts.SkipFiles {
-		for _, f := range bundleFiles(m) {
+		for _, f := range bfiles {
 			im, mem, err := fileArtifact(opts.Domain, opts.Namespace, f.version, f.File)
 			if err != nil {
 				return nil, err
@@ -154,9 +155,8 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	planned := bundleFiles(m)
 	for i, ip := range plan.Images[len(imgs):] {
-		f := planned[i]
+		f := bfiles[i]
 		r := FileResult{Name: f.Name, Arch: f.Arch, Target: ip.Image.Target.String(), Artifact: ip.Image.Target.Context().Digest(ip.Image.Root().Digest.String()).String(),
 			SHA256: f.SHA256, Size: f.Size, UploadBytes: ip.UploadBytes, Action: action(ip, opts.DryRun)}
 		res.UploadBytes += ip.UploadBytes
