@@ -8,6 +8,26 @@
 # KUBE_MINOR, KUBE_STAGING (v0.MINOR.PATCH), KUBE_SRC (the module's source
 # in the module cache) and KUBE_LDFLAGS (version stamping).
 
+# staging_version MODULE: KUBE_STAGING if the module proxy serves it,
+# else the newest patch of the same minor below it that it serves (this
+# machine's proxy lacks a few: k8s.io/endpointslice v0.31.14, v0.32.13),
+# said on stderr; a patch of a staging module changes no API.
+staging_version() {
+	local m=$1 v
+	if go mod download "$m@$KUBE_STAGING" >/dev/null 2>&1; then
+		echo "$KUBE_STAGING"
+		return
+	fi
+	v=$(go list -m -versions "$m" 2>/dev/null | tr ' ' '\n' | grep "^v0\.$KUBE_MINOR\.[0-9]*$" |
+		awk -F. -v p="${KUBE_STAGING##*.}" '$3 < p' | sort -t. -k3,3n | tail -n1)
+	if [ -z "$v" ]; then
+		echo "$KUBE_STAGING" # let the build name what is missing
+		return
+	fi
+	echo "$m $KUBE_STAGING is not served by the module proxy: building with $v" >&2
+	echo "$v"
+}
+
 kube_module() {
 	local version=$1 info gomod m
 	KUBE_MINOR=${version#v1.}
@@ -21,7 +41,7 @@ kube_module() {
 	KUBE_SRC=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 	gomod=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
 	for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/.*#\1#p' "$gomod"); do
-		go mod edit -replace "$m=$m@$KUBE_STAGING"
+		go mod edit -replace "$m=$m@$(staging_version "$m")"
 	done
 	go mod edit -require "k8s.io/kubernetes@$version"
 	KUBE_LDFLAGS="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$KUBE_MINOR -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"

@@ -254,7 +254,7 @@ func printApply(w io.Writer, res *inplace.ApplyResult, dry bool, took time.Durat
 		fmt.Fprintf(w, "labels restored: %s\n", strings.Join(res.Labels, ", "))
 	}
 	if res.State != nil {
-		printState(w, res.State, nil)
+		printState(w, res.State, nil, "")
 	}
 	if res.State != nil && res.State.State == inplace.StateComplete {
 		fmt.Fprintf(w, "upgraded to %s in %s\n", res.State.To, took.Round(time.Second))

@@ -86,7 +86,7 @@ func rollbackRun(ctx context.Context, opts *rollbackOptions) error {
 	case res != nil && opts.DryRun:
 		printActions(opts.IO.Out, res.DryRun)
 	case res != nil && res.State != nil && err == nil:
-		printState(opts.IO.Out, res.State, nil)
+		printState(opts.IO.Out, res.State, nil, "")
 	}
 	return err
 }

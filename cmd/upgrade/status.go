@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -70,16 +71,22 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 	case asJSON:
 		return cli.PrintJSON(opts.IO.Out, st)
 	}
-	printState(opts.IO.Out, st.UpgradeState, st.Kubelets)
+	printState(opts.IO.Out, st.UpgradeState, st.Kubelets, st.APIServer)
 	return nil
 }
 
-func printState(w io.Writer, st *inplace.UpgradeState, live map[string]string) {
+func printState(w io.Writer, st *inplace.UpgradeState, live map[string]string, apiServer string) {
 	kind := ""
 	if st.ControlPlane != "" {
 		kind = " (" + st.ControlPlane + " control plane)"
 	}
 	fmt.Fprintf(w, "upgrade %s -> %s%s: %s (updated %s)\n", st.From, st.To, kind, st.State, st.Updated.Format(time.RFC3339))
+	if len(st.Hops) > 0 {
+		fmt.Fprintf(w, "the control plane passes through %s; kubelets go straight to %s\n", strings.Join(st.Hops, ", "), st.To)
+	}
+	if apiServer != "" {
+		fmt.Fprintf(w, "API server: %s\n", apiServer)
+	}
 	if st.Backup != "" {
 		fmt.Fprintf(w, "etcd snapshot: %s\n", st.Backup)
 	}

@@ -10,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/version"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -90,6 +92,25 @@ func TestStatus(t *testing.T) {
 	}
 	if got.UpgradeState == nil || got.State != inplace.StateFailed || got.Kubelets["worker-1"] != "v1.30.14" || len(got.Nodes) != 2 {
 		t.Errorf("-o json = %+v", got)
+	}
+
+	// A run through hops says them, and what the API server runs now.
+	st.Hops, st.To = []string{"v1.31.14", "v1.32.13"}, "v1.33.13"
+	if err := inplace.WriteState(ctx, client, st); err != nil {
+		t.Fatal(err)
+	}
+	client.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: "v1.31.14"}
+	out, err = runStatus(t, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"the control plane passes through v1.31.14, v1.32.13; kubelets go straight to v1.33.13",
+		"API server: v1.31.14",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not say %q:\n%s", want, out)
+		}
 	}
 
 	if _, err := runStatus(t, client, "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "yaml") {

@@ -479,6 +479,7 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 		s = &UpgradeState{From: strings.Join(r.plan.From, ","), To: to, State: StateStarted, Started: r.opts.Plan.Now().UTC()}
 	}
 	s.Holder, s.Bundle, s.LastError, s.ControlPlane = r.opts.Holder, r.target.Record.BundleDigest, "", r.driver.Kind()
+	s.Hops = r.plan.Hops
 	for _, n := range r.plan.Nodes {
 		e := s.Node(n.Name, n.Role)
 		if r.nodeAtTarget(n) && e.Status != NodeDone {

@@ -45,14 +45,17 @@ type UpgradeState struct {
 	To   string `json:"to"`
 	// ControlPlane is the cluster's kind (KindBinary, KindKubeadm): how
 	// its control plane is moved.
-	ControlPlane string      `json:"controlPlane,omitempty"`
-	Bundle       string      `json:"bundle"`
-	State        string      `json:"state"`
-	Holder       string      `json:"holder"`
-	Started      time.Time   `json:"started"`
-	Updated      time.Time   `json:"updated"`
-	LastError    string      `json:"lastError,omitempty"`
-	Nodes        []NodeEntry `json:"nodes"`
+	ControlPlane string `json:"controlPlane,omitempty"`
+	// Hops are the releases the control plane passes through before To
+	// (the bundle's), oldest first.
+	Hops      []string    `json:"hops,omitempty"`
+	Bundle    string      `json:"bundle"`
+	State     string      `json:"state"`
+	Holder    string      `json:"holder"`
+	Started   time.Time   `json:"started"`
+	Updated   time.Time   `json:"updated"`
+	LastError string      `json:"lastError,omitempty"`
+	Nodes     []NodeEntry `json:"nodes"`
 	// Backup is the etcd snapshot taken before the control plane moved.
 	Backup string `json:"etcdBackup,omitempty"`
 }
@@ -157,6 +160,8 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 type Status struct {
 	*UpgradeState
 	Kubelets map[string]string `json:"kubelets"`
+	// APIServer is the version the API server answering says it runs.
+	APIServer string `json:"apiServer"`
 }
 
 // ReadStatus reads the recorded upgrade and the kubelet version each
@@ -174,5 +179,9 @@ func ReadStatus(ctx context.Context, c kubernetes.Interface) (*Status, error) {
 	for _, n := range nodes {
 		live[n.Name] = n.Status.NodeInfo.KubeletVersion
 	}
-	return &Status{UpgradeState: st, Kubelets: live}, nil
+	v, err := c.Discovery().ServerVersion()
+	if err != nil {
+		return nil, fmt.Errorf("API server version: %w", err)
+	}
+	return &Status{UpgradeState: st, Kubelets: live, APIServer: v.GitVersion}, nil
 }

@@ -29,7 +29,7 @@ var (
 	uniqueMB    = flag.Int("unique-mb", 40, "each image's own layer size")
 	keepWorkDir = flag.Bool("keep", false, "keep the work directory")
 	linkRate    = flag.String("link", "1gbit,100mbit", "the engine part runs again with each node's link at each of these rates (tc tbf)")
-	only        = flag.String("only", "", "run one part: bundle (bundling, verifying, importing), engine (stage, plan and apply on a sandbox) or scale (simulated nodes: make bench-scale; not run otherwise)")
+	only        = flag.String("only", "", "run one part: bundle (bundling, verifying, importing), engine (stage, plan and apply on a sandbox), hops (one multi-hop apply against hop-by-hop applies, on a sandbox) or scale (simulated nodes: make bench-scale; not run otherwise)")
 )
 
 var repos = []string{
@@ -66,13 +66,21 @@ func run(ctx context.Context) error {
 	if _, err := runCmd(filepath.Join(bin, "bundle"), "keygen", "--out", key); err != nil {
 		return err
 	}
+	if *only == "hops" {
+		return benchHops(ctx, work, bin, key)
+	}
 	if *only != "engine" {
 		if err := benchBundle(ctx, work, bin, key); err != nil {
 			return err
 		}
 	}
 	if *only != "bundle" {
-		return benchEngine(ctx, work, bin, key)
+		if err := benchEngine(ctx, work, bin, key); err != nil {
+			return err
+		}
+	}
+	if *only == "" {
+		return benchHops(ctx, work, bin, key)
 	}
 	return nil
 }

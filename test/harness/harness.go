@@ -4,6 +4,7 @@
 package harness
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -59,6 +60,11 @@ func StandIn(why string) Option {
 	}
 }
 
+// Target makes the bundles (and the sandbox's new version) version; more
+// than one minor ahead of the nodes, the bundles carry the hops in between
+// (bundle create --from).
+func Target(version string) Option { return func(c *sandbox.Config) { c.NewVersion = version } }
+
 // Kubeadm builds the sandbox with kubeadm (sandbox.Config.Kubeadm).
 func Kubeadm() Option { return func(c *sandbox.Config) { c.Kubeadm = true } }
 
@@ -80,16 +86,6 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 			return nil, fmt.Errorf("build %s: %v\n%s", pkg, err, b)
 		}
 	}
-	_, file, _, _ := runtime.Caller(0)
-	hashSkipKubelet, err := exec.Command(filepath.Join(filepath.Dir(file), "..", "..", "hack", "build-kubelet.sh"), "v1.31.4").Output()
-	if err != nil {
-		os.RemoveAll(tmp)
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return nil, fmt.Errorf("hack/build-kubelet.sh: %w\n%s", err, ee.Stderr)
-		}
-		return nil, fmt.Errorf("hack/build-kubelet.sh: %w", err)
-	}
 	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
 		ControlPlanes: controlPlanes, Workers: workers, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
 		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
@@ -97,6 +93,16 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 		o(&h.cfg)
 	}
 	h.cfg.Defaults()
+	_, file, _, _ := runtime.Caller(0)
+	hashSkipKubelet, err := exec.Command(filepath.Join(filepath.Dir(file), "..", "..", "hack", "build-kubelet.sh"), h.cfg.NewVersion).Output()
+	if err != nil {
+		os.RemoveAll(tmp)
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("hack/build-kubelet.sh %s: %w\n%s", h.cfg.NewVersion, err, ee.Stderr)
+		}
+		return nil, fmt.Errorf("hack/build-kubelet.sh %s: %w", h.cfg.NewVersion, err)
+	}
 	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
 		h.Close()
 		return nil, err
@@ -152,6 +158,9 @@ func (h *Harness) makeBundles(hashSkipKubelet string) error {
 		}
 		args := append([]string{"create", "--kubernetes-version", h.SB.NewVersion, "--sign-key", filepath.Join(h.Work, "team.key"), "-o", b.out,
 			"--cache-dir", filepath.Join(h.Work, "cache"), "-q"}, h.SB.Internet.BundleFlags...)
+		if len(h.SB.Binaries.Hops) > 0 {
+			args = append(args, "--from", h.SB.OldVersion)
+		}
 		for _, img := range h.SB.Internet.UserImages {
 			args = append(args, "--image", img) // the team's own, as a user bundles them
 		}
@@ -251,6 +260,32 @@ func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, *bytes.Buffer,
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	return cmd, &stderr, cmd.Start()
+}
+
+// StartLines starts the upgrade program as Start does; its standard error
+// comes line by line on the channel, which is closed once the program has
+// closed it (read it to the end before cmd.Wait).
+func (h *Harness) StartLines(stdin string, args ...string) (*exec.Cmd, <-chan string, error) {
+	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(h.tmp, "cache"))
+	cmd.Stdin = strings.NewReader(stdin)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(pipe)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	return cmd, lines, nil
 }
 
 // RegistryFlags reach the sandbox's private registry (the password on stdin).

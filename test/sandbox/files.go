@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/test/internet"
 	"github.com/kubelift/kubelift/test/kube"
 )
@@ -20,7 +21,31 @@ import (
 var (
 	oldComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"}
 	newComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"}
+	// hopComponents are what a control-plane node runs at a hop.
+	hopComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
 )
+
+// Hops are the releases a control plane passes through from OldVersion
+// to NewVersion, as the catalog (and so `bundle create --from`) has them.
+func (s *State) Hops() ([]*catalog.Release, error) {
+	cat, err := catalog.Default()
+	if err != nil {
+		return nil, err
+	}
+	to, err := cat.Lookup(s.NewVersion)
+	if err != nil {
+		return nil, fmt.Errorf("target %s: %w", s.NewVersion, err)
+	}
+	from, err := catalog.ParseVersion(s.OldVersion)
+	if err != nil {
+		return nil, fmt.Errorf("old version %s: %w", s.OldVersion, err)
+	}
+	rg, err := catalog.ParseRange(from.MinorString())
+	if err != nil {
+		return nil, err
+	}
+	return cat.Hops(rg, to)
+}
 
 func buildKubernetes(ctx context.Context, version string, components ...string) (string, error) {
 	return kube.Binaries(ctx, version, components...)

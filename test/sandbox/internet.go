@@ -66,30 +66,46 @@ func (s *State) internetFiles(m *Machine) error {
 	if err != nil {
 		return fmt.Errorf("stand-in internet: %w", err)
 	}
+	hops, err := s.Hops()
+	if err != nil {
+		return fmt.Errorf("stand-in internet: %w", err)
+	}
 	hosts := map[string]bool{}
-	for _, f := range rel.Files {
-		u, err := url.Parse(f.URLFor("amd64"))
-		if err != nil {
-			return err
+	serve := func(rel *catalog.Release, built string) error {
+		for _, f := range rel.Files {
+			u, err := url.Parse(f.URLFor("amd64"))
+			if err != nil {
+				return err
+			}
+			hosts[u.Host] = true
+			dst := m.fsPath(filepath.Join("srv/files", u.Host, u.Path))
+			// The programs the sandbox builds are served for real; the
+			// rest (kubeadm, kube-proxy, crictl and CNI archives; at a hop,
+			// all but the control plane) are stand-ins.
+			content, err := os.ReadFile(filepath.Join(built, f.Name))
+			if errors.Is(err, fs.ErrNotExist) {
+				content, err = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, rel.Version, u)), nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(dst, content, 0o644); err != nil {
+				return err
+			}
+			if err := os.WriteFile(dst+".sha256", []byte(fmt.Sprintf("%x\n", sha256.Sum256(content))), 0o644); err != nil {
+				return err
+			}
 		}
-		hosts[u.Host] = true
-		dst := m.fsPath(filepath.Join("srv/files", u.Host, u.Path))
-		// The programs the sandbox builds are served for real; the rest
-		// (kubeadm, kube-proxy, crictl and CNI archives) are stand-ins.
-		content, err := os.ReadFile(filepath.Join(s.Binaries.New, f.Name))
-		if errors.Is(err, fs.ErrNotExist) {
-			content, err = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, s.NewVersion, u)), nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(dst, content, 0o644); err != nil {
-			return err
-		}
-		if err := os.WriteFile(dst+".sha256", []byte(fmt.Sprintf("%x\n", sha256.Sum256(content))), 0o644); err != nil {
+		return nil
+	}
+	if err := serve(rel, s.Binaries.New); err != nil {
+		return err
+	}
+	for _, h := range hops {
+		if err := serve(h, s.Binaries.Hops[h.Version]); err != nil {
 			return err
 		}
 	}
@@ -144,7 +160,19 @@ func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
 	}
 	tr := remote.WithTransport(&http.Transport{DialContext: ns.DialContext})
 	repos := internet.ReleaseRepos(rel)
-	if _, err = internet.Seed(ctx, internetRegistry, repos,
+	hops, err := s.Hops()
+	if err != nil {
+		return err
+	}
+	seed := slices.Clone(repos)
+	for _, h := range hops { // a hop's images are stand-ins: the binary control plane runs none
+		for _, r := range internet.ReleaseRepos(h) {
+			if !slices.Contains(seed, r) { // pause, etcd or CoreDNS may be the target's too
+				seed = append(seed, r)
+			}
+		}
+	}
+	if _, err = internet.Seed(ctx, internetRegistry, seed,
 		internet.ImageShape{Arches: []string{"amd64", "arm64"}, BaseBytes: 8 << 20, UniqueBytes: 2 << 20}, tr); err != nil {
 		return err
 	}

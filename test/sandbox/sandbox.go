@@ -45,8 +45,16 @@ type Config struct {
 	Subnet string
 	// ControlPlanes (1 or 3) and Workers count the nodes.
 	ControlPlanes, Workers int
-	// OldVersion runs at first; NewVersion is built for upgrades.
+	// OldVersion runs at first; NewVersion is built for upgrades (the
+	// target). When NewVersion is more than one minor ahead, the control
+	// plane of every minor in between (the catalog's hops) is built too,
+	// and the stand-in internet serves what `bundle create --from` needs.
 	OldVersion, NewVersion string
+	// FullHops builds every program of each hop (kubelet, kube-proxy and
+	// kubectl too), not only its control plane, and the stand-in internet
+	// serves them all: a hop can then be upgraded to on its own (the
+	// hop-by-hop benchmark).
+	FullHops bool
 	// Tool is the kubelift-sandbox program (node init, systemctl, CRI).
 	Tool string
 	// Runtime is the nodes' container runtime: RuntimeContainerd (the
@@ -142,6 +150,10 @@ type State struct {
 type Binaries struct {
 	Old string `json:"old"`
 	New string `json:"new"`
+	// Hops holds, by version, the control-plane programs of every release
+	// a control plane passes through from Old's minor to New's (none for
+	// one minor): what `bundle create --from` carries for each hop.
+	Hops map[string]string `json:"hops,omitempty"`
 	// Runtime holds containerd, its shim, ctr, runc and crictl.
 	Runtime string `json:"runtime,omitempty"`
 }
@@ -323,6 +335,28 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	}
 	if s.Binaries.New, err = buildKubernetes(ctx, cfg.NewVersion, upgrade...); err != nil {
 		return err
+	}
+	hops, err := s.Hops()
+	if err != nil {
+		return err
+	}
+	for _, h := range hops {
+		if cfg.Kubeadm {
+			return fmt.Errorf("%s to %s passes through %s: kubelift moves a kubeadm control plane one minor per run, so a kubeadm sandbox is built for one minor", cfg.OldVersion, cfg.NewVersion, h.Version)
+		}
+		cfg.Log("building (or finding cached) the control plane of %s, a hop on the way to %s", h.Version, cfg.NewVersion)
+		comps := hopComponents
+		if cfg.FullHops {
+			comps = newComponents
+		}
+		dir, err := buildKubernetes(ctx, h.Version, comps...)
+		if err != nil {
+			return err
+		}
+		if s.Binaries.Hops == nil {
+			s.Binaries.Hops = map[string]string{}
+		}
+		s.Binaries.Hops[h.Version] = dir
 	}
 	if cfg.Runtime == RuntimeContainerd {
 		cfg.Log("building (or finding cached) containerd, runc and crictl")
