@@ -20,7 +20,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -493,39 +492,12 @@ func TestImageSetInPlaceIsRestartedWhileTheFileExists(t *testing.T) {
 		t.Fatalf("%s's hash-skip file: %s", node, out)
 	}
 	before := h.Shop(t)
-	var proxyID string
-	restarts := map[string]int32{} // container -> restarts before
+	restarts := map[string]int32{} // container -> restarts expected after
 	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name == "proxy" {
-			proxyID = strings.TrimPrefix(cs.ContainerID, "containerd://")
-		}
 		restarts[cs.Name] = cs.RestartCount
 	}
-	restarts["proxy"]++ // what is expected after
-	if _, ok := before[proxyID]; proxyID == "" || !ok {
-		t.Fatalf("%s's proxy container %q is not running", name, proxyID)
-	}
-	image := h.SB.Registry.Address + "/" + sandbox.ShopAppImage // the same program under another name
-	patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/containers/1/image","value":%q}]`, image)
-	if _, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).Patch(ctx, name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	harness.Eventually(t, 2*time.Minute, func() (bool, string) {
-		p, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		// (The runtime may name the image by another tag of the same
-		// digest: the restart and the new container say it.)
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.Name == "proxy" {
-				id := strings.TrimPrefix(cs.ContainerID, "containerd://")
-				return cs.Ready && cs.RestartCount == restarts["proxy"] && id != proxyID && p.Spec.Containers[1].Image == image,
-					fmt.Sprintf("proxy: restarts %d, container %s, ready %v", cs.RestartCount, id, cs.Ready)
-			}
-		}
-		return false, "no proxy container status"
-	})
+	restarts["proxy"]++
+	proxyID := h.SetProxyImage(t, pod)
 	// Only that container changed; then the kubelet restarts, and still.
 	check := func(when string) {
 		now := h.Shop(t)

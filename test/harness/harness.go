@@ -20,6 +20,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/inplace"
@@ -392,6 +393,51 @@ func (h *Harness) Shop(t *testing.T) map[string]string {
 		}
 	}
 	return out
+}
+
+// SetProxyImage sets the image of shop pod pod's proxy container in place
+// (a Pod's image is mutable: OpenKruise and `kubectl set image pod/...` do
+// it) to the app's image, the same program under another name, and waits
+// up to 2 minutes for the kubelet to act on it: that container restarted
+// once more, under a new ID, Ready. It returns the container's old ID.
+func (h *Harness) SetProxyImage(t *testing.T, pod *corev1.Pod) string {
+	t.Helper()
+	ctx := context.Background()
+	var oldID string
+	var restarts int32
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == "proxy" {
+			oldID, restarts = strings.TrimPrefix(cs.ContainerID, "containerd://"), cs.RestartCount
+		}
+	}
+	if _, ok := h.Running(t, pod.Spec.NodeName)[oldID]; oldID == "" || !ok {
+		t.Fatalf("%s's proxy container %q is not running on %s", pod.Name, oldID, pod.Spec.NodeName)
+	}
+	image := h.SB.Registry.Address + "/" + sandbox.ShopAppImage
+	patch, err := json.Marshal([]map[string]string{{"op": "replace", "path": "/spec/containers/1/image", "value": image}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 2*time.Minute, func() (bool, string) {
+		p, err := h.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		// (The runtime may name the image by another tag of the same
+		// digest: the restart and the new container say it.)
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.Name == "proxy" {
+				id := strings.TrimPrefix(cs.ContainerID, "containerd://")
+				return cs.Ready && cs.RestartCount == restarts+1 && id != oldID && p.Spec.Containers[1].Image == image,
+					fmt.Sprintf("proxy: restarts %d, container %s, ready %v", cs.RestartCount, id, cs.Ready)
+			}
+		}
+		return false, "no proxy container status"
+	})
+	return oldID
 }
 
 // Probe starts the prober on what a user judges the sandbox's

@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kubelift/kubelift/internal/inplace"
@@ -324,33 +323,7 @@ func TestImageSetInPlaceAfterTheHops(t *testing.T) {
 		t.Fatalf("%s's hash-skip file: %s", node, out)
 	}
 	before := h.Shop(t)
-	var proxyID string
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name == "proxy" {
-			proxyID = strings.TrimPrefix(cs.ContainerID, "containerd://")
-		}
-	}
-	if _, ok := before[proxyID]; proxyID == "" || !ok {
-		t.Fatalf("%s's proxy container %q is not running", name, proxyID)
-	}
-	image := h.SB.Registry.Address + "/" + sandbox.ShopAppImage // the same program under another name
-	patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/containers/1/image","value":%q}]`, image)
-	if _, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).Patch(ctx, name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	harness.Eventually(t, 2*time.Minute, func() (bool, string) {
-		p, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.Name == "proxy" {
-				id := strings.TrimPrefix(cs.ContainerID, "containerd://")
-				return cs.Ready && cs.RestartCount == 1 && id != proxyID, fmt.Sprintf("proxy: restarts %d, container %s, ready %v", cs.RestartCount, id, cs.Ready)
-			}
-		}
-		return false, "no proxy container status"
-	})
+	proxyID := h.SetProxyImage(t, pod)
 	now := h.Shop(t)
 	for id, what := range before {
 		if _, ok := now[id]; !ok && id != proxyID {
