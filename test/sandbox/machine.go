@@ -38,12 +38,8 @@ func (s *State) boot(m *Machine, tool string) error {
 		return err
 	}
 	defer logf.Close()
-	args := []string{"--mount", "--uts", "--propagation", "private", "--",
-		tool, "node-init", "--root", m.Root, "--hostname", m.Name}
-	if cg := s.SystemCgroup(*m); cg != "" {
-		args = append(args, "--cgroup", cg)
-	}
-	cmd := m.Net().Command("unshare", args...)
+	cmd := m.Net().Command("unshare", "--mount", "--uts", "--propagation", "private", "--",
+		tool, "node-init", "--root", m.Root, "--hostname", m.Name)
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

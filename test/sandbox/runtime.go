@@ -216,52 +216,9 @@ func (s *State) runtimeFiles(m *Machine) error {
 	return writeUnit(m, "containerd.service", containerdUnit, true)
 }
 
-// SystemCgroup is where node m's own processes run in the cpu hierarchy
-// (its init, and so sshd, containerd, the shims, the kubelet and, on a
-// binary cluster, etcd and the control plane), beside the kubelet's
-// kubepods: "" when the host has no cgroup v1 cpu hierarchy or the
-// sandbox made no cgroups. Without it they would run in the host's root
-// cgroup, each weighing as much as a node's whole pod tree, and on a
-// small host the pods starve for seconds behind them (seen: a shop pod's
-// stream silent for 2s while the prober, in the root cgroup too, saw its
-// control answer). A machine of its own shares its CPUs between its
-// daemons and its pods; so does a node here.
-func (s *State) SystemCgroup(m Machine) string {
-	if !s.CgroupsMade || (m.Role != "control-plane" && m.Role != "worker") {
-		return ""
-	}
-	base := "/sys/fs/cgroup/cpu"
-	if _, err := os.Stat(filepath.Join(base, "cpu.shares")); err != nil {
-		return ""
-	}
-	return filepath.Join(base, s.CgroupRoot(m), "system")
-}
-
 // makeCgroups makes every node's cgroup root in each hierarchy (cpuset's
-// with its parent's CPUs and memory nodes, which a new cpuset lacks), and
-// in the cpu hierarchy the node's system cgroup, with the sandbox weighing
-// as much as one busy task per node against the host's other tasks.
+// with its parent's CPUs and memory nodes, which a new cpuset lacks).
 func (s *State) makeCgroups() error {
-	if err := s.makeNodeCgroups(); err != nil {
-		return err
-	}
-	for _, m := range s.Nodes() {
-		dir := s.SystemCgroup(m)
-		if dir == "" {
-			return nil
-		}
-		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
-			return fmt.Errorf("cgroup %s: %w", dir, err)
-		}
-	}
-	top := filepath.Join("/sys/fs/cgroup/cpu", "kubelift-"+s.Name, "cpu.shares")
-	if err := os.WriteFile(top, []byte(strconv.Itoa(1024*len(s.Nodes()))), 0o644); err != nil {
-		return fmt.Errorf("cgroup %s: %w", top, err)
-	}
-	return nil
-}
-
-func (s *State) makeNodeCgroups() error {
 	for _, m := range s.Nodes() {
 		for _, h := range cgroupHierarchies {
 			base := filepath.Join("/sys/fs/cgroup", h)

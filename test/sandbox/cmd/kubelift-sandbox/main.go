@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"text/tabwriter"
 
@@ -175,7 +174,7 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 		},
 	}
 
-	var root_, hostname, cgroup string
+	var root_, hostname string
 	nodeInit := &cobra.Command{
 		Use:    "node-init",
 		Short:  "A sandbox machine's init (started by up inside the machine's namespaces)",
@@ -183,11 +182,6 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintf(os.Stderr, "init: %s, tree %s\n", hostname, root_)
-			if cgroup != "" { // before any service starts: they inherit it
-				if err := os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-					return fmt.Errorf("join cgroup %s: %w", cgroup, err)
-				}
-			}
 			return sandbox.RunInit(cmd.Context(), root_, hostname, func(format string, args ...any) {
 				fmt.Fprintf(os.Stderr, "systemd: "+format+"\n", args...)
 			})
@@ -195,7 +189,6 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	}
 	nodeInit.Flags().StringVar(&root_, "root", "", "the machine's file tree")
 	nodeInit.Flags().StringVar(&hostname, "hostname", "", "the machine's name")
-	nodeInit.Flags().StringVar(&cgroup, "cgroup", "", "a cgroup v1 directory the init (and so every service it starts) joins first")
 
 	var endpoint string
 	var imageSize uint64
