@@ -11,6 +11,9 @@
 # ~/.cache/kubelift/kubernetes/VERSION); existing ones are kept. Prints the
 # directory.
 set -euo pipefail
+# A build is background work: the tests that ask for it run sandboxes
+# beside it whose pods and prober must not wait behind the compiler.
+renice -n 10 -p $$ >/dev/null
 version=${1:?usage: $0 VERSION COMPONENT...}
 shift
 [ $# -gt 0 ] || { echo "usage: $0 VERSION COMPONENT..." >&2; exit 2; }

@@ -8,6 +8,9 @@
 # The binary lands in $KUBELIFT_TOOLS_CACHE/kwok-VERSION/kwok (default
 # ~/.cache/kubelift/tools); an existing one is kept. Prints its path.
 set -euo pipefail
+# A build is background work: the tests that ask for it run sandboxes
+# beside it whose pods and prober must not wait behind the compiler.
+renice -n 10 -p $$ >/dev/null
 version=${1:-v0.7.0}
 cache=${KUBELIFT_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/tools}
 # absolute: the build cds into a work directory before it writes there

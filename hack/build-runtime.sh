@@ -11,6 +11,9 @@
 # (default ~/.cache/kubelift/runtime/...); a complete directory is kept.
 # Prints the directory.
 set -euo pipefail
+# A build is background work: the tests that ask for it run sandboxes
+# beside it whose pods and prober must not wait behind the compiler.
+renice -n 10 -p $$ >/dev/null
 containerd=${1:-v2.3.7}
 runc=${2:-v1.5.2}
 crictl=${3:-v1.34.0}
