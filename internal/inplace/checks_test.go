@@ -436,6 +436,37 @@ func TestRestartsHashSkipKubelet(t *testing.T) {
 	want(t, only(w.plan(t), "restarts"), Warning, "node/worker-2", "crictl: command not found")
 }
 
+// A node upgraded before with the hash-skip kubelet (its kubelet already
+// in the target's era) whose old containers still run, kept by the file
+// that upgrade left: the plan reads the file's era and predicts them kept
+// by a hash-skip kubelet (apply writes no new file, the old one stays),
+// restarted by upstream's; a file naming no era it knows is refused.
+func TestRestartsChainedUpgradeKeptByTheEarlierFile(t *testing.T) {
+	w := restartWorld(t)
+	for i := range w.view.nodes {
+		w.view.nodes[i].Status.NodeInfo.KubeletVersion = "v1.31.3"
+	}
+	for _, f := range w.view.facts {
+		f.Components["kubelet"] = "v1.31.3"
+	}
+	for i := range w.opts.Target.Manifest.Files {
+		if w.opts.Target.Manifest.Files[i].Name == "kubelet" {
+			w.opts.Target.Manifest.Files[i].HashSkip = true
+		}
+	}
+	want(t, only(w.plan(t), "restarts"), Blocking, "node/worker-1", "2 of 2 running containers would restart", "their spec hashes differ under v1.31.4")
+	w.view.facts["worker-1"].HashSkipEra = "json-without-resources"
+	p := w.plan(t)
+	if p.Blocked {
+		t.Fatalf("blocked: %+v", p.Findings)
+	}
+	want(t, only(p, "restarts"), Info, "node/worker-1", "2 of 2 running containers kept running by the hash-skip file")
+	for i := range w.opts.Target.Manifest.Files {
+		w.opts.Target.Manifest.Files[i].HashSkip = false
+	}
+	want(t, only(w.plan(t), "restarts"), Blocking, "node/worker-1", "2 of 2 running containers would restart")
+}
+
 // Images are checked in the private registry by digest.
 func TestImagesInRegistry(t *testing.T) {
 	srv := httptest.NewServer(ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0))))

@@ -90,7 +90,7 @@ func (o *nodeOps) backupDirOf() string { return path.Join(o.backupDir, o.from) }
 func (o *nodeOps) backup(ctx context.Context, comp string) error {
 	args := []string{o.backupDirOf(), comp, o.binary(comp), o.from}
 	if comp == "kubelet" {
-		args = append(append(args, o.kubeletRoot()), checkpointFiles...)
+		args = append(append(append(args, o.kubeletRoot()), checkpointFiles...), path.Base(hashskip.DefaultPath))
 	}
 	_, err := o.run(ctx, "back up "+comp, nodescript.Backup, args...)
 	return err
@@ -108,7 +108,7 @@ func (o *nodeOps) swap(ctx context.Context, comp, sha256 string) error {
 func (o *nodeOps) restore(ctx context.Context, comp string) error {
 	args := []string{o.backupDirOf(), o.binary(comp), comp}
 	if comp == "kubelet" {
-		args = append(append(args, o.kubeletRoot(), path.Base(hashskip.DefaultPath)), checkpointFiles...)
+		args = append(append(append(args, o.kubeletRoot(), path.Base(hashskip.DefaultPath)), checkpointFiles...), path.Base(hashskip.DefaultPath))
 	}
 	_, err := o.run(ctx, "restore "+comp, nodescript.Restore, args...)
 	return err

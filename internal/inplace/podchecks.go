@@ -130,8 +130,15 @@ func (pc *planCheck) restarts() {
 			}
 			recreate = kubeletcompat.StaticPodsRecreated(kv, t.Version)
 		}
-		if t.Manifest.KubeletHashSkip(archOr(s.Arch)) && era != "unknown" && era != t.Release.KubeletHashEra {
+		switch {
+		case !t.Manifest.KubeletHashSkip(archOr(s.Arch)):
+		case era != "unknown" && era != t.Release.KubeletHashEra: // apply writes the file
 			cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: s.Kubelet, OldHashEra: era, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
+		case era == t.Release.KubeletHashEra && f.HashSkipEra != "" && f.HashSkipEra != era:
+			// An earlier upgrade's file stays (apply writes none when the
+			// era does not change), keeping the containers the kubelet
+			// before it started: the new kubelet reads it as this one does.
+			cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldHashEra: f.HashSkipEra, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
 		}
 		preds, err := kubeletcompat.PredictPods(pc.onNode[s.Name], map[string][]kubeletcompat.RuntimeContainer{s.Name: f.Containers},
 			kubeletcompat.PredictOptions{Target: hasher, Cache: cache, RecreateStatic: recreate})

@@ -20,6 +20,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/pkg/hashskip"
 )
 
 // Runner runs a shell command on a node (nodeaccess.Node does).
@@ -67,6 +68,11 @@ type Facts struct {
 	// FailCgroupV1Source says where FailCgroupV1 was read: the flag or
 	// the configuration file.
 	FailCgroupV1Source string `json:"-"`
+	// HashSkipEra is the hash era (OldHashEra) of the hash-skip file an
+	// earlier upgrade left in the kubelet's root directory: containers
+	// the kubelet before that one started may still run, kept by it; ""
+	// when there is none.
+	HashSkipEra string `json:"hashSkipEra,omitempty"`
 	// Bad are the values read that did not parse: refused, each left
 	// out of the fields above.
 	Bad []BadValue `json:"refused,omitempty"`
@@ -147,6 +153,14 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 		case s.head == "kubelet-config":
 			if v, ok := strings.CutPrefix(strings.TrimSpace(s.body), "failCgroupV1:"); ok {
 				f.setFailCgroupV1("failCgroupV1 (kubelet configuration file)", v)
+			}
+		case s.head == "hash-skip":
+			switch e := strings.TrimSpace(s.body); e {
+			case hashskip.EraJSON, hashskip.EraJSONWithoutResources, hashskip.EraNameImage:
+				f.HashSkipEra = e
+			default:
+				f.Bad = append(f.Bad, BadValue{Node: node, Field: "oldHashEra of the kubelet's hash-skip file", Value: e,
+					Reason: fmt.Sprintf("want %s, %s or %s", hashskip.EraJSON, hashskip.EraJSONWithoutResources, hashskip.EraNameImage)})
 			}
 		case s.head == "cgroupfs":
 			switch t := strings.TrimSpace(s.body); t {

@@ -147,6 +147,19 @@ func TestEmptyCommandLineIsNotRefused(t *testing.T) {
 	}
 }
 
+// The hash-skip file an earlier upgrade left: its era, parsed where it
+// enters; anything else refused, naming the node, the field and the value.
+func TestReadFactsHashSkipEra(t *testing.T) {
+	f, err := Read(context.Background(), replay{[]byte("### hash-skip\njson-without-resources\n")}, "worker-1", "/var/lib/kubelift/staged", "v1.32.13")
+	if err != nil || f.HashSkipEra != "json-without-resources" || len(f.Bad) != 0 {
+		t.Fatalf("era %q, refused %v, %v", f.HashSkipEra, f.Bad, err)
+	}
+	f, err = Read(context.Background(), replay{[]byte("### hash-skip\n$(reboot)\n")}, "worker-1", "/var/lib/kubelift/staged", "v1.32.13")
+	if err != nil || f.HashSkipEra != "" || len(f.Bad) != 1 || f.Bad[0].Node != "worker-1" || f.Bad[0].Value != "$(reboot)" || !strings.Contains(f.Bad[0].Field, "hash-skip") {
+		t.Errorf("era %q, refused %+v, %v", f.HashSkipEra, f.Bad, err)
+	}
+}
+
 func TestReadFactsCgroup(t *testing.T) {
 	read := func(out string) *Facts {
 		t.Helper()

@@ -2,7 +2,8 @@
 # Prints, in "### " sections, what a node says of itself: the version
 # and command line of each component's running unit, its unit files and
 # the EnvironmentFiles they read, the failCgroupV1 line of the running
-# kubelet's configuration file, the files staged for the target, the free
+# kubelet's configuration file, the hash era of the hash-skip file an
+# earlier upgrade left, the files staged for the target, the free
 # space below the stage directory, the cgroup file system and the
 # runtime's containers.
 # Arguments: VERSION_DIR STAGE_DIR COMPONENT...
@@ -19,6 +20,12 @@ for c in "$@"; do
       conf=$(tr '\0' '\n' <"/proc/$pid/cmdline" | sed -n -e 's/^--config=//p' -e '/^--config$/{n;p;}' | head -n 1)
       if [ -n "$conf" ] && [ -f "$conf" ]; then
         echo "### kubelet-config"; grep -E '^failCgroupV1:' "$conf" || true
+      fi
+      # The hash-skip file an earlier upgrade left (hashskip.DefaultPath's
+      # name in the kubelet's root directory): the hash era it keeps.
+      root=$(tr '\0' '\n' <"/proc/$pid/cmdline" | sed -n -e 's/^--root-dir=//p' -e '/^--root-dir$/{n;p;}' | head -n 1)
+      if [ -f "${root:-/var/lib/kubelet}/kubelift-hash-skip.json" ]; then
+        echo "### hash-skip"; sed -n 's/.*"oldHashEra": *"\([^"]*\)".*/\1/p' "${root:-/var/lib/kubelet}/kubelift-hash-skip.json"
       fi
     fi
   fi
