@@ -71,7 +71,11 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 	case asJSON:
 		return cli.PrintJSON(opts.IO.Out, st)
 	}
-	printState(opts.IO.Out, st.UpgradeState, st.Kubelets, st.APIServer)
+	apiServer := st.APIServer
+	if st.APIServerErr != "" {
+		apiServer = "unknown (" + st.APIServerErr + ")"
+	}
+	printState(opts.IO.Out, st.UpgradeState, st.Kubelets, apiServer)
 	return nil
 }
 

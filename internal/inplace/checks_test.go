@@ -464,7 +464,10 @@ func TestRestartsChainedUpgradeKeptByTheEarlierFile(t *testing.T) {
 	for i := range w.opts.Target.Manifest.Files {
 		w.opts.Target.Manifest.Files[i].HashSkip = false
 	}
-	want(t, only(w.plan(t), "restarts"), Blocking, "node/worker-1", "2 of 2 running containers would restart")
+	want(t, only(w.plan(t), "restarts"), Blocking, "node/worker-1", "2 of 2 running containers would restart", "started in hash era json-without-resources, before an earlier upgrade")
+	// A file kubelift cannot read: said, and not counted on.
+	w.view.facts["worker-1"].HashSkipEra, w.view.facts["worker-1"].HashSkipUnread = "", `oldHashEra "x"`
+	want(t, only(w.plan(t), "restarts"), Warning, "node/worker-1", `hash-skip file an earlier upgrade left says oldHashEra "x"`)
 }
 
 // Images are checked in the private registry by digest.

@@ -181,8 +181,15 @@ func (pc *planCheck) restarts() {
 			pc.add(Warning, "restarts", "node/"+s.Name, fmt.Sprintf("static pods %s (%d containers) will be recreated: the kubelet derives a static pod's UID from its Pod types, which change between minors (%s to %s; kubernetes#116080), and no hash-skip file can keep a pod whose UID changed",
 				strings.Join(static, ", "), s.Recreated, s.Kubelet, t.Version), "expected; apply checks they run again. To keep such a workload running, run it as a DaemonSet")
 		}
+		if f.HashSkipUnread != "" {
+			pc.add(Warning, "restarts", "node/"+s.Name, "the hash-skip file an earlier upgrade left says "+f.HashSkipUnread+": the containers it keeps are predicted as if it were not there",
+				"compare it with kubelift's (docs/hash-skip.md); upgrade compat cleanup removes it once no container needs it")
+		}
 		why := fmt.Sprintf("the kubelet's container hash changes (era %s to %s)", era, t.Release.KubeletHashEra)
-		if era == t.Release.KubeletHashEra {
+		switch {
+		case era == t.Release.KubeletHashEra && f.HashSkipEra != "" && f.HashSkipEra != era:
+			why = fmt.Sprintf("they were started in hash era %s, before an earlier upgrade whose hash-skip file stays", f.HashSkipEra)
+		case era == t.Release.KubeletHashEra:
 			why = "their spec hashes differ under " + t.Version.String()
 		}
 		if s.Restarts > 0 {

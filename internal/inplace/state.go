@@ -160,8 +160,10 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 type Status struct {
 	*UpgradeState
 	Kubelets map[string]string `json:"kubelets"`
-	// APIServer is the version the API server answering says it runs.
-	APIServer string `json:"apiServer"`
+	// APIServer is the version the API server answering says it runs;
+	// APIServerErr why it could not be read (status goes on without it).
+	APIServer    string `json:"apiServer,omitempty"`
+	APIServerErr string `json:"apiServerError,omitempty"`
 }
 
 // ReadStatus reads the recorded upgrade and the kubelet version each
@@ -179,9 +181,11 @@ func ReadStatus(ctx context.Context, c kubernetes.Interface) (*Status, error) {
 	for _, n := range nodes {
 		live[n.Name] = n.Status.NodeInfo.KubeletVersion
 	}
-	v, err := c.Discovery().ServerVersion()
-	if err != nil {
-		return nil, fmt.Errorf("API server version: %w", err)
+	out := &Status{UpgradeState: st, Kubelets: live}
+	if v, err := c.Discovery().ServerVersion(); err != nil {
+		out.APIServerErr = err.Error()
+	} else {
+		out.APIServer = v.GitVersion
 	}
-	return &Status{UpgradeState: st, Kubelets: live, APIServer: v.GitVersion}, nil
+	return out, nil
 }

@@ -73,6 +73,11 @@ type Facts struct {
 	// the kubelet before that one started may still run, kept by it; ""
 	// when there is none.
 	HashSkipEra string `json:"hashSkipEra,omitempty"`
+	// HashSkipUnread says why such a file's era was not taken (a schema
+	// or era kubelift does not know, quoting what the file says): not
+	// among Bad, which refuses the whole node, since cleanup and rollback
+	// must still reach it; plan warns.
+	HashSkipUnread string `json:"hashSkipUnread,omitempty"`
 	// Bad are the values read that did not parse: refused, each left
 	// out of the fields above.
 	Bad []BadValue `json:"refused,omitempty"`
@@ -155,12 +160,14 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 				f.setFailCgroupV1("failCgroupV1 (kubelet configuration file)", v)
 			}
 		case s.head == "hash-skip":
-			switch e := strings.TrimSpace(s.body); e {
-			case hashskip.EraJSON, hashskip.EraJSONWithoutResources, hashskip.EraNameImage:
-				f.HashSkipEra = e
+			schema, era, _ := strings.Cut(strings.TrimSpace(s.body), " ")
+			switch {
+			case schema != strconv.Itoa(hashskip.SchemaVersion):
+				f.HashSkipUnread = fmt.Sprintf("schemaVersion %q, want %d", schema, hashskip.SchemaVersion)
+			case era != hashskip.EraJSON && era != hashskip.EraJSONWithoutResources && era != hashskip.EraNameImage:
+				f.HashSkipUnread = fmt.Sprintf("oldHashEra %q, want %s, %s or %s", era, hashskip.EraJSON, hashskip.EraJSONWithoutResources, hashskip.EraNameImage)
 			default:
-				f.Bad = append(f.Bad, BadValue{Node: node, Field: "oldHashEra of the kubelet's hash-skip file", Value: e,
-					Reason: fmt.Sprintf("want %s, %s or %s", hashskip.EraJSON, hashskip.EraJSONWithoutResources, hashskip.EraNameImage)})
+				f.HashSkipEra = era
 			}
 		case s.head == "cgroupfs":
 			switch t := strings.TrimSpace(s.body); t {

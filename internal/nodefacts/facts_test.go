@@ -150,13 +150,27 @@ func TestEmptyCommandLineIsNotRefused(t *testing.T) {
 // The hash-skip file an earlier upgrade left: its era, parsed where it
 // enters; anything else refused, naming the node, the field and the value.
 func TestReadFactsHashSkipEra(t *testing.T) {
-	f, err := Read(context.Background(), replay{[]byte("### hash-skip\njson-without-resources\n")}, "worker-1", "/var/lib/kubelift/staged", "v1.32.13")
-	if err != nil || f.HashSkipEra != "json-without-resources" || len(f.Bad) != 0 {
-		t.Fatalf("era %q, refused %v, %v", f.HashSkipEra, f.Bad, err)
+	read := func(out string) *Facts {
+		t.Helper()
+		f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.32.13")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
 	}
-	f, err = Read(context.Background(), replay{[]byte("### hash-skip\n$(reboot)\n")}, "worker-1", "/var/lib/kubelift/staged", "v1.32.13")
-	if err != nil || f.HashSkipEra != "" || len(f.Bad) != 1 || f.Bad[0].Node != "worker-1" || f.Bad[0].Value != "$(reboot)" || !strings.Contains(f.Bad[0].Field, "hash-skip") {
-		t.Errorf("era %q, refused %+v, %v", f.HashSkipEra, f.Bad, err)
+	if f := read("### hash-skip\n2 json-without-resources\n"); f.HashSkipEra != "json-without-resources" || f.HashSkipUnread != "" || len(f.Bad) != 0 {
+		t.Fatalf("era %q, unread %q, refused %v", f.HashSkipEra, f.HashSkipUnread, f.Bad)
+	}
+	// Not taken, and said, but the node is not refused: cleanup and
+	// rollback must still reach it.
+	for out, want := range map[string]string{
+		"### hash-skip\n2 $(reboot)\n":              `oldHashEra "$(reboot)"`,
+		"### hash-skip\n1 json-without-resources\n": `schemaVersion "1", want 2`,
+		"### hash-skip\n \n":                        `schemaVersion ""`,
+	} {
+		if f := read(out); f.HashSkipEra != "" || !strings.Contains(f.HashSkipUnread, want) || len(f.Bad) != 0 {
+			t.Errorf("%q: era %q, unread %q (want %q), refused %v", out, f.HashSkipEra, f.HashSkipUnread, want, f.Bad)
+		}
 	}
 }
 

@@ -94,6 +94,9 @@ func benchHops(ctx context.Context, work, bin, key string) error {
 		}
 		return t
 	}
+	if total(runs[1].starts) == 0 {
+		return fmt.Errorf("hop by hop: no kubelet start counted (no 'Kubelet version' line in the kubelets' logs)")
+	}
 	fmt.Printf("one multi-hop apply: %.2fx the time and %.2fx the kubelet restarts of hop-by-hop\n",
 		runs[0].wall.Seconds()/runs[1].wall.Seconds(), float64(total(runs[0].starts))/float64(total(runs[1].starts)))
 	return nil

@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -285,6 +287,10 @@ func (h *Harness) StartLines(stdin string, args ...string) (*exec.Cmd, <-chan st
 		for sc.Scan() {
 			lines <- sc.Text()
 		}
+		if err := sc.Err(); err != nil { // a line past 1 MiB: say so, and keep the program from blocking on its pipe
+			lines <- "harness: reading standard error: " + err.Error()
+			_, _ = io.Copy(io.Discard, pipe)
+		}
 	}()
 	return cmd, lines, nil
 }
@@ -403,6 +409,10 @@ func (h *Harness) Shop(t *testing.T) map[string]string {
 func (h *Harness) SetProxyImage(t *testing.T, pod *corev1.Pod) string {
 	t.Helper()
 	ctx := context.Background()
+	idx := slices.IndexFunc(pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == "proxy" })
+	if idx < 0 {
+		t.Fatalf("pod %s has no proxy container", pod.Name)
+	}
 	var oldID string
 	var restarts int32
 	for _, cs := range pod.Status.ContainerStatuses {
@@ -414,7 +424,8 @@ func (h *Harness) SetProxyImage(t *testing.T, pod *corev1.Pod) string {
 		t.Fatalf("%s's proxy container %q is not running on %s", pod.Name, oldID, pod.Spec.NodeName)
 	}
 	image := h.SB.Registry.Address + "/" + sandbox.ShopAppImage
-	patch, err := json.Marshal([]map[string]string{{"op": "replace", "path": "/spec/containers/1/image", "value": image}})
+	at := fmt.Sprintf("/spec/containers/%d", idx)
+	patch, err := json.Marshal([]map[string]string{{"op": "test", "path": at + "/name", "value": "proxy"}, {"op": "replace", "path": at + "/image", "value": image}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +442,7 @@ func (h *Harness) SetProxyImage(t *testing.T, pod *corev1.Pod) string {
 		for _, cs := range p.Status.ContainerStatuses {
 			if cs.Name == "proxy" {
 				id := strings.TrimPrefix(cs.ContainerID, "containerd://")
-				return cs.Ready && cs.RestartCount == restarts+1 && id != oldID && p.Spec.Containers[1].Image == image,
+				return cs.Ready && cs.RestartCount == restarts+1 && id != oldID && p.Spec.Containers[idx].Image == image,
 					fmt.Sprintf("proxy: restarts %d, container %s, ready %v", cs.RestartCount, id, cs.Ready)
 			}
 		}

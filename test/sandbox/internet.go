@@ -105,7 +105,11 @@ func (s *State) internetFiles(m *Machine) error {
 		return err
 	}
 	for _, h := range hops {
-		if err := serve(h, s.Binaries.Hops[h.Version]); err != nil {
+		dir, ok := s.Binaries.Hops[h.Version]
+		if !ok {
+			return fmt.Errorf("stand-in internet: hop %s was not built", h.Version)
+		}
+		if err := serve(h, dir); err != nil {
 			return err
 		}
 	}

@@ -22,10 +22,13 @@ for c in "$@"; do
         echo "### kubelet-config"; grep -E '^failCgroupV1:' "$conf" || true
       fi
       # The hash-skip file an earlier upgrade left (hashskip.DefaultPath's
-      # name in the kubelet's root directory): the hash era it keeps.
+      # name in the kubelet's root directory): its schema version and the
+      # hash era it keeps, one line.
       root=$(tr '\0' '\n' <"/proc/$pid/cmdline" | sed -n -e 's/^--root-dir=//p' -e '/^--root-dir$/{n;p;}' | head -n 1)
-      if [ -f "${root:-/var/lib/kubelet}/kubelift-hash-skip.json" ]; then
-        echo "### hash-skip"; sed -n 's/.*"oldHashEra": *"\([^"]*\)".*/\1/p' "${root:-/var/lib/kubelet}/kubelift-hash-skip.json"
+      skip=${root:-/var/lib/kubelet}/kubelift-hash-skip.json
+      if [ -f "$skip" ]; then
+        echo "### hash-skip"
+        echo "$(sed -n 's/.*"schemaVersion": *\([0-9]*\).*/\1/p' "$skip" | head -n 1) $(sed -n 's/.*"oldHashEra": *"\([^"]*\)".*/\1/p' "$skip" | head -n 1)"
       fi
     fi
   fi
