@@ -474,23 +474,8 @@ func TestImageSetInPlaceIsRestartedWhileTheFileExists(t *testing.T) {
 	ctx := context.Background()
 	// A shop pod off worker-1 (whose containers the next test wants all
 	// old).
-	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pod *corev1.Pod
-	for i := range pods.Items {
-		if p := &pods.Items[i]; p.Spec.NodeName != "worker-1" && p.Status.Phase == corev1.PodRunning && pod == nil {
-			pod = p
-		}
-	}
-	if pod == nil {
-		t.Fatal("no shop pod runs off worker-1")
-	}
+	pod := h.HashSkipShopPod(t, func(p *corev1.Pod) bool { return p.Spec.NodeName != "worker-1" })
 	name, node := pod.Name, pod.Spec.NodeName
-	if out := h.SSH(t, node, "test -e /var/lib/kubelet/kubelift-hash-skip.json && echo present || echo absent"); out != "present\n" {
-		t.Fatalf("%s's hash-skip file: %s", node, out)
-	}
 	before := h.Shop(t)
 	restarts := map[string]int32{} // container -> restarts expected after
 	for _, cs := range pod.Status.ContainerStatuses {

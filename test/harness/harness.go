@@ -401,6 +401,29 @@ func (h *Harness) Shop(t *testing.T) map[string]string {
 	return out
 }
 
+// HashSkipShopPod returns the first running shop pod that ok accepts,
+// after checking over SSH that the hash-skip file is on its node (an
+// image set in place is judged while it is there).
+func (h *Harness) HashSkipShopPod(t *testing.T, ok func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Status.Phase != corev1.PodRunning || !ok(p) {
+			continue
+		}
+		if out := h.SSH(t, p.Spec.NodeName, "test -e /var/lib/kubelet/kubelift-hash-skip.json && echo present || echo absent"); out != "present\n" {
+			t.Fatalf("%s's hash-skip file: %s", p.Spec.NodeName, out)
+		}
+		return p
+	}
+	t.Fatal("no running shop pod of the kind wanted")
+	return nil
+}
+
 // SetProxyImage sets the image of shop pod pod's proxy container in place
 // (a Pod's image is mutable: OpenKruise and `kubectl set image pod/...` do
 // it) to the app's image, the same program under another name, and waits

@@ -308,24 +308,8 @@ func stateNodesOf(st *inplace.UpgradeState) []inplace.NodeEntry {
 // by the v1.33 kubelet (that container restarts with it), and no other
 // container restarts.
 func TestImageSetInPlaceAfterTheHops(t *testing.T) {
-	ctx := context.Background()
-	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pod *corev1.Pod
-	for i := range pods.Items {
-		if p := &pods.Items[i]; p.Status.Phase == corev1.PodRunning && len(p.Spec.Containers) == 2 && pod == nil {
-			pod = p
-		}
-	}
-	if pod == nil {
-		t.Fatal("no two-container shop pod runs")
-	}
-	name, node := pod.Name, pod.Spec.NodeName
-	if out := h.SSH(t, node, "test -e /var/lib/kubelet/kubelift-hash-skip.json && echo present || echo absent"); out != "present\n" {
-		t.Fatalf("%s's hash-skip file: %s", node, out)
-	}
+	pod := h.HashSkipShopPod(t, func(p *corev1.Pod) bool { return len(p.Spec.Containers) == 2 })
+	name := pod.Name
 	before := h.Shop(t)
 	proxyID := h.SetProxyImage(t, pod)
 	now := h.Shop(t)
