@@ -24,6 +24,7 @@ import (
 type applyOptions struct {
 	planOptions
 	CacheDir       string
+	Path           stagePath
 	BackupDir      string
 	RestoreLabels  bool
 	Ignore         []string
@@ -93,6 +94,9 @@ upgrading-kubelets) for a later apply.`,
 			if _, err := cli.OutputFlag(opts.Output); err != nil {
 				return err
 			}
+			if err := opts.Path.check(); err != nil {
+				return err
+			}
 			if err := checkDurations(map[string]time.Duration{"--ready-timeout": opts.ReadyTimeout, "--drain-timeout": opts.DrainTimeout},
 				map[string]time.Duration{"--settle": opts.Settle, "--soak": opts.Soak}); err != nil {
 				return err
@@ -112,6 +116,7 @@ upgrading-kubelets) for a later apply.`,
 	f := cmd.Flags()
 	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	addStageFlags(cmd, &opts.StageDir, &opts.CacheDir)
+	opts.Path.addFlags(cmd)
 	f.StringVar(&opts.BackupDir, "backup-dir", inplace.DefaultBackupDir, "where replaced binaries are kept on the nodes (OLDVERSION/NAME below it)")
 	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
 	f.BoolVar(&opts.Canary, "canary", false, "grow the window 1, 2, 4 ... up to --max-unavailable while nodes succeed")
@@ -178,7 +183,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	}
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
+		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, StageVia: opts.Path.Via, StageCodec: opts.Path.Codec, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,

@@ -36,6 +36,7 @@ type importOptions struct {
 	Stage    bool
 	StageDir string
 	CacheDir string
+	Path     stagePath
 }
 
 func newCmdImport(s *cli.IO, runF func(context.Context, *importOptions) error) *cobra.Command {
@@ -97,6 +98,7 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 	opts.Registry.AddFlags(cmd)
 	opts.Nodes.AddFlags(cmd)
 	addStageFlags(cmd, &opts.StageDir, &opts.CacheDir)
+	opts.Path.addFlags(cmd)
 	f.StringVar(&opts.Namespace, "namespace", "", "path below the domain, e.g. library")
 	f.BoolVar(&opts.KeepPath, "keep-path", false, "keep the upstream repository path (coredns/coredns) instead of its last element")
 	f.IntVar(&opts.Jobs, "jobs", 4, "parallel transfers")
@@ -111,6 +113,9 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 func importRun(ctx context.Context, opts *importOptions) error {
 	asJSON, err := cli.OutputFlag(opts.Output)
 	if err != nil {
+		return err
+	}
+	if err := opts.Path.check(); err != nil {
 		return err
 	}
 	trust, err := opts.Trust.Trust()
@@ -161,7 +166,18 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	if err != nil {
 		return err
 	}
-	sres, err := stage(ctx, opts.IO, client, &opts.Nodes, target, inplace.BundleSource{Bundle: v}, opts.StageDir, opts.CacheDir, opts.Quiet)
+	// The nodes may pull what was just pushed; what this machine sends
+	// comes from the file.
+	var source inplace.Source = inplace.BundleSource{Bundle: v}
+	if len(res.Files) > 0 {
+		target.Record = &cluster.Available{KubernetesVersion: res.KubernetesVersion}
+		for _, f := range res.Files {
+			target.Record.Files = append(target.Record.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, SHA256: f.SHA256, Size: f.Size,
+				Path: filePath(v.Manifest, f.SHA256), Artifact: f.Artifact})
+		}
+		source = pushedSource{BundleSource: inplace.BundleSource{Bundle: v}, RegistrySource: inplace.RegistrySource{Access: access}}
+	}
+	sres, err := stage(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
 	if sres != nil && !asJSON {
 		printStage(opts.IO.Out, sres)
 	}
@@ -210,4 +226,27 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 	case !res.DryRun:
 		fmt.Fprintln(w, "not recorded in a cluster (no --kubeconfig, KUBECONFIG or in-cluster config)")
 	}
+}
+
+// pushedSource is a bundle file whose binaries import has just pushed:
+// this machine reads them from the file, nodes pull them from the
+// registry.
+type pushedSource struct {
+	inplace.BundleSource
+	inplace.RegistrySource
+}
+
+// Open reads the file from the bundle.
+func (s pushedSource) Open(ctx context.Context, f bundle.File, artifact string) (io.ReadCloser, error) {
+	return s.BundleSource.Open(ctx, f, artifact)
+}
+
+// filePath is the bundle path of the target's file with sha256 sum.
+func filePath(m *bundle.Manifest, sum string) string {
+	for _, f := range m.Files {
+		if f.SHA256 == sum {
+			return f.Path
+		}
+	}
+	return ""
 }

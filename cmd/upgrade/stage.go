@@ -98,6 +98,7 @@ type stageOptions struct {
 	Bundle   string
 	StageDir string
 	CacheDir string
+	Path     stagePath
 	Output   string
 	Quiet    bool
 }
@@ -107,18 +108,29 @@ func newCmdStage(s *cli.IO, runF func(context.Context, *stageOptions) error) *co
 	cmd := &cobra.Command{
 		Use:   "stage --to VERSION --key PUB [FILE] [flags]",
 		Short: "Put a version's binaries on every node, ready for the swap",
-		Long: `Stage copies each node's binaries of the version (every node: kubelet,
+		Long: `Stage puts each node's binaries of the version (every node: kubelet,
 kube-proxy, kubectl; control-plane nodes also kube-apiserver,
-kube-controller-manager, kube-scheduler) to STAGE-DIR/VERSION/ on it, over
-SSH. Nothing running is touched: apply later swaps them in by rename.
+kube-controller-manager, kube-scheduler) in STAGE-DIR/VERSION/ on it.
+Nothing running is touched: apply later swaps them in by rename.
 
 The files come from the private registry, where import pushed them as OCI
 artifacts (the cluster record names them, and its signed bundle.json is
 verified with --key first), or from a bundle FILE (for registries that
-refuse artifacts). Each file is fetched and checked against its signed
-sha256 once, compressed once, sent compressed to every node that lacks it,
-checked again on the node, and renamed into place. A file already there
-with the right sha256 is not sent: a second stage sends nothing.
+refuse artifacts).
+
+How each node gets them (--via auto):
+  registry  a node that reaches the registry (its curl, the CA its
+            containerd trusts for it) pulls the files itself: this machine
+            sends it only the blob, the signed sha256 and a pull-only
+            credential on stdin, so what it sends does not grow with the
+            fleet;
+  ssh       the others, or every node with --via ssh, are sent the files
+            over SSH, each fetched, checked and encoded once for all of
+            them (--codec auto: zstd where the node has it, else gzip).
+Either way the node checks the size and signed sha256 before it renames
+the file into place; a file already there is not moved (a second stage
+moves nothing), and a file a stage cut off is gone on from, not sent
+again. The table and -o json say each node's path, bytes and time.
 
 Nodes come from the API (InternalIP, role from node-role labels); an
 --inventory file overrides address, port and user per node or role. Host
@@ -144,9 +156,25 @@ named, the others are staged, and the exit code is 1.`,
 	opts.Nodes.AddFlags(cmd)
 	opts.Registry.AddFlags(cmd)
 	addStageFlags(cmd, &opts.StageDir, &opts.CacheDir)
+	opts.Path.addFlags(cmd)
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	cmd.Flags().BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	return cmd
+}
+
+// stagePath is how nodes get their files: --via and --codec.
+type stagePath struct{ Via, Codec string }
+
+func (p *stagePath) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&p.Via, "via", inplace.ViaAuto, "how nodes get their files: auto (nodes that reach the private registry pull from it, the others are sent them over SSH), registry, or ssh")
+	cmd.Flags().StringVar(&p.Codec, "codec", inplace.CodecAuto, "how files sent over SSH are encoded: auto (zstd where the node has it, else gzip), zstd, gzip, or none (links faster than decompressing)")
+}
+
+func (p *stagePath) check() error {
+	if err := inplace.CheckStageChoice(p.Via, p.Codec); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	return nil
 }
 
 func addStageFlags(cmd *cobra.Command, stageDir, cacheDir *string) {
@@ -157,6 +185,9 @@ func addStageFlags(cmd *cobra.Command, stageDir, cacheDir *string) {
 func stageRun(ctx context.Context, opts *stageOptions) error {
 	asJSON, err := cli.OutputFlag(opts.Output)
 	if err != nil {
+		return err
+	}
+	if err := opts.Path.check(); err != nil {
 		return err
 	}
 	client, err := opts.Cluster.client()
@@ -192,7 +223,7 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 		}
 		source = inplace.RegistrySource{Access: access}
 	}
-	res, err := stage(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Quiet)
+	res, err := stage(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
 	if res != nil {
 		if asJSON {
 			if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
@@ -207,20 +238,30 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 
 // stage stages target on every node of the cluster.
 func stage(ctx context.Context, s *cli.IO, client kubernetes.Interface, nf *cli.NodeFlags, target *inplace.Target, source inplace.Source,
-	stageDir, cacheDir string, quiet bool) (*inplace.StageResult, error) {
+	stageDir, cacheDir string, path stagePath, quiet bool) (*inplace.StageResult, error) {
 	inv, dialer, err := nf.Access()
 	if err != nil {
 		return nil, err
 	}
+	sink, finish := s.Progress(quiet, "staging")
+	defer finish()
 	return inplace.StageCluster(ctx, client, inv, inplace.StageOptions{Target: target, Source: source, Connector: dialer,
-		Parallel: nf.Parallel, StageDir: stageDir, CacheDir: cacheDir, Log: s.Logger(quiet)})
+		Parallel: nf.Parallel, StageDir: stageDir, CacheDir: cacheDir, Via: path.Via, Codec: path.Codec, Progress: sink, Log: s.Logger(quiet)})
 }
 
 func printStage(w io.Writer, res *inplace.StageResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSENT\tALREADY STAGED\tBYTES SENT\tERROR")
+	fmt.Fprintln(tw, "NODE\tPATH\tSTAGED\tALREADY STAGED\tSENT BY SSH\tPULLED BY NODE\tTOOK\tERROR")
 	for _, n := range res.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Node, orDash(strings.Join(n.Sent, ",")), orDash(strings.Join(n.Present, ",")), bundle.HumanBytes(n.BytesSent), n.Error)
+		path := orDash(n.Path)
+		if n.Path == inplace.ViaSSH {
+			path += " (" + n.Codec + ")"
+		}
+		if n.PathReason != "" {
+			path += ": " + n.PathReason
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1fs\t%s\n", n.Node, path, orDash(strings.Join(n.Sent, ",")), orDash(strings.Join(n.Present, ",")),
+			bundle.HumanBytes(n.BytesSent), bundle.HumanBytes(n.BytesPulled), n.Seconds, n.Error)
 	}
 	tw.Flush()
 	sent, size := res.BytesSent()
@@ -230,8 +271,12 @@ func printStage(w io.Writer, res *inplace.StageResult) {
 			failed++
 		}
 	}
-	fmt.Fprintf(w, "staged %s on %d of %d nodes in %s: sent %s (files %s uncompressed) (%s)\n", res.Version, len(res.Nodes)-failed, len(res.Nodes),
-		res.Dir+"/"+res.Version, bundle.HumanBytes(sent), bundle.HumanBytes(size), res.Took)
+	var pulled int64
+	for _, n := range res.Nodes {
+		pulled += n.BytesPulled
+	}
+	fmt.Fprintf(w, "staged %s on %d of %d nodes in %s: this machine sent %s, the nodes pulled %s from the registry (files %s in all) (%s)\n", res.Version, len(res.Nodes)-failed, len(res.Nodes),
+		res.Dir+"/"+res.Version, bundle.HumanBytes(sent), bundle.HumanBytes(pulled), bundle.HumanBytes(size), res.Took)
 }
 
 func orDash(s string) string {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,9 @@ type ApplyOptions struct {
 	// Source supplies files missing on the nodes (staged first).
 	Source   Source
 	CacheDir string
+	// StageVia and StageCodec say how missing files reach the nodes
+	// (StageOptions.Via and Codec).
+	StageVia, StageCodec string
 	// BackupDir is where replaced binaries go on each node.
 	BackupDir string
 	// Holder names this run in the lock.
@@ -448,7 +452,8 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 			would := func(rel *Target, names []string, label string) {
 				for _, name := range names {
 					if f, _, ok := rel.File(name, arch); ok {
-						r.would(t.Name, "stage "+label+name, nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, rel.Version.String(), ""), f.Name, f.SHA256))
+						r.would(t.Name, "stage "+label+name+" (pulled from the registry where the node reaches it, else sent over SSH)",
+							nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, rel.Version.String(), ""), f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), "zstd", "0"))
 					}
 				}
 			}
@@ -462,7 +467,8 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 		return nil
 	}
 	_, err := Stage(ctx, StageOptions{Target: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Targets: missing,
-		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Kind: r.driver.Kind(), Log: r.log})
+		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Kind: r.driver.Kind(),
+		Via: r.opts.StageVia, Codec: r.opts.StageCodec, Log: r.log})
 	return err
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
 // shellNodes are nodes whose commands run in /bin/sh on this machine (the
@@ -28,8 +30,13 @@ import (
 // down cannot be reached.
 type shellNodes struct {
 	down map[string]bool
+	// env adds to a node's environment (a proxy that goes nowhere keeps
+	// its curl from the registry).
+	env  map[string][]string
 	mu   sync.Mutex
 	cmds map[string]int
+	// ran holds every command and stdin size, for what must not be in them.
+	ran []string
 }
 
 func (c *shellNodes) Dial(_ context.Context, t nodeaccess.Target) (nodeaccess.Node, error) {
@@ -47,8 +54,11 @@ type shellNode struct {
 func (n *shellNode) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
 	n.c.mu.Lock()
 	n.c.cmds[n.name]++
+	n.c.ran = append(n.c.ran, cmd)
+	env := n.c.env[n.name]
 	n.c.mu.Unlock()
 	c := exec.CommandContext(ctx, "/bin/sh", "-c", cmd)
+	c.Env = append(os.Environ(), env...)
 	c.Stdin = stdin
 	var errb bytes.Buffer
 	c.Stderr = &errb
@@ -151,11 +161,9 @@ func TestStageRefusesWrongContent(t *testing.T) {
 	// The node-side check: a compressed file whose content is not the
 	// signed one is refused, and nothing is left.
 	f := target.Manifest.Files[0]
-	gz := filepath.Join(t.TempDir(), "x.gz")
-	if err := os.WriteFile(gz, gzipped(t, []byte("other")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err = sendFile(context.Background(), &shellNode{c: &shellNodes{cmds: map[string]int{}}}, dir+"/v1.31.4", f, gz)
+	other := bytes.Repeat([]byte("o"), int(f.Size))
+	_, err = (&shellNode{c: &shellNodes{cmds: map[string]int{}}}).Run(context.Background(),
+		nodescript.StageFile.Command(dir+"/v1.31.4", f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), "gzip", "0"), bytes.NewReader(gzipped(t, other)))
 	var ee *nodeaccess.ExitError
 	if !errors.As(err, &ee) || ee.Code != 65 || !strings.Contains(ee.Stderr, "signed "+f.SHA256) {
 		t.Fatalf("node-side check: %v", err)

@@ -37,6 +37,7 @@ var (
 	Facts        = load("facts", readOnly)
 	ListStaged   = load("list-staged", readOnly)
 	StageFile    = load("stage-file", writes)
+	PullFile     = load("pull-file", writes)
 	Backup       = load("backup", writes)
 	Swap         = load("swap", writes)
 	Restore      = load("restore", writes)

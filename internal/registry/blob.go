@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
 // OpenBlob streams the blob d of repository repo (host/path), as the
@@ -25,4 +28,56 @@ func (a Access) OpenBlob(ctx context.Context, repo string, d v1.Hash) (io.ReadCl
 		return nil, Explain(ref.String(), err)
 	}
 	return rc, nil
+}
+
+// NodePull is what a node needs to fetch one blob from the registry itself:
+// the blob's URL, the registry host (a node finds the CA it trusts for the
+// registry by it) and the Authorization header line to send, scoped to
+// pulling that repository (empty for a registry that asks none).
+type NodePull struct {
+	// Base is the registry's scheme and host (https://HOST), URL the blob's.
+	Base   string
+	URL    string
+	Host   string
+	Header string
+}
+
+// ForNode returns how a node pulls the blob d of repository repo
+// (host/path). The header is the one this machine's credentials earn for
+// a pull of repo: Basic for registries that take passwords on every
+// request, a bearer token (pull scope only, short-lived) for those with a
+// token service; it is meant for the node's stdin, never its command line.
+func (a Access) ForNode(ctx context.Context, repo string, d v1.Hash) (NodePull, error) {
+	ref, err := a.parse(repo + "@" + d.String())
+	if err != nil {
+		return NodePull{}, fmt.Errorf("blob %s@%s: %w", repo, d, err)
+	}
+	r := ref.Context()
+	u := url.URL{Scheme: r.Scheme(), Host: r.RegistryStr(), Path: "/v2/" + r.RepositoryStr() + "/blobs/" + d.String()}
+	np := NodePull{Base: r.Scheme() + "://" + r.RegistryStr(), URL: u.String(), Host: r.RegistryStr()}
+	rt, err := a.authTransport(ctx, r, true, []string{r.Scope(transport.PullScope)})
+	if err != nil {
+		return NodePull{}, Explain(ref.String(), err)
+	}
+	// The header the authenticated transport sets is read off a HEAD of
+	// the blob (the request the innermost transport sent), which also
+	// says the registry has it.
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, np.URL, nil)
+	if err != nil {
+		return NodePull{}, err
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return NodePull{}, Explain(ref.String(), err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && (resp.StatusCode < 300 || resp.StatusCode > 399) {
+		return NodePull{}, fmt.Errorf("blob %s@%s: the registry answers %s", repo, d, resp.Status)
+	}
+	if resp.Request != nil {
+		if h := resp.Request.Header.Get("Authorization"); h != "" {
+			np.Header = "Authorization: " + h
+		}
+	}
+	return np, nil
 }

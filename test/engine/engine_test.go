@@ -66,8 +66,10 @@ func stageArgs(extra ...string) ([]string, string) {
 }
 
 // Stage on 1+3 nodes: each node gets exactly its role's files with the
-// signed sha256 (read back over SSH), from the private registry; a second
-// stage sends nothing.
+// signed sha256 (read back over SSH). The nodes that reach the private
+// registry pull them themselves (this machine sends none of the bytes);
+// worker-3, whose firewall keeps the registry out, is sent them over SSH,
+// compressed; a second stage moves nothing.
 func TestStage(t *testing.T) {
 	importBundle(t, hashSkipBundle)
 	// The version is now available; the nodes' one is active.
@@ -87,6 +89,12 @@ func TestStage(t *testing.T) {
 		t.Errorf("versions: %v", states)
 	}
 	sums := signedFiles(t, hashSkipBundle)
+	// worker-3 cannot reach the registry: its own firewall, set over SSH
+	// as its admin would.
+	host, port, _ := strings.Cut(sb.Registry.Address, ":")
+	block := fmt.Sprintf("iptables -w -%%s OUTPUT -p tcp -d %s --dport %s -j REJECT --reject-with tcp-reset", host, port)
+	ssh(t, "worker-3", fmt.Sprintf(block, "I"))
+	t.Cleanup(func() { ssh(t, "worker-3", fmt.Sprintf(block, "D")) })
 	args, pw := stageArgs()
 	r := upgrade(t, pw, args...)
 	if r.Code != 0 {
@@ -95,8 +103,15 @@ func TestStage(t *testing.T) {
 	res := parseStage(t, r)
 	for _, n := range res.Nodes {
 		want := inplace.FilesFor(roleOf(n.Node))
-		if strings.Join(n.Sent, ",") != strings.Join(sorted(want), ",") || n.BytesSent == 0 || n.BytesSent >= n.Bytes {
-			t.Errorf("%s: sent %v (%d bytes compressed of %d), want %v", n.Node, n.Sent, n.BytesSent, n.Bytes, sorted(want))
+		if strings.Join(n.Sent, ",") != strings.Join(sorted(want), ",") {
+			t.Errorf("%s: staged %v, want %v", n.Node, n.Sent, sorted(want))
+		}
+		if n.Node == "worker-3" {
+			if n.Path != inplace.ViaSSH || !strings.Contains(n.PathReason, "cannot be reached") || n.BytesSent == 0 || n.BytesSent >= n.Bytes || n.BytesPulled != 0 {
+				t.Errorf("worker-3, the registry out of its reach: %+v, want SSH, compressed", n)
+			}
+		} else if n.Path != inplace.ViaRegistry || n.BytesSent != 0 || n.BytesPulled != n.Bytes {
+			t.Errorf("%s: %+v, want every byte pulled from the registry by the node", n.Node, n)
 		}
 		got := ssh(t, n.Node, fmt.Sprintf("cd %s/%s && sha256sum *", stageDir, sb.NewVersion))
 		for _, name := range want {
@@ -110,8 +125,8 @@ func TestStage(t *testing.T) {
 	}
 	again := parseStage(t, upgrade(t, pw, args...))
 	for _, n := range again.Nodes {
-		if n.BytesSent != 0 || len(n.Sent) != 0 {
-			t.Errorf("second stage sent %d bytes (%v) to %s", n.BytesSent, n.Sent, n.Node)
+		if n.BytesSent != 0 || n.BytesPulled != 0 || len(n.Sent) != 0 {
+			t.Errorf("second stage moved %d+%d bytes (%v) to %s", n.BytesSent, n.BytesPulled, n.Sent, n.Node)
 		}
 	}
 }

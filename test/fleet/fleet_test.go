@@ -339,7 +339,7 @@ func fileSHA(t *inplace.Target, name string) string {
 // checks content before sending it, so only a stream corrupted on the
 // way, played here, reaches the node's own check.
 func stageScript(vdir, name, sum string) string {
-	return nodescript.StageFile.Command(vdir, name, sum)
+	return nodescript.StageFile.Command(vdir, name, sum, "0", "gzip", "0")
 }
 
 // A stream whose content is not the signed sha256 exits 65 with the

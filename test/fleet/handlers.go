@@ -168,8 +168,13 @@ func playListStaged(_ *Fleet, n *node, args []string, io *stdio) int {
 }
 
 // playStage answers the stage-file script. args: VERSION_DIR NAME
-// SHA256; stdin is the gzip stream.
+// SHA256 SIZE CODEC OFFSET; stdin is the gzip stream (the fleet's nodes
+// list no zstd, so staging sends them gzip, whole).
 func playStage(f *Fleet, n *node, args []string, io *stdio) int {
+	if len(args) != 6 || args[4] != "gzip" || args[5] != "0" {
+		fmt.Fprintf(io.err, "fleet: stage-file %q: a gzip stream from the start is all the fleet plays\n", args)
+		return 64
+	}
 	dir, want := path.Clean(args[0]), args[2]
 	dst := dir + "/" + args[1]
 	got, read, err := f.stream.read(f.ctx, io.in)

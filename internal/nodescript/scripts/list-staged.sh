@@ -1,7 +1,35 @@
 # kubelift node script: list-staged
 # Prints "SHA256  NAME" for each file staged in VERSION_DIR (nothing when
-# there is none), so that staging skips what is already there.
-# Arguments: VERSION_DIR
+# there is none), so that staging skips what is already there; then, on
+# lines of their own, what staging may use on this node:
+#   ### partial NAME BYTES  a file a stage that was cut off left behind
+#   ### zstd yes|no         whether zstd can decompress here
+#   ### curl yes|no         whether curl can fetch from a registry here
+#   ### registry CODE       the HTTP status of REGISTRY_URL/v2/ as this
+#                           node sees it (000: not reachable), when given
+# Arguments: VERSION_DIR [REGISTRY_URL REGISTRY_HOST]
 set -u
-if [ -d "$1" ]; then (cd "$1" && sha256sum -- * 2>/dev/null); fi
+if [ -d "$1" ]; then
+  (cd "$1" && sha256sum -- * 2>/dev/null)
+  for p in "$1"/.*.kubelift-partial; do
+    [ -f "$p" ] || continue
+    n=${p##*/.}
+    printf '### partial %s %s\n' "${n%.kubelift-partial}" "$(wc -c <"$p" | tr -d ' ')"
+  done
+fi
+if command -v zstd >/dev/null 2>&1; then echo '### zstd yes'; else echo '### zstd no'; fi
+if command -v curl >/dev/null 2>&1; then echo '### curl yes'; else echo '### curl no'; fi
+if [ $# -ge 3 ] && command -v curl >/dev/null 2>&1; then
+  set -- "$2" "$3"
+  ca=
+  for f in "/etc/containerd/certs.d/$2/ca.crt" "/etc/docker/certs.d/$2/ca.crt"; do
+    if [ -f "$f" ]; then ca=$f; break; fi
+  done
+  if [ -n "$ca" ]; then
+    code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 --cacert "$ca" "$1/v2/" 2>/dev/null || true)
+  else
+    code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 "$1/v2/" 2>/dev/null || true)
+  fi
+  printf '### registry %s\n' "${code:-000}"
+fi
 true

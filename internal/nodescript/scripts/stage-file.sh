@@ -1,19 +1,38 @@
 # kubelift node script: stage-file
-# Reads a gzip stream on stdin, writes it to a temporary name in
-# VERSION_DIR, checks its sha256 against the signed one (exit 65 when it
-# differs) and renames it to NAME: readers see no file or the whole one.
-# Arguments: VERSION_DIR NAME SHA256
+# Reads a file's bytes from OFFSET on, encoded with CODEC (zstd, gzip or
+# none), on stdin and writes them to a temporary name in VERSION_DIR
+# (appending to what a stage cut off left there when OFFSET is not 0),
+# checks the whole file's size and sha256 against the signed ones and
+# renames it to NAME: readers see no file or the whole one. A file cut
+# short stays for the next stage to go on from (exit 75); one that is
+# whole but wrong is removed (exit 65).
+# Arguments: VERSION_DIR NAME SHA256 SIZE CODEC OFFSET
 set -eu
 umask 022
 dir=$1
 dst=$1/$2
 tmp=$1/.$2.kubelift-partial
 want=$3
+size=$4
+codec=$5
+offset=$6
 mkdir -p "$dir"
-trap 'rm -f "$tmp"' EXIT
-sum=$(gzip -dc | tee "$tmp" | sha256sum | cut -d ' ' -f 1)
-[ -n "$sum" ]
-if [ "$sum" != "$want" ]; then echo "sha256 $sum on the node, signed $want" >&2; exit 65; fi
+if [ "$offset" = 0 ]; then
+  : >"$tmp"
+elif [ "$(wc -c <"$tmp" | tr -d ' ')" != "$offset" ]; then
+  echo "$tmp is not $offset bytes long: stage again from the start" >&2
+  rm -f "$tmp"
+  exit 75
+fi
+case $codec in
+zstd) zstd -dcq >>"$tmp" || true ;;
+gzip) gzip -dc >>"$tmp" || true ;;
+none) cat >>"$tmp" ;;
+*) echo "unknown codec $codec" >&2; exit 64 ;;
+esac
+got=$(wc -c <"$tmp" | tr -d ' ')
+if [ "$got" -lt "$size" ]; then echo "cut off at $got of $size bytes: the next stage goes on from there" >&2; exit 75; fi
+sum=$(sha256sum <"$tmp" | cut -d ' ' -f 1)
+if [ "$sum" != "$want" ]; then rm -f "$tmp"; echo "sha256 $sum on the node, signed $want" >&2; exit 65; fi
 chmod 0755 "$tmp"
 mv -f "$tmp" "$dst"
-trap - EXIT

@@ -1,0 +1,273 @@
+package inplace
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// pullRegistry is a real registry (go-containerregistry's, in process,
+// plain HTTP) that asks for a password on every request, as a
+// docker-registry with htpasswd does, and can spoil one blob's bytes or
+// cut one blob's first download in half.
+type pullRegistry struct {
+	srv    *httptest.Server
+	host   string
+	mu     sync.Mutex
+	spoil  map[string]bool // blob digest -> serve other bytes
+	cut    map[string]bool // blob digest -> cut the next download short
+	ranged int             // downloads that asked for a range (resumed)
+}
+
+const pullUser, pullPassword = "kubelift", "s3cret-pw"
+
+func newPullRegistry(t *testing.T) *pullRegistry {
+	r := &pullRegistry{spoil: map[string]bool{}, cut: map[string]bool{}}
+	reg := ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0)))
+	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(pullUser+":"+pullPassword))
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("Authorization") != want {
+			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		d := req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]
+		r.mu.Lock()
+		spoil, cut := r.spoil[d], r.cut[d]
+		if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/") {
+			delete(r.cut, d)
+			if req.Header.Get("Range") != "" {
+				r.ranged++
+			}
+		}
+		r.mu.Unlock()
+		ranged := req.Header.Get("Range") != ""
+		if req.Method != http.MethodGet || !strings.Contains(req.URL.Path, "/blobs/") || (!spoil && !cut && !ranged) {
+			reg.ServeHTTP(w, req)
+			return
+		}
+		rec := httptest.NewRecorder()
+		whole := req.Clone(req.Context())
+		whole.Header.Del("Range")
+		reg.ServeHTTP(rec, whole)
+		body := rec.Body.Bytes()
+		if ranged {
+			// go-containerregistry's registry takes closed ranges only;
+			// distribution's, like this, open ones ("bytes=N-") too.
+			http.ServeContent(w, req, "", time.Time{}, bytes.NewReader(body))
+			return
+		}
+		if spoil {
+			body = bytes.ToUpper(body)
+		}
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		if cut {
+			// Half the bytes, then the connection drops.
+			w.Write(body[:len(body)/2])
+			if hj, ok := w.(http.Hijacker); ok {
+				if c, _, err := hj.Hijack(); err == nil {
+					c.Close()
+				}
+			}
+			return
+		}
+		w.Write(body)
+	}))
+	t.Cleanup(r.srv.Close)
+	u, _ := url.Parse(r.srv.URL)
+	r.host = u.Host
+	return r
+}
+
+func (r *pullRegistry) access(t *testing.T) registry.Access {
+	a, err := registry.Credentials{Domain: r.host, Username: pullUser, Password: pullPassword, PlainHTTP: true}.Access()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// pullWorld is stageWorld with every file pushed to a registry as a blob
+// and recorded as an artifact, as import does.
+func pullWorld(t *testing.T) (*Target, *memSource, *pullRegistry, StageOptions) {
+	target, src, nodes, tgts := stageWorld(t)
+	r := newPullRegistry(t)
+	a := r.access(t)
+	for _, f := range target.Manifest.Files {
+		repo, err := name.NewRepository(r.host+"/library/kubelift-files/"+f.Name, name.Insecure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := static.NewLayer(src.content[f.Name], types.MediaType("application/octet-stream"))
+		if err := remote.WriteLayer(repo, l, remote.WithAuthFromKeychain(a.Keychain)); err != nil {
+			t.Fatal(err)
+		}
+		target.Record.Files = append(target.Record.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, Path: f.Path, SHA256: f.SHA256, Size: f.Size,
+			Artifact: repo.String() + "@sha256:" + strings.Repeat("0", 64)})
+	}
+	opts := StageOptions{Target: target, Source: pullSource{RegistrySource{Access: a}, src}, Nodes: nodes, Targets: tgts, Parallel: 3, CacheDir: t.TempDir()}
+	return target, src, r, opts
+}
+
+// pullSource is a RegistrySource whose files, when this machine sends
+// them, come from memory (counted).
+type pullSource struct {
+	RegistrySource
+	mem *memSource
+}
+
+func (s pullSource) Open(ctx context.Context, f bundle.File, artifact string) (io.ReadCloser, error) {
+	return s.mem.Open(ctx, f, artifact)
+}
+
+// Nodes that reach the registry pull their files themselves: this machine
+// sends none of the bytes, the password reaches no command line, a second
+// stage moves nothing, and a node whose registry is out of reach is sent
+// its files over SSH, chosen for it alone.
+func TestStagePullsFromTheRegistry(t *testing.T) {
+	_, src, _, opts := pullWorld(t)
+	dirs := t.TempDir()
+	conn := &shellNodes{cmds: map[string]int{}, env: map[string][]string{
+		// worker-2's curl goes through a proxy that is not there.
+		"worker-2": {"http_proxy=http://127.0.0.1:9", "HTTP_PROXY=http://127.0.0.1:9"},
+	}}
+	opts.Connector = conn
+	stage := func() *StageResult {
+		t.Helper()
+		var res StageResult
+		for _, tg := range opts.Targets {
+			o := opts
+			o.Targets, o.StageDir = []nodeaccess.Target{tg}, filepath.Join(dirs, tg.Name)
+			r, err := Stage(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Nodes = append(res.Nodes, r.Nodes...)
+		}
+		return &res
+	}
+	res := stage()
+	for _, n := range res.Nodes {
+		switch n.Node {
+		case "worker-2":
+			if n.Path != ViaSSH || !strings.Contains(n.PathReason, "cannot be reached") || n.BytesSent == 0 || n.BytesPulled != 0 || n.Codec != CodecZstd {
+				t.Errorf("worker-2, its registry out of reach: %+v", n)
+			}
+		default:
+			if n.Path != ViaRegistry || n.BytesSent != 0 || n.BytesPulled != n.Bytes || len(n.Sent) == 0 {
+				t.Errorf("%s pulled: %+v", n.Node, n)
+			}
+		}
+		for _, name := range append(n.Sent, n.Present...) {
+			got, err := os.ReadFile(filepath.Join(dirs, n.Node, "v1.31.4", name))
+			if err != nil || !bytes.Equal(got, src.content[name]) {
+				t.Errorf("%s: %s staged wrong (%v)", n.Node, name, err)
+			}
+		}
+	}
+	for _, c := range conn.ran {
+		if strings.Contains(c, pullPassword) || strings.Contains(c, base64.StdEncoding.EncodeToString([]byte(pullUser+":"+pullPassword))) {
+			t.Fatalf("the registry password is on a node's command line: %.200s", c)
+		}
+	}
+	// Again: nothing moves, on either path.
+	for _, n := range stage().Nodes {
+		if n.BytesSent != 0 || n.BytesPulled != 0 || len(n.Sent) != 0 {
+			t.Errorf("second stage on %s moved bytes: %+v", n.Node, n)
+		}
+	}
+	// --via registry: a node that cannot pull is an error naming it.
+	opts.Via, opts.Targets, opts.StageDir = ViaRegistry, opts.Targets[2:3], filepath.Join(dirs, "forced")
+	if _, err := Stage(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "worker-2: cannot pull from the registry") {
+		t.Errorf("--via registry on a node out of reach: %v", err)
+	}
+}
+
+// A blob whose bytes are not the signed sha256 is refused on the node:
+// nothing is renamed into place and nothing half-written is left.
+func TestStagePullRefusesWrongBytes(t *testing.T) {
+	target, _, r, opts := pullWorld(t)
+	kubelet, _, _ := target.File("kubelet", "amd64")
+	r.spoil["sha256:"+kubelet.SHA256] = true
+	dir := t.TempDir()
+	opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
+	res, err := Stage(context.Background(), opts)
+	if !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "pull kubelet") || !strings.Contains(err.Error(), "signed "+kubelet.SHA256) {
+		t.Fatalf("a spoilt blob: %v", err)
+	}
+	if res.Nodes[0].Path != ViaRegistry {
+		t.Errorf("%+v", res.Nodes[0])
+	}
+	if _, err := os.Stat(filepath.Join(dir, "v1.31.4", "kubelet")); err == nil {
+		t.Error("the spoilt kubelet was renamed into place")
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "v1.31.4", ".*")); len(left) != 0 {
+		t.Errorf("left on the node: %v", left)
+	}
+}
+
+// A pull cut off mid-file leaves its bytes; the next stage goes on from
+// them, by the registry (a ranged request) or over SSH (only the rest is
+// sent).
+func TestStageResumesACutOffFile(t *testing.T) {
+	target, src, r, opts := pullWorld(t)
+	kubelet, _, _ := target.File("kubelet", "amd64")
+	dir := t.TempDir()
+	opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
+	r.cut["sha256:"+kubelet.SHA256] = true
+	if _, err := Stage(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "kubelet") {
+		t.Fatalf("a cut-off pull: %v", err)
+	}
+	partial := filepath.Join(dir, "v1.31.4", ".kubelet.kubelift-partial")
+	fi, err := os.Stat(partial)
+	if err != nil || fi.Size() == 0 || fi.Size() >= kubelet.Size {
+		t.Fatalf("the cut-off pull left %v, %v", fi, err)
+	}
+	res, err := Stage(context.Background(), opts)
+	// (kubelet is the first: the files after it are pulled whole now.)
+	if err != nil || r.ranged != 1 || len(res.Nodes[0].Present) != 0 || res.Nodes[0].BytesPulled != res.Nodes[0].Bytes-fi.Size() {
+		t.Fatalf("resumed pull: %+v, %v; %d ranged requests", res.Nodes[0], err, r.ranged)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "v1.31.4", "kubelet")); !bytes.Equal(got, src.content["kubelet"]) {
+		t.Error("the resumed kubelet is not the signed one")
+	}
+	// Over SSH: a cut-off file's rest only.
+	if err := os.WriteFile(partial, src.content["kubelet"][:kubelet.Size/3], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dir, "v1.31.4", "kubelet"))
+	opts.Via, opts.Codec = ViaSSH, CodecNone
+	res, err = Stage(context.Background(), opts)
+	if err != nil || res.Nodes[0].BytesSent != kubelet.Size-kubelet.Size/3 {
+		t.Fatalf("resumed over SSH: %+v, %v (the rest is %d bytes)", res.Nodes[0], err, kubelet.Size-kubelet.Size/3)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "v1.31.4", "kubelet")); !bytes.Equal(got, src.content["kubelet"]) {
+		t.Error("the kubelet resumed over SSH is not the signed one")
+	}
+}
