@@ -241,8 +241,8 @@ func TestStageResumesACutOffFile(t *testing.T) {
 	dir := t.TempDir()
 	opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
 	r.cut["sha256:"+kubelet.SHA256] = true
-	if _, err := Stage(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "kubelet") {
-		t.Fatalf("a cut-off pull: %v", err)
+	if res0, err := Stage(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "kubelet") {
+		t.Fatalf("a cut-off pull: %v %+v", err, res0)
 	}
 	partial := filepath.Join(dir, "v1.31.4", ".kubelet.kubelift-partial")
 	fi, err := os.Stat(partial)

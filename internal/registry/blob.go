@@ -53,16 +53,17 @@ func (a Access) ForNode(ctx context.Context, repo string, d v1.Hash) (NodePull, 
 		return NodePull{}, fmt.Errorf("blob %s@%s: %w", repo, d, err)
 	}
 	r := ref.Context()
-	u := url.URL{Scheme: r.Scheme(), Host: r.RegistryStr(), Path: "/v2/" + r.RepositoryStr() + "/blobs/" + d.String()}
-	np := NodePull{Base: r.Scheme() + "://" + r.RegistryStr(), URL: u.String(), Host: r.RegistryStr()}
+	np := NodePull{Host: r.RegistryStr()}
 	rt, err := a.authTransport(ctx, r, true, []string{r.Scope(transport.PullScope)})
 	if err != nil {
 		return NodePull{}, Explain(ref.String(), err)
 	}
-	// The header the authenticated transport sets is read off a HEAD of
-	// the blob (the request the innermost transport sent), which also
-	// says the registry has it.
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, np.URL, nil)
+	// The header the authenticated transport sets, and the scheme its
+	// ping found the registry speaks (it rewrites the request's), are
+	// read off a HEAD of the blob as the innermost transport sent it; the
+	// HEAD also says the registry has the blob.
+	u := url.URL{Scheme: "https", Host: r.RegistryStr(), Path: "/v2/" + r.RepositoryStr() + "/blobs/" + d.String()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, u.String(), nil)
 	if err != nil {
 		return NodePull{}, err
 	}
@@ -75,9 +76,11 @@ func (a Access) ForNode(ctx context.Context, repo string, d v1.Hash) (NodePull, 
 		return NodePull{}, fmt.Errorf("blob %s@%s: the registry answers %s", repo, d, resp.Status)
 	}
 	if resp.Request != nil {
+		u.Scheme = resp.Request.URL.Scheme
 		if h := resp.Request.Header.Get("Authorization"); h != "" {
 			np.Header = "Authorization: " + h
 		}
 	}
+	np.Base, np.URL = u.Scheme+"://"+u.Host, u.String()
 	return np, nil
 }
