@@ -176,6 +176,9 @@ type StageResult struct {
 	Version string      `json:"version"`
 	Dir     string      `json:"dir"`
 	Nodes   []NodeStage `json:"nodes"`
+	// WireBytes is what this machine wrote to the nodes over SSH, on the
+	// wire (encryption, commands and all), when the connector counts it.
+	WireBytes int64 `json:"wireBytes,omitempty"`
 	// Took is the wall time (set by StageCluster).
 	Took string `json:"took,omitempty"`
 }
@@ -246,6 +249,10 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 	}
 	c := &encodedCache{store: &cas.Store{Dir: filepath.Join(opts.CacheDir, "files")}, dir: opts.CacheDir, source: opts.Source}
 	res := &StageResult{Version: version, Dir: dir}
+	if w, ok := opts.Connector.(interface{ BytesWritten() int64 }); ok {
+		before := w.BytesWritten()
+		defer func() { res.WireBytes = w.BytesWritten() - before }()
+	}
 	var mu sync.Mutex
 	byNode := map[string]*NodeStage{}
 	for _, t := range opts.Targets {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -30,6 +31,23 @@ type Dialer struct {
 	connectTimeout time.Duration
 	dial           func(ctx context.Context, network, addr string) (net.Conn, error)
 	log            *slog.Logger
+	written        atomic.Int64
+}
+
+// BytesWritten is what this Dialer's connections have written to the
+// network so far: SSH's bytes on the wire, encryption and all.
+func (d *Dialer) BytesWritten() int64 { return d.written.Load() }
+
+// countingConn counts what is written to a connection.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // Option tunes a Dialer.
@@ -174,6 +192,9 @@ func (d *Dialer) login(ctx context.Context, t, host Target, via *ssh.Client) (*s
 			err = oe.Err
 		}
 		return nil, fail(dialOp, err)
+	}
+	if via == nil {
+		conn = countingConn{Conn: conn, n: &d.written}
 	}
 	auth, done, err := d.auth(ctx)
 	if err != nil {

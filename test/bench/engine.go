@@ -162,33 +162,53 @@ func benchApply(bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin a
 
 type adminRunner func(name string, args ...string) (string, measure, error)
 
-// stageRounds measures stage against scp, and the plan, over links of one kind.
+// stageRounds measures stage against scp, and the plan, over links of one
+// kind: stage as it chooses (every node reaches the registry: they pull),
+// and stage --via ssh (this machine sends, zstd), each with a cold cache.
 func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, reg, ssh []string, inAdmin adminRunner) error {
 	admin := sb.Admin().Net()
 	tag := link
 	if tag == "" {
 		tag = "loopback"
 	}
-	var st, again, sc, pl []measure
-	var sent, size, scpBytes int64
+	var st, push, again, sc, pl []measure
+	var size, scpBytes int64
+	var pulled, pushed *inplace.StageResult
+	stageOnce := func(dir, cache string, extra ...string) (*inplace.StageResult, measure, error) {
+		args := append(append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
+			"--cache-dir", cache}, reg...), ssh...), extra...)
+		out, m, err := inAdmin(filepath.Join(bin, "upgrade"), args...)
+		if err != nil {
+			return nil, m, err
+		}
+		var res inplace.StageResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			return nil, m, err
+		}
+		return &res, m, nil
+	}
 	for i := 0; i < *rounds; i++ {
 		dir := fmt.Sprintf("/var/lib/kubelift/bench-%s-%d", tag, i)
-		stage := append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
-			"--cache-dir", filepath.Join(work, fmt.Sprintf("stage-cache-%s-%d", tag, i))}, reg...), ssh...)
-		out, m, err := inAdmin(filepath.Join(bin, "upgrade"), stage...)
+		res, m, err := stageOnce(dir, filepath.Join(work, fmt.Sprintf("stage-cache-%s-%d", tag, i)))
 		if err != nil {
 			return err
 		}
-		st = append(st, m)
-		var res inplace.StageResult
-		if err := json.Unmarshal([]byte(out), &res); err != nil {
-			return err
+		st, pulled = append(st, m), res
+		_, size = res.BytesSent()
+		for _, n := range res.Nodes {
+			if n.Path != inplace.ViaRegistry {
+				return fmt.Errorf("%s was staged %s (%s), not by a pull from the registry", n.Node, n.Path, n.PathReason)
+			}
 		}
-		sent, size = res.BytesSent()
-		if _, m, err = inAdmin(filepath.Join(bin, "upgrade"), stage...); err != nil {
+		if _, m, err = stageOnce(dir, filepath.Join(work, fmt.Sprintf("stage-cache-%s-%d", tag, i))); err != nil {
 			return err
 		}
 		again = append(again, m)
+		res, m, err = stageOnce(dir+"-ssh", filepath.Join(work, fmt.Sprintf("stage-cache-ssh-%s-%d", tag, i)), "--via", "ssh")
+		if err != nil {
+			return err
+		}
+		push, pushed = append(push, m), res
 		// scp: the same files to the same nodes, every node at once.
 		start := time.Now()
 		var wg sync.WaitGroup
@@ -233,16 +253,50 @@ func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, r
 			return err
 		}
 		pl = append(pl, m)
+		// The round's copies go: a node's disk is the host's.
+		for _, n := range sb.Nodes() {
+			_ = admin.Command("ssh", "-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"), "-o", "UserKnownHostsFile="+filepath.Join(sb.Dir, "ssh", "known_hosts"),
+				"-o", "BatchMode=yes", "root@"+n.Address, fmt.Sprintf("rm -rf %[1]s %[1]s-ssh /var/lib/kubelift/scp-%[2]s-%[3]d", dir, tag, i)).Run()
+		}
 	}
 	mb := float64(size) / 1e6
-	fmt.Printf("\nthe engine on a sandbox (1 control plane + 3 workers, real sshd; links: %s), %s binaries: %.1f MB to send in all, %d rounds (medians)\n",
+	fmt.Printf("\nthe engine on a sandbox (1 control plane + 3 workers, real sshd; links: %s), %s binaries: %.1f MB to stage in all, %d rounds (medians)\n",
 		tag, sb.NewVersion, mb, *rounds)
-	fmt.Printf("%-44s %9s %9s %12s %s\n", "staging (admin machine -> every node)", "time", "MB/s", "bytes sent", "kubelift / peer")
-	s, a, c := median(st), median(again), median(sc)
-	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB\n", "kubelift stage (registry, cold cache)", s.wall.Seconds(), mb/s.wall.Seconds(), float64(sent)/1e6)
-	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %.2fx time, %.2fx bytes\n", "scp of the same files (all nodes at once)", c.wall.Seconds(), float64(scpBytes)/1e6/c.wall.Seconds(),
-		float64(scpBytes)/1e6, s.wall.Seconds()/c.wall.Seconds(), float64(sent)/float64(scpBytes))
+	fmt.Printf("%-44s %9s %9s %12s %12s %s\n", "staging (every node)", "time", "MB/s", "admin sent", "node pulled", "kubelift / scp")
+	s, p, a, c := median(st), median(push), median(again), median(sc)
+	var pulledBytes, pushedBytes int64
+	for _, n := range pulled.Nodes {
+		pulledBytes += n.BytesPulled
+	}
+	for _, n := range pushed.Nodes {
+		pushedBytes += n.BytesSent
+	}
+	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.3fx admin bytes\n", "kubelift stage: the nodes pull (registry)", s.wall.Seconds(), mb/s.wall.Seconds(),
+		float64(pulled.WireBytes)/1e6, float64(pulledBytes)/1e6, s.wall.Seconds()/c.wall.Seconds(), float64(pulled.WireBytes)/float64(scpBytes))
+	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.2fx admin bytes\n", "kubelift stage --via ssh (zstd, cold cache)", p.wall.Seconds(), mb/p.wall.Seconds(),
+		float64(pushed.WireBytes)/1e6, 0.0, p.wall.Seconds()/c.wall.Seconds(), float64(pushed.WireBytes)/float64(scpBytes))
+	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB\n", "scp of the same files (all nodes at once)", c.wall.Seconds(), float64(scpBytes)/1e6/c.wall.Seconds(), float64(scpBytes)/1e6)
 	fmt.Printf("%-44s %8.2fs %9s %9.1f MB\n", "kubelift stage again (everything staged)", a.wall.Seconds(), "-", 0.0)
+	if link == "" {
+		// What this machine sends for 40 nodes: ten stages of 4 nodes,
+		// each into a directory of its own (40 nodes' worth of staging).
+		var wire int64
+		for j := 0; j < 10; j++ {
+			res, _, err := stageOnce(fmt.Sprintf("/var/lib/kubelift/bench-fleet-%d", j), filepath.Join(work, "stage-cache-fleet"))
+			if err != nil {
+				return err
+			}
+			wire += res.WireBytes
+		}
+		fmt.Printf("%-44s %9s %9s %9.2f MB  %.1f KB per node (4 nodes: %.1f KB per node); over SSH it would be %.0f MB\n", "admin bytes, 40 nodes pulling (10 x 4)", "", "",
+			float64(wire)/1e6, float64(wire)/40/1e3, float64(pulled.WireBytes)/4/1e3, float64(pushed.WireBytes)*10/1e6)
+		for j := 0; j < 10; j++ {
+			for _, n := range sb.Nodes() {
+				_ = admin.Command("ssh", "-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"), "-o", "UserKnownHostsFile="+filepath.Join(sb.Dir, "ssh", "known_hosts"),
+					"-o", "BatchMode=yes", "root@"+n.Address, fmt.Sprintf("rm -rf /var/lib/kubelift/bench-fleet-%d", j)).Run()
+			}
+		}
+	}
 	fmt.Printf("%-44s %8.2fs\n", "kubelift plan (API + every node over SSH)", median(pl).wall.Seconds())
 	return nil
 }
