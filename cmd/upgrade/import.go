@@ -67,8 +67,9 @@ KUBELIFT_REGISTRY_PASSWORD, and is never printed. Without --username the
 docker config (~/.docker/config.json) supplies credentials.
 
 The binaries (kubelet, the control plane, kubectl ...) are pushed too, as
-OCI artifacts (one per file, its layer digest the signed sha256), so that
-'upgrade stage' and 'apply' fetch them from the registry; --skip-binaries
+OCI artifacts (one per file, its layer digest the signed sha256, and a
+second layer with its zstd copy, made once in --cache-dir, for nodes to
+pull), so that 'upgrade stage' and 'apply' fetch them from the registry; --skip-binaries
 leaves them out for registries that refuse artifacts. With a kubeconfig the
 version is recorded in the cluster. With SSH flags (--inventory, --ssh-key,
 --known-hosts or --ssh-jump) the binaries are then staged on every node, as
@@ -141,7 +142,7 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	res, err := importer.Import(ctx, importer.Options{
 		Bundle: opts.Bundle, Trust: trust, Domain: opts.Registry.Domain, Namespace: opts.Namespace, KeepPath: opts.KeepPath,
 		Access: access, Jobs: opts.Jobs, DryRun: opts.DryRun, Progress: sink, Log: opts.IO.Logger(opts.Quiet),
-		Recorder: recorder, SkipFiles: opts.SkipBinaries,
+		Recorder: recorder, SkipFiles: opts.SkipBinaries, CacheDir: opts.CacheDir,
 	})
 	finish()
 	if res != nil {
@@ -173,7 +174,7 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		target.Record = &cluster.Available{KubernetesVersion: res.KubernetesVersion}
 		for _, f := range res.Files {
 			target.Record.Files = append(target.Record.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, SHA256: f.SHA256, Size: f.Size,
-				Path: filePath(v.Manifest, f.SHA256), Artifact: f.Artifact})
+				Path: filePath(v.Manifest, f.SHA256), Artifact: f.Artifact, Zstd: f.Zstd, ZstdSize: f.ZstdSize})
 		}
 		source = pushedSource{BundleSource: inplace.BundleSource{Bundle: v}, RegistrySource: inplace.RegistrySource{Access: access}}
 	}

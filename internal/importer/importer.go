@@ -46,6 +46,9 @@ type Options struct {
 	// registries that refuse OCI artifacts); they are then staged from the
 	// bundle file.
 	SkipFiles bool
+	// CacheDir keeps the binaries' zstd copies, pushed beside them for
+	// nodes to pull (none when empty, or in a dry run).
+	CacheDir string
 }
 
 // Recorder keeps the record of an imported version (internal/cluster
@@ -103,6 +106,10 @@ type FileResult struct {
 	Size        int64  `json:"size"`
 	Action      string `json:"action"`
 	UploadBytes int64  `json:"uploadBytes"`
+	// Zstd is the digest of the file's zstd copy in the artifact, and
+	// ZstdSize its size ("" and 0 without one).
+	Zstd     string `json:"zstd,omitempty"`
+	ZstdSize int64  `json:"zstdSize,omitempty"`
 }
 
 // ErrUnresolved means images did not resolve by digest after pushing.
@@ -135,9 +142,25 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	src := newBundleSource(v)
 	bfiles := bundleFiles(m)
 	var files []*registry.PushImage
+	zsts := make([]*encoded, len(bfiles))
 	if !opts.SkipFiles {
-		for _, f := range bfiles {
-			im, mem, err := fileArtifact(opts.Domain, opts.Namespace, f.version, f.File)
+		if opts.CacheDir != "" && !opts.DryRun {
+			log.Info("encoding the binaries with zstd for the nodes to pull", "files", len(bfiles))
+		}
+		for i, f := range bfiles {
+			if opts.CacheDir != "" && !opts.DryRun {
+				z, err := zstdCopy(v, opts.CacheDir, f.File)
+				if err != nil {
+					return nil, err
+				}
+				// A copy that saves less than a tenth is not worth a
+				// second blob: nodes pull the file.
+				if z.size*10 < f.Size*9 {
+					zsts[i] = z
+					src.disk[z.digest] = z.path
+				}
+			}
+			im, mem, err := fileArtifact(opts.Domain, opts.Namespace, f.version, f.File, zsts[i])
 			if err != nil {
 				return nil, err
 			}
@@ -159,6 +182,9 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 		f := bfiles[i]
 		r := FileResult{Name: f.Name, Arch: f.Arch, Target: ip.Image.Target.String(), Artifact: ip.Image.Target.Context().Digest(ip.Image.Root().Digest.String()).String(),
 			SHA256: f.SHA256, Size: f.Size, UploadBytes: ip.UploadBytes, Action: action(ip, opts.DryRun)}
+		if z := zsts[i]; z != nil {
+			r.Zstd, r.ZstdSize = z.digest.String(), z.size
+		}
 		res.UploadBytes += ip.UploadBytes
 		res.Files = append(res.Files, r)
 	}
@@ -215,13 +241,14 @@ func availableRecord(res *Result, m *bundle.Manifest) *cluster.Available {
 	for _, im := range res.Images {
 		a.Images = append(a.Images, cluster.ImageRecord{Ref: im.Ref, Target: im.Target, Digest: im.Digest})
 	}
-	artifacts := map[string]string{}
+	pushed := map[string]FileResult{}
 	for _, f := range res.Files {
-		artifacts[f.SHA256] = f.Artifact
+		pushed[f.SHA256] = f
 	}
 	for _, f := range bundleFiles(m) {
+		p := pushed[f.SHA256]
 		a.Files = append(a.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, Path: f.Path, SHA256: f.SHA256, Size: f.Size,
-			Artifact: artifacts[f.SHA256]})
+			Artifact: p.Artifact, Zstd: p.Zstd, ZstdSize: p.ZstdSize})
 	}
 	return a
 }

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -357,6 +358,26 @@ func TestImportPushesBinariesAsArtifacts(t *testing.T) {
 	}
 	if res, err = e.imp(t, file, func(o *Options) { o.SkipFiles = true }); err != nil || len(res.Files) != 0 {
 		t.Fatalf("SkipFiles: %v, %+v", err, res)
+	}
+	// With a cache directory, an artifact also holds the file's zstd copy
+	// when it saves a tenth or more: not these test files of 20 bytes
+	// (test/engine's import of real binaries pushes them, and its nodes
+	// pull them).
+	cache := t.TempDir()
+	if res, err = e.imp(t, file, func(o *Options) { o.CacheDir = cache }); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.Files {
+		if f.Zstd != "" {
+			t.Errorf("%s, %d bytes, has a zstd copy of %d", f.Name, f.Size, f.ZstdSize)
+		}
+		if _, err := os.Stat(filepath.Join(cache, "zstd", f.SHA256+".zstd")); err != nil {
+			t.Errorf("%s: no zstd copy in the cache: %v", f.Name, err)
+		}
+	}
+	again, err := e.imp(t, file, func(o *Options) { o.CacheDir = cache })
+	if err != nil || again.UploadBytes != 0 {
+		t.Fatalf("re-import with the zstd copies: %v, %+v", err, again)
 	}
 }
 

@@ -15,15 +15,13 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/klauspost/compress/gzip"
-	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kubelift/kubelift/internal/atomicfile"
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cas"
+	"github.com/kubelift/kubelift/internal/codec"
 	"github.com/kubelift/kubelift/internal/iocount"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -71,16 +69,19 @@ func (s RegistrySource) Open(ctx context.Context, f bundle.File, artifact string
 // a node only what to fetch (URL, signed sha256, size) and a pull-only
 // credential on stdin, so this machine's bytes do not grow with the fleet.
 type NodePuller interface {
-	ForNode(ctx context.Context, f bundle.File, artifact string) (registry.NodePull, error)
+	// ForNode says where a node fetches the blob (sha256:HEX) of the
+	// artifact (REPOSITORY@DIGEST), and with what header.
+	ForNode(ctx context.Context, artifact, blob string) (registry.NodePull, error)
 }
 
-// ForNode says where a node fetches the file's blob, and with what header.
-func (s RegistrySource) ForNode(ctx context.Context, f bundle.File, artifact string) (registry.NodePull, error) {
-	if artifact == "" {
-		return registry.NodePull{}, fmt.Errorf("file %s: %w", f.Path, ErrNoArtifact)
-	}
+// ForNode says where a node fetches a blob of the artifact.
+func (s RegistrySource) ForNode(ctx context.Context, artifact, blob string) (registry.NodePull, error) {
 	repo, _, _ := strings.Cut(artifact, "@")
-	return s.Access.ForNode(ctx, repo, v1.Hash{Algorithm: "sha256", Hex: f.SHA256})
+	d, err := v1.NewHash(blob)
+	if err != nil {
+		return registry.NodePull{}, fmt.Errorf("artifact %s: blob %q: %w", artifact, blob, err)
+	}
+	return s.Access.ForNode(ctx, repo, d)
 }
 
 // The ways a node gets its files (StageOptions.Via).
@@ -99,10 +100,10 @@ const (
 const (
 	// CodecAuto is zstd where the node has zstd, else gzip.
 	CodecAuto = "auto"
-	CodecZstd = "zstd"
-	CodecGzip = "gzip"
+	CodecZstd = codec.Zstd
+	CodecGzip = codec.Gzip
 	// CodecNone sends the file as it is (links faster than decompression).
-	CodecNone = "none"
+	CodecNone = codec.None
 )
 
 // StageOptions configure Stage.
@@ -313,6 +314,7 @@ type nodeStager struct {
 	dir   string
 	cache *encodedCache
 	ns    *NodeStage
+	zstd  bool // the node has zstd
 }
 
 // staged is what list-staged reports of a version directory and the node.
@@ -437,7 +439,7 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 		// Where the node would pull from: its registry is probed with the
 		// listing.
 		var err error
-		if probe, err = puller.ForNode(ctx, files[0], artifacts[0]); err != nil {
+		if probe, err = puller.ForNode(ctx, artifacts[0], "sha256:"+files[0].SHA256); err != nil {
 			return fmt.Errorf("node %s: %w", s.t.Name, err)
 		}
 		args = append(args, probe.Base, probe.Host)
@@ -450,6 +452,7 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 	if err != nil {
 		return err
 	}
+	s.zstd = st.zstd
 	if err := s.decide(st, pullable); err != nil {
 		return err
 	}
@@ -464,7 +467,7 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 			have = 0
 		}
 		if s.ns.Path == ViaRegistry && artifacts[i] != "" {
-			err := s.pull(ctx, vdir, f, artifacts[i], puller, have)
+			err := s.pull(ctx, vdir, f, artifacts[i], target, puller, have)
 			var ee *nodeaccess.ExitError
 			if errors.As(err, &ee) && (ee.Code == 69 || ee.Code == 66) {
 				// The node cannot pull after all: this machine sends the
@@ -495,17 +498,22 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 	return nil
 }
 
-// pull has the node fetch f from the registry itself, going on from the
-// have bytes a cut-off pull left.
-func (s *nodeStager) pull(ctx context.Context, vdir string, f bundle.File, artifact string, puller NodePuller, have int64) error {
-	np, err := puller.ForNode(ctx, f, artifact)
+// pull has the node fetch f from the registry itself, going on from what
+// a cut-off pull left: the zstd copy import pushed beside it where the
+// node has zstd (it decodes it and checks what comes out), else the file.
+func (s *nodeStager) pull(ctx context.Context, vdir string, f bundle.File, artifact string, target *Target, puller NodePuller, have int64) error {
+	blob, enc, size := "sha256:"+f.SHA256, CodecNone, f.Size
+	if z, zsize := target.zstdBlob(f.Path); z != "" && s.zstd {
+		blob, enc, size, have = z, CodecZstd, zsize, 0
+	}
+	np, err := puller.ForNode(ctx, artifact, blob)
 	if err != nil {
 		return err
 	}
-	_, err = s.n.Run(ctx, nodescript.PullFile.Command(vdir, f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), np.URL, np.Host),
+	_, err = s.n.Run(ctx, nodescript.PullFile.Command(vdir, f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), np.URL, np.Host, enc, strconv.FormatInt(size, 10)),
 		strings.NewReader(np.Header+"\n"))
 	if err == nil {
-		s.ns.BytesPulled += f.Size - have
+		s.ns.BytesPulled += size - have
 	}
 	return err
 }
@@ -514,10 +522,10 @@ func (s *nodeStager) pull(ctx context.Context, vdir string, f bundle.File, artif
 // once for every node, or, going on from have bytes a cut-off stage left,
 // the rest encoded as it goes.
 func (s *nodeStager) send(ctx context.Context, vdir string, f bundle.File, artifact string, have int64) (int64, error) {
-	codec := s.ns.Codec
+	enc := s.ns.Codec
 	var in io.Reader
 	if have == 0 {
-		p, err := s.cache.encoded(ctx, f, artifact, codec)
+		p, err := s.cache.encoded(ctx, f, artifact, enc)
 		if err != nil {
 			return 0, err
 		}
@@ -537,12 +545,12 @@ func (s *nodeStager) send(ctx context.Context, vdir string, f bundle.File, artif
 			return 0, err
 		}
 		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(encode(pw, raw, codec)) }()
+		go func() { pw.CloseWithError(codec.Encode(pw, raw, enc)) }()
 		defer pr.Close()
 		in = pr
 	}
 	cr := iocount.NewReader(in)
-	_, err := s.n.Run(ctx, nodescript.StageFile.Command(vdir, f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), codec, strconv.FormatInt(have, 10)), cr)
+	_, err := s.n.Run(ctx, nodescript.StageFile.Command(vdir, f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), enc, strconv.FormatInt(have, 10)), cr)
 	return cr.N(), err
 }
 
@@ -590,60 +598,21 @@ func (c *encodedCache) raw(ctx context.Context, f bundle.File, artifact string) 
 
 // encoded is the path of the file encoded with codec (the raw file for
 // CodecNone).
-func (c *encodedCache) encoded(ctx context.Context, f bundle.File, artifact, codec string) (string, error) {
+func (c *encodedCache) encoded(ctx context.Context, f bundle.File, artifact, enc string) (string, error) {
 	raw, err := c.raw(ctx, f, artifact)
 	if err != nil {
 		return "", err
 	}
 	defer raw.Close()
-	if codec == CodecNone {
+	if enc == CodecNone {
 		return raw.Name(), nil
 	}
-	l := c.lock(f.SHA256 + "." + codec)
+	l := c.lock(f.SHA256 + "." + enc)
 	l.Lock()
 	defer l.Unlock()
-	p := filepath.Join(c.dir, codec, f.SHA256+"."+codec)
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return "", err
-	}
-	out, err := atomicfile.Create(p, 0o644)
+	p, err := codec.Cached(c.dir, enc, f.SHA256, func() (io.ReadCloser, error) { return io.NopCloser(raw), nil })
 	if err != nil {
-		return "", err
-	}
-	defer out.Abort()
-	if err := encode(out.File, raw, codec); err != nil {
-		return "", fmt.Errorf("file %s: %s: %w", f.Path, codec, err)
-	}
-	if err := out.Commit(); err != nil {
-		return "", err
+		return "", fmt.Errorf("file %s: %w", f.Path, err)
 	}
 	return p, nil
-}
-
-// encode writes r to w in codec: zstd at its fastest level (about as
-// small as gzip's fastest, several times quicker on one core), gzip at
-// its fastest, or as it is.
-func encode(w io.Writer, r io.Reader, codec string) error {
-	var zw io.WriteCloser
-	switch codec {
-	case CodecZstd:
-		e, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
-		if err != nil {
-			return err
-		}
-		zw = e
-	case CodecGzip:
-		zw, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
-	default:
-		_, err := io.Copy(w, r)
-		return err
-	}
-	if _, err := io.Copy(zw, r); err != nil {
-		zw.Close()
-		return err
-	}
-	return zw.Close()
 }

@@ -23,7 +23,7 @@ var goldenArgs = map[string][]string{
 	"facts":                 {"/var/lib/kubelift/staged/" + hostile, "/var/lib/kubelift/staged", "kubelet", "kube-apiserver"},
 	"list-staged":           {"/var/lib/kubelift/staged/" + hostile, "https://" + hostile, hostile},
 	"stage-file":            {"/var/lib/kubelift/staged/v1.31.4", "kubelet", hostile, "1000", "zstd", "0"},
-	"pull-file":             {"/var/lib/kubelift/staged/v1.31.4", "kubelet", hostile, "1000", "https://registry.example:5000/v2/library/kubelift-files/kubelet/blobs/sha256:" + hostile, "registry.example:5000"},
+	"pull-file":             {"/var/lib/kubelift/staged/v1.31.4", "kubelet", hostile, "1000", "https://registry.example:5000/v2/library/kubelift-files/kubelet/blobs/sha256:" + hostile, "registry.example:5000", "zstd", "300"},
 	"backup":                {"/var/lib/kubelift/backup/" + hostile, "kubelet", "/usr/local/bin/kubelet", hostile, "/var/lib/kubelet", "cpu_manager_state"},
 	"swap":                  {"/var/lib/kubelift/staged/v1.31.4/kubelet", hostile, "/usr/local/bin/kubelet", "kubelet"},
 	"restore":               {"/var/lib/kubelift/backup/" + hostile, "/usr/local/bin/kubelet", "kubelet", "/var/lib/kubelet", "kubelift-hash-skip.json", "cpu_manager_state"},
