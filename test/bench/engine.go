@@ -56,7 +56,7 @@ func benchEngine(ctx context.Context, work, bin, key string) error {
 	admin := sb.Admin().Net()
 	inAdmin := func(name string, args ...string) (string, measure, error) {
 		cmd := admin.Command(name, args...)
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(sb.Dir, "kubeconfig"))
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(sb.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(work, "cache"))
 		pw, _ := os.ReadFile(filepath.Join(sb.Dir, "registry", "password"))
 		cmd.Stdin = strings.NewReader(string(pw) + "\n")
 		var out, errb strings.Builder

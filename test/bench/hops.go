@@ -110,7 +110,7 @@ func hopRun(ctx context.Context, work, bin, key string, sb *sandbox.State, steps
 	pw, _ := os.ReadFile(filepath.Join(sb.Dir, "registry", "password"))
 	inAdmin := func(name string, args ...string) (time.Duration, error) {
 		cmd := admin.Command(name, args...)
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(sb.Dir, "kubeconfig"))
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(sb.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(work, "cache"))
 		cmd.Stdin = strings.NewReader(string(pw) + "\n")
 		var errb strings.Builder
 		cmd.Stderr = &errb
