@@ -329,7 +329,15 @@ func (pc *planCheck) staged() {
 		}
 		s.Staged = len(missing) == 0
 		if len(missing) > 0 {
-			pc.add(Info, "staged", "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: apply stages them", strings.Join(missing, ", "), StagePath(pc.opts.StageDir, version, "")), "upgrade stage --to "+version)
+			how := "apply stages them"
+			if p, ok := pc.view.paths[s.Name]; ok {
+				s.StagePath, s.StagePathReason = p[0], p[1]
+				how = "apply has the node pull them from the private registry"
+				if p[0] == ViaSSH {
+					how = "apply sends them over SSH (" + p[1] + ")"
+				}
+			}
+			pc.add(Info, "staged", "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: %s", strings.Join(missing, ", "), StagePath(pc.opts.StageDir, version, ""), how), "upgrade stage --to "+version)
 		}
 		if f.FreeBytes > 0 && f.FreeBytes < need {
 			pc.add(Blocking, "disk", "node/"+s.Name, fmt.Sprintf("%d MiB free below %s, staging and backups need %d MiB", f.FreeBytes>>20, pc.opts.StageDir, need>>20), "free disk space on the node")

@@ -152,8 +152,18 @@ func TestPlanCleanClusterBlocksNothing(t *testing.T) {
 	if p.Blocked {
 		t.Fatalf("blocked: %+v", p.Findings)
 	}
-	// Unstaged files are said, not blocking.
+	// Unstaged files are said, not blocking, with how apply would stage
+	// them where the node was asked.
 	want(t, only(p, "staged"), Info, "node/worker-1", "kubelet", "not staged")
+	w.view.paths = map[string][2]string{"worker-1": {ViaRegistry, ""}, "worker-2": {ViaSSH, "the registry cannot be reached from the node"}}
+	p = w.plan(t)
+	want(t, only(p, "staged"), Info, "node/worker-1", "not staged", "apply has the node pull them from the private registry")
+	want(t, only(p, "staged"), Info, "node/worker-2", "not staged", "apply sends them over SSH (the registry cannot be reached from the node)")
+	for _, n := range p.Nodes {
+		if n.Name == "worker-2" && (n.StagePath != ViaSSH || n.StagePathReason == "") {
+			t.Errorf("worker-2's plan: %+v", n)
+		}
+	}
 	var order []string
 	for _, s := range p.Steps {
 		order = append(order, s.Phase+":"+strings.Join(s.Nodes, ","))

@@ -65,6 +65,11 @@ type NodeState struct {
 	Components map[string]string `json:"components,omitempty"`
 	// Staged says every file the node needs is staged with the right sha256.
 	Staged bool `json:"staged"`
+	// StagePath, for a node that is not staged, is how apply would get
+	// its files there: "registry" (the node pulls them) or "ssh", with
+	// StagePathReason saying why not the registry.
+	StagePath       string `json:"stagePath,omitempty"`
+	StagePathReason string `json:"stagePathReason,omitempty"`
 	// Containers running; Restarts the target kubelet would restart;
 	// Protected those the hash-skip file keeps running; Recreated the
 	// static pods' containers it starts anew under new pod UIDs.
@@ -155,6 +160,9 @@ type clusterView struct {
 	nodes []corev1.Node
 	pods  []corev1.Pod
 	facts map[string]*nodefacts.Facts
+	// paths says, for nodes that lack files, how staging would get them
+	// there (StagingPath): the path and the reason.
+	paths map[string][2]string
 	ssh   map[string]error
 	tgts  []nodeaccess.Target
 	// kubeadm is the cluster's kubeadm configuration (nil: kubeadm did
@@ -304,7 +312,15 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*nodefacts.Facts{}, tgts: tgts, kubeadm: kc}
+	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*nodefacts.Facts{}, paths: map[string][2]string{}, tgts: tgts, kubeadm: kc}
+	kind := KindBinary
+	if kc != nil {
+		kind = KindKubeadm
+	}
+	arch := map[string]string{}
+	for _, n := range nodes {
+		arch[n.Name] = n.Status.NodeInfo.Architecture
+	}
 	var mu sync.Mutex
 	opts.Log.Info("reading nodes over SSH", "nodes", len(tgts))
 	v.ssh = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
@@ -312,12 +328,40 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 		if err != nil {
 			return err
 		}
+		// A node that lacks files: how apply would stage them.
+		var path [2]string
+		if missingFiles(opts.Target, f, kind, t.Role, arch[t.Name]) {
+			p, why, err := StagingPath(ctx, n, t, opts.Target, RegistrySource{Access: opts.Access}, opts.StageDir, arch[t.Name], kind)
+			if err != nil {
+				p, why = ViaSSH, err.Error()
+			}
+			path = [2]string{p, why}
+		}
 		mu.Lock()
 		v.facts[t.Name] = f
+		if path[0] != "" {
+			v.paths[t.Name] = path
+		}
 		mu.Unlock()
 		return nil
 	})
 	return v, nil
+}
+
+// missingFiles says the node lacks some of the target's files it needs.
+func missingFiles(target *Target, f *nodefacts.Facts, kind, role, arch string) bool {
+	if target == nil || target.Manifest == nil {
+		return false // rollback and cleanup read nodes without a bundle
+	}
+	if arch == "" {
+		arch = "amd64"
+	}
+	for _, name := range FilesForKind(kind, role) {
+		if bf, _, ok := target.File(name, arch); ok && f.Staged[name] != bf.SHA256 {
+			return true
+		}
+	}
+	return false
 }
 
 // ListNodes lists every Node, a page at a time.

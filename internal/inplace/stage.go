@@ -305,6 +305,47 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 	return res, nil
 }
 
+// StagingPath says how staging would get the node's missing files there
+// (ViaRegistry or ViaSSH, and why not the registry): the listing with the
+// registry probe that Stage runs first, read-only. Plan says it for each
+// node that lacks files.
+func StagingPath(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, target *Target, source Source, stageDir, arch, kind string) (path, reason string, err error) {
+	s := &nodeStager{opts: &StageOptions{Source: source, Kind: kind}, n: n, t: t, arch: arch, dir: stageDir, ns: &NodeStage{Node: t.Name}}
+	if s.arch == "" {
+		s.arch = "amd64"
+	}
+	var artifact string
+	var file bundle.File
+	for _, name := range FilesForKind(kind, t.Role) {
+		if f, a, ok := target.File(name, s.arch); ok {
+			file, artifact = f, a
+			break
+		}
+	}
+	puller, pullable := source.(NodePuller)
+	pullable = pullable && artifact != ""
+	args := []string{StagePath(stageDir, target.Version.String(), "")}
+	if pullable {
+		probe, err := puller.ForNode(ctx, artifact, "sha256:"+file.SHA256)
+		if err != nil {
+			return "", "", fmt.Errorf("node %s: %w", t.Name, err)
+		}
+		args = append(args, probe.Base, probe.Host)
+	}
+	out, err := n.Run(ctx, nodescript.ListStaged.Command(args...), nil)
+	if err != nil {
+		return "", "", fmt.Errorf("node %s: read %s: %w", t.Name, args[0], err)
+	}
+	st, err := parseStaged(t.Name, out)
+	if err != nil {
+		return "", "", err
+	}
+	if err := s.decide(st, pullable); err != nil {
+		return "", "", err
+	}
+	return s.ns.Path, s.ns.PathReason, nil
+}
+
 // nodeStager stages one node's files.
 type nodeStager struct {
 	opts  *StageOptions

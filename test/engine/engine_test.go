@@ -96,6 +96,13 @@ func TestStage(t *testing.T) {
 	block := fmt.Sprintf("iptables -w -%%s OUTPUT -p tcp -d %s --dport %s -j REJECT --reject-with tcp-reset", host, port)
 	ssh(t, "worker-3", fmt.Sprintf(block, "I"))
 	t.Cleanup(func() { ssh(t, "worker-3", fmt.Sprintf(block, "D")) })
+	// The plan says each node's path first.
+	_, p := plan(t, sb.NewVersion)
+	for _, n := range p.Nodes {
+		if want := map[bool]string{true: inplace.ViaSSH, false: inplace.ViaRegistry}[n.Name == "worker-3"]; n.StagePath != want {
+			t.Errorf("plan: %s would be staged %q (%s), want %s", n.Name, n.StagePath, n.StagePathReason, want)
+		}
+	}
 	args, pw := stageArgs()
 	r := upgrade(t, pw, args...)
 	if r.Code != 0 {
