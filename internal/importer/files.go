@@ -31,7 +31,7 @@ const (
 	// AnnotationDecodedSHA256 is on the zstd layer: the sha256 of what
 	// it decodes to, the file's signed one.
 	AnnotationDecodedSHA256 = "dev.kubelift.decoded-sha256"
-	emptyConfigType  = "application/vnd.oci.empty.v1+json"
+	emptyConfigType         = "application/vnd.oci.empty.v1+json"
 	// FileRepository is the repository, below the namespace, that holds a
 	// file NAME as FileRepository/NAME.
 	FileRepository = "kubelift-files"
@@ -126,7 +126,7 @@ func fileArtifact(domain, namespace, version string, f bundle.File, zst *encoded
 type bundleSource struct {
 	v     *bundle.Verified
 	mem   map[v1.Hash][]byte
-	files map[string]string // sha256 hex -> entry path
+	files map[string]string  // sha256 hex -> entry path
 	disk  map[v1.Hash]string // zstd copies in the cache
 }
 

@@ -1,10 +1,10 @@
 package inplace
 
 import (
-	"strings"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"k8s.io/client-go/kubernetes"
 
