@@ -107,6 +107,9 @@ func benchEngine(ctx context.Context, work, bin, key string) error {
 	for _, n := range sb.Nodes() {
 		_ = admin.Command("tc", "qdisc", "del", "dev", "v-"+n.Name, "root").Run()
 	}
+	if err := benchFleetBytes(work, bin, key, sb, reg, ssh, inAdmin); err != nil {
+		return err
+	}
 	return benchApply(bin, key, sb, reg, ssh, inAdmin)
 }
 
@@ -161,6 +164,51 @@ func benchApply(bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin a
 }
 
 type adminRunner func(name string, args ...string) (string, measure, error)
+
+// benchFleetBytes measures what this machine sends for 40 nodes pulling:
+// ten stages of the 4 nodes, each into a directory of its own (removed
+// at once, so that the nodes' disks, the host's, do not write 10 GB back
+// under the next measurement), against 4 nodes, and against SSH's bytes.
+func benchFleetBytes(work, bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin adminRunner) error {
+	admin := sb.Admin().Net()
+	stage := func(dir string, extra ...string) (*inplace.StageResult, error) {
+		args := append(append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
+			"--cache-dir", filepath.Join(work, "stage-cache-fleet")}, reg...), ssh...), extra...)
+		out, _, err := inAdmin(filepath.Join(bin, "upgrade"), args...)
+		if err != nil {
+			return nil, err
+		}
+		var res inplace.StageResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			return nil, err
+		}
+		for _, n := range sb.Nodes() {
+			_ = admin.Command("ssh", "-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"), "-o", "UserKnownHostsFile="+filepath.Join(sb.Dir, "ssh", "known_hosts"),
+				"-o", "BatchMode=yes", "root@"+n.Address, "rm -rf "+dir).Run()
+		}
+		return &res, nil
+	}
+	var wire4, wire40 int64
+	for j := 0; j < 10; j++ {
+		res, err := stage(fmt.Sprintf("/var/lib/kubelift/bench-fleet-%d", j))
+		if err != nil {
+			return err
+		}
+		if j == 0 {
+			wire4 = res.WireBytes
+		}
+		wire40 += res.WireBytes
+	}
+	push, err := stage("/var/lib/kubelift/bench-fleet-ssh", "--via", "ssh")
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nwhat this machine sends (on the wire) as the fleet grows, the nodes pulling from the registry\n")
+	fmt.Printf("%-44s %9.2f MB  %.1f KB per node\n", "4 nodes pulling", float64(wire4)/1e6, float64(wire4)/4/1e3)
+	fmt.Printf("%-44s %9.2f MB  %.1f KB per node\n", "40 nodes pulling (ten stages of 4)", float64(wire40)/1e6, float64(wire40)/40/1e3)
+	fmt.Printf("%-44s %9.2f MB  (40 nodes: %.0f MB)\n", "4 nodes sent their files over SSH (zstd)", float64(push.WireBytes)/1e6, float64(push.WireBytes)*10/1e6)
+	return nil
+}
 
 // stageRounds measures stage against scp, and the plan, over links of one
 // kind: stage as it chooses (every node reaches the registry: they pull),
@@ -277,26 +325,6 @@ func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, r
 		float64(pushed.WireBytes)/1e6, 0.0, p.wall.Seconds()/c.wall.Seconds(), float64(pushed.WireBytes)/float64(scpBytes))
 	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB\n", "scp of the same files (all nodes at once)", c.wall.Seconds(), float64(scpBytes)/1e6/c.wall.Seconds(), float64(scpBytes)/1e6)
 	fmt.Printf("%-44s %8.2fs %9s %9.1f MB\n", "kubelift stage again (everything staged)", a.wall.Seconds(), "-", 0.0)
-	if link == "" {
-		// What this machine sends for 40 nodes: ten stages of 4 nodes,
-		// each into a directory of its own (40 nodes' worth of staging).
-		var wire int64
-		for j := 0; j < 10; j++ {
-			res, _, err := stageOnce(fmt.Sprintf("/var/lib/kubelift/bench-fleet-%d", j), filepath.Join(work, "stage-cache-fleet"))
-			if err != nil {
-				return err
-			}
-			wire += res.WireBytes
-		}
-		fmt.Printf("%-44s %9s %9s %9.2f MB  %.1f KB per node (4 nodes: %.1f KB per node); over SSH it would be %.0f MB\n", "admin bytes, 40 nodes pulling (10 x 4)", "", "",
-			float64(wire)/1e6, float64(wire)/40/1e3, float64(pulled.WireBytes)/4/1e3, float64(pushed.WireBytes)*10/1e6)
-		for j := 0; j < 10; j++ {
-			for _, n := range sb.Nodes() {
-				_ = admin.Command("ssh", "-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"), "-o", "UserKnownHostsFile="+filepath.Join(sb.Dir, "ssh", "known_hosts"),
-					"-o", "BatchMode=yes", "root@"+n.Address, fmt.Sprintf("rm -rf /var/lib/kubelift/bench-fleet-%d", j)).Run()
-			}
-		}
-	}
 	fmt.Printf("%-44s %8.2fs\n", "kubelift plan (API + every node over SSH)", median(pl).wall.Seconds())
 	return nil
 }
