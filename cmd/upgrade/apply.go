@@ -24,7 +24,6 @@ import (
 type applyOptions struct {
 	planOptions
 	CacheDir       string
-	Path           stagePath
 	BackupDir      string
 	RestoreLabels  bool
 	Ignore         []string
@@ -183,7 +182,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	}
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, StageVia: opts.Path.Via, StageCodec: opts.Path.Codec, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
+		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,

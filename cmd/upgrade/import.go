@@ -174,7 +174,10 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		target.Record = &cluster.Available{KubernetesVersion: res.KubernetesVersion}
 		for _, f := range res.Files {
 			target.Record.Files = append(target.Record.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, SHA256: f.SHA256, Size: f.Size,
-				Path: filePath(v.Manifest, f.SHA256), Artifact: f.Artifact, Zstd: f.Zstd, ZstdSize: f.ZstdSize})
+				Path: filePath(v.Manifest, f.SHA256), Artifact: f.Artifact})
+		}
+		for _, h := range target.Hops {
+			h.Record = target.Record
 		}
 		source = pushedSource{BundleSource: inplace.BundleSource{Bundle: v}, RegistrySource: inplace.RegistrySource{Access: access}}
 	}
@@ -242,11 +245,19 @@ func (s pushedSource) Open(ctx context.Context, f bundle.File, artifact string) 
 	return s.BundleSource.Open(ctx, f, artifact)
 }
 
-// filePath is the bundle path of the target's file with sha256 sum.
+// filePath is the bundle path of the target's or a hop's file with
+// sha256 sum.
 func filePath(m *bundle.Manifest, sum string) string {
 	for _, f := range m.Files {
 		if f.SHA256 == sum {
 			return f.Path
+		}
+	}
+	for _, h := range m.Hops {
+		for _, f := range h.Files {
+			if f.SHA256 == sum {
+				return f.Path
+			}
 		}
 	}
 	return ""

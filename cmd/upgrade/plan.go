@@ -26,6 +26,7 @@ type planOptions struct {
 	Registry       cli.RegistryFlags
 	CatalogFile    string
 	StageDir       string
+	Path           stagePath
 	MaxUnavailable string
 	Canary         bool
 	AllowRestarts  bool
@@ -85,6 +86,7 @@ made, 2 bad flags.`,
 	f := cmd.Flags()
 	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	f.StringVar(&opts.StageDir, "stage-dir", inplace.DefaultStageDir, "where binaries are staged on the nodes")
+	opts.Path.addFlags(cmd)
 	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
 	f.BoolVar(&opts.Canary, "canary", false, "grow worker batches 1, 2, 4 ... up to --max-unavailable")
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "predicted container restarts are a warning, not blocking")
@@ -130,6 +132,7 @@ func (opts *planOptions) engine(ctx context.Context) (*inplace.PlanOptions, erro
 	}
 	return &inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat,
 		Access: access, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
+		StageVia: opts.Path.Via, StageCodec: opts.Path.Codec, NodeCredentials: opts.Path.NodeCredentials,
 		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, HealthWindow: opts.HealthWindow,
 		Log: opts.IO.Logger(opts.Quiet)}, nil
 }

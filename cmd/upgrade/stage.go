@@ -120,10 +120,12 @@ refuse artifacts).
 
 How each node gets them (--via auto):
   registry  a node that reaches the registry (its curl, the CA its
-            containerd trusts for it) pulls the files itself: this machine
-            sends it only the blob, the signed sha256 and a pull-only
-            credential on stdin, so what it sends does not grow with the
-            fleet;
+            containerd trusts for it) pulls the files itself, the zstd
+            copies import pushed where it has zstd: this machine sends it
+            only the blob, the signed sha256 and, on stdin, a pull-scoped
+            token (or, with --node-credentials password, the registry
+            password of a registry that takes nothing else), so what it
+            sends does not grow with the fleet;
   ssh       the others, or every node with --via ssh, are sent the files
             over SSH, each fetched, checked and encoded once for all of
             them (--codec auto: zstd where the node has it, else gzip).
@@ -162,16 +164,18 @@ named, the others are staged, and the exit code is 1.`,
 	return cmd
 }
 
-// stagePath is how nodes get their files: --via and --codec.
-type stagePath struct{ Via, Codec string }
+// stagePath is how nodes get their files: --via, --codec and
+// --node-credentials.
+type stagePath struct{ Via, Codec, NodeCredentials string }
 
 func (p *stagePath) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&p.Via, "via", inplace.ViaAuto, "how nodes get their files: auto (nodes that reach the private registry pull from it, the others are sent them over SSH), registry, or ssh")
+	cmd.Flags().StringVar(&p.NodeCredentials, "node-credentials", inplace.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
 	cmd.Flags().StringVar(&p.Codec, "codec", inplace.CodecAuto, "how files sent over SSH are encoded: auto (zstd where the node has it, else gzip), zstd, gzip, or none (links faster than decompressing)")
 }
 
 func (p *stagePath) check() error {
-	if err := inplace.CheckStageChoice(p.Via, p.Codec); err != nil {
+	if err := inplace.CheckStageChoice(p.Via, p.Codec, p.NodeCredentials); err != nil {
 		return cli.Usagef("%v", err)
 	}
 	return nil
@@ -246,7 +250,7 @@ func stage(ctx context.Context, s *cli.IO, client kubernetes.Interface, nf *cli.
 	sink, finish := s.Progress(quiet, "staging")
 	defer finish()
 	return inplace.StageCluster(ctx, client, inv, inplace.StageOptions{Target: target, Source: source, Connector: dialer,
-		Parallel: nf.Parallel, StageDir: stageDir, CacheDir: cacheDir, Via: path.Via, Codec: path.Codec, Progress: sink, Log: s.Logger(quiet)})
+		Parallel: nf.Parallel, StageDir: stageDir, CacheDir: cacheDir, Via: path.Via, Codec: path.Codec, NodeCredentials: path.NodeCredentials, Progress: sink, Log: s.Logger(quiet)})
 }
 
 func printStage(w io.Writer, res *inplace.StageResult) {

@@ -62,12 +62,6 @@ type BinaryRecord struct {
 	// registry (REPOSITORY@sha256:MANIFEST; its one layer is the file, by
 	// SHA256); empty when the binaries were not pushed.
 	Artifact string `json:"artifact,omitempty"`
-	// Zstd is the digest of the file's zstd copy, a second layer of the
-	// artifact that nodes with zstd pull instead, and ZstdSize its size
-	// (none for imports without it). What it decodes to is checked
-	// against SHA256 on the node.
-	Zstd     string `json:"zstd,omitempty"`
-	ZstdSize int64  `json:"zstdSize,omitempty"`
 }
 
 // ErrRecordConflict means a record of that name exists with other content.

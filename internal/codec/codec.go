@@ -28,6 +28,19 @@ const (
 	None = "none"
 )
 
+// A file's zstd copy in the private registry is an artifact of its own,
+// beside the file's: tagged ZstdTag(SHA256) in the file's repository, its
+// one layer of ZstdMediaType annotated with the sha256 of what it decodes
+// to (checked against the signed one on the node, so the tag is a hint,
+// not a trust).
+const (
+	ZstdMediaType           = "application/zstd"
+	AnnotationDecodedSHA256 = "dev.kubelift.decoded-sha256"
+)
+
+// ZstdTag is the tag of the zstd copy of the file with sha256 sum.
+func ZstdTag(sum string) string { return "sha256-" + sum + ".zst" }
+
 // Encode writes r to w in codec.
 func Encode(w io.Writer, r io.Reader, codec string) error {
 	var zw io.WriteCloser
@@ -100,4 +113,28 @@ func Digest(p string) (string, int64, error) {
 		return "", 0, err
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// CheckDecoded says whether the zstd file at p decodes to size bytes with
+// sha256 sum.
+func CheckDecoded(p, sum string, size int64) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	zr, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return err
+	}
+	defer zr.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(zr, size+1))
+	if err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); n != size || got != sum {
+		return fmt.Errorf("decodes to %d bytes, sha256 %s; the file is %d bytes, %s", n, got, size, sum)
+	}
+	return nil
 }

@@ -21,17 +21,15 @@ import (
 // the way Hauler stores files): an empty config and one layer whose digest
 // is the file's signed sha256.
 //
-// With a cache directory, import adds a second layer: the file encoded
-// with zstd (FileZstdLayerType), which nodes that have zstd pull instead,
-// checking what it decodes to against the signed sha256.
+// With a cache directory, import also pushes each file's zstd copy as an
+// artifact of its own (codec.ZstdTag in the same repository), which nodes
+// that have zstd pull instead, checking what it decodes to against the
+// signed sha256; the file's artifact, and the record naming it, stay as
+// they were.
 const (
-	FileArtifactType  = "application/vnd.kubelift.file.v1"
-	FileLayerType     = "application/octet-stream"
-	FileZstdLayerType = "application/zstd"
-	// AnnotationDecodedSHA256 is on the zstd layer: the sha256 of what
-	// it decodes to, the file's signed one.
-	AnnotationDecodedSHA256 = "dev.kubelift.decoded-sha256"
-	emptyConfigType         = "application/vnd.oci.empty.v1+json"
+	FileArtifactType = "application/vnd.kubelift.file.v1"
+	FileLayerType    = "application/octet-stream"
+	emptyConfigType  = "application/vnd.oci.empty.v1+json"
 	// FileRepository is the repository, below the namespace, that holds a
 	// file NAME as FileRepository/NAME.
 	FileRepository = "kubelift-files"
@@ -82,12 +80,17 @@ type encoded struct {
 }
 
 // fileArtifact is one bundle file as a push job, and the blobs only it has
-// (its manifest's config); zst, when not nil, is its zstd copy, pushed as
-// a second layer.
+// (its manifest's config); with zst, its zstd copy's, tagged
+// codec.ZstdTag beside it.
 func fileArtifact(domain, namespace, version string, f bundle.File, zst *encoded) (*registry.PushImage, map[v1.Hash][]byte, error) {
 	target, err := FileTarget(domain, namespace, version, f)
 	if err != nil {
 		return nil, nil, fmt.Errorf("file %s: target in %s: %w", f.Path, domain, err)
+	}
+	if zst != nil {
+		if target, err = name.NewTag(target.Context().String()+":"+codec.ZstdTag(f.SHA256), name.WeakValidation); err != nil {
+			return nil, nil, fmt.Errorf("file %s: zstd copy's tag: %w", f.Path, err)
+		}
 	}
 	layer, err := v1.NewHash("sha256:" + f.SHA256)
 	if err != nil {
@@ -95,12 +98,11 @@ func fileArtifact(domain, namespace, version string, f bundle.File, zst *encoded
 	}
 	cfgHash, _, _ := v1.SHA256(bytes.NewReader(emptyConfig))
 	cfg := v1.Descriptor{MediaType: emptyConfigType, Size: int64(len(emptyConfig)), Digest: cfgHash}
-	lay := v1.Descriptor{MediaType: FileLayerType, Size: f.Size, Digest: layer,
-		Annotations: map[string]string{"org.opencontainers.image.title": f.Name}}
-	layers := []v1.Descriptor{lay}
+	layers := []v1.Descriptor{{MediaType: FileLayerType, Size: f.Size, Digest: layer,
+		Annotations: map[string]string{"org.opencontainers.image.title": f.Name}}}
 	if zst != nil {
-		layers = append(layers, v1.Descriptor{MediaType: FileZstdLayerType, Size: zst.size, Digest: zst.digest,
-			Annotations: map[string]string{"org.opencontainers.image.title": f.Name + ".zst", AnnotationDecodedSHA256: f.SHA256}})
+		layers = []v1.Descriptor{{MediaType: codec.ZstdMediaType, Size: zst.size, Digest: zst.digest,
+			Annotations: map[string]string{"org.opencontainers.image.title": f.Name + ".zst", codec.AnnotationDecodedSHA256: f.SHA256}}}
 	}
 	raw, err := json.Marshal(struct {
 		SchemaVersion int               `json:"schemaVersion"`
@@ -115,7 +117,11 @@ func fileArtifact(domain, namespace, version string, f bundle.File, zst *encoded
 		return nil, nil, err
 	}
 	mh, _, _ := v1.SHA256(bytes.NewReader(raw))
-	im := &registry.PushImage{Ref: f.Path, Target: target,
+	ref := f.Path
+	if zst != nil {
+		ref += " (zstd)"
+	}
+	im := &registry.PushImage{Ref: ref, Target: target,
 		Manifests: []registry.RawManifest{{Digest: mh, MediaType: types.OCIManifestSchema1, Raw: raw}},
 		Blobs:     append([]v1.Descriptor{cfg}, layers...)}
 	return im, map[v1.Hash][]byte{cfgHash: emptyConfig}, nil
@@ -167,6 +173,11 @@ func zstdCopy(v *bundle.Verified, dir string, f bundle.File) (*encoded, error) {
 	sum, size, err := codec.Digest(p)
 	if err != nil {
 		return nil, fmt.Errorf("file %s: %w", f.Path, err)
+	}
+	// What it decodes to is the signed file, or the cache is wrong.
+	if err := codec.CheckDecoded(p, f.SHA256, f.Size); err != nil {
+		os.Remove(p)
+		return nil, fmt.Errorf("file %s: its zstd copy in the cache %s: %w (removed: import again)", f.Path, p, err)
 	}
 	return &encoded{path: p, digest: v1.Hash{Algorithm: "sha256", Hex: sum}, size: size}, nil
 }

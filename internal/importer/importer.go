@@ -106,8 +106,9 @@ type FileResult struct {
 	Size        int64  `json:"size"`
 	Action      string `json:"action"`
 	UploadBytes int64  `json:"uploadBytes"`
-	// Zstd is the digest of the file's zstd copy in the artifact, and
-	// ZstdSize its size ("" and 0 without one).
+	// Zstd is the digest of the file's zstd copy (the layer of the
+	// artifact tagged codec.ZstdTag beside it), and ZstdSize its size (""
+	// and 0 without one).
 	Zstd     string `json:"zstd,omitempty"`
 	ZstdSize int64  `json:"zstdSize,omitempty"`
 }
@@ -141,7 +142,7 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	}
 	src := newBundleSource(v)
 	bfiles := bundleFiles(m)
-	var files []*registry.PushImage
+	var files, copies []*registry.PushImage
 	zsts := make([]*encoded, len(bfiles))
 	if !opts.SkipFiles {
 		if opts.CacheDir != "" && !opts.DryRun {
@@ -160,9 +161,17 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 					src.disk[z.digest] = z.path
 				}
 			}
-			im, mem, err := fileArtifact(opts.Domain, opts.Namespace, f.version, f.File, zsts[i])
+			im, mem, err := fileArtifact(opts.Domain, opts.Namespace, f.version, f.File, nil)
 			if err != nil {
 				return nil, err
+			}
+			if zsts[i] != nil {
+				zim, zmem, err := fileArtifact(opts.Domain, opts.Namespace, f.version, f.File, zsts[i])
+				if err != nil {
+					return nil, err
+				}
+				copies = append(copies, zim)
+				maps.Copy(src.mem, zmem)
 			}
 			files = append(files, im)
 			maps.Copy(src.mem, mem)
@@ -173,12 +182,15 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 			log.Info("image done", "target", ip.Image.Target.String(), "uploaded", ip.Uploaded, "mounted", ip.Mounted, "present", ip.Present)
 		}}
 	log.Info("asking the registry what it has", "registry", opts.Domain, "images", len(imgs), "files", len(files))
-	all := append(append([]*registry.PushImage{}, imgs...), files...)
+	all := append(append(append([]*registry.PushImage{}, imgs...), files...), copies...)
 	plan, err := p.Plan(ctx, all)
 	if err != nil {
 		return nil, err
 	}
-	for i, ip := range plan.Images[len(imgs):] {
+	for _, ip := range plan.Images[len(imgs)+len(files):] {
+		res.UploadBytes += ip.UploadBytes
+	}
+	for i, ip := range plan.Images[len(imgs) : len(imgs)+len(files)] {
 		f := bfiles[i]
 		r := FileResult{Name: f.Name, Arch: f.Arch, Target: ip.Image.Target.String(), Artifact: ip.Image.Target.Context().Digest(ip.Image.Root().Digest.String()).String(),
 			SHA256: f.SHA256, Size: f.Size, UploadBytes: ip.UploadBytes, Action: action(ip, opts.DryRun)}
@@ -246,9 +258,8 @@ func availableRecord(res *Result, m *bundle.Manifest) *cluster.Available {
 		pushed[f.SHA256] = f
 	}
 	for _, f := range bundleFiles(m) {
-		p := pushed[f.SHA256]
 		a.Files = append(a.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, Path: f.Path, SHA256: f.SHA256, Size: f.Size,
-			Artifact: p.Artifact, Zstd: p.Zstd, ZstdSize: p.ZstdSize})
+			Artifact: pushed[f.SHA256].Artifact})
 	}
 	return a
 }

@@ -37,9 +37,6 @@ type ApplyOptions struct {
 	// Source supplies files missing on the nodes (staged first).
 	Source   Source
 	CacheDir string
-	// StageVia and StageCodec say how missing files reach the nodes
-	// (StageOptions.Via and Codec).
-	StageVia, StageCodec string
 	// BackupDir is where replaced binaries go on each node.
 	BackupDir string
 	// Holder names this run in the lock.
@@ -468,7 +465,7 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 	}
 	_, err := Stage(ctx, StageOptions{Target: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Targets: missing,
 		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Kind: r.driver.Kind(),
-		Via: r.opts.StageVia, Codec: r.opts.StageCodec, Log: r.log})
+		Via: r.opts.Plan.StageVia, Codec: r.opts.Plan.StageCodec, NodeCredentials: r.opts.Plan.NodeCredentials, Log: r.log})
 	return err
 }
 

@@ -132,8 +132,11 @@ type PlanOptions struct {
 	// eras); the embedded one by default.
 	Catalog *catalog.Catalog
 	// Access reaches the private registry to check images.
-	Access    registry.Access
-	Connector nodeaccess.Connector
+	Access registry.Access
+	// StageVia, StageCodec and NodeCredentials say how missing files
+	// reach the nodes (StageOptions' Via, Codec and NodeCredentials).
+	StageVia, StageCodec, NodeCredentials string
+	Connector                             nodeaccess.Connector
 	// Inventory overrides where nodes are reached (nil: none).
 	Inventory *nodeaccess.Inventory
 	Parallel  int
@@ -331,7 +334,8 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 		// A node that lacks files: how apply would stage them.
 		var path [2]string
 		if missingFiles(opts.Target, f, kind, t.Role, arch[t.Name]) {
-			p, why, err := StagingPath(ctx, n, t, opts.Target, RegistrySource{Access: opts.Access}, opts.StageDir, arch[t.Name], kind)
+			p, why, err := StagingPath(ctx, n, t, opts.Target, arch[t.Name], StageOptions{Source: RegistrySource{Access: opts.Access}, StageDir: opts.StageDir,
+				Kind: kind, Via: opts.StageVia, Codec: opts.StageCodec, NodeCredentials: opts.NodeCredentials})
 			if err != nil {
 				p, why = ViaSSH, err.Error()
 			}

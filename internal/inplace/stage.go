@@ -66,12 +66,30 @@ func (s RegistrySource) Open(ctx context.Context, f bundle.File, artifact string
 
 // NodePuller is a Source the nodes can fetch from themselves: the private
 // registry, which every node's runtime already reaches. Staging then sends
-// a node only what to fetch (URL, signed sha256, size) and a pull-only
-// credential on stdin, so this machine's bytes do not grow with the fleet.
+// a node only what to fetch (URL, signed sha256, size) and a credential on
+// stdin, so this machine's bytes do not grow with the fleet.
 type NodePuller interface {
 	// ForNode says where a node fetches the blob (sha256:HEX) of the
 	// artifact (REPOSITORY@DIGEST), and with what header.
 	ForNode(ctx context.Context, artifact, blob string) (registry.NodePull, error)
+	// ZstdCopy is the blob (sha256:HEX) and size of the zstd copy of the
+	// artifact's file with sha256 sum, or "" when there is none.
+	ZstdCopy(ctx context.Context, artifact, sum string) (string, int64, error)
+}
+
+// ZstdCopy finds the file's zstd copy, tagged codec.ZstdTag beside it.
+func (s RegistrySource) ZstdCopy(ctx context.Context, artifact, sum string) (string, int64, error) {
+	repo, _, _ := strings.Cut(artifact, "@")
+	layers, err := s.Access.Layers(ctx, repo+":"+codec.ZstdTag(sum))
+	if err != nil {
+		return "", 0, err
+	}
+	for _, l := range layers {
+		if l.MediaType == codec.ZstdMediaType && l.Annotations[codec.AnnotationDecodedSHA256] == sum && l.Size > 0 {
+			return l.Digest.String(), l.Size, nil
+		}
+	}
+	return "", 0, nil
 }
 
 // ForNode says where a node fetches a blob of the artifact.
@@ -94,6 +112,18 @@ const (
 	ViaRegistry = "registry"
 	// ViaSSH: this machine sends every node its files over SSH.
 	ViaSSH = "ssh"
+)
+
+// What nodes are handed to pull with (StageOptions.NodeCredentials).
+const (
+	// NodeTokens hands nodes a pull-scoped token from the registry's token
+	// service, or nothing to an anonymous registry; nodes of a registry
+	// that takes only passwords are sent their files over SSH.
+	NodeTokens = "token"
+	// NodePasswords also hands nodes, on stdin, this machine's password
+	// for a registry that takes only passwords (htpasswd), which can
+	// usually push as well as pull.
+	NodePasswords = "password"
 )
 
 // The encodings of a file sent over SSH (StageOptions.Codec).
@@ -130,13 +160,22 @@ type StageOptions struct {
 	Via string
 	// Codec encodes what SSH carries (CodecAuto when empty).
 	Codec string
+	// NodeCredentials says what nodes may be handed (NodeTokens when
+	// empty).
+	NodeCredentials string
 	// Progress counts the files' bytes as each lands on a node.
 	Progress progress.Sink
 	Log      *slog.Logger
 }
 
-// CheckStageChoice refuses a Via or Codec that is none of the known ones.
-func CheckStageChoice(via, codec string) error {
+// CheckStageChoice refuses a Via, Codec or NodeCredentials that is none
+// of the known ones.
+func CheckStageChoice(via, codec, creds string) error {
+	switch creds {
+	case "", NodeTokens, NodePasswords:
+	default:
+		return fmt.Errorf("node credentials %q: want token or password", creds)
+	}
 	switch via {
 	case "", ViaAuto, ViaRegistry, ViaSSH:
 	default:
@@ -236,7 +275,7 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := CheckStageChoice(opts.Via, opts.Codec); err != nil {
+	if err := CheckStageChoice(opts.Via, opts.Codec, opts.NodeCredentials); err != nil {
 		return nil, err
 	}
 	dir := opts.StageDir
@@ -306,44 +345,26 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 }
 
 // StagingPath says how staging would get the node's missing files there
-// (ViaRegistry or ViaSSH, and why not the registry): the listing with the
-// registry probe that Stage runs first, read-only. Plan says it for each
-// node that lacks files.
-func StagingPath(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, target *Target, source Source, stageDir, arch, kind string) (path, reason string, err error) {
-	s := &nodeStager{opts: &StageOptions{Source: source, Kind: kind}, n: n, t: t, arch: arch, dir: stageDir, ns: &NodeStage{Node: t.Name}}
+// (ViaRegistry or ViaSSH, and why not the registry), asking the node as
+// Stage does first, read-only: opts gives Source, Via, NodeCredentials,
+// StageDir and Kind. Plan says it for each node that lacks files.
+func StagingPath(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, target *Target, arch string, opts StageOptions) (path, reason string, err error) {
+	if opts.StageDir == "" {
+		opts.StageDir = DefaultStageDir
+	}
+	s := &nodeStager{opts: &opts, n: n, t: t, arch: arch, dir: opts.StageDir, ns: &NodeStage{Node: t.Name}}
 	if s.arch == "" {
 		s.arch = "amd64"
 	}
-	var artifact string
-	var file bundle.File
-	for _, name := range FilesForKind(kind, t.Role) {
-		if f, a, ok := target.File(name, s.arch); ok {
-			file, artifact = f, a
-			break
+	for _, name := range FilesForKind(opts.Kind, t.Role) {
+		if f, artifact, ok := target.File(name, s.arch); ok {
+			if _, err := s.choose(ctx, StagePath(opts.StageDir, target.Version.String(), ""), f, artifact); err != nil {
+				return "", "", err
+			}
+			return s.ns.Path, s.ns.PathReason, nil
 		}
 	}
-	puller, pullable := source.(NodePuller)
-	pullable = pullable && artifact != ""
-	args := []string{StagePath(stageDir, target.Version.String(), "")}
-	if pullable {
-		probe, err := puller.ForNode(ctx, artifact, "sha256:"+file.SHA256)
-		if err != nil {
-			return "", "", fmt.Errorf("node %s: %w", t.Name, err)
-		}
-		args = append(args, probe.Base, probe.Host)
-	}
-	out, err := n.Run(ctx, nodescript.ListStaged.Command(args...), nil)
-	if err != nil {
-		return "", "", fmt.Errorf("node %s: read %s: %w", t.Name, args[0], err)
-	}
-	st, err := parseStaged(t.Name, out)
-	if err != nil {
-		return "", "", err
-	}
-	if err := s.decide(st, pullable); err != nil {
-		return "", "", err
-	}
-	return s.ns.Path, s.ns.PathReason, nil
+	return "", "", nil
 }
 
 // nodeStager stages one node's files.
@@ -361,7 +382,7 @@ type nodeStager struct {
 // staged is what list-staged reports of a version directory and the node.
 type staged struct {
 	sums     map[string]string // name -> sha256
-	partial  map[string]int64  // name -> bytes a cut-off stage left
+	partial  map[string]int64  // NAME.SHA256 -> bytes a cut-off stage left
 	zstd     bool
 	curl     bool
 	registry string // the HTTP status of the registry's /v2/ from the node
@@ -371,42 +392,57 @@ type staged struct {
 // naming the node and the line.
 func parseStaged(node string, out []byte) (*staged, error) {
 	st := &staged{sums: map[string]string{}, partial: map[string]int64{}}
+	yes := map[string]bool{"yes": true, "no": false}
 	for _, line := range strings.Split(string(out), "\n") {
 		line = strings.TrimRight(line, "\r")
 		if line == "" {
 			continue
 		}
+		bad := fmt.Errorf("node %s: list-staged: line %q does not parse", node, line)
 		if rest, ok := strings.CutPrefix(line, "### "); ok {
 			f := strings.Fields(rest)
 			switch {
 			case len(f) == 3 && f[0] == "partial":
 				n, err := strconv.ParseInt(f[2], 10, 64)
 				if _, ok := nodefacts.Under("/", f[1]); err != nil || n < 0 || !ok {
-					return nil, fmt.Errorf("node %s: list-staged: partial file %q of %q bytes does not parse", node, f[1], f[2])
+					return nil, bad
 				}
 				st.partial[f[1]] = n
-			case len(f) == 2 && f[0] == "zstd":
-				st.zstd = f[1] == "yes"
-			case len(f) == 2 && f[0] == "curl":
-				st.curl = f[1] == "yes"
+			case len(f) == 2 && (f[0] == "zstd" || f[0] == "curl"):
+				v, ok := yes[f[1]]
+				if !ok {
+					return nil, bad
+				}
+				if f[0] == "zstd" {
+					st.zstd = v
+				} else {
+					st.curl = v
+				}
 			case len(f) == 2 && f[0] == "registry" && len(f[1]) == 3 && strings.Trim(f[1], "0123456789") == "":
 				st.registry = f[1]
 			default:
-				return nil, fmt.Errorf("node %s: list-staged: line %q does not parse", node, line)
+				return nil, bad
 			}
 			continue
 		}
-		// Names sha256sum escaped (a backslash first) are not kubelift's
-		// and are skipped.
-		if sum, name, ok := strings.Cut(line, "  "); ok && !strings.HasPrefix(sum, "\\") {
-			st.sums[name] = sum
+		// Names sha256sum escaped (a backslash first: a newline or a
+		// backslash in them) are not kubelift's and are skipped.
+		if strings.HasPrefix(line, "\\") {
+			continue
 		}
+		sum, name, ok := strings.Cut(line, "  ")
+		if !ok || len(sum) != 64 || strings.Trim(sum, "0123456789abcdef") != "" || name == "" {
+			return nil, bad
+		}
+		st.sums[name] = sum
 	}
 	return st, nil
 }
 
-// decide picks the node's path (once, at its first listing) and codec.
-func (s *nodeStager) decide(st *staged, pullable bool) error {
+// decide picks the node's path (once, at its first listing that could
+// pull) and codec. pullable says the files come from a registry the node
+// could pull from; header is the credential it would be handed.
+func (s *nodeStager) decide(st *staged, pullable bool, header string) error {
 	if s.ns.Path != "" {
 		return nil
 	}
@@ -419,6 +455,8 @@ func (s *nodeStager) decide(st *staged, pullable bool) error {
 		switch {
 		case !pullable:
 			s.ns.PathReason = "the files come from a bundle file, not the registry"
+		case strings.HasPrefix(header, "Authorization: Basic ") && s.opts.NodeCredentials != NodePasswords:
+			s.ns.PathReason = "the registry takes a password, not a pull-only token, and nodes are not handed it (--node-credentials password allows it)"
 		case !st.curl:
 			s.ns.PathReason = "no curl on the node"
 		case st.registry == "":
@@ -434,18 +472,63 @@ func (s *nodeStager) decide(st *staged, pullable bool) error {
 			return fmt.Errorf("node %s: cannot pull from the registry (%s): stage with --via auto or ssh", s.t.Name, s.ns.PathReason)
 		}
 	}
-	codec := s.opts.Codec
+	return s.pickCodec(st)
+}
+
+// pickCodec chooses what SSH carries to the node, where it needs SSH.
+func (s *nodeStager) pickCodec(st *staged) error {
+	if s.ns.Path != ViaSSH || s.ns.Codec != "" {
+		return nil
+	}
+	enc := s.opts.Codec
 	switch {
-	case codec == "" || codec == CodecAuto:
-		codec = CodecGzip
+	case enc == "" || enc == CodecAuto:
+		enc = CodecGzip
 		if st.zstd {
-			codec = CodecZstd
+			enc = CodecZstd
 		}
-	case codec == CodecZstd && !st.zstd:
+	case enc == CodecZstd && !st.zstd:
 		return fmt.Errorf("node %s: --codec zstd, but the node has no zstd to decompress with: use --codec auto or gzip", s.t.Name)
 	}
-	s.ns.Codec = codec
+	s.ns.Codec = enc
 	return nil
+}
+
+// choose lists what the node has in vdir and, the first time a file is
+// missing, probes the registry from the node and picks its path; f and
+// artifact are a file of the listing the probe may ask for.
+func (s *nodeStager) choose(ctx context.Context, vdir string, f bundle.File, artifact string) (*staged, error) {
+	out, err := s.n.Run(ctx, nodescript.ListStaged.Command(vdir), nil)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: read %s: %w", s.t.Name, vdir, err)
+	}
+	st, err := parseStaged(s.t.Name, out)
+	if err != nil {
+		return nil, err
+	}
+	s.zstd = st.zstd
+	if s.ns.Path != "" {
+		return st, s.pickCodec(st)
+	}
+	puller, pullable := s.opts.Source.(NodePuller)
+	pullable = pullable && s.opts.Via != ViaSSH && artifact != ""
+	var header string
+	if pullable {
+		// Where the node would pull from: its registry is probed.
+		probe, err := puller.ForNode(ctx, artifact, "sha256:"+f.SHA256)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", s.t.Name, err)
+		}
+		header = probe.Header
+		out, err := s.n.Run(ctx, nodescript.ListStaged.Command(vdir, probe.Base, probe.Host), nil)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: read %s: %w", s.t.Name, vdir, err)
+		}
+		if st, err = parseStaged(s.t.Name, out); err != nil {
+			return nil, err
+		}
+	}
+	return st, s.decide(st, pullable, header)
 }
 
 // stage gets the node's missing files of target (names) into
@@ -472,20 +555,7 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 		artifacts = append(artifacts, artifact)
 	}
 	vdir := StagePath(s.dir, version, "")
-	puller, pullable := s.opts.Source.(NodePuller)
-	pullable = pullable && s.opts.Via != ViaSSH && artifacts[0] != ""
-	args := []string{vdir}
-	var probe registry.NodePull
-	if pullable && s.ns.Path == "" {
-		// Where the node would pull from: its registry is probed with the
-		// listing.
-		var err error
-		if probe, err = puller.ForNode(ctx, artifacts[0], "sha256:"+files[0].SHA256); err != nil {
-			return fmt.Errorf("node %s: %w", s.t.Name, err)
-		}
-		args = append(args, probe.Base, probe.Host)
-	}
-	out, err := s.n.Run(ctx, nodescript.ListStaged.Command(args...), nil)
+	out, err := s.n.Run(ctx, nodescript.ListStaged.Command(vdir), nil)
 	if err != nil {
 		return fmt.Errorf("node %s: read %s: %w", s.t.Name, vdir, err)
 	}
@@ -493,39 +563,44 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 	if err != nil {
 		return err
 	}
-	s.zstd = st.zstd
-	if err := s.decide(st, pullable); err != nil {
-		return err
-	}
+	puller, _ := s.opts.Source.(NodePuller)
 	for i, f := range files {
 		s.ns.Bytes += f.Size
 		if st.sums[f.Name] == f.SHA256 {
 			s.ns.Present = append(s.ns.Present, prefix+f.Name)
 			continue
 		}
-		have := st.partial[f.Name]
+		if s.ns.Path == "" || s.ns.Codec == "" && s.ns.Path == ViaSSH {
+			// The first file missing: ask the node how it gets it.
+			if st, err = s.choose(ctx, vdir, f, artifacts[i]); err != nil {
+				return err
+			}
+		}
+		progress.OrNop(s.opts.Progress).Expect(f.Size)
+		have := st.partial[f.Name+"."+f.SHA256]
 		if have >= f.Size {
 			have = 0
 		}
 		if s.ns.Path == ViaRegistry && artifacts[i] != "" {
-			err := s.pull(ctx, vdir, f, artifacts[i], target, puller, have)
+			err := s.pull(ctx, vdir, f, artifacts[i], puller, have)
 			var ee *nodeaccess.ExitError
-			if errors.As(err, &ee) && (ee.Code == 69 || ee.Code == 66) {
-				// The node cannot pull after all: this machine sends the
-				// rest. A cut-off pull's bytes are gone on from.
-				s.ns.Path, s.ns.PathReason = ViaSSH, strings.TrimSpace(ee.Stderr)
-				err = nil
-				if out, lerr := s.n.Run(ctx, nodescript.ListStaged.Command(vdir), nil); lerr == nil {
-					if st2, perr := parseStaged(s.t.Name, out); perr == nil {
-						have = st2.partial[f.Name]
-					}
-				}
-			} else if err != nil {
-				return fmt.Errorf("node %s: pull %s: %w", s.t.Name, prefix+f.Name, err)
-			} else {
+			switch {
+			case err == nil:
 				s.ns.Sent = append(s.ns.Sent, prefix+f.Name)
 				progress.OrNop(s.opts.Progress).Done(f.Size)
 				continue
+			case errors.As(err, &ee) && (ee.Code == 69 || ee.Code == 66):
+				// The node cannot pull after all: this machine sends the
+				// rest. A cut-off pull's bytes are gone on from.
+				s.ns.Path, s.ns.PathReason = ViaSSH, nodeReason(ee)
+				if st, err = s.choose(ctx, vdir, f, ""); err != nil {
+					return err
+				}
+				if have = st.partial[f.Name+"."+f.SHA256]; have >= f.Size {
+					have = 0
+				}
+			default:
+				return fmt.Errorf("node %s: pull %s: %w", s.t.Name, prefix+f.Name, err)
 			}
 		}
 		sent, err := s.send(ctx, vdir, f, artifacts[i], have)
@@ -539,22 +614,55 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 	return nil
 }
 
+// nodeReason says why a pull failed on the node: its exit code's meaning
+// and the first line it printed, quoted (a node's words are shown, never
+// taken as they are).
+func nodeReason(ee *nodeaccess.ExitError) string {
+	what := map[int]string{69: "the registry cannot be reached from the node", 66: "the registry refused the node's pull"}[ee.Code]
+	line, _, _ := strings.Cut(strings.TrimSpace(ee.Stderr), "\n")
+	if len(line) > 200 {
+		line = line[:200]
+	}
+	return what + ": " + strconv.Quote(line)
+}
+
 // pull has the node fetch f from the registry itself, going on from what
 // a cut-off pull left: the zstd copy import pushed beside it where the
-// node has zstd (it decodes it and checks what comes out), else the file.
-func (s *nodeStager) pull(ctx context.Context, vdir string, f bundle.File, artifact string, target *Target, puller NodePuller, have int64) error {
-	blob, enc, size := "sha256:"+f.SHA256, CodecNone, f.Size
-	if z, zsize := target.zstdBlob(f.Path); z != "" && s.zstd {
-		blob, enc, size, have = z, CodecZstd, zsize, 0
+// node has zstd (it decodes it and checks what comes out; the file itself
+// when that fails), else the file.
+func (s *nodeStager) pull(ctx context.Context, vdir string, f bundle.File, artifact string, puller NodePuller, have int64) error {
+	if s.zstd {
+		blob, size, err := s.cache.zstdCopy(ctx, puller, artifact, f.SHA256)
+		if err != nil {
+			return err
+		}
+		if blob != "" {
+			err := s.pullBlob(ctx, vdir, f, artifact, puller, blob, CodecZstd, size)
+			var ee *nodeaccess.ExitError
+			if err == nil || !errors.As(err, &ee) || (ee.Code != 65 && ee.Code != 66) {
+				return err
+			}
+			// A copy that does not decode to the file, or is not there:
+			// the file itself.
+		}
 	}
+	return s.pullBlob(ctx, vdir, f, artifact, puller, "sha256:"+f.SHA256, CodecNone, f.Size-have)
+}
+
+// pullBlob runs pull-file for one blob of size bytes (the rest to fetch).
+func (s *nodeStager) pullBlob(ctx context.Context, vdir string, f bundle.File, artifact string, puller NodePuller, blob, enc string, size int64) error {
 	np, err := puller.ForNode(ctx, artifact, blob)
 	if err != nil {
 		return err
 	}
-	_, err = s.n.Run(ctx, nodescript.PullFile.Command(vdir, f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), np.URL, np.Host, enc, strconv.FormatInt(size, 10)),
+	whole := size
+	if enc == CodecNone {
+		whole = f.Size
+	}
+	_, err = s.n.Run(ctx, nodescript.PullFile.Command(vdir, f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), np.URL, np.Host, enc, strconv.FormatInt(whole, 10)),
 		strings.NewReader(np.Header+"\n"))
 	if err == nil {
-		s.ns.BytesPulled += size - have
+		s.ns.BytesPulled += size
 	}
 	return err
 }
@@ -603,6 +711,37 @@ type encodedCache struct {
 	source Source
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
+	copies map[string]zstdCopy // sha256 -> the zstd copy in the registry
+}
+
+type zstdCopy struct {
+	blob string
+	size int64
+}
+
+// zstdCopy looks the file's zstd copy up in the registry once for every
+// node.
+func (c *encodedCache) zstdCopy(ctx context.Context, puller NodePuller, artifact, sum string) (string, int64, error) {
+	l := c.lock("zstd-copy " + sum)
+	l.Lock()
+	defer l.Unlock()
+	c.mu.Lock()
+	z, ok := c.copies[sum]
+	c.mu.Unlock()
+	if ok {
+		return z.blob, z.size, nil
+	}
+	blob, size, err := puller.ZstdCopy(ctx, artifact, sum)
+	if err != nil {
+		return "", 0, err
+	}
+	c.mu.Lock()
+	if c.copies == nil {
+		c.copies = map[string]zstdCopy{}
+	}
+	c.copies[sum] = zstdCopy{blob, size}
+	c.mu.Unlock()
+	return blob, size, nil
 }
 
 func (c *encodedCache) lock(key string) *sync.Mutex {

@@ -19,6 +19,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -39,6 +41,7 @@ type pullRegistry struct {
 	host   string
 	mu     sync.Mutex
 	spoil  map[string]bool // blob digest -> serve other bytes
+	refuse map[string]bool // blob digest -> 403 to a GET
 	cut    map[string]bool // blob digest -> cut the next download short
 	ranged int             // downloads that asked for a range (resumed)
 }
@@ -46,7 +49,7 @@ type pullRegistry struct {
 const pullUser, pullPassword = "kubelift", "s3cret-pw"
 
 func newPullRegistry(t *testing.T) *pullRegistry {
-	r := &pullRegistry{spoil: map[string]bool{}, cut: map[string]bool{}}
+	r := &pullRegistry{spoil: map[string]bool{}, cut: map[string]bool{}, refuse: map[string]bool{}}
 	reg := ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0)))
 	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(pullUser+":"+pullPassword))
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -57,7 +60,7 @@ func newPullRegistry(t *testing.T) *pullRegistry {
 		}
 		d := req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]
 		r.mu.Lock()
-		spoil, cut := r.spoil[d], r.cut[d]
+		spoil, cut, refuse := r.spoil[d], r.cut[d], r.refuse[d]
 		if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/") {
 			delete(r.cut, d)
 			if req.Header.Get("Range") != "" {
@@ -65,6 +68,10 @@ func newPullRegistry(t *testing.T) *pullRegistry {
 			}
 		}
 		r.mu.Unlock()
+		if refuse && req.Method == http.MethodGet {
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
 		ranged := req.Header.Get("Range") != ""
 		if req.Method != http.MethodGet || !strings.Contains(req.URL.Path, "/blobs/") || (!spoil && !cut && !ranged) {
 			reg.ServeHTTP(w, req)
@@ -82,7 +89,8 @@ func newPullRegistry(t *testing.T) *pullRegistry {
 			return
 		}
 		if spoil {
-			body = bytes.ToUpper(body)
+			body = append([]byte{}, body...)
+			body[len(body)/2] ^= 0xff
 		}
 		for k, v := range rec.Header() {
 			w.Header()[k] = v
@@ -133,20 +141,25 @@ func pullWorld(t *testing.T, zst bool) (*Target, *memSource, *pullRegistry, Stag
 		rec := cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, Path: f.Path, SHA256: f.SHA256, Size: f.Size,
 			Artifact: repo.String() + "@sha256:" + strings.Repeat("0", 64)}
 		if zst {
+			// The copy, tagged beside the file as import tags it.
 			var b bytes.Buffer
 			if err := codec.Encode(&b, bytes.NewReader(src.content[f.Name]), codec.Zstd); err != nil {
 				t.Fatal(err)
 			}
-			zl := static.NewLayer(b.Bytes(), types.MediaType("application/zstd"))
-			if err := remote.WriteLayer(repo, zl, remote.WithAuthFromKeychain(a.Keychain)); err != nil {
+			img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: static.NewLayer(b.Bytes(), codec.ZstdMediaType), MediaType: codec.ZstdMediaType,
+				Annotations: map[string]string{codec.AnnotationDecodedSHA256: f.SHA256}})
+			if err != nil {
 				t.Fatal(err)
 			}
-			d, _ := zl.Digest()
-			rec.Zstd, rec.ZstdSize = d.String(), int64(b.Len())
+			if err := remote.Write(repo.Tag(codec.ZstdTag(f.SHA256)), img, remote.WithAuthFromKeychain(a.Keychain)); err != nil {
+				t.Fatal(err)
+			}
 		}
 		target.Record.Files = append(target.Record.Files, rec)
 	}
-	opts := StageOptions{Target: target, Source: pullSource{RegistrySource{Access: a}, src}, Nodes: nodes, Targets: tgts, Parallel: 3, CacheDir: t.TempDir()}
+	// The registry takes a password: the nodes may be handed it.
+	opts := StageOptions{Target: target, Source: pullSource{RegistrySource{Access: a}, src}, Nodes: nodes, Targets: tgts, Parallel: 3, CacheDir: t.TempDir(),
+		NodeCredentials: NodePasswords}
 	return target, src, r, opts
 }
 
@@ -174,6 +187,18 @@ func TestStagePullsFromTheRegistry(t *testing.T) {
 		"worker-2": {"http_proxy=http://127.0.0.1:9", "HTTP_PROXY=http://127.0.0.1:9"},
 	}}
 	opts.Connector = conn
+	// Without leave to hand nodes the password this registry takes, they
+	// are sent their files over SSH, and the password goes nowhere.
+	o := opts
+	o.NodeCredentials, o.Targets, o.StageDir = "", opts.Targets[1:2], filepath.Join(dirs, "no-password")
+	if res, err := Stage(context.Background(), o); err != nil || res.Nodes[0].Path != ViaSSH || !strings.Contains(res.Nodes[0].PathReason, "--node-credentials password") {
+		t.Fatalf("a password registry, no leave: %+v, %v", res, err)
+	}
+	for _, c := range conn.ran {
+		if strings.Contains(c, "kubelift-pull-file") {
+			t.Fatalf("a pull ran without leave: %.100s", c)
+		}
+	}
 	stage := func() *StageResult {
 		t.Helper()
 		var res StageResult
@@ -261,7 +286,7 @@ func TestStageResumesACutOffFile(t *testing.T) {
 	if res0, err := Stage(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "kubelet") {
 		t.Fatalf("a cut-off pull: %v %+v", err, res0)
 	}
-	partial := filepath.Join(dir, "v1.31.4", ".kubelet.kubelift-partial")
+	partial := filepath.Join(dir, "v1.31.4", ".kubelet."+kubelet.SHA256+".kubelift-partial")
 	fi, err := os.Stat(partial)
 	if err != nil || fi.Size() == 0 || fi.Size() >= kubelet.Size {
 		t.Fatalf("the cut-off pull left %v, %v", fi, err)
@@ -279,12 +304,54 @@ func TestStageResumesACutOffFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Remove(filepath.Join(dir, "v1.31.4", "kubelet"))
-	opts.Via, opts.Codec = ViaSSH, CodecNone
+	opts.Via = ViaSSH
 	res, err = Stage(context.Background(), opts)
-	if err != nil || res.Nodes[0].BytesSent != kubelet.Size-kubelet.Size/3 {
-		t.Fatalf("resumed over SSH: %+v, %v (the rest is %d bytes)", res.Nodes[0], err, kubelet.Size-kubelet.Size/3)
+	if err != nil || res.Nodes[0].BytesSent == 0 || res.Nodes[0].BytesSent*10 > kubelet.Size-kubelet.Size/3 || res.Nodes[0].Codec != CodecZstd {
+		t.Fatalf("resumed over SSH: %+v, %v (the rest is %d bytes, zstd-encoded as it goes)", res.Nodes[0], err, kubelet.Size-kubelet.Size/3)
 	}
 	if got, _ := os.ReadFile(filepath.Join(dir, "v1.31.4", "kubelet")); !bytes.Equal(got, src.content["kubelet"]) {
 		t.Error("the kubelet resumed over SSH is not the signed one")
 	}
+}
+
+// A node the registry refuses mid-stage is sent the rest over SSH, the
+// reason said; a zstd copy that does not decode to the file is not used:
+// the node pulls the file itself.
+func TestStagePullFallsBack(t *testing.T) {
+	target, src, r, opts := pullWorld(t, true)
+	kubelet, _, _ := target.File("kubelet", "amd64")
+	proxy, _, _ := target.File("kube-proxy", "amd64")
+	z, _, err := opts.Source.(NodePuller).ZstdCopy(context.Background(), artifactOf(target, "kubelet"), kubelet.SHA256)
+	if err != nil || z == "" {
+		t.Fatalf("kubelet's zstd copy: %q %v", z, err)
+	}
+	r.spoil[z] = true
+	dir := t.TempDir()
+	opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
+	res, err := Stage(context.Background(), opts)
+	if err != nil || res.Nodes[0].Path != ViaRegistry {
+		t.Fatalf("a spoilt zstd copy: %+v, %v", res.Nodes[0], err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "v1.31.4", "kubelet")); !bytes.Equal(got, src.content["kubelet"]) {
+		t.Error("the kubelet is not the signed one")
+	}
+	// kube-proxy's copy and file both refused mid-stage: SSH for it.
+	pz, _, _ := opts.Source.(NodePuller).ZstdCopy(context.Background(), artifactOf(target, "kube-proxy"), proxy.SHA256)
+	r.refuse[pz], r.refuse["sha256:"+proxy.SHA256] = true, true
+	opts.StageDir = t.TempDir()
+	res, err = Stage(context.Background(), opts)
+	n := res.Nodes[0]
+	if err != nil || n.Path != ViaSSH || !strings.Contains(n.PathReason, "the registry refused the node's pull") || n.BytesSent == 0 || n.BytesPulled == 0 {
+		t.Fatalf("refused mid-stage: %+v, %v", n, err)
+	}
+	for _, name := range n.Sent {
+		if got, _ := os.ReadFile(filepath.Join(opts.StageDir, "v1.31.4", name)); !bytes.Equal(got, src.content[name]) {
+			t.Errorf("%s is not the signed one", name)
+		}
+	}
+}
+
+func artifactOf(t *Target, name string) string {
+	_, a, _ := t.File(name, "amd64")
+	return a
 }

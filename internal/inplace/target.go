@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"k8s.io/client-go/kubernetes"
 
@@ -126,20 +125,6 @@ func TargetFromBundle(m *bundle.Manifest) (*Target, error) {
 		return nil, err
 	}
 	return &Target{Version: rel.Parsed(), Manifest: m, Release: &rel, Hops: hops(m, nil)}, nil
-}
-
-// zstdBlob is the digest and size of the zstd copy of the file at path in
-// the private registry ("" without one).
-func (t *Target) zstdBlob(path string) (string, int64) {
-	if t.Record == nil {
-		return "", 0
-	}
-	for _, r := range t.Record.Files {
-		if r.Path == path && r.Artifact != "" && strings.HasPrefix(r.Zstd, "sha256:") && r.ZstdSize > 0 {
-			return r.Zstd, r.ZstdSize
-		}
-	}
-	return "", 0
 }
 
 // File returns the signed file name for arch, and its artifact in the

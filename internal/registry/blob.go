@@ -2,6 +2,8 @@ package registry
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -83,4 +85,26 @@ func (a Access) ForNode(ctx context.Context, repo string, d v1.Hash) (NodePull, 
 	}
 	np.Base, np.URL = u.Scheme+"://"+u.Host, u.String()
 	return np, nil
+}
+
+// Layers returns the layers of the manifest ref (host/path:tag) names, or
+// none when the registry has no such manifest.
+func (a Access) Layers(ctx context.Context, ref string) ([]v1.Descriptor, error) {
+	r, err := a.parse(ref)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ref, err)
+	}
+	desc, err := remote.Get(r, a.remoteOptions(ctx, r.Context().RegistryStr())...)
+	var terr *transport.Error
+	if errors.As(err, &terr) && terr.StatusCode == http.StatusNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, Explain(ref, err)
+	}
+	var m v1.Manifest
+	if err := json.Unmarshal(desc.Manifest, &m); err != nil {
+		return nil, fmt.Errorf("%s: manifest: %w", ref, err)
+	}
+	return m.Layers, nil
 }

@@ -173,7 +173,7 @@ func benchFleetBytes(work, bin, key string, sb *sandbox.State, reg, ssh []string
 	admin := sb.Admin().Net()
 	stage := func(dir string, extra ...string) (*inplace.StageResult, error) {
 		args := append(append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
-			"--cache-dir", filepath.Join(work, "stage-cache-fleet")}, reg...), ssh...), extra...)
+			"--cache-dir", filepath.Join(work, "stage-cache-fleet"), "--node-credentials", "password"}, reg...), ssh...), extra...)
 		out, _, err := inAdmin(filepath.Join(bin, "upgrade"), args...)
 		if err != nil {
 			return nil, err
@@ -224,7 +224,7 @@ func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, r
 	var pulled, pushed *inplace.StageResult
 	stageOnce := func(dir, cache string, extra ...string) (*inplace.StageResult, measure, error) {
 		args := append(append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
-			"--cache-dir", cache}, reg...), ssh...), extra...)
+			"--cache-dir", cache, "--node-credentials", "password"}, reg...), ssh...), extra...)
 		out, m, err := inAdmin(filepath.Join(bin, "upgrade"), args...)
 		if err != nil {
 			return nil, m, err

@@ -61,7 +61,9 @@ func parseStage(t *testing.T, r result) *inplace.StageResult {
 
 func stageArgs(extra ...string) ([]string, string) {
 	reg, pw := registryFlags()
-	args := append([]string{"stage", "--to", sb.NewVersion, "--key", filepath.Join(work, "team.pub"), "-o", "json", "-q"}, reg...)
+	// The sandbox's registry takes a password (htpasswd): the nodes may
+	// be handed it to pull.
+	args := append([]string{"stage", "--to", sb.NewVersion, "--key", filepath.Join(work, "team.pub"), "-o", "json", "-q", "--node-credentials", "password"}, reg...)
 	return append(append(args, sshFlags()...), extra...), pw
 }
 
@@ -97,7 +99,7 @@ func TestStage(t *testing.T) {
 	ssh(t, "worker-3", fmt.Sprintf(block, "I"))
 	t.Cleanup(func() { ssh(t, "worker-3", fmt.Sprintf(block, "D")) })
 	// The plan says each node's path first.
-	_, p := plan(t, sb.NewVersion)
+	_, p := plan(t, sb.NewVersion, "--node-credentials", "password")
 	for _, n := range p.Nodes {
 		if want := map[bool]string{true: inplace.ViaSSH, false: inplace.ViaRegistry}[n.Name == "worker-3"]; n.StagePath != want {
 			t.Errorf("plan: %s would be staged %q (%s), want %s", n.Name, n.StagePath, n.StagePathReason, want)

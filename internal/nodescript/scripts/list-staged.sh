@@ -2,7 +2,8 @@
 # Prints "SHA256  NAME" for each file staged in VERSION_DIR (nothing when
 # there is none), so that staging skips what is already there; then, on
 # lines of their own, what staging may use on this node:
-#   ### partial NAME BYTES  a file a stage that was cut off left behind
+#   ### partial NAME.SHA256 BYTES  what a stage that was cut off left
+#                           of a file
 #   ### zstd yes|no         whether zstd can decompress here
 #   ### curl yes|no         whether curl can fetch from a registry here
 #   ### registry CODE       the HTTP status of REGISTRY_URL/v2/ as this

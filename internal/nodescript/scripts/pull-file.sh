@@ -4,19 +4,20 @@
 # stdin; the registry's CA is the one the node's containerd or docker
 # trusts for REGISTRY_HOST, else the system's. The blob is the file
 # (CODEC none) or its zstd copy (CODEC zstd, BLOB_SIZE bytes), fetched
-# to a temporary name in VERSION_DIR, going on from what a cut-off pull
-# left there, and decoded. The file's size and sha256 are checked against
-# the signed ones before it is renamed to NAME. A blob cut short stays
-# (exit 75); a file that is whole but wrong is removed (exit 65); a
-# registry the node cannot reach exits 69, one that answers with an error
-# 66.
+# to a temporary name in VERSION_DIR, one per blob, going on from what a
+# cut-off pull left there (from the start when the registry cannot serve
+# the rest), and decoded, at most SIZE bytes. The file's size and sha256
+# are checked against the signed ones before it is renamed to NAME. A
+# blob cut short stays (exit 75); a file that is whole but wrong is
+# removed (exit 65); a registry the node cannot reach exits 69, one that
+# answers with an error 66.
 # Arguments: VERSION_DIR NAME SHA256 SIZE URL REGISTRY_HOST CODEC BLOB_SIZE
 set -eu
 umask 022
 dir=$1
 dst=$1/$2
-tmp=$1/.$2.kubelift-partial
 want=$3
+tmp=$1/.$2.$want.kubelift-partial
 size=$4
 url=$5
 host=$6
@@ -28,27 +29,37 @@ zstd) blob=$tmp.zst ;;
 *) echo "unknown codec $codec" >&2; exit 64 ;;
 esac
 mkdir -p "$dir"
+hdr=$(cat)
 set --
 for f in "/etc/containerd/certs.d/$host/ca.crt" "/etc/docker/certs.d/$host/ca.crt"; do
   if [ -f "$f" ]; then set -- --cacert "$f"; break; fi
 done
+fetch() {
+  rc=0
+  printf '%s\n' "$hdr" | curl -fsSL --connect-timeout 10 --speed-limit 1024 --speed-time 60 -H @- -C - -o "$blob" "$@" "$url" || rc=$?
+}
 have=0
 if [ -f "$blob" ]; then have=$(wc -c <"$blob" | tr -d ' '); fi
 if [ "$have" -gt "$blobsize" ]; then rm -f "$blob"; have=0; fi
 if [ "$have" -lt "$blobsize" ]; then
-  rc=0
-  curl -fsSL --connect-timeout 10 -H @- -C - -o "$blob" "$@" "$url" || rc=$?
+  fetch "$@"
+  if [ "$rc" = 33 ] || { [ "$rc" = 22 ] && [ "$have" -gt 0 ]; }; then
+    # The registry cannot serve the rest: from the start, once.
+    rm -f "$blob"
+    fetch "$@"
+  fi
   case $rc in
   0) ;;
-  6|7|28|35|51|52|55|56|60|77) echo "curl exit $rc: the registry cannot be reached (or is not trusted) from this node" >&2; exit 69 ;;
+  6|7|28|35|51|60|77) echo "curl exit $rc: the registry cannot be reached (or is not trusted) from this node" >&2; exit 69 ;;
   22) echo "the registry refused $url (curl exit 22: an HTTP error)" >&2; exit 66 ;;
-  *) echo "curl exit $rc fetching $url" >&2; exit 75 ;;
+  *) echo "curl exit $rc fetching $url: cut off, the next stage goes on" >&2; exit 75 ;;
   esac
 fi
 got=$(wc -c <"$blob" | tr -d ' ')
 if [ "$got" -lt "$blobsize" ]; then echo "cut off at $got of $blobsize bytes: the next stage goes on from there" >&2; exit 75; fi
+if [ "$got" -gt "$blobsize" ]; then rm -f "$blob"; echo "$url: $got bytes, $blobsize recorded" >&2; exit 65; fi
 if [ "$codec" = zstd ]; then
-  if ! zstd -dcq "$blob" >"$tmp"; then rm -f "$blob" "$tmp"; echo "$url does not decode as zstd" >&2; exit 65; fi
+  { zstd -dcq "$blob" || true; } | head -c "$((size + 1))" >"$tmp"
   rm -f "$blob"
 fi
 got=$(wc -c <"$tmp" | tr -d ' ')

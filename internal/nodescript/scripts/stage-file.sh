@@ -1,38 +1,40 @@
 # kubelift node script: stage-file
 # Reads a file's bytes from OFFSET on, encoded with CODEC (zstd, gzip or
-# none), on stdin and writes them to a temporary name in VERSION_DIR
-# (appending to what a stage cut off left there when OFFSET is not 0),
-# checks the whole file's size and sha256 against the signed ones and
-# renames it to NAME: readers see no file or the whole one. A file cut
-# short stays for the next stage to go on from (exit 75); one that is
-# whole but wrong is removed (exit 65).
+# none), on stdin and writes them to a temporary name in VERSION_DIR, one
+# per file and sha256 (appending to what a stage cut off left there when
+# OFFSET is not 0), at most SIZE bytes in all; checks the whole file's
+# size and sha256 against the signed ones and renames it to NAME: readers
+# see no file or the whole one. A file cut short stays for the next stage
+# to go on from (exit 75); one that is whole but wrong is removed (exit
+# 65).
 # Arguments: VERSION_DIR NAME SHA256 SIZE CODEC OFFSET
 set -eu
 umask 022
 dir=$1
 dst=$1/$2
-tmp=$1/.$2.kubelift-partial
 want=$3
+tmp=$1/.$2.$want.kubelift-partial
 size=$4
 codec=$5
 offset=$6
 mkdir -p "$dir"
 if [ "$offset" = 0 ]; then
   : >"$tmp"
-elif [ "$(wc -c <"$tmp" | tr -d ' ')" != "$offset" ]; then
+elif [ ! -f "$tmp" ] || [ "$(wc -c <"$tmp" | tr -d ' ')" != "$offset" ]; then
   echo "$tmp is not $offset bytes long: stage again from the start" >&2
   rm -f "$tmp"
   exit 75
 fi
+rest=$((size - offset + 1))
 case $codec in
-zstd) zstd -dcq >>"$tmp" || true ;;
-gzip) gzip -dc >>"$tmp" || true ;;
-none) cat >>"$tmp" ;;
+zstd) { zstd -dcq || true; } | head -c "$rest" >>"$tmp" ;;
+gzip) { gzip -dc || true; } | head -c "$rest" >>"$tmp" ;;
+none) head -c "$rest" >>"$tmp" ;;
 *) echo "unknown codec $codec" >&2; exit 64 ;;
 esac
 got=$(wc -c <"$tmp" | tr -d ' ')
 if [ "$got" -lt "$size" ]; then echo "cut off at $got of $size bytes: the next stage goes on from there" >&2; exit 75; fi
 sum=$(sha256sum <"$tmp" | cut -d ' ' -f 1)
-if [ "$sum" != "$want" ]; then rm -f "$tmp"; echo "sha256 $sum on the node, signed $want" >&2; exit 65; fi
+if [ "$got" != "$size" ] || [ "$sum" != "$want" ]; then rm -f "$tmp"; echo "sha256 $sum ($got bytes) on the node, signed $want ($size bytes)" >&2; exit 65; fi
 chmod 0755 "$tmp"
 mv -f "$tmp" "$dst"
