@@ -6,7 +6,8 @@
 # (CODEC none) or its zstd copy (CODEC zstd, BLOB_SIZE bytes), fetched
 # to a temporary name in VERSION_DIR, one per blob, going on from what a
 # cut-off pull left there (from the start when the registry cannot serve
-# the rest), and decoded, at most SIZE bytes. The file's size and sha256
+# the rest), and decoded, no further than about SIZE bytes (ulimit -f).
+# The file's size and sha256
 # are checked against the signed ones before it is renamed to NAME. A
 # blob cut short stays (exit 75); a file that is whole but wrong is
 # removed (exit 65); a registry the node cannot reach exits 69, one that
@@ -59,7 +60,7 @@ got=$(wc -c <"$blob" | tr -d ' ')
 if [ "$got" -lt "$blobsize" ]; then echo "cut off at $got of $blobsize bytes: the next stage goes on from there" >&2; exit 75; fi
 if [ "$got" -gt "$blobsize" ]; then rm -f "$blob"; echo "$url: $got bytes, $blobsize recorded" >&2; exit 65; fi
 if [ "$codec" = zstd ]; then
-  { zstd -dcq "$blob" || true; } | head -c "$((size + 1))" >"$tmp"
+  (ulimit -f "$((size / 512 + 2))" 2>/dev/null || :; exec zstd -dcq "$blob") >"$tmp" || true
   rm -f "$blob"
 fi
 got=$(wc -c <"$tmp" | tr -d ' ')

@@ -2,7 +2,8 @@
 # Reads a file's bytes from OFFSET on, encoded with CODEC (zstd, gzip or
 # none), on stdin and writes them to a temporary name in VERSION_DIR, one
 # per file and sha256 (appending to what a stage cut off left there when
-# OFFSET is not 0), at most SIZE bytes in all; checks the whole file's
+# OFFSET is not 0), writing no further than about SIZE bytes (ulimit -f:
+# a stream that decodes to more is cut there); checks the whole file's
 # size and sha256 against the signed ones and renames it to NAME: readers
 # see no file or the whole one. A file cut short stays for the next stage
 # to go on from (exit 75); one that is whole but wrong is removed (exit
@@ -25,11 +26,11 @@ elif [ ! -f "$tmp" ] || [ "$(wc -c <"$tmp" | tr -d ' ')" != "$offset" ]; then
   rm -f "$tmp"
   exit 75
 fi
-rest=$((size - offset + 1))
+blocks=$((size / 512 + 2))
 case $codec in
-zstd) { zstd -dcq || true; } | head -c "$rest" >>"$tmp" ;;
-gzip) { gzip -dc || true; } | head -c "$rest" >>"$tmp" ;;
-none) head -c "$rest" >>"$tmp" ;;
+zstd) (ulimit -f "$blocks" 2>/dev/null || :; exec zstd -dcq) >>"$tmp" || true ;;
+gzip) (ulimit -f "$blocks" 2>/dev/null || :; exec gzip -dc) >>"$tmp" || true ;;
+none) (ulimit -f "$blocks" 2>/dev/null || :; exec cat) >>"$tmp" || true ;;
 *) echo "unknown codec $codec" >&2; exit 64 ;;
 esac
 got=$(wc -c <"$tmp" | tr -d ' ')
