@@ -151,10 +151,12 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	priv := sb.Registry
 	fmt.Printf("private registry %s (docker-registry, TLS from the sandbox CA %s, htpasswd user %s)\n", priv.Address, priv.CAFile, priv.User)
 
-	step("Importing: ./%s --upgrade ... (pushes images and binaries, records the version, stages the binaries on every node over SSH)", filepath.Base(out))
+	step("Importing: ./%s --upgrade ... (pushes images, binaries and their zstd copies, records the version, and the nodes pull their binaries from the registry)", filepath.Base(out))
 	importArgs := []string{"--upgrade", "--key", key + ".pub", "--domain", priv.Address, "--namespace", "library",
 		"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile, "--kubeconfig", kc}
-	sshArgs := []string{"--inventory", filepath.Join(sb.Dir, "inventory.yaml"), "--cache-dir", filepath.Join(work, "stage-cache")}
+	// The sandbox's registry takes a password (htpasswd), which nodes are
+	// handed only when asked: without it they are sent their files over SSH.
+	sshArgs := []string{"--inventory", filepath.Join(sb.Dir, "inventory.yaml"), "--cache-dir", filepath.Join(work, "stage-cache"), "--node-credentials", "password"}
 	if err := shAdmin(sb, priv.Password+"\n", out, append(importArgs, sshArgs...)...); err != nil {
 		return err
 	}
