@@ -346,8 +346,9 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 
 // StagingPath says how staging would get the node's missing files there
 // (ViaRegistry or ViaSSH, and why not the registry), asking the node as
-// Stage does first, read-only: opts gives Source, Via, NodeCredentials,
-// StageDir and Kind. Plan says it for each node that lacks files.
+// Stage does, read-only, where it could pull: opts gives Source, Via,
+// NodeCredentials, StageDir and Kind. Plan says it for each node that
+// lacks files.
 func StagingPath(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, target *Target, arch string, opts StageOptions) (path, reason string, err error) {
 	if opts.StageDir == "" {
 		opts.StageDir = DefaultStageDir
@@ -358,7 +359,10 @@ func StagingPath(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, ta
 	}
 	for _, name := range FilesForKind(opts.Kind, t.Role) {
 		if f, artifact, ok := target.File(name, s.arch); ok {
-			if _, err := s.choose(ctx, StagePath(opts.StageDir, target.Version.String(), ""), f, artifact); err != nil {
+			// The node is listed (and its registry probed) only where it
+			// could pull; the codec is apply's to choose.
+			opts.Codec = CodecGzip
+			if _, err := s.choose(ctx, StagePath(opts.StageDir, target.Version.String(), ""), f, artifact, &staged{}); err != nil {
 				return "", "", err
 			}
 			return s.ns.Path, s.ns.PathReason, nil
@@ -494,41 +498,39 @@ func (s *nodeStager) pickCodec(st *staged) error {
 	return nil
 }
 
-// choose lists what the node has in vdir and, the first time a file is
-// missing, probes the registry from the node and picks its path; f and
-// artifact are a file of the listing the probe may ask for.
-func (s *nodeStager) choose(ctx context.Context, vdir string, f bundle.File, artifact string) (*staged, error) {
-	out, err := s.n.Run(ctx, nodescript.ListStaged.Command(vdir), nil)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: read %s: %w", s.t.Name, vdir, err)
-	}
-	st, err := parseStaged(s.t.Name, out)
-	if err != nil {
-		return nil, err
-	}
+// choose picks the node's path the first time a file is missing (st is
+// the listing of vdir): where the node could pull, its registry is probed
+// from it with a second, read-only listing; f and artifact are the file
+// the probe asks for. Once the path is chosen it only picks the codec.
+func (s *nodeStager) choose(ctx context.Context, vdir string, f bundle.File, artifact string, st *staged) (*staged, error) {
 	s.zstd = st.zstd
 	if s.ns.Path != "" {
 		return st, s.pickCodec(st)
 	}
 	puller, pullable := s.opts.Source.(NodePuller)
 	pullable = pullable && s.opts.Via != ViaSSH && artifact != ""
-	var header string
-	if pullable {
-		// Where the node would pull from: its registry is probed.
-		probe, err := puller.ForNode(ctx, artifact, "sha256:"+f.SHA256)
-		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", s.t.Name, err)
-		}
-		header = probe.Header
-		out, err := s.n.Run(ctx, nodescript.ListStaged.Command(vdir, probe.Base, probe.Host), nil)
-		if err != nil {
-			return nil, fmt.Errorf("node %s: read %s: %w", s.t.Name, vdir, err)
-		}
-		if st, err = parseStaged(s.t.Name, out); err != nil {
-			return nil, err
-		}
+	if !pullable {
+		return st, s.decide(st, false, "")
 	}
-	return st, s.decide(st, pullable, header)
+	probe, err := puller.ForNode(ctx, artifact, "sha256:"+f.SHA256)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", s.t.Name, err)
+	}
+	st, err = s.list(ctx, vdir, probe.Base, probe.Host)
+	if err != nil {
+		return nil, err
+	}
+	s.zstd = st.zstd
+	return st, s.decide(st, true, probe.Header)
+}
+
+// list runs list-staged on vdir (with the registry to probe, when given).
+func (s *nodeStager) list(ctx context.Context, vdir string, registry ...string) (*staged, error) {
+	out, err := s.n.Run(ctx, nodescript.ListStaged.Command(append([]string{vdir}, registry...)...), nil)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: read %s: %w", s.t.Name, vdir, err)
+	}
+	return parseStaged(s.t.Name, out)
 }
 
 // stage gets the node's missing files of target (names) into
@@ -555,11 +557,7 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 		artifacts = append(artifacts, artifact)
 	}
 	vdir := StagePath(s.dir, version, "")
-	out, err := s.n.Run(ctx, nodescript.ListStaged.Command(vdir), nil)
-	if err != nil {
-		return fmt.Errorf("node %s: read %s: %w", s.t.Name, vdir, err)
-	}
-	st, err := parseStaged(s.t.Name, out)
+	st, err := s.list(ctx, vdir)
 	if err != nil {
 		return err
 	}
@@ -572,7 +570,7 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 		}
 		if s.ns.Path == "" || s.ns.Codec == "" && s.ns.Path == ViaSSH {
 			// The first file missing: ask the node how it gets it.
-			if st, err = s.choose(ctx, vdir, f, artifacts[i]); err != nil {
+			if st, err = s.choose(ctx, vdir, f, artifacts[i], st); err != nil {
 				return err
 			}
 		}
@@ -593,7 +591,10 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 				// The node cannot pull after all: this machine sends the
 				// rest. A cut-off pull's bytes are gone on from.
 				s.ns.Path, s.ns.PathReason = ViaSSH, nodeReason(ee)
-				if st, err = s.choose(ctx, vdir, f, ""); err != nil {
+				if st, err = s.list(ctx, vdir); err != nil {
+					return err
+				}
+				if err := s.pickCodec(st); err != nil {
 					return err
 				}
 				if have = st.partial[f.Name+"."+f.SHA256]; have >= f.Size {
