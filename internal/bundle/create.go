@@ -104,7 +104,7 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 		if opts.Installer == "" {
 			return nil, errors.New("a .run installer needs the upgrade program for linux/" + plan.Arches[0])
 		}
-		if installerSum, installerSize, err = hashFile(opts.Installer); err != nil {
+		if installerSum, installerSize, err = HashFile(opts.Installer); err != nil {
 			return nil, fmt.Errorf("installer: %w", err)
 		}
 	} else if format != FormatTar {
@@ -510,7 +510,8 @@ func (t *tarStream) addCached(store *cas.Store, e Entry) error {
 // close writes the end-of-archive marker: two zero blocks.
 func (t *tarStream) close() error { return t.write(make([]byte, 1024)) }
 
-func hashFile(p string) (string, int64, error) {
+// HashFile is the sha256 (hex) and size of the file at p.
+func HashFile(p string) (string, int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return "", 0, err

@@ -100,21 +100,6 @@ func Cached(dir, codec, sum string, open func() (io.ReadCloser, error)) (string,
 	return p, nil
 }
 
-// Digest is the sha256 and size of the file at p.
-func Digest(p string) (string, int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, err
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
 // CheckDecoded says whether the zstd file at p decodes to size bytes with
 // sha256 sum.
 func CheckDecoded(p, sum string, size int64) error {

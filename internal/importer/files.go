@@ -170,7 +170,7 @@ func zstdCopy(v *bundle.Verified, dir string, f bundle.File) (*encoded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("file %s: %w", f.Path, err)
 	}
-	sum, size, err := codec.Digest(p)
+	sum, size, err := bundle.HashFile(p)
 	if err != nil {
 		return nil, fmt.Errorf("file %s: %w", f.Path, err)
 	}
