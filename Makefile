@@ -1,7 +1,7 @@
 # kubelift. On a fresh Debian machine: `make demo`, `make test`.
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/kubelift/kubelift/internal/buildinfo.Version=$(VERSION)
+LDFLAGS := -s -w -X github.com/kubelift/kubelift/internal/buildinfo.Version=$(VERSION)
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests, the demo and the benchmarks run for real.
 DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time etcd-server iproute2 patch util-linux \
@@ -111,7 +111,7 @@ kubelet:
 # kubeletcompat's vectors from the real kubelet code at each tag (slow:
 # builds k8s.io/kubernetes/pkg/kubelet/container; not run by make test).
 hash-vectors:
-	hack/kubelet-hash-vectors.sh v1.28.15 v1.30.14 v1.31.4 v1.32.13 v1.33.13 v1.34.4 v1.35.4 v1.36.3 v1.37.2
+	hack/kubelet-hash-vectors.sh v1.26.15 v1.28.15 v1.30.14 v1.31.4 v1.32.13 v1.33.13 v1.34.4 v1.35.4 v1.36.3 v1.37.2
 
 clean: sandbox-down
 	-$(SUDO) bin/kubelift-sandbox down --dir $(KUBEADM_SANDBOX_DIR)

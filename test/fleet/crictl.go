@@ -44,7 +44,9 @@ func startPodIndex(ctx context.Context, c kubernetes.Interface, bound func(node 
 			return c.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
 		},
 	}
-	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{byNode: func(obj any) ([]string, error) {
+	// The fake clientset sends no end-of-initial-events bookmark: the
+	// wrapper tells the reflector so, and it lists and watches instead.
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, c), &corev1.Pod{}, 0, cache.Indexers{byNode: func(obj any) ([]string, error) {
 		if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
 			return []string{p.Spec.NodeName}, nil
 		}

@@ -90,6 +90,10 @@ func newWorld(t *testing.T, binaries map[string]Binary) *testWorld {
 		objs = append(objs, &w.pods[i])
 	}
 	w.client = fake.NewClientset(objs...)
+	// The fake API server serves the Eviction subresource, as every real
+	// one does (kubectl's drain helper asks discovery before it evicts).
+	w.client.Resources = []*metav1.APIResourceList{{GroupVersion: "v1", APIResources: []metav1.APIResource{
+		{Name: "pods/eviction", Kind: "Eviction", Group: "policy", Version: "v1"}}}}
 	var err error
 	if w.cat, err = catalog.Default(); err != nil {
 		t.Fatal(err)
