@@ -5,17 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/kubelift/kubelift/internal/waiter"
+	"k8s.io/kubectl/pkg/drain"
 )
 
 // AnnotationCordoned marks a Node this tool cordoned, so that only those
@@ -96,79 +95,92 @@ func (r *applyRun) uncordonLeftovers(ctx context.Context) {
 	})
 }
 
-// drain cordons the node and evicts its pods through the Eviction API, so
-// PodDisruptionBudgets hold; DaemonSet and mirror pods stay. A pod no
-// controller would recreate is not evicted: the drain is refused before it
-// starts. An eviction a budget keeps refusing past DrainTimeout stops the
-// drain, and the node is uncordoned: no half state.
+// drain cordons the node and evicts its pods as `kubectl drain
+// --ignore-daemonsets --delete-emptydir-data` does (k8s.io/kubectl's
+// drain.Helper: the Eviction API, so PodDisruptionBudgets hold; DaemonSet
+// and mirror pods stay; the evicted pods waited for until gone). On top of
+// it, kubelift's own rules: a pod no controller would recreate is not
+// evicted, the drain is refused before the node is cordoned; the cordon is
+// kubelift's, marked so that only it is undone; and an eviction a budget
+// keeps refusing past DrainTimeout stops the drain with the node
+// uncordoned: no half state.
 func (r *applyRun) drain(ctx context.Context, name string) error {
-	pods, err := r.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
-	if err != nil {
-		return fmt.Errorf("node %s: list pods: %w", name, err)
+	var mu sync.Mutex
+	refused := map[string]int{} // attempts per pod: more than one, a budget said not now
+	h := &drain.Helper{
+		Ctx:                  ctx,
+		Client:               r.client,
+		Force:                true, // unreplicated pods are refused by kubelift's filter below, with its message
+		GracePeriodSeconds:   -1,   // each pod's own terminationGracePeriodSeconds
+		IgnoreAllDaemonSets:  true,
+		DeleteEmptyDirData:   true,
+		Timeout:              r.opts.DrainTimeout,
+		EvictErrorRetryDelay: 2 * time.Second,
+		AdditionalFilters:    []drain.PodFilter{refuseUnreplicated},
+		Out:                  logWriter{r.log, name},
+		ErrOut:               logWriter{r.log, name},
+		OnPodDeletionOrEvictionStarted: func(p *corev1.Pod, _ bool) {
+			mu.Lock()
+			refused[p.Namespace+"/"+p.Name]++
+			mu.Unlock()
+		},
 	}
-	var evict []corev1.Pod
-	var bare []string
-	for _, p := range pods.Items {
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || isDaemonSetPod(&p) || p.Annotations[corev1.MirrorPodAnnotationKey] != "" {
-			continue
-		}
-		if metav1.GetControllerOf(&p) == nil {
-			bare = append(bare, p.Namespace+"/"+p.Name)
-			continue
-		}
-		evict = append(evict, p)
-	}
-	if len(bare) > 0 {
-		sort.Strings(bare)
-		return fmt.Errorf("node %s: %w: pods no controller would recreate would be lost: %s (delete or move them, or upgrade without --drain)", name, ErrDrainBlocked, strings.Join(bare, ", "))
+	list, errs := h.GetPodsForDeletion(name)
+	if len(errs) > 0 {
+		return fmt.Errorf("node %s: %w: %w", name, ErrDrainBlocked, errors.Join(errs...))
 	}
 	if err := r.cordon(ctx, name); err != nil {
 		return err
 	}
-	fail := func(err error) error {
+	pods := list.Pods()
+	if err := h.DeleteOrEvictPods(pods); err != nil {
+		if ctx.Err() == nil {
+			var blocked []string
+			mu.Lock()
+			for p, n := range refused {
+				if n > 1 {
+					blocked = append(blocked, p)
+				}
+			}
+			mu.Unlock()
+			sort.Strings(blocked)
+			if len(blocked) > 0 {
+				err = fmt.Errorf("%w: evicting %s is refused by a PodDisruptionBudget for %s (%w)", ErrDrainBlocked, strings.Join(blocked, ", "), r.opts.DrainTimeout, err)
+			}
+		}
+		err = fmt.Errorf("node %s: %w; the node is uncordoned again", name, err)
 		if uerr := r.uncordon(context.WithoutCancel(ctx), name); uerr != nil {
 			return fmt.Errorf("%w; %w", err, uerr)
 		}
 		return err
 	}
-	// One deadline for the whole drain: evictions, then the evicted pods
-	// gone.
-	began := r.wait.Now()
-	left := func() time.Duration { return r.opts.DrainTimeout - r.wait.Since(began) }
-	for _, p := range evict {
-		err := r.wait.Poll(ctx, 2*time.Second, left(), func(ctx context.Context) error {
-			err := r.client.CoreV1().Pods(p.Namespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
-			switch {
-			case err == nil || apierrors.IsNotFound(err):
-				return nil
-			case apierrors.IsTooManyRequests(err):
-				return err // a PodDisruptionBudget says not now
-			}
-			return waiter.Stop(fmt.Errorf("node %s: evict pod %s/%s: %w", name, p.Namespace, p.Name, err))
-		})
-		if errors.Is(err, waiter.ErrTimeout) {
-			err = fmt.Errorf("node %s: %w: evicting pod %s/%s is refused by its PodDisruptionBudget (%v) for %s; the node is uncordoned again", name, ErrDrainBlocked, p.Namespace, p.Name, err, r.opts.DrainTimeout)
-		}
-		if err != nil {
-			return fail(err)
-		}
-	}
-	// The evicted pods must be gone before the kubelet restarts.
-	for _, p := range evict {
-		err := r.wait.Poll(ctx, time.Second, left(), func(ctx context.Context) error {
-			q, err := r.client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) || (err == nil && q.UID != p.UID) {
-				return nil
-			}
-			return fmt.Errorf("pod %s/%s still there", p.Namespace, p.Name)
-		})
-		if errors.Is(err, waiter.ErrTimeout) {
-			err = fmt.Errorf("node %s: pod %s/%s still terminating after %s", name, p.Namespace, p.Name, r.opts.DrainTimeout)
-		}
-		if err != nil {
-			return fail(err)
-		}
-	}
-	r.log.Info("drained", "node", name, "evicted", len(evict))
+	r.log.Info("drained", "node", name, "evicted", len(pods))
 	return nil
+}
+
+// refuseUnreplicated is kubelift's drain rule on top of kubectl's: a
+// running pod that no controller would recreate would be lost, so the
+// drain is refused (kubectl drain without --force refuses it too, but
+// says to use --force).
+func refuseUnreplicated(p corev1.Pod) drain.PodDeleteStatus {
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || metav1.GetControllerOf(&p) != nil {
+		return drain.MakePodDeleteStatusOkay()
+	}
+	return drain.MakePodDeleteStatusWithError("pods no controller would recreate (they would be lost: delete or move them, or upgrade without --drain)")
+}
+
+// logWriter turns what kubectl's drain helper writes (one line per
+// eviction, per refusal and retry) into log lines of the node.
+type logWriter struct {
+	log  *slog.Logger
+	node string
+}
+
+func (w logWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimSpace(string(p)), "\n") {
+		if line != "" {
+			w.log.Info("drain: "+line, "node", w.node)
+		}
+	}
+	return len(p), nil
 }

@@ -1,0 +1,139 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	ktypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// drainWorld is a fake API server holding node n1 and pods on it; an
+// eviction deletes the pod unless refuse says a budget refuses it.
+func drainWorld(t *testing.T, pods []corev1.Pod, refuse func(name string) bool) (*applyRun, *fake.Clientset) {
+	t.Helper()
+	objs := []runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}}
+	for i := range pods {
+		pods[i].Spec.NodeName = "n1"
+		if pods[i].Namespace == "" {
+			pods[i].Namespace = "default"
+		}
+		objs = append(objs, &pods[i])
+	}
+	c := fake.NewClientset(objs...)
+	c.Resources = []*metav1.APIResourceList{{GroupVersion: "v1", APIResources: []metav1.APIResource{
+		{Name: "pods/eviction", Kind: "Eviction", Group: "policy", Version: "v1"}}}}
+	c.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		ca, ok := a.(k8stesting.CreateAction)
+		if !ok || a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		ev := ca.GetObject().(*policyv1.Eviction)
+		if refuse != nil && refuse(ev.Name) {
+			return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+		}
+		return true, nil, c.Tracker().Delete(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, ev.Namespace, ev.Name)
+	})
+	r := &applyRun{client: c, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
+		opts: ApplyOptions{DrainTimeout: 3 * time.Second, Plan: PlanOptions{Now: time.Now}}}
+	return r, c
+}
+
+func owned(name string) corev1.Pod {
+	yes := true
+	return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: ktypes.UID("uid-" + name),
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", UID: "rs", Controller: &yes}}}}
+}
+
+func drainedNode(t *testing.T, c *fake.Clientset) *corev1.Node {
+	t.Helper()
+	n, err := c.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestDrainEvictsAndKeepsDaemonSetAndMirrorPods(t *testing.T) {
+	ds := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "ds", OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: "ds"}}}}
+	yes := true
+	ds.OwnerReferences[0].Controller = &yes
+	mirror := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "etcd-n1", Annotations: map[string]string{corev1.MirrorPodAnnotationKey: "x"}}}
+	done := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "job-done"}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}}
+	r, c := drainWorld(t, []corev1.Pod{owned("web"), owned("db"), ds, mirror, done}, nil)
+	// The DaemonSet exists, as kubectl's filter asks for it.
+	if _, err := c.AppsV1().DaemonSets("default").Create(context.Background(), &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "ds", Namespace: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.drain(context.Background(), "n1"); err != nil {
+		t.Fatal(err)
+	}
+	left, err := c.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range left.Items {
+		names = append(names, p.Name)
+	}
+	if got := strings.Join(names, ","); got != "ds,etcd-n1" {
+		t.Errorf("pods left after the drain: %s, want ds,etcd-n1", got)
+	}
+	if n := drainedNode(t, c); !n.Spec.Unschedulable || n.Annotations[AnnotationCordoned] != "true" {
+		t.Errorf("node after the drain: unschedulable %v, annotations %v", n.Spec.Unschedulable, n.Annotations)
+	}
+}
+
+func TestDrainRefusesBarePodsBeforeCordoning(t *testing.T) {
+	bare := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare"}}
+	r, c := drainWorld(t, []corev1.Pod{owned("web"), bare}, nil)
+	err := r.drain(context.Background(), "n1")
+	if !errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "node n1") || !strings.Contains(err.Error(), "no controller would recreate") || !strings.Contains(err.Error(), "default/bare") {
+		t.Fatalf("drain with a bare pod: %v", err)
+	}
+	if n := drainedNode(t, c); n.Spec.Unschedulable {
+		t.Error("the node was cordoned")
+	}
+	if _, err := c.CoreV1().Pods("default").Get(context.Background(), "web", metav1.GetOptions{}); err != nil {
+		t.Errorf("a pod was evicted before the refusal: %v", err)
+	}
+}
+
+func TestDrainBlockedByBudgetUncordons(t *testing.T) {
+	r, c := drainWorld(t, []corev1.Pod{owned("web"), owned("blocker")}, func(name string) bool { return name == "blocker" })
+	err := r.drain(context.Background(), "n1")
+	if !errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "PodDisruptionBudget") || !strings.Contains(err.Error(), "default/blocker") || strings.Contains(err.Error(), "default/web") {
+		t.Fatalf("drain refused by a budget: %v", err)
+	}
+	t.Log(err)
+	if n := drainedNode(t, c); n.Spec.Unschedulable || n.Annotations[AnnotationCordoned] != "" {
+		t.Errorf("node after a blocked drain: unschedulable %v, annotations %v", n.Spec.Unschedulable, n.Annotations)
+	}
+}
+
+func TestDrainLeavesAnOperatorsCordon(t *testing.T) {
+	r, c := drainWorld(t, []corev1.Pod{owned("blocker")}, func(string) bool { return true })
+	n := drainedNode(t, c)
+	n.Spec.Unschedulable = true
+	if _, err := c.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.drain(context.Background(), "n1"); !errors.Is(err, ErrDrainBlocked) {
+		t.Fatalf("drain: %v", err)
+	}
+	if n := drainedNode(t, c); !n.Spec.Unschedulable {
+		t.Error("the operator's cordon was undone")
+	}
+}
