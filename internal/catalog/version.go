@@ -2,7 +2,6 @@ package catalog
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	utilversion "k8s.io/apimachinery/pkg/util/version"
@@ -13,21 +12,37 @@ type Version struct {
 	Major, Minor, Patch int
 }
 
-// ParseVersion parses "v1.31.4" (the leading v is optional).
+// ParseVersion parses a version kubelift itself writes or is given (a
+// catalog entry, a flag): "v1.31.4", the leading v optional, with
+// k8s.io/apimachinery's strict semantic-version parser (ParseSemantic);
+// pre-releases, build metadata and blanks are refused.
 func ParseVersion(s string) (Version, error) {
-	parts := strings.Split(strings.TrimPrefix(s, "v"), ".")
-	if len(parts) != 3 {
-		return Version{}, fmt.Errorf("version %q: want vMAJOR.MINOR.PATCH", s)
+	v, err := parseSemantic(s)
+	if err != nil {
+		return Version{}, fmt.Errorf("version %q: want vMAJOR.MINOR.PATCH: %w", s, err)
 	}
-	var n [3]int
-	for i, p := range parts {
-		v, err := strconv.Atoi(p)
-		if err != nil || v < 0 || p == "" || (len(p) > 1 && p[0] == '0') {
-			return Version{}, fmt.Errorf("version %q: %q is not a number", s, p)
-		}
-		n[i] = v
+	if v.PreRelease() != "" || v.BuildMetadata() != "" {
+		return Version{}, fmt.Errorf("version %q: want vMAJOR.MINOR.PATCH, a released version", s)
 	}
-	return Version{n[0], n[1], n[2]}, nil
+	return fromSemantic(s, v)
+}
+
+// parseSemantic is utilversion.ParseSemantic without the blanks it
+// forgives.
+func parseSemantic(s string) (*utilversion.Version, error) {
+	if strings.TrimSpace(s) != s {
+		return nil, fmt.Errorf("blanks around it")
+	}
+	return utilversion.ParseSemantic(s)
+}
+
+// fromSemantic is v as a Version, refused when a number does not fit.
+func fromSemantic(s string, v *utilversion.Version) (Version, error) {
+	const most = 1<<31 - 1
+	if v.Major() > most || v.Minor() > most || v.Patch() > most {
+		return Version{}, fmt.Errorf("%q is not a version: a number is out of range", s)
+	}
+	return Version{int(v.Major()), int(v.Minor()), int(v.Patch())}, nil
 }
 
 // String returns the canonical form, v1.31.4.
@@ -99,19 +114,15 @@ func (r Range) String() string { return r.text }
 // pre-releases, blanks and anything else refused. A value it accepts
 // holds only [v0-9A-Za-z.+-].
 func ParseReported(s string) (Version, error) {
-	if !strings.HasPrefix(s, "v") || strings.TrimSpace(s) != s {
+	if !strings.HasPrefix(s, "v") {
 		return Version{}, fmt.Errorf("%q is not a version (want vMAJOR.MINOR.PATCH)", s)
 	}
-	v, err := utilversion.ParseSemantic(s)
+	v, err := parseSemantic(s)
 	if err != nil {
 		return Version{}, fmt.Errorf("%q is not a version: %w", s, err)
 	}
 	if v.PreRelease() != "" {
 		return Version{}, fmt.Errorf("%q is a pre-release: kubelift upgrades released versions only", s)
 	}
-	const most = 1<<31 - 1
-	if v.Major() > most || v.Minor() > most || v.Patch() > most {
-		return Version{}, fmt.Errorf("%q is not a version: a number is out of range", s)
-	}
-	return Version{int(v.Major()), int(v.Minor()), int(v.Patch())}, nil
+	return fromSemantic(s, v)
 }
