@@ -17,7 +17,7 @@ for version in "$@"; do
 		kube_module "$version"
 		cp "$root/hack/hashvectors/main.go" main.go
 		sed -i 's#^//go:build ignore$##' main.go
-		if [ "$KUBE_MINOR" -lt 31 ]; then
+		if [ "$KUBE_MINOR" -ge 27 ] && [ "$KUBE_MINOR" -lt 31 ]; then
 			printf 'package main\n\nimport kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"\n\nvar hashWithoutResources = kubecontainer.HashContainerWithoutResources\n' > shim.go
 		else
 			printf 'package main\n\nimport v1 "k8s.io/api/core/v1"\n\nvar hashWithoutResources func(*v1.Container) uint64\n' > shim.go

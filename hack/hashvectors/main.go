@@ -38,8 +38,9 @@ func main() {
 	for i := range containers {
 		c := &containers[i]
 		v := vector{Name: c.Name, Hash: fmt.Sprintf("%x", kubecontainer.HashContainer(c))}
-		// HashContainerWithoutResources exists up to 1.30 only (the script
-		// writes the shim that sets hashWithoutResources, or leaves it nil).
+		// HashContainerWithoutResources exists from 1.27 to 1.30 only (the
+		// script writes the shim that sets hashWithoutResources, or leaves
+		// it nil).
 		if hashWithoutResources != nil {
 			v.HashWithoutResources = fmt.Sprintf("%x", hashWithoutResources(c))
 		}

@@ -31,7 +31,11 @@ const (
 // release's exact k8s.io/api types.
 var ErrUnsupportedEra = errors.New("kubelet hash era not supported (kubelets before 1.16 hashed the go-spew dump of the struct)")
 
-// Hasher computes container hashes as a given kubelet version does.
+// Hasher computes container hashes as a given kubelet version does. In the
+// JSON eras the hash covers the Container fields of Version's own
+// k8s.io/api (containerfields.json); a Version of 1.31 on with an older Era
+// is kubelift's hash-skip kubelet computing the old era's hash with its own
+// type (the dual-era rule).
 type Hasher struct {
 	Version catalog.Version
 	Era     string
@@ -59,7 +63,7 @@ func NewHasher(c *catalog.Catalog, v string) (*Hasher, error) {
 func (h *Hasher) Hash(c *corev1.Container) (uint64, error) {
 	switch h.Era {
 	case catalog.EraJSON, catalog.EraJSONWithoutResources:
-		return hashJSON(c)
+		return h.hashContainer(c)
 	case catalog.EraNameImage:
 		return hashJSON(map[string]string{"name": c.Name, "image": c.Image})
 	}
@@ -75,7 +79,7 @@ func (h *Hasher) HashWithoutResources(c *corev1.Container) (hash uint64, ok bool
 	}
 	cp := c.DeepCopy()
 	cp.Resources = corev1.ResourceRequirements{}
-	hash, err = hashJSON(cp)
+	hash, err = h.hashContainer(cp)
 	return hash, err == nil, err
 }
 
@@ -92,6 +96,25 @@ func ParseLabel(s string) uint64 {
 	return v
 }
 
+// hashContainer is hashJSON(c) as this kubelet computes it: json.Marshal of
+// its own k8s.io/api Container type, which dropped the fields its release
+// did not know when it decoded the pod. The linked type's JSON, pruned to
+// that release's field tree, is those bytes.
+func (h *Hasher) hashContainer(c *corev1.Container) (uint64, error) {
+	tree, err := fieldTree(h.Version)
+	if err != nil {
+		return 0, err
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return 0, err
+	}
+	if b, err = prune(b, tree); err != nil {
+		return 0, fmt.Errorf("container %s: %w", c.Name, err)
+	}
+	return hashBytes(b), nil
+}
+
 // hashJSON is hashutil.DeepHashObject(fnv32a, json.Marshal(obj)), as the
 // kubelet does it from 1.16 on.
 func hashJSON(obj any) (uint64, error) {
@@ -99,7 +122,11 @@ func hashJSON(obj any) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return hashBytes(b), nil
+}
+
+func hashBytes(b []byte) uint64 {
 	h := fnv.New32a()
 	fmt.Fprintf(h, "%v", dump.ForHash(b))
-	return uint64(h.Sum32()), nil
+	return uint64(h.Sum32())
 }
