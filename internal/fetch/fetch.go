@@ -21,6 +21,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/parallel"
 	"github.com/kubelift/kubelift/internal/progress"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // File is one download. SHA256 may be empty before Fetch; afterwards it
@@ -37,9 +38,10 @@ type Fetcher struct {
 	Client   *http.Client
 	Jobs     int
 	Progress progress.Sink
-	// Attempts per download (default 3), waiting Backoff(attempt) between.
-	Attempts int
-	Backoff  func(attempt int) time.Duration
+	// Backoff says how often a download is tried (Steps) and how long
+	// to wait between tries; the zero one is 3 tries, 0.5 s then 1 s
+	// apart.
+	Backoff wait.Backoff
 }
 
 var hexRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -192,33 +194,27 @@ type permanent struct{ error }
 func (p permanent) Unwrap() error { return p.error }
 
 func (f *Fetcher) retry(ctx context.Context, what string, fn func() error) error {
-	attempts := f.Attempts
-	if attempts < 1 {
-		attempts = 3
+	b := f.Backoff
+	if b.Steps < 1 {
+		b = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: 3}
 	}
-	backoff := f.Backoff
-	if backoff == nil {
-		backoff = func(a int) time.Duration { return time.Duration(1<<a) * 500 * time.Millisecond }
-	}
-	var err error
-	for a := 0; a < attempts; a++ {
-		if err = fn(); err == nil {
-			return nil
+	steps := b.Steps
+	var last error
+	err := wait.ExponentialBackoffWithContext(ctx, b, func(ctx context.Context) (bool, error) {
+		if last = fn(); last == nil {
+			return true, nil
 		}
 		var p permanent
-		if errors.As(err, &p) {
-			return p.error
+		if errors.As(last, &p) {
+			return false, p.error
 		}
 		if ctx.Err() != nil {
-			return err
+			return false, last
 		}
-		if a+1 < attempts {
-			select {
-			case <-time.After(backoff(a)):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
+		return false, nil
+	})
+	if wait.Interrupted(err) && ctx.Err() == nil {
+		return fmt.Errorf("after %d attempts: %w", steps, last)
 	}
-	return fmt.Errorf("after %d attempts: %w", attempts, err)
+	return err
 }

@@ -10,11 +10,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/opencontainers/go-digest"
 
 	"github.com/kubelift/kubelift/internal/cas"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 func sum(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
@@ -62,7 +62,7 @@ func TestFetchChecksumFileAndCache(t *testing.T) {
 		"/kubelet.sha256.bak": "",
 	})
 	store := &cas.Store{Dir: t.TempDir()}
-	f := &Fetcher{Store: store, Jobs: 2, Backoff: func(int) time.Duration { return 0 }}
+	f := &Fetcher{Store: store, Jobs: 2, Backoff: wait.Backoff{Steps: 3}}
 	files := []*File{
 		{URL: ts.URL + "/kubelet"},
 		{URL: ts.URL + "/crictl.tgz"},
@@ -108,7 +108,7 @@ func TestFetchChecksumFileAndCache(t *testing.T) {
 func TestFetchRetriesTransientErrors(t *testing.T) {
 	srv, ts := newServer(t, map[string]string{"/a": "aaa"})
 	srv.failures.Store(2)
-	f := &Fetcher{Store: &cas.Store{Dir: t.TempDir()}, Backoff: func(int) time.Duration { return 0 }}
+	f := &Fetcher{Store: &cas.Store{Dir: t.TempDir()}, Backoff: wait.Backoff{Steps: 3}}
 	if err := f.Fetch(context.Background(), []*File{{URL: ts.URL + "/a", SHA256: sum("aaa")}}); err != nil {
 		t.Fatalf("after two 503s: %v", err)
 	}

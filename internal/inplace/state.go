@@ -10,7 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 )
 
 // StateName is the ConfigMap in kube-system holding the upgrade's state,
@@ -123,7 +125,10 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 		return err
 	}
 	cms := w.client.CoreV1().ConfigMaps("kube-system")
-	for attempt := 0; ; attempt++ {
+	// A conflict (another writer, or a cached copy gone stale) or a
+	// ConfigMap deleted under us: read it again and write once more.
+	gone := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsNotFound(err) }
+	err = retry.OnError(wait.Backoff{Steps: 2}, gone, func() error {
 		if w.cm == nil {
 			cm, err := cms.Get(ctx, StateName, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
@@ -131,28 +136,30 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 					Labels: map[string]string{"app.kubernetes.io/managed-by": "kubelift"}}, Data: map[string]string{"state.json": string(data)}}
 				created, err := cms.Create(ctx, cm, metav1.CreateOptions{})
 				if err != nil {
-					return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+					return err
 				}
 				w.cm = created
 				return nil
 			}
 			if err != nil {
-				return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+				return err
 			}
 			w.cm = cm
 		}
 		cm := w.cm.DeepCopy()
 		cm.Data = map[string]string{"state.json": string(data)}
 		updated, err := cms.Update(ctx, cm, metav1.UpdateOptions{})
-		if err == nil {
-			w.cm = updated
-			return nil
+		if err != nil {
+			w.cm = nil
+			return err
 		}
-		w.cm = nil
-		if attempt > 0 || !(apierrors.IsConflict(err) || apierrors.IsNotFound(err)) {
-			return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
-		}
+		w.cm = updated
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
 	}
+	return nil
 }
 
 // Status is the recorded upgrade with each node's kubelet version read

@@ -444,8 +444,8 @@ func TestPushGivesUp(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), s.tr.host+"/lib/") || !strings.Contains(err.Error(), "@sha256:") || !strings.Contains(err.Error(), "503") {
 		t.Fatalf("err %v; want a 503 naming the blob", err)
 	}
-	if n := s.tr.count(http.MethodPut, "upload"); n != noWait.Attempts {
-		t.Errorf("%d PUTs, want %d", n, noWait.Attempts)
+	if n := s.tr.count(http.MethodPut, "upload"); n != noWait.Backoff.Steps {
+		t.Errorf("%d PUTs, want %d", n, noWait.Backoff.Steps)
 	}
 	if n := s.tr.count(http.MethodPut, "manifest"); n != 0 {
 		t.Errorf("%d manifests pushed after a failed upload", n)

@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Access says how to reach registries.
@@ -119,36 +120,34 @@ func (a Access) authTransport(ctx context.Context, repo name.Repository, retry b
 	return transport.NewWithContext(ctx, reg, auth, base, scopes)
 }
 
-// Retry says how often a broken transfer is tried, and how long to wait
-// between tries (default 3 tries, 1 s then 2 s apart).
+// Retry says how often a broken transfer is tried and how long to wait
+// between tries: Backoff.Steps tries, Backoff's waits between them
+// (k8s.io/apimachinery's wait.Backoff). The zero Retry is 3 tries, 1 s
+// then 2 s apart.
 type Retry struct {
-	Attempts int
-	Backoff  func(attempt int) time.Duration
+	Backoff wait.Backoff
 }
 
-// run calls try until it succeeds, the context ends, the attempts are used
-// up, or final says the error cannot be cured by trying again.
+// run calls try until it succeeds, the context ends, the tries are used
+// up, or final says the error cannot be cured by trying again; it returns
+// try's last error (or the context's).
 func (r Retry) run(ctx context.Context, try func() error, final func(error) bool) error {
-	attempts := r.Attempts
-	if attempts < 1 {
-		attempts = 3
+	b := r.Backoff
+	if b.Steps < 1 {
+		b = wait.Backoff{Duration: time.Second, Factor: 2, Steps: 3}
 	}
-	backoff := r.Backoff
-	if backoff == nil {
-		backoff = func(a int) time.Duration { return time.Duration(1<<a) * time.Second }
-	}
-	var err error
-	for a := 0; a < attempts; a++ {
-		if a > 0 {
-			select {
-			case <-time.After(backoff(a - 1)):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+	var last error
+	err := wait.ExponentialBackoffWithContext(ctx, b, func(ctx context.Context) (bool, error) {
+		if last = try(); last == nil {
+			return true, nil
 		}
-		if err = try(); err == nil || ctx.Err() != nil || final(err) {
-			return err
+		if ctx.Err() != nil || final(last) {
+			return false, last
 		}
+		return false, nil
+	})
+	if wait.Interrupted(err) && ctx.Err() == nil {
+		return last // the tries are used up
 	}
 	return err
 }
