@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -126,8 +127,12 @@ func TestStageSendsOnceChecksAndSkips(t *testing.T) {
 			t.Errorf("%s mode %v", name, fi)
 		}
 	}
-	if left, _ := filepath.Glob(filepath.Join(dirs, "cp-1", "v1.31.4", ".*")); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(dirs, "cp-1", "v1.31.4", ".*.kubelift-partial*")); len(left) != 0 {
 		t.Errorf("temporary files left: %v", left)
+	}
+	// Beside each file, the sum the node checked, for list-staged.
+	if sums, _ := filepath.Glob(filepath.Join(dirs, "cp-1", "v1.31.4", ".*.kubelift-sum")); len(sums) != 6 {
+		t.Errorf("checked sums beside the files: %v", sums)
 	}
 	opens := src.opens
 	// Again: nothing is sent, nothing fetched.
@@ -135,6 +140,28 @@ func TestStageSendsOnceChecksAndSkips(t *testing.T) {
 	if err != nil || res.Nodes[0].BytesSent != 0 || len(res.Nodes[0].Sent) != 0 || len(res.Nodes[0].Present) != 6 || src.opens != opens {
 		t.Errorf("second stage: %+v, %v; opened %d more", res.Nodes[0], err, src.opens-opens)
 	}
+	// A staged file changed after its sum was written is hashed again,
+	// found wrong and sent again; one whose recorded sum is not a sum is
+	// hashed (and found right).
+	kubectl := filepath.Join(dirs, "cp-1", "v1.31.4", "kubectl")
+	future := time.Now().Add(time.Minute)
+	if err := os.WriteFile(kubectl, []byte("changed on the node"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(kubectl, future, future); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dirs, "cp-1", "v1.31.4", ".kubelet.kubelift-sum"), []byte("not a sum\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err = Stage(context.Background(), opts)
+	if err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kubectl" || len(res.Nodes[0].Present) != 5 {
+		t.Errorf("stage after a change on the node: %+v, %v", res.Nodes[0], err)
+	}
+	if got, _ := os.ReadFile(kubectl); !bytes.Equal(got, src.content["kubectl"]) {
+		t.Error("kubectl not staged again")
+	}
+	opens = src.opens
 	// A worker gets its role's files; each file is fetched once, however
 	// many nodes need it.
 	opts.Targets, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")

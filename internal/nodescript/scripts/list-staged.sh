@@ -1,6 +1,9 @@
 # kubelift node script: list-staged
 # Prints "SHA256  NAME" for each file staged in VERSION_DIR (nothing when
-# there is none), so that staging skips what is already there; then, on
+# there is none), so that staging skips what is already there: the sum
+# staging wrote beside the file after checking it (.NAME.kubelift-sum),
+# while the file is no newer than that; else the file hashed now (swap
+# checks the sum again before it installs a file). Then, on
 # lines of their own, what staging may use on this node:
 #   ### partial NAME.SHA256 BYTES  what a stage that was cut off left
 #                           of a file
@@ -11,7 +14,22 @@
 # Arguments: VERSION_DIR [REGISTRY_URL REGISTRY_HOST]
 set -u
 if [ -d "$1" ]; then
-  (cd "$1" && sha256sum -- * 2>/dev/null)
+  for f in "$1"/*; do
+    [ -f "$f" ] || continue
+    n=${f##*/}
+    s="$1/.$n.kubelift-sum"
+    sum=
+    if [ -f "$s" ] && [ -z "$(find "$f" -newer "$s" 2>/dev/null)" ]; then
+      sum=$(cat "$s")
+    fi
+    case $sum in
+    *[!0-9a-f]*) sum= ;;
+    esac
+    if [ "${#sum}" -ne 64 ]; then
+      sum=$(sha256sum <"$f" | cut -d ' ' -f 1)
+    fi
+    printf '%s  %s\n' "$sum" "$n"
+  done
   for p in "$1"/.*.kubelift-partial; do
     [ -f "$p" ] || continue
     n=${p##*/.}

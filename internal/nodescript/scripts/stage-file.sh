@@ -15,6 +15,7 @@ dir=$1
 dst=$1/$2
 want=$3
 tmp=$1/.$2.$want.kubelift-partial
+sumfile=$1/.$2.kubelift-sum
 size=$4
 codec=$5
 offset=$6
@@ -39,3 +40,7 @@ sum=$(sha256sum <"$tmp" | cut -d ' ' -f 1)
 if [ "$got" != "$size" ] || [ "$sum" != "$want" ]; then rm -f "$tmp"; echo "sha256 $sum ($got bytes) on the node, signed $want ($size bytes)" >&2; exit 65; fi
 chmod 0755 "$tmp"
 mv -f "$tmp" "$dst"
+# The checked sum beside it, for list-staged (written after the file, so
+# no newer file can pass for this one).
+printf '%s\n' "$want" >"$tmp.sum"
+mv -f "$tmp.sum" "$sumfile"
