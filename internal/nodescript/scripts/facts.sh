@@ -3,7 +3,8 @@
 # and command line of each component's running unit, its unit files and
 # the EnvironmentFiles they read, the failCgroupV1 line of the running
 # kubelet's configuration file, the hash era of the hash-skip file an
-# earlier upgrade left, the files staged for the target, the free
+# earlier upgrade left, the files staged for the target (their checked
+# sums), the free
 # space below the stage directory, the cgroup file system and the
 # runtime's containers.
 # Arguments: VERSION_DIR STAGE_DIR COMPONENT...
@@ -43,8 +44,17 @@ for c in "$@"; do
     done
   done
 done
+# The staged files' sums: the one staging wrote beside each file once it
+# had checked it, while the file is no newer (as list-staged reads them).
 echo '### staged'
-if [ -d "$vdir" ]; then (cd "$vdir" && sha256sum -- * 2>/dev/null); fi
+for f in "$vdir"/*; do
+  [ -f "$f" ] || continue
+  s="$vdir/.${f##*/}.kubelift-sum" sum=
+  if [ -f "$s" ] && [ -z "$(find "$f" -newer "$s")" ]; then sum=$(cat "$s"); fi
+  case $sum in *[!0-9a-f]*) sum= ;; esac
+  [ "${#sum}" -eq 64 ] || sum=$(sha256sum <"$f" | cut -d ' ' -f 1)
+  printf '%s  %s\n' "$sum" "${f##*/}"
+done
 d=$sdir
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 echo '### df'; df -Pk "$d" | tail -n 1

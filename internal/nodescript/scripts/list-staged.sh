@@ -16,19 +16,11 @@ set -u
 if [ -d "$1" ]; then
   for f in "$1"/*; do
     [ -f "$f" ] || continue
-    n=${f##*/}
-    s="$1/.$n.kubelift-sum"
-    sum=
-    if [ -f "$s" ] && [ -z "$(find "$f" -newer "$s" 2>/dev/null)" ]; then
-      sum=$(cat "$s")
-    fi
-    case $sum in
-    *[!0-9a-f]*) sum= ;;
-    esac
-    if [ "${#sum}" -ne 64 ]; then
-      sum=$(sha256sum <"$f" | cut -d ' ' -f 1)
-    fi
-    printf '%s  %s\n' "$sum" "$n"
+    s="$1/.${f##*/}.kubelift-sum" sum=
+    if [ -f "$s" ] && [ -z "$(find "$f" -newer "$s")" ]; then sum=$(cat "$s"); fi
+    case $sum in *[!0-9a-f]*) sum= ;; esac
+    [ "${#sum}" -eq 64 ] || sum=$(sha256sum <"$f" | cut -d ' ' -f 1)
+    printf '%s  %s\n' "$sum" "${f##*/}"
   done
   for p in "$1"/.*.kubelift-partial; do
     [ -f "$p" ] || continue
