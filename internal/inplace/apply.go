@@ -89,7 +89,8 @@ type ApplyResult struct {
 	Labels      []string      `json:"labelsRestored,omitempty"`
 	NothingToDo bool          `json:"nothingToDo,omitempty"`
 	// Steps times each step; Waiting is the time spent waiting for
-	// restarted components to be healthy (the Ready and /readyz waits),
+	// restarted components (their units' restarts, by the node's clock,
+	// and the Ready and /readyz waits),
 	// Settling the --settle pauses, summed over nodes (nodes in flight
 	// together overlap).
 	Steps    []StepTime `json:"steps,omitempty"`
@@ -542,6 +543,11 @@ func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(
 	o := &nodeOps{n: n, name: name, stageDir: r.opts.Plan.StageDir, backupDir: r.opts.BackupDir, from: from, to: to, facts: f}
 	if r.dry {
 		o.dry = func(node, command string) { r.would(node, "", command) }
+	}
+	o.restarted = func(d time.Duration) {
+		r.mu.Lock()
+		r.res.Waiting += d.Seconds()
+		r.mu.Unlock()
 	}
 	return fn(ctx, o)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,8 @@ type nodeOps struct {
 	// dry, in a dry run, is told each script that would change the node
 	// instead of it being run (scripts that only read still run).
 	dry func(node, command string)
+	// restarted is told how long each unit restart of a swap took.
+	restarted func(time.Duration)
 }
 
 // run runs one node script with its arguments, bounded by defaultTimeout.
@@ -99,8 +102,33 @@ func (o *nodeOps) backup(ctx context.Context, comp string) error {
 // swap puts the staged binary in place of comp's by rename (atomic) after
 // checking its sha256 once more, and restarts the unit.
 func (o *nodeOps) swap(ctx context.Context, comp, sha256 string) error {
-	_, err := o.run(ctx, "swap "+comp, nodescript.Swap, StagePath(o.stageDir, o.to, comp), sha256, o.binary(comp), comp)
+	began := time.Now()
+	out, err := o.run(ctx, "swap "+comp, nodescript.Swap, StagePath(o.stageDir, o.to, comp), sha256, o.binary(comp), comp)
+	if err == nil && o.restarted != nil {
+		o.restarted(restartTime(out, time.Since(began)))
+	}
 	return err
+}
+
+// restartTime reads the "### restart BEGAN ENDED" line swap prints (the
+// node's uptime around its systemctl restart): how long the unit took to
+// stop and start. What does not parse, or does not fit in the call's own
+// time, counts as nothing: it is a figure for the report, never a
+// decision.
+func restartTime(out string, call time.Duration) time.Duration {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 || f[0] != "###" || f[1] != "restart" {
+			continue
+		}
+		b, err1 := strconv.ParseFloat(f[2], 64)
+		e, err2 := strconv.ParseFloat(f[3], 64)
+		if err1 != nil || err2 != nil || !(e-b >= 0 && e-b <= call.Seconds()) { // NaN fails too
+			return 0
+		}
+		return time.Duration((e - b) * float64(time.Second))
+	}
+	return 0
 }
 
 // restore puts the backed-up binary (and checkpoint files) back, removes
