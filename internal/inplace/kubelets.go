@@ -208,15 +208,26 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			p, err := r.podsOn(ctx, name)
 			podsCh <- podsResult{p, err}
 		}()
+		// record containers (over a second SSH session, while the binary
+		// is backed up)
+		type containersResult struct {
+			containers map[string]container
+			err        error
+		}
+		containersCh := make(chan containersResult, 1)
+		go func() {
+			c, err := o.containers(ctx)
+			containersCh <- containersResult{c, err}
+		}()
 		// back up
 		if err := o.backup(ctx, "kubelet"); err != nil {
 			return err
 		}
-		// record containers
-		before, err := o.containers(ctx)
-		if err != nil {
-			return err
+		cr := <-containersCh
+		if cr.err != nil {
+			return cr.err
 		}
+		before := cr.containers
 		pr := <-podsCh
 		if pr.err != nil {
 			return pr.err
