@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -105,8 +104,6 @@ func (r *applyRun) uncordonLeftovers(ctx context.Context) {
 // keeps refusing past DrainTimeout stops the drain with the node
 // uncordoned: no half state.
 func (r *applyRun) drain(ctx context.Context, name string) error {
-	var mu sync.Mutex
-	refused := map[string]int{} // attempts per pod: more than one, a budget said not now
 	h := &drain.Helper{
 		Ctx:                  ctx,
 		Client:               r.client,
@@ -119,36 +116,32 @@ func (r *applyRun) drain(ctx context.Context, name string) error {
 		AdditionalFilters:    []drain.PodFilter{refuseUnreplicated},
 		Out:                  logWriter{r.log, name},
 		ErrOut:               logWriter{r.log, name},
-		OnPodDeletionOrEvictionStarted: func(p *corev1.Pod, _ bool) {
-			mu.Lock()
-			refused[p.Namespace+"/"+p.Name]++
-			mu.Unlock()
-		},
 	}
 	list, errs := h.GetPodsForDeletion(name)
+	if list == nil {
+		return fmt.Errorf("node %s: list its pods: %w", name, errors.Join(errs...))
+	}
 	if len(errs) > 0 {
-		return fmt.Errorf("node %s: %w: %w", name, ErrDrainBlocked, errors.Join(errs...))
+		msgs := make([]string, len(errs))
+		for i, err := range errs {
+			msgs[i] = err.Error()
+		}
+		sort.Strings(msgs)
+		return fmt.Errorf("node %s: %w: %s", name, ErrDrainBlocked, strings.Join(msgs, "; "))
+	}
+	if w := list.Warnings(); w != "" {
+		r.log.Info("drain: "+w, "node", name)
 	}
 	if err := r.cordon(ctx, name); err != nil {
 		return err
 	}
 	pods := list.Pods()
 	if err := h.DeleteOrEvictPods(pods); err != nil {
-		if ctx.Err() == nil {
-			var blocked []string
-			mu.Lock()
-			for p, n := range refused {
-				if n > 1 {
-					blocked = append(blocked, p)
-				}
-			}
-			mu.Unlock()
-			sort.Strings(blocked)
-			if len(blocked) > 0 {
-				err = fmt.Errorf("%w: evicting %s is refused by a PodDisruptionBudget for %s (%w)", ErrDrainBlocked, strings.Join(blocked, ", "), r.opts.DrainTimeout, err)
-			}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("node %s: drain: %w", name, context.Cause(ctx))
+		} else {
+			err = fmt.Errorf("node %s: %w; the node is uncordoned again", name, r.drainLeft(ctx, pods, err))
 		}
-		err = fmt.Errorf("node %s: %w; the node is uncordoned again", name, err)
 		if uerr := r.uncordon(context.WithoutCancel(ctx), name); uerr != nil {
 			return fmt.Errorf("%w; %w", err, uerr)
 		}
@@ -158,15 +151,51 @@ func (r *applyRun) drain(ctx context.Context, name string) error {
 	return nil
 }
 
+// drainLeft says why a drain that failed with err did not empty the node,
+// from what is left of pods: those still there, not being deleted, were
+// refused (a PodDisruptionBudget: ErrDrainBlocked); those being deleted
+// are still terminating.
+func (r *applyRun) drainLeft(ctx context.Context, pods []corev1.Pod, err error) error {
+	var refused, terminating []string
+	for _, p := range pods {
+		q, gerr := r.client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		switch {
+		case gerr != nil || q.UID != p.UID:
+			continue // gone (or not known: kubectl's error says it)
+		case q.DeletionTimestamp != nil:
+			terminating = append(terminating, p.Namespace+"/"+p.Name)
+		default:
+			refused = append(refused, p.Namespace+"/"+p.Name)
+		}
+	}
+	sort.Strings(refused)
+	sort.Strings(terminating)
+	switch {
+	case len(refused) > 0:
+		return fmt.Errorf("%w: evicting %s is refused by a PodDisruptionBudget for %s (%w)", ErrDrainBlocked, strings.Join(refused, ", "), r.opts.DrainTimeout, err)
+	case len(terminating) > 0:
+		return fmt.Errorf("pods %s still terminating after %s (%w)", strings.Join(terminating, ", "), r.opts.DrainTimeout, err)
+	}
+	return err
+}
+
 // refuseUnreplicated is kubelift's drain rule on top of kubectl's: a
 // running pod that no controller would recreate would be lost, so the
 // drain is refused (kubectl drain without --force refuses it too, but
 // says to use --force).
 func refuseUnreplicated(p corev1.Pod) drain.PodDeleteStatus {
-	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || metav1.GetControllerOf(&p) != nil {
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return drain.MakePodDeleteStatusOkay()
 	}
-	return drain.MakePodDeleteStatusWithError("pods no controller would recreate (they would be lost: delete or move them, or upgrade without --drain)")
+	switch c := metav1.GetControllerOf(&p); {
+	case c == nil:
+		return drain.MakePodDeleteStatusWithError("pods no controller would recreate (they would be lost: delete or move them, or upgrade without --drain)")
+	case c.Kind == "DaemonSet":
+		// kubectl lets through (under Force) only the pods of a DaemonSet
+		// that is gone: nothing would recreate them either.
+		return drain.MakePodDeleteStatusWithError("pods of a DaemonSet that is gone, which no controller would recreate (delete them, or upgrade without --drain)")
+	}
+	return drain.MakePodDeleteStatusOkay()
 }
 
 // logWriter turns what kubectl's drain helper writes (one line per

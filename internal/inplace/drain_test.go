@@ -117,7 +117,6 @@ func TestDrainBlockedByBudgetUncordons(t *testing.T) {
 	if !errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "PodDisruptionBudget") || !strings.Contains(err.Error(), "default/blocker") || strings.Contains(err.Error(), "default/web") {
 		t.Fatalf("drain refused by a budget: %v", err)
 	}
-	t.Log(err)
 	if n := drainedNode(t, c); n.Spec.Unschedulable || n.Annotations[AnnotationCordoned] != "" {
 		t.Errorf("node after a blocked drain: unschedulable %v, annotations %v", n.Spec.Unschedulable, n.Annotations)
 	}
@@ -135,5 +134,52 @@ func TestDrainLeavesAnOperatorsCordon(t *testing.T) {
 	}
 	if n := drainedNode(t, c); !n.Spec.Unschedulable {
 		t.Error("the operator's cordon was undone")
+	}
+}
+
+func TestDrainRefusesPodsOfADaemonSetThatIsGone(t *testing.T) {
+	yes := true
+	orphan := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "agent", OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "gone", UID: "gone", Controller: &yes}}}}
+	r, c := drainWorld(t, []corev1.Pod{owned("web"), orphan}, nil)
+	err := r.drain(context.Background(), "n1")
+	if !errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "DaemonSet that is gone") || !strings.Contains(err.Error(), "default/agent") {
+		t.Fatalf("drain with a gone DaemonSet's pod: %v", err)
+	}
+	if n := drainedNode(t, c); n.Spec.Unschedulable {
+		t.Error("the node was cordoned")
+	}
+}
+
+func TestDrainNamesPodsStillTerminating(t *testing.T) {
+	r, c := drainWorld(t, []corev1.Pod{owned("slow")}, nil)
+	// The eviction is accepted but the pod only starts terminating.
+	c.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		p, err := c.Tracker().Get(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, "default", "slow")
+		if err != nil {
+			return true, nil, err
+		}
+		pod := p.(*corev1.Pod).DeepCopy()
+		now := metav1.Now()
+		pod.DeletionTimestamp = &now
+		return true, nil, c.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, pod, "default")
+	})
+	err := r.drain(context.Background(), "n1")
+	if err == nil || errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "default/slow still terminating") {
+		t.Fatalf("drain of a pod that does not go: %v", err)
+	}
+	if n := drainedNode(t, c); n.Spec.Unschedulable {
+		t.Error("the node was left cordoned")
+	}
+}
+
+func TestDrainCancelledSaysSo(t *testing.T) {
+	r, _ := drainWorld(t, []corev1.Pod{owned("blocker")}, func(string) bool { return true })
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	if err := r.drain(ctx, "n1"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled drain: %v", err)
 	}
 }
