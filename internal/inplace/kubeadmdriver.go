@@ -355,6 +355,11 @@ func (r *applyRun) runKubeadm(ctx context.Context, o *nodeOps, run string, args 
 		r.would(o.name, "kubeadm "+strings.Join(args, " "), nodescript.KubeadmStart.Show(start...))
 		return nil
 	}
+	// The staged kubeadm runs as root and no swap checks it: its signed
+	// sum is checked on the node first.
+	if _, err := o.run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.fileSHA("kubeadm", archOr(r.nodeState(o.name).Arch))); err != nil {
+		return err
+	}
 	out, err := o.run(ctx, "start kubeadm", nodescript.KubeadmStart, start...)
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -89,8 +90,9 @@ func TestRunKubeadm(t *testing.T) {
 			ctx := context.Background()
 			clk := steppingClock(t, 2*time.Second)
 			polls := 0
-			var started []string
+			var started, checked []string
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+				nodescript.CheckFile.Name:    func(args []string) (string, error) { checked = args; return "", nil },
 				nodescript.KubeadmStart.Name: func(args []string) (string, error) { started = args; return "started\n", nil },
 				nodescript.KubeadmStatus.Name: func([]string) (string, error) {
 					s := tc.statuses[min(polls, len(tc.statuses)-1)]
@@ -99,10 +101,13 @@ func TestRunKubeadm(t *testing.T) {
 				},
 			}}
 			v, _ := catalog.ParseVersion("v1.31.4")
-			r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: DefaultStageDir}}, target: &Target{Version: v}, res: &ApplyResult{},
-				wait: waiter.Waiter{Clock: clk}, log: slog.New(slog.DiscardHandler)}
+			r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
+				wait: waiter.Waiter{Clock: clk}, log: slog.New(slog.DiscardHandler), plan: &Plan{Nodes: []NodeState{{Name: "cp-1"}}}}
 			o := &nodeOps{n: node, name: "cp-1", facts: &nodefacts.Facts{}}
 			err := r.runKubeadm(ctx, o, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply", "v1.31.4", "--yes"})
+			if len(checked) != 2 || checked[0] != "/var/lib/kubelift/staged/v1.31.4/kubeadm" || checked[1] != kubeadmSum {
+				t.Errorf("check-file %q: the staged kubeadm's sum is not checked before it runs", checked)
+			}
 			if want := []string{KubeadmRunDir, "upgrade-apply-v1.31.4-1", "/var/lib/kubelift/staged/v1.31.4/kubeadm", "upgrade", "apply", "v1.31.4", "--yes"}; strings.Join(started, " ") != strings.Join(want, " ") {
 				t.Errorf("kubeadm-start %q, want %q", started, want)
 			}
@@ -122,8 +127,22 @@ func TestRunKubeadm(t *testing.T) {
 		})
 	}
 
-	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{}}
+	// A staged kubeadm whose sum is not the signed one is never run.
+	spoilt := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+		nodescript.CheckFile.Name: func([]string) (string, error) { return "", errors.New("exit 65: sha256 differs") },
+		nodescript.KubeadmStart.Name: func([]string) (string, error) {
+			t.Error("a spoilt kubeadm was started")
+			return "started\n", nil
+		},
+	}}
 	v, _ := catalog.ParseVersion("v1.31.4")
+	rs := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
+		log: slog.New(slog.DiscardHandler), plan: &Plan{Nodes: []NodeState{{Name: "cp-1"}}}}
+	if err := rs.runKubeadm(context.Background(), &nodeOps{n: spoilt, name: "cp-1"}, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply"}); err == nil || !strings.Contains(err.Error(), "check the staged kubeadm") {
+		t.Errorf("spoilt kubeadm: %v", err)
+	}
+
+	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{}}
 	r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: DefaultStageDir}}, target: &Target{Version: v}, res: &ApplyResult{}, dry: true, log: slog.New(slog.DiscardHandler)}
 	if err := r.runKubeadm(context.Background(), &nodeOps{n: node, name: "worker-1"}, "upgrade-node-v1.31.4-1", []string{"upgrade", "node"}); err != nil {
 		t.Fatal(err)
@@ -132,6 +151,14 @@ func TestRunKubeadm(t *testing.T) {
 		!strings.HasPrefix(r.res.DryRun[0].Command, "kubelift-kubeadm-start /var/lib/kubelift/kubeadm upgrade-node-v1.31.4-1 /var/lib/kubelift/staged/v1.31.4/kubeadm upgrade node") {
 		t.Errorf("dry run: calls %v, said %+v", node.Calls(), r.res.DryRun)
 	}
+}
+
+// kubeadmSum is the signed sha256 of kubeadmTarget's kubeadm.
+const kubeadmSum = "5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef"
+
+// kubeadmTarget is a target whose bundle holds a kubeadm for amd64.
+func kubeadmTarget(v catalog.Version) *Target {
+	return &Target{Version: v, Manifest: &bundle.Manifest{Files: []bundle.File{{Name: "kubeadm", Arch: "amd64", SHA256: kubeadmSum}}}}
 }
 
 // kubeadm's reason is its "error execution phase" line onwards, or its
@@ -461,7 +488,8 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 			polls := 0
 			var started []string
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
-				nodescript.Exists.Name: func([]string) (string, error) { return "no\n", nil },
+				nodescript.Exists.Name:    func([]string) (string, error) { return "no\n", nil },
+				nodescript.CheckFile.Name: func([]string) (string, error) { return "", nil },
 				nodescript.KubeadmStart.Name: func(args []string) (string, error) {
 					started = args
 					return strings.Fields(tc.statuses[0])[0] + "\n", nil
@@ -474,7 +502,7 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 			}}
 			v, _ := catalog.ParseVersion("v1.31.4")
 			started0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
-			target := &Target{Version: v}
+			target := kubeadmTarget(v)
 			r := &applyRun{client: fake.NewClientset(objs...), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
 				wait:  waiter.Waiter{Clock: steppingClock(t, 2*time.Second)},
 				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: DefaultStageDir, Now: func() time.Time { return started0 }}},

@@ -48,6 +48,7 @@ var (
 	Healthz      = load("healthz", readOnly)
 	EtcdSnapshot = load("etcd-snapshot", writes)
 	Exists       = load("exists", readOnly)
+	CheckFile    = load("check-file", readOnly)
 	Remove       = load("remove", writes)
 	// kubeadm clusters: kubeadm run detached and followed, etcd's
 	// snapshot taken inside its static pod, the static pod manifests and

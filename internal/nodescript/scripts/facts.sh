@@ -49,11 +49,12 @@ done
 echo '### staged'
 for f in "$vdir"/*; do
   [ -f "$f" ] || continue
+  case ${f##*/} in *[!A-Za-z0-9._-]*) continue ;; esac
   s="$vdir/.${f##*/}.kubelift-sum" sum=
-  if [ -f "$s" ] && [ -z "$(find "$f" -newer "$s")" ]; then sum=$(cat "$s"); fi
+  if [ -f "$s" ] && [ -n "$(find "$f" ! -newer "$s" 2>/dev/null)" ]; then sum=$(cat "$s"); fi
   case $sum in *[!0-9a-f]*) sum= ;; esac
-  [ "${#sum}" -eq 64 ] || sum=$(sha256sum <"$f" | cut -d ' ' -f 1)
-  printf '%s  %s\n' "$sum" "${f##*/}"
+  [ "${#sum}" -eq 64 ] || sum=$(sha256sum <"$f" 2>/dev/null | cut -d ' ' -f 1)
+  [ "${#sum}" -eq 64 ] && printf '%s  %s\n' "$sum" "${f##*/}"
 done
 d=$sdir
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done

@@ -3,7 +3,9 @@
 # there is none), so that staging skips what is already there: the sum
 # staging wrote beside the file after checking it (.NAME.kubelift-sum),
 # while the file is no newer than that; else the file hashed now (swap
-# checks the sum again before it installs a file). Then, on
+# checks the sum again before it installs a file, and kubeadm's before it
+# runs). Files named other than [A-Za-z0-9._-] and files that cannot be
+# read are left out (staged again). Then, on
 # lines of their own, what staging may use on this node:
 #   ### partial NAME.SHA256 BYTES  what a stage that was cut off left
 #                           of a file
@@ -13,14 +15,16 @@
 #                           node sees it (000: not reachable), when given
 # Arguments: VERSION_DIR [REGISTRY_URL REGISTRY_HOST]
 set -u
+export LC_ALL=C
 if [ -d "$1" ]; then
   for f in "$1"/*; do
     [ -f "$f" ] || continue
+    case ${f##*/} in *[!A-Za-z0-9._-]*) continue ;; esac
     s="$1/.${f##*/}.kubelift-sum" sum=
-    if [ -f "$s" ] && [ -z "$(find "$f" -newer "$s")" ]; then sum=$(cat "$s"); fi
+    if [ -f "$s" ] && [ -n "$(find "$f" ! -newer "$s" 2>/dev/null)" ]; then sum=$(cat "$s"); fi
     case $sum in *[!0-9a-f]*) sum= ;; esac
-    [ "${#sum}" -eq 64 ] || sum=$(sha256sum <"$f" | cut -d ' ' -f 1)
-    printf '%s  %s\n' "$sum" "${f##*/}"
+    [ "${#sum}" -eq 64 ] || sum=$(sha256sum <"$f" 2>/dev/null | cut -d ' ' -f 1)
+    [ "${#sum}" -eq 64 ] && printf '%s  %s\n' "$sum" "${f##*/}"
   done
   for p in "$1"/.*.kubelift-partial; do
     [ -f "$p" ] || continue
