@@ -213,7 +213,7 @@ func (f *Fetcher) retry(ctx context.Context, what string, fn func() error) error
 		}
 		return false, nil
 	})
-	if wait.Interrupted(err) && ctx.Err() == nil {
+	if errors.Is(err, wait.ErrWaitTimeout) {
 		return fmt.Errorf("after %d attempts: %w", steps, last)
 	}
 	return err

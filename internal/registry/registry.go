@@ -146,7 +146,7 @@ func (r Retry) run(ctx context.Context, try func() error, final func(error) bool
 		}
 		return false, nil
 	})
-	if wait.Interrupted(err) && ctx.Err() == nil {
+	if errors.Is(err, wait.ErrWaitTimeout) {
 		return last // the tries are used up
 	}
 	return err
