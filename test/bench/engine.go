@@ -151,7 +151,7 @@ func benchApply(bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin a
 	for _, s := range res.Steps {
 		fmt.Printf("  %-42s %8.1fs\n", s.Name, s.Seconds)
 	}
-	fmt.Printf("%-50s %8.1fs %5.0f %%\n", "waiting for restarted components (unit restarts, Ready, /readyz)", res.Waiting, 100*res.Waiting/total)
+	fmt.Printf("%-44s %8.1fs %5.0f %%\n", "waiting for restarted components", res.Waiting, 100*res.Waiting/total)
 	fmt.Printf("%-44s %8.1fs %5.0f %%\n", "verification pauses (--settle)", res.Settling, 100*res.Settling/total)
 	fmt.Printf("%-44s %8.1fs %5.0f %%  (%.2fx the restarts and pauses alone)\n", "the engine's own work (SSH, API, checks)", own, 100*own/total, total/(res.Waiting+res.Settling))
 	requests, failed, broken := 0, 0, 0
