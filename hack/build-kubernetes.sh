@@ -35,6 +35,12 @@ for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
 
 work=$(mktemp -d)
+# Compiled objects are not kept in the user's Go cache: the binaries are
+# what is kept. There each release's objects came to gigabytes that
+# later builds seldom reuse, and they filled the disk the tests run on.
+# make test hands every build of its run one cache (KUBELIFT_BUILD_CACHE,
+# removed when the run ends); alone, a build's goes with $work.
+export GOCACHE=${KUBELIFT_BUILD_CACHE:-$work/go-build}
 trap 'rm -rf "$work"' EXIT
 . "$(dirname "$0")/lib.sh"
 cd "$work"
