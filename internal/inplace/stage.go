@@ -92,6 +92,25 @@ func (s RegistrySource) ZstdCopy(ctx context.Context, artifact, sum string) (str
 	return "", 0, nil
 }
 
+// CopyRelay is a NodePuller whose zstd copies this machine can read too,
+// to send them on over SSH as they are: a node that cannot pull is then
+// sent what import compressed, with no compression here.
+type CopyRelay interface {
+	NodePuller
+	// OpenCopy streams the blob (sha256:HEX) of the artifact's repository.
+	OpenCopy(ctx context.Context, artifact, blob string) (io.ReadCloser, error)
+}
+
+// OpenCopy streams a blob of the artifact's repository (its zstd copy).
+func (s RegistrySource) OpenCopy(ctx context.Context, artifact, blob string) (io.ReadCloser, error) {
+	repo, _, _ := strings.Cut(artifact, "@")
+	d, err := v1.NewHash(blob)
+	if err != nil {
+		return nil, fmt.Errorf("artifact %s: blob %q: %w", artifact, blob, err)
+	}
+	return s.Access.OpenBlob(ctx, repo, d)
+}
+
 // ForNode says where a node fetches a blob of the artifact.
 func (s RegistrySource) ForNode(ctx context.Context, artifact, blob string) (registry.NodePull, error) {
 	repo, _, _ := strings.Cut(artifact, "@")
@@ -287,7 +306,7 @@ func Stage(ctx context.Context, opts StageOptions) (*StageResult, error) {
 	for _, n := range opts.Nodes {
 		arch[n.Name] = n.Status.NodeInfo.Architecture
 	}
-	c := &encodedCache{store: &cas.Store{Dir: filepath.Join(opts.CacheDir, "files")}, dir: opts.CacheDir, source: opts.Source}
+	c := &encodedCache{store: &cas.Store{Dir: filepath.Join(opts.CacheDir, "files")}, dir: opts.CacheDir, source: opts.Source, log: log}
 	res := &StageResult{Version: version, Dir: dir}
 	if w, ok := opts.Connector.(interface{ BytesWritten() int64 }); ok {
 		before := w.BytesWritten()
@@ -562,6 +581,14 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 		return err
 	}
 	puller, _ := s.opts.Source.(NodePuller)
+	// Once the node takes its files over SSH, the files after the one
+	// being sent are fetched and encoded (or their copies fetched) here
+	// meanwhile, so that this machine's work overlaps the link's.
+	var ahead sync.WaitGroup
+	aheadCtx, stopAhead := context.WithCancel(ctx)
+	defer ahead.Wait()
+	defer stopAhead()
+	warming := false
 	for i, f := range files {
 		s.ns.Bytes += f.Size
 		if st.sums[f.Name] == f.SHA256 {
@@ -573,6 +600,20 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 			if st, err = s.choose(ctx, vdir, f, artifacts[i], st); err != nil {
 				return err
 			}
+		}
+		if s.ns.Path == ViaSSH && !warming {
+			warming = true
+			sums, enc := st.sums, s.ns.Codec
+			ahead.Add(1)
+			go func() {
+				defer ahead.Done()
+				for j := i + 1; j < len(files); j++ {
+					// Errors are the sender's to meet and report.
+					if sums[files[j].Name] != files[j].SHA256 && s.cache.prepare(aheadCtx, files[j], artifacts[j], enc) != nil {
+						return
+					}
+				}
+			}()
 		}
 		progress.OrNop(s.opts.Progress).Expect(f.Size)
 		have := st.partial[f.Name+"."+f.SHA256]
@@ -668,11 +709,30 @@ func (s *nodeStager) pullBlob(ctx context.Context, vdir string, f bundle.File, a
 	return err
 }
 
-// send streams f to the node in the node's codec: from the cache, encoded
-// once for every node, or, going on from have bytes a cut-off stage left,
-// the rest encoded as it goes.
+// send streams f to the node in the node's codec: the registry's zstd
+// copy relayed as it is, or the file encoded here once for every node, or,
+// going on from have bytes a cut-off stage left, the rest encoded as it
+// goes. A relayed copy the node finds does not decode to the file is
+// dropped, and the file sent again from the start, encoded here.
 func (s *nodeStager) send(ctx context.Context, vdir string, f bundle.File, artifact string, have int64) (int64, error) {
 	enc := s.ns.Codec
+	if have == 0 && enc == CodecZstd {
+		p, err := s.cache.relayed(ctx, f, artifact)
+		if err != nil {
+			return 0, err
+		}
+		if p != "" {
+			sent, err := s.sendFile(ctx, vdir, f, p, enc)
+			var ee *nodeaccess.ExitError
+			if err == nil || !errors.As(err, &ee) || (ee.Code != 65 && ee.Code != 75) {
+				return sent, err
+			}
+			s.cache.dropCopy(f.SHA256)
+			s.cache.log.Warn("the registry's zstd copy did not decode to the signed file on the node: encoding the file here", "node", s.t.Name, "file", f.Path, "err", err)
+			again, err := s.send(ctx, vdir, f, artifact, 0)
+			return sent + again, err
+		}
+	}
 	var in io.Reader
 	if have == 0 {
 		p, err := s.cache.encoded(ctx, f, artifact, enc)
@@ -699,6 +759,22 @@ func (s *nodeStager) send(ctx context.Context, vdir string, f bundle.File, artif
 		defer pr.Close()
 		in = pr
 	}
+	return s.stream(ctx, vdir, f, in, enc, have)
+}
+
+// sendFile sends the whole file f, encoded with enc, from the file at p.
+func (s *nodeStager) sendFile(ctx context.Context, vdir string, f bundle.File, p, enc string) (int64, error) {
+	file, err := os.Open(p)
+	if err != nil {
+		return 0, err
+	}
+	defer file.Close()
+	return s.stream(ctx, vdir, f, file, enc, 0)
+}
+
+// stream runs stage-file with in (f from byte have on, encoded with enc)
+// on stdin, and says how many bytes of in it sent.
+func (s *nodeStager) stream(ctx context.Context, vdir string, f bundle.File, in io.Reader, enc string, have int64) (int64, error) {
 	cr := iocount.NewReader(in)
 	_, err := s.n.Run(ctx, nodescript.StageFile.Command(vdir, f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), enc, strconv.FormatInt(have, 10)), cr)
 	return cr.N(), err
@@ -713,6 +789,75 @@ type encodedCache struct {
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
 	copies map[string]zstdCopy // sha256 -> the zstd copy in the registry
+	bad    map[string]bool     // sha256 -> its copy did not decode to it on a node
+	log    *slog.Logger
+}
+
+// relayed is the path of the registry's zstd copy of f, fetched once for
+// every node (checked against the copy's digest, not opened here: the
+// node checks what it decodes to), or "" when the source has no copy to
+// relay or a node refused it.
+func (c *encodedCache) relayed(ctx context.Context, f bundle.File, artifact string) (string, error) {
+	src, ok := c.source.(CopyRelay)
+	if !ok || artifact == "" {
+		return "", nil
+	}
+	l := c.lock("relay " + f.SHA256)
+	l.Lock()
+	defer l.Unlock()
+	c.mu.Lock()
+	bad := c.bad[f.SHA256]
+	c.mu.Unlock()
+	if bad {
+		return "", nil
+	}
+	blob, size, err := c.zstdCopy(ctx, src, artifact, f.SHA256)
+	if err == nil && blob == "" {
+		return "", nil
+	}
+	var d digest.Digest
+	if err == nil {
+		d, err = digest.Parse(blob)
+	}
+	if err == nil && !c.store.Has(d, size) {
+		var rc io.ReadCloser
+		if rc, err = src.OpenCopy(ctx, artifact, blob); err == nil {
+			_, err = c.store.Put(d, size, rc)
+			rc.Close()
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", context.Cause(ctx)
+		}
+		// The copy is a shortcut: without it the file is encoded here.
+		c.log.Warn("the registry's zstd copy could not be fetched: encoding the file here", "file", f.Path, "copy", blob, "err", err)
+		c.dropCopy(f.SHA256)
+		return "", nil
+	}
+	return c.store.Path(d), nil
+}
+
+// dropCopy stops relaying the zstd copy of the file with sha256 sum.
+func (c *encodedCache) dropCopy(sum string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bad == nil {
+		c.bad = map[string]bool{}
+	}
+	c.bad[sum] = true
+}
+
+// prepare gets f ready to send in enc: the relayed copy, else the file
+// encoded here.
+func (c *encodedCache) prepare(ctx context.Context, f bundle.File, artifact, enc string) error {
+	if enc == CodecZstd {
+		if p, err := c.relayed(ctx, f, artifact); err != nil || p != "" {
+			return err
+		}
+	}
+	_, err := c.encoded(ctx, f, artifact, enc)
+	return err
 }
 
 type zstdCopy struct {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,11 +79,11 @@ func (n *shellNode) Close() error { return nil }
 // memSource serves files from memory, counting opens.
 type memSource struct {
 	content map[string][]byte
-	opens   int
+	opens   atomic.Int64
 }
 
 func (s *memSource) Open(_ context.Context, f bundle.File, _ string) (io.ReadCloser, error) {
-	s.opens++
+	s.opens.Add(1)
 	if c, ok := s.content[f.Path]; ok {
 		return io.NopCloser(bytes.NewReader(c)), nil
 	}
@@ -134,11 +135,11 @@ func TestStageSendsOnceChecksAndSkips(t *testing.T) {
 	if sums, _ := filepath.Glob(filepath.Join(dirs, "cp-1", "v1.31.4", ".*.kubelift-sum")); len(sums) != 6 {
 		t.Errorf("checked sums beside the files: %v", sums)
 	}
-	opens := src.opens
+	opens := src.opens.Load()
 	// Again: nothing is sent, nothing fetched.
 	res, err = Stage(context.Background(), opts)
-	if err != nil || res.Nodes[0].BytesSent != 0 || len(res.Nodes[0].Sent) != 0 || len(res.Nodes[0].Present) != 6 || src.opens != opens {
-		t.Errorf("second stage: %+v, %v; opened %d more", res.Nodes[0], err, src.opens-opens)
+	if err != nil || res.Nodes[0].BytesSent != 0 || len(res.Nodes[0].Sent) != 0 || len(res.Nodes[0].Present) != 6 || src.opens.Load() != opens {
+		t.Errorf("second stage: %+v, %v; opened %d more", res.Nodes[0], err, src.opens.Load()-opens)
 	}
 	// A staged file changed after its sum was written is hashed again,
 	// found wrong and sent again; one whose recorded sum is not a sum is
@@ -161,13 +162,13 @@ func TestStageSendsOnceChecksAndSkips(t *testing.T) {
 	if got, _ := os.ReadFile(kubectl); !bytes.Equal(got, src.content["kubectl"]) {
 		t.Error("kubectl not staged again")
 	}
-	opens = src.opens
+	opens = src.opens.Load()
 	// A worker gets its role's files; each file is fetched once, however
 	// many nodes need it.
 	opts.Targets, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")
 	res, err = Stage(context.Background(), opts)
-	if err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kube-proxy,kubectl,kubelet" || src.opens != opens {
-		t.Errorf("worker: %+v, %v; fetched %d more", res.Nodes[0], err, src.opens-opens)
+	if err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kube-proxy,kubectl,kubelet" || src.opens.Load() != opens {
+		t.Errorf("worker: %+v, %v; fetched %d more", res.Nodes[0], err, src.opens.Load()-opens)
 	}
 }
 

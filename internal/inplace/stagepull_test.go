@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -354,4 +355,72 @@ func TestStagePullFallsBack(t *testing.T) {
 func artifactOf(t *Target, name string) string {
 	_, a, _ := t.File(name, "amd64")
 	return a
+}
+
+// A node that takes its files over SSH is sent the zstd copies import
+// pushed beside them, as they are: nothing is fetched whole or compressed
+// here. A copy that does not decode to the file on the node is dropped
+// and the file sent again, encoded here; so is one whose bytes are not
+// the copy's digest when fetched.
+func TestStageRelaysTheRegistryCopies(t *testing.T) {
+	target, src, r, opts := pullWorld(t, true)
+	opts.Connector, opts.Targets, opts.StageDir, opts.Via = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], t.TempDir(), ViaSSH
+	res, err := Stage(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := res.Nodes[0]
+	var copies int64
+	for _, file := range n.Sent {
+		f, _, _ := target.File(file, "amd64")
+		_, size, err := opts.Source.(NodePuller).ZstdCopy(context.Background(), artifactOf(target, file), f.SHA256)
+		if err != nil || size == 0 {
+			t.Fatalf("%s's copy: %d bytes, %v", file, size, err)
+		}
+		copies += size
+		if got, _ := os.ReadFile(filepath.Join(opts.StageDir, "v1.31.4", file)); !bytes.Equal(got, src.content[file]) {
+			t.Errorf("%s is not the signed one", file)
+		}
+	}
+	if n.Path != ViaSSH || n.Codec != CodecZstd || len(n.Sent) == 0 || n.BytesSent != copies || src.opens.Load() != 0 {
+		t.Fatalf("relayed: %+v; the copies are %d bytes; %d files opened here", n, copies, src.opens.Load())
+	}
+
+	// kubelet's copy decodes to kube-proxy (under kubelet's tag and
+	// sum); kubectl's copy is spoilt on the way here.
+	kubelet, _, _ := target.File("kubelet", "amd64")
+	kubectl, _, _ := target.File("kubectl", "amd64")
+	var b bytes.Buffer
+	if err := codec.Encode(&b, bytes.NewReader(src.content["kube-proxy"]), codec.Zstd); err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: static.NewLayer(b.Bytes(), codec.ZstdMediaType), MediaType: codec.ZstdMediaType,
+		Annotations: map[string]string{codec.AnnotationDecodedSHA256: kubelet.SHA256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, _, _ := strings.Cut(artifactOf(target, "kubelet"), "@")
+	tag, err := name.NewTag(repo+":"+codec.ZstdTag(kubelet.SHA256), name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(tag, img, remote.WithAuthFromKeychain(r.access(t).Keychain)); err != nil {
+		t.Fatal(err)
+	}
+	kz, _, _ := opts.Source.(NodePuller).ZstdCopy(context.Background(), artifactOf(target, "kubectl"), kubectl.SHA256)
+	r.spoil[kz] = true
+	var logged bytes.Buffer
+	opts.StageDir, opts.CacheDir, opts.Log = t.TempDir(), t.TempDir(), slog.New(slog.NewTextHandler(&logged, nil))
+	res, err = Stage(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("a wrong copy and a spoilt one: %v", err)
+	}
+	for _, file := range []string{"kubelet", "kubectl", "kube-proxy"} {
+		if got, _ := os.ReadFile(filepath.Join(opts.StageDir, "v1.31.4", file)); !bytes.Equal(got, src.content[file]) {
+			t.Errorf("%s is not the signed one", file)
+		}
+	}
+	if src.opens.Load() != 2 || !strings.Contains(logged.String(), "did not decode to the signed file on the node") || !strings.Contains(logged.String(), "could not be fetched") {
+		t.Errorf("%d files encoded here (want kubelet and kubectl); logged:\n%s", src.opens.Load(), logged.String())
+	}
 }

@@ -327,7 +327,7 @@ func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, r
 	}
 	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.3fx admin bytes\n", "kubelift stage: the nodes pull (registry)", s.wall.Seconds(), mb/s.wall.Seconds(),
 		float64(pulled.WireBytes)/1e6, float64(pulledBytes)/1e6, s.wall.Seconds()/c.wall.Seconds(), float64(pulled.WireBytes)/float64(scpBytes))
-	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.2fx admin bytes\n", "kubelift stage --via ssh (zstd, cold cache)", p.wall.Seconds(), mb/p.wall.Seconds(),
+	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.2fx admin bytes\n", "kubelift stage --via ssh (copies relayed, cold)", p.wall.Seconds(), mb/p.wall.Seconds(),
 		float64(pushed.WireBytes)/1e6, 0.0, p.wall.Seconds()/c.wall.Seconds(), float64(pushed.WireBytes)/float64(scpBytes))
 	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB\n", "scp of the same files (all nodes at once)", c.wall.Seconds(), float64(scpBytes)/1e6/c.wall.Seconds(), float64(scpBytes)/1e6)
 	fmt.Printf("%-44s %8.2fs %9s %9.1f MB\n", "kubelift stage again (everything staged)", a.wall.Seconds(), "-", 0.0)
