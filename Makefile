@@ -57,13 +57,13 @@ lint: deps
 TEST_DISK_GB ?= 20
 test: deps lint
 	@hack/disk-check.sh $(TEST_DISK_GB)
-	@guard=$$(mktemp); hack/host-guard.sh snapshot $$guard; rc=0; \
-	export KUBELIFT_BUILD_CACHE=$$(mktemp -d); \
+	@guard=$$(mktemp); export KUBELIFT_BUILD_CACHE=$$(mktemp -d -t go-build-kubelift.XXXXXX); \
+	trap 'rm -rf "$$KUBELIFT_BUILD_CACHE" "$$guard"' EXIT; trap 'exit 130' INT TERM; \
+	hack/host-guard.sh snapshot $$guard; rc=0; \
 	(cd pkg/hashskip && $(GO) test -race -count=1 ./...) || rc=1; \
 	$(GO) test -race -count=1 ./cmd/... ./internal/... || rc=1; \
 	$(GO) test -count=1 -timeout 45m ./test/... || rc=1; \
-	rm -rf $$KUBELIFT_BUILD_CACHE; \
-	hack/host-guard.sh check $$guard || rc=1; rm -f $$guard; exit $$rc
+	hack/host-guard.sh check $$guard || rc=1; exit $$rc
 
 demo: deps build sandbox-up
 	$(GO) run ./test/demo --sandbox $(SANDBOX_DIR)

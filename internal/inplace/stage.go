@@ -603,13 +603,17 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 		}
 		if s.ns.Path == ViaSSH && !warming {
 			warming = true
-			sums, enc := st.sums, s.ns.Codec
+			sums, partial, enc := st.sums, st.partial, s.ns.Codec
 			ahead.Add(1)
 			go func() {
 				defer ahead.Done()
 				for j := i + 1; j < len(files); j++ {
+					f := files[j]
+					if sums[f.Name] == f.SHA256 || partial[f.Name+"."+f.SHA256] > 0 {
+						continue // there, or gone on from as it is sent
+					}
 					// Errors are the sender's to meet and report.
-					if sums[files[j].Name] != files[j].SHA256 && s.cache.prepare(aheadCtx, files[j], artifacts[j], enc) != nil {
+					if s.cache.prepare(aheadCtx, f, artifacts[j], enc) != nil {
 						return
 					}
 				}
@@ -715,6 +719,18 @@ func (s *nodeStager) pullBlob(ctx context.Context, vdir string, f bundle.File, a
 // goes. A relayed copy the node finds does not decode to the file is
 // dropped, and the file sent again from the start, encoded here.
 func (s *nodeStager) send(ctx context.Context, vdir string, f bundle.File, artifact string, have int64) (int64, error) {
+	sent, err := s.sendFrom(ctx, vdir, f, artifact, have)
+	var ee *nodeaccess.ExitError
+	if have > 0 && errors.As(err, &ee) && ee.Code == 65 {
+		// What a cut-off stage left was not the file's start (a relayed
+		// copy that was wrong, cut off); the node removed it.
+		again, err := s.sendFrom(ctx, vdir, f, artifact, 0)
+		return sent + again, err
+	}
+	return sent, err
+}
+
+func (s *nodeStager) sendFrom(ctx context.Context, vdir string, f bundle.File, artifact string, have int64) (int64, error) {
 	enc := s.ns.Codec
 	if have == 0 && enc == CodecZstd {
 		p, err := s.cache.relayed(ctx, f, artifact)
@@ -727,9 +743,9 @@ func (s *nodeStager) send(ctx context.Context, vdir string, f bundle.File, artif
 			if err == nil || !errors.As(err, &ee) || (ee.Code != 65 && ee.Code != 75) {
 				return sent, err
 			}
-			s.cache.dropCopy(f.SHA256)
-			s.cache.log.Warn("the registry's zstd copy did not decode to the signed file on the node: encoding the file here", "node", s.t.Name, "file", f.Path, "err", err)
-			again, err := s.send(ctx, vdir, f, artifact, 0)
+			s.cache.dropCopy(f.SHA256, p)
+			s.cache.log.Warn("the zstd copy was refused or cut off on the node: encoding the file here", "node", s.t.Name, "file", f.Path, "err", err)
+			again, err := s.sendFrom(ctx, vdir, f, artifact, 0)
 			return sent + again, err
 		}
 	}
@@ -811,6 +827,11 @@ func (c *encodedCache) relayed(ctx context.Context, f bundle.File, artifact stri
 	if bad {
 		return "", nil
 	}
+	// Encoded here already (import keeps what it pushed): the same bytes,
+	// made from the checked file.
+	if p := codec.Path(c.dir, CodecZstd, f.SHA256); fileExists(p) {
+		return p, nil
+	}
 	blob, size, err := c.zstdCopy(ctx, src, artifact, f.SHA256)
 	if err == nil && blob == "" {
 		return "", nil
@@ -819,10 +840,13 @@ func (c *encodedCache) relayed(ctx context.Context, f bundle.File, artifact stri
 	if err == nil {
 		d, err = digest.Parse(blob)
 	}
+	if err == nil && size > f.Size+f.Size/16+1<<20 {
+		err = fmt.Errorf("%d bytes for a file of %d: not a zstd copy of it", size, f.Size)
+	}
 	if err == nil && !c.store.Has(d, size) {
 		var rc io.ReadCloser
 		if rc, err = src.OpenCopy(ctx, artifact, blob); err == nil {
-			_, err = c.store.Put(d, size, rc)
+			_, err = c.store.Put(d, size, io.LimitReader(rc, size+1))
 			rc.Close()
 		}
 	}
@@ -832,20 +856,29 @@ func (c *encodedCache) relayed(ctx context.Context, f bundle.File, artifact stri
 		}
 		// The copy is a shortcut: without it the file is encoded here.
 		c.log.Warn("the registry's zstd copy could not be fetched: encoding the file here", "file", f.Path, "copy", blob, "err", err)
-		c.dropCopy(f.SHA256)
+		c.dropCopy(f.SHA256, "")
 		return "", nil
 	}
 	return c.store.Path(d), nil
 }
 
-// dropCopy stops relaying the zstd copy of the file with sha256 sum.
-func (c *encodedCache) dropCopy(sum string) {
+// dropCopy stops relaying the zstd copy of the file with sha256 sum, and
+// removes it from this machine, at path p when given.
+func (c *encodedCache) dropCopy(sum, p string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.bad == nil {
 		c.bad = map[string]bool{}
 	}
 	c.bad[sum] = true
+	if p != "" {
+		os.Remove(p)
+	}
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // prepare gets f ready to send in enc: the relayed copy, else the file

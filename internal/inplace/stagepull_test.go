@@ -25,8 +25,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/codec"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -386,41 +388,80 @@ func TestStageRelaysTheRegistryCopies(t *testing.T) {
 		t.Fatalf("relayed: %+v; the copies are %d bytes; %d files opened here", n, copies, src.opens.Load())
 	}
 
-	// kubelet's copy decodes to kube-proxy (under kubelet's tag and
-	// sum); kubectl's copy is spoilt on the way here.
+	// kubelet's copy decodes to kube-proxy (under kubelet's tag and sum:
+	// exit 65 on the node), kube-proxy's is cut short (zstd fails: exit
+	// 75), kubectl's is spoilt on the way here.
 	kubelet, _, _ := target.File("kubelet", "amd64")
+	proxy, _, _ := target.File("kube-proxy", "amd64")
 	kubectl, _, _ := target.File("kubectl", "amd64")
-	var b bytes.Buffer
-	if err := codec.Encode(&b, bytes.NewReader(src.content["kube-proxy"]), codec.Zstd); err != nil {
-		t.Fatal(err)
+	pushCopy := func(file string, sum string, content []byte, cut bool) {
+		t.Helper()
+		var b bytes.Buffer
+		if err := codec.Encode(&b, bytes.NewReader(content), codec.Zstd); err != nil {
+			t.Fatal(err)
+		}
+		layer := b.Bytes()
+		if cut {
+			layer = layer[:len(layer)/2]
+		}
+		img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: static.NewLayer(layer, codec.ZstdMediaType), MediaType: codec.ZstdMediaType,
+			Annotations: map[string]string{codec.AnnotationDecodedSHA256: sum}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		repo, _, _ := strings.Cut(artifactOf(target, file), "@")
+		tag, err := name.NewTag(repo+":"+codec.ZstdTag(sum), name.Insecure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := remote.Write(tag, img, remote.WithAuthFromKeychain(r.access(t).Keychain)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: static.NewLayer(b.Bytes(), codec.ZstdMediaType), MediaType: codec.ZstdMediaType,
-		Annotations: map[string]string{codec.AnnotationDecodedSHA256: kubelet.SHA256}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	repo, _, _ := strings.Cut(artifactOf(target, "kubelet"), "@")
-	tag, err := name.NewTag(repo+":"+codec.ZstdTag(kubelet.SHA256), name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(tag, img, remote.WithAuthFromKeychain(r.access(t).Keychain)); err != nil {
-		t.Fatal(err)
-	}
+	pushCopy("kubelet", kubelet.SHA256, src.content["kube-proxy"], false)
+	pushCopy("kube-proxy", proxy.SHA256, src.content["kube-proxy"], true)
 	kz, _, _ := opts.Source.(NodePuller).ZstdCopy(context.Background(), artifactOf(target, "kubectl"), kubectl.SHA256)
 	r.spoil[kz] = true
 	var logged bytes.Buffer
 	opts.StageDir, opts.CacheDir, opts.Log = t.TempDir(), t.TempDir(), slog.New(slog.NewTextHandler(&logged, nil))
 	res, err = Stage(context.Background(), opts)
 	if err != nil {
-		t.Fatalf("a wrong copy and a spoilt one: %v", err)
+		t.Fatalf("a wrong copy, a cut one and a spoilt one: %v", err)
 	}
 	for _, file := range []string{"kubelet", "kubectl", "kube-proxy"} {
 		if got, _ := os.ReadFile(filepath.Join(opts.StageDir, "v1.31.4", file)); !bytes.Equal(got, src.content[file]) {
 			t.Errorf("%s is not the signed one", file)
 		}
 	}
-	if src.opens.Load() != 2 || !strings.Contains(logged.String(), "did not decode to the signed file on the node") || !strings.Contains(logged.String(), "could not be fetched") {
-		t.Errorf("%d files encoded here (want kubelet and kubectl); logged:\n%s", src.opens.Load(), logged.String())
+	log := logged.String()
+	if src.opens.Load() != 3 || strings.Count(log, "refused or cut off on the node") != 2 || strings.Count(log, "could not be fetched") != 1 {
+		t.Errorf("%d files encoded here (want all 3); logged:\n%s", src.opens.Load(), log)
+	}
+	// The refused copies are not kept here.
+	for _, file := range []string{"kubelet", "kube-proxy"} {
+		f, _, _ := target.File(file, "amd64")
+		z, size, _ := opts.Source.(NodePuller).ZstdCopy(context.Background(), artifactOf(target, file), f.SHA256)
+		if st := (&cas.Store{Dir: filepath.Join(opts.CacheDir, "files")}); st.Has(digest.Digest(z), size) {
+			t.Errorf("%s's refused copy is still in the cache", file)
+		}
+	}
+
+	// What a cut-off relay of a wrong copy left on the node is not the
+	// file's start: going on from it fails the check, and the file is
+	// sent again from its first byte.
+	opts.StageDir = t.TempDir()
+	vdir := filepath.Join(opts.StageDir, "v1.31.4")
+	if err := os.MkdirAll(vdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vdir, ".kubelet."+kubelet.SHA256+".kubelift-partial"), bytes.Repeat([]byte("wrong "), 1000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err = Stage(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("resumed from wrong bytes: %v", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(vdir, "kubelet")); !bytes.Equal(got, src.content["kubelet"]) {
+		t.Error("the kubelet is not the signed one")
 	}
 }
