@@ -613,7 +613,7 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 						continue // there, or gone on from as it is sent
 					}
 					// Errors are the sender's to meet and report.
-					if s.cache.prepare(aheadCtx, f, artifacts[j], enc) != nil {
+					if _, _, err := s.cache.ready(aheadCtx, f, artifacts[j], enc); err != nil {
 						return
 					}
 				}
@@ -730,52 +730,44 @@ func (s *nodeStager) send(ctx context.Context, vdir string, f bundle.File, artif
 	return sent, err
 }
 
+// sendFrom sends f from byte have on: whole, as ready has it (a relayed
+// copy the node refuses or cuts short is dropped and the file encoded
+// here), or the rest after have.
 func (s *nodeStager) sendFrom(ctx context.Context, vdir string, f bundle.File, artifact string, have int64) (int64, error) {
 	enc := s.ns.Codec
-	if have == 0 && enc == CodecZstd {
-		p, err := s.cache.relayed(ctx, f, artifact)
-		if err != nil {
-			return 0, err
-		}
-		if p != "" {
-			sent, err := s.sendFile(ctx, vdir, f, p, enc)
-			var ee *nodeaccess.ExitError
-			if err == nil || !errors.As(err, &ee) || (ee.Code != 65 && ee.Code != 75) {
-				return sent, err
-			}
-			s.cache.dropCopy(f.SHA256, p)
-			s.cache.log.Warn("the zstd copy was refused or cut off on the node: encoding the file here", "node", s.t.Name, "file", f.Path, "err", err)
-			again, err := s.sendFrom(ctx, vdir, f, artifact, 0)
-			return sent + again, err
-		}
+	if have > 0 {
+		return s.sendRest(ctx, vdir, f, artifact, have)
 	}
-	var in io.Reader
-	if have == 0 {
-		p, err := s.cache.encoded(ctx, f, artifact, enc)
-		if err != nil {
-			return 0, err
-		}
-		file, err := os.Open(p)
-		if err != nil {
-			return 0, err
-		}
-		defer file.Close()
-		in = file
-	} else {
-		raw, err := s.cache.raw(ctx, f, artifact)
-		if err != nil {
-			return 0, err
-		}
-		defer raw.Close()
-		if _, err := raw.Seek(have, io.SeekStart); err != nil {
-			return 0, err
-		}
-		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(codec.Encode(pw, raw, enc)) }()
-		defer pr.Close()
-		in = pr
+	p, relayed, err := s.cache.ready(ctx, f, artifact, enc)
+	if err != nil {
+		return 0, err
 	}
-	return s.stream(ctx, vdir, f, in, enc, have)
+	sent, err := s.sendFile(ctx, vdir, f, p, enc)
+	var ee *nodeaccess.ExitError
+	if !relayed || !errors.As(err, &ee) || (ee.Code != 65 && ee.Code != 75) {
+		return sent, err
+	}
+	s.cache.dropCopy(f.SHA256, p)
+	s.cache.log.Warn("the zstd copy was refused or cut off on the node: encoding the file here", "node", s.t.Name, "file", f.Path, "err", err)
+	again, err := s.sendFrom(ctx, vdir, f, artifact, 0)
+	return sent + again, err
+}
+
+// sendRest sends f from byte have on, encoded as it goes.
+func (s *nodeStager) sendRest(ctx context.Context, vdir string, f bundle.File, artifact string, have int64) (int64, error) {
+	enc := s.ns.Codec
+	raw, err := s.cache.raw(ctx, f, artifact)
+	if err != nil {
+		return 0, err
+	}
+	defer raw.Close()
+	if _, err := raw.Seek(have, io.SeekStart); err != nil {
+		return 0, err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(codec.Encode(pw, raw, enc)) }()
+	defer pr.Close()
+	return s.stream(ctx, vdir, f, pr, enc, have)
 }
 
 // sendFile sends the whole file f, encoded with enc, from the file at p.
@@ -881,16 +873,16 @@ func fileExists(p string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// prepare gets f ready to send in enc: the relayed copy, else the file
-// encoded here.
-func (c *encodedCache) prepare(ctx context.Context, f bundle.File, artifact, enc string) error {
+// ready is the path of f in enc, to send whole: the zstd copy to relay
+// (relayed) where there is one, else the file encoded here.
+func (c *encodedCache) ready(ctx context.Context, f bundle.File, artifact, enc string) (p string, relayed bool, err error) {
 	if enc == CodecZstd {
 		if p, err := c.relayed(ctx, f, artifact); err != nil || p != "" {
-			return err
+			return p, p != "", err
 		}
 	}
-	_, err := c.encoded(ctx, f, artifact, enc)
-	return err
+	p, err = c.encoded(ctx, f, artifact, enc)
+	return p, false, err
 }
 
 type zstdCopy struct {
