@@ -1,11 +1,16 @@
 package nodescript
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
+	"errors"
 	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -267,5 +272,92 @@ func TestKubeadmManifestsAndRestore(t *testing.T) {
 	}
 	if out, err := exec.Command("sh", "-c", KubeadmRestoreManifest.Command(filepath.Join(tmp, "none.yaml"), filepath.Join(manifests, "kube-apiserver.yaml"), keep)).CombinedOutput(); err == nil || !strings.Contains(string(out), "no manifest at") {
 		t.Errorf("a missing backup: %v, %s", err, out)
+	}
+}
+
+// TestStagedFileSumFallsBack: stage-file and pull-file take OpenSSL's
+// sha256 when it answers with one, and sha256sum's when OpenSSL is
+// missing or answers with anything else, so a node without OpenSSL (or
+// with a broken one) is staged as before, and a wrong file is refused
+// either way.
+func TestStagedFileSumFallsBack(t *testing.T) {
+	content := []byte(strings.Repeat("kubelet bytes ", 1000))
+	sum := sha256hex(content)
+	fakes := map[string]string{
+		"no openssl":      "",
+		"openssl garbage": "#!/bin/sh\necho garbage\n",
+		"openssl fails":   "#!/bin/sh\nexit 1\n",
+		"openssl short":   "#!/bin/sh\necho 'abc *stdin'\n",
+	}
+	for name, fake := range fakes {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			bin := filepath.Join(dir, "bin")
+			if err := os.Mkdir(bin, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			// Only what the scripts need, and the fake (or no) openssl.
+			for _, tool := range []string{"sh", "cat", "cut", "wc", "tr", "mkdir", "rm", "mv", "chmod", "sha256sum", "zstd"} {
+				p, err := exec.LookPath(tool)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if fake != "" {
+				if err := os.WriteFile(filepath.Join(bin, "openssl"), []byte(fake), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			stage := func(want string) (string, error) {
+				c := exec.Command(filepath.Join(bin, "sh"), "-c", StageFile.Command(filepath.Join(dir, "v"), "kubelet", want, strconv.Itoa(len(content)), "none", "0"))
+				c.Env = []string{"PATH=" + bin}
+				c.Stdin = bytes.NewReader(content)
+				out, err := c.CombinedOutput()
+				return string(out), err
+			}
+			if out, err := stage(sum); err != nil {
+				t.Fatalf("stage-file refused the right file: %v: %s", err, out)
+			}
+			if got, err := os.ReadFile(filepath.Join(dir, "v", "kubelet")); err != nil || !bytes.Equal(got, content) {
+				t.Fatalf("staged %d bytes, %v", len(got), err)
+			}
+			wrong := strings.Repeat("0", 64)
+			out, err := stage(wrong)
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 65 || !strings.Contains(out, "sha256 "+sum) {
+				t.Fatalf("stage-file took a file whose sum is not the signed one: %v: %s", err, out)
+			}
+		})
+	}
+	// With the host's OpenSSL (the sandbox's nodes have it), its sum.
+	dir := t.TempDir()
+	c := exec.Command("sh", "-c", StageFile.Command(filepath.Join(dir, "v"), "kubelet", strings.Repeat("0", 64), strconv.Itoa(len(content)), "none", "0"))
+	c.Stdin = bytes.NewReader(content)
+	if out, err := c.CombinedOutput(); err == nil || !strings.Contains(string(out), "sha256 "+sum) {
+		t.Fatalf("with OpenSSL: %v: %s", err, out)
+	}
+}
+
+func sha256hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// TestSumFunctionsAgree: pull-file carries the same sha256_of as
+// stage-file (each script stands alone), so the test above holds for it.
+func TestSumFunctionsAgree(t *testing.T) {
+	fn := func(s Script) string {
+		_, rest, ok := strings.Cut(s.Text, "\nsha256_of() {\n")
+		body, _, ok2 := strings.Cut(rest, "\n}\n")
+		if !ok || !ok2 {
+			t.Fatalf("%s has no sha256_of", s.Name)
+		}
+		return body
+	}
+	if a, b := fn(StageFile), fn(PullFile); a != b {
+		t.Fatalf("stage-file's sha256_of:\n%s\npull-file's:\n%s", a, b)
 	}
 }
