@@ -127,8 +127,13 @@ How each node gets them (--via auto):
             password of a registry that takes nothing else), so what it
             sends does not grow with the fleet;
   ssh       the others, or every node with --via ssh, are sent the files
-            over SSH, each fetched, checked and encoded once for all of
-            them (--codec auto: zstd where the node has it, else gzip).
+            over SSH. --codec auto: where the node has zstd, the zstd
+            copies import pushed are relayed as they are (nothing is
+            encoded here); otherwise (a bundle FILE, a node without zstd)
+            the first megabytes of the first file go as they are, and
+            the link's rate is weighed against this machine's rate of
+            encoding (zstd, else gzip): files are encoded, once for all
+            nodes, only where that is faster.
 Either way the node checks the size and signed sha256 before it renames
 the file into place; a file already there is not moved (a second stage
 moves nothing), and a file a stage cut off is gone on from, not sent
@@ -171,7 +176,7 @@ type stagePath struct{ Via, Codec, NodeCredentials string }
 func (p *stagePath) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&p.Via, "via", inplace.ViaAuto, "how nodes get their files: auto (nodes that reach the private registry pull from it, the others are sent them over SSH), registry, or ssh")
 	cmd.Flags().StringVar(&p.NodeCredentials, "node-credentials", inplace.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
-	cmd.Flags().StringVar(&p.Codec, "codec", inplace.CodecAuto, "how files sent over SSH are encoded: auto (zstd where the node has it, else gzip), zstd, gzip, or none (links faster than decompressing)")
+	cmd.Flags().StringVar(&p.Codec, "codec", inplace.CodecAuto, "how files sent over SSH are encoded: auto (the registry's zstd copies where the node has zstd, else zstd or gzip or none, whichever the first megabytes measure faster), zstd, gzip, or none")
 }
 
 func (p *stagePath) check() error {
@@ -268,6 +273,11 @@ func printStage(w io.Writer, res *inplace.StageResult) {
 			bundle.HumanBytes(n.BytesSent), bundle.HumanBytes(n.BytesPulled), n.Seconds, n.Error)
 	}
 	tw.Flush()
+	for _, n := range res.Nodes {
+		if n.CodecReason != "" {
+			fmt.Fprintf(w, "%s: codec %s (%s)\n", n.Node, n.Codec, n.CodecReason)
+		}
+	}
 	sent, size := res.BytesSent()
 	failed := 0
 	for _, n := range res.Nodes {

@@ -24,10 +24,11 @@ func Open(ctx context.Context, path string, trust Trust) (*Verified, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only the entries' positions are kept, so the file is hashed in
+	// parallel, as VerifyFile does.
 	entries := map[string]Entry{}
-	m, err := Verify(ctx, path, f, trust, nil, func(e Entry, _ io.Reader) error {
-		entries[e.Path] = e
-		return nil
+	m, err := named(path, func() (*Manifest, error) {
+		return verify(ctx, f, trust, nil, nil, func(e Entry) { entries[e.Path] = e })
 	})
 	if err != nil {
 		f.Close()

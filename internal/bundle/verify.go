@@ -73,7 +73,12 @@ type EntryFunc func(e Entry, r io.Reader) error
 // signature before passing any entry to fn (which may be nil), and returns
 // the verified manifest. name labels errors.
 func Verify(ctx context.Context, name string, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc) (*Manifest, error) {
-	m, err := verify(ctx, r, trust, onManifest, fn)
+	return named(name, func() (*Manifest, error) { return verify(ctx, r, trust, onManifest, fn, nil) })
+}
+
+// named labels a verification error with the bundle's name.
+func named(name string, verify func() (*Manifest, error)) (*Manifest, error) {
+	m, err := verify()
 	if err != nil {
 		var ve *VerifyError
 		if errors.As(err, &ve) {
@@ -97,7 +102,9 @@ func VerifyFile(ctx context.Context, path string, trust Trust) (*Manifest, error
 	return Verify(ctx, path, f, trust, nil, nil)
 }
 
-func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc) (*Manifest, error) {
+// verify checks the bundle in r, passing each entry's content to fn and
+// its position to at (either may be nil).
+func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc, at func(Entry)) (*Manifest, error) {
 	// A regular file nobody needs the content of is hashed in parallel:
 	// the tar reader seeks past each entry's data while another core
 	// hashes that entry in place. A stream is hashed as it passes.
@@ -202,6 +209,9 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		// where this entry's data begins.
 		e.Offset = base + cr.N()
 		last = &e
+		if at != nil {
+			at(e)
+		}
 		if parallel {
 			if err := hashers.add(e); err != nil {
 				return nil, err

@@ -147,7 +147,10 @@ const (
 
 // The encodings of a file sent over SSH (StageOptions.Codec).
 const (
-	// CodecAuto is zstd where the node has zstd, else gzip.
+	// CodecAuto relays the registry's zstd copies where the node has
+	// zstd; a file encoded here is encoded (zstd where the node has it,
+	// else gzip) or sent as it is, whichever the first file's first
+	// megabytes measure faster (measureCodec).
 	CodecAuto = "auto"
 	CodecZstd = codec.Zstd
 	CodecGzip = codec.Gzip
@@ -217,6 +220,8 @@ type NodeStage struct {
 	Path       string `json:"path,omitempty"`
 	PathReason string `json:"pathReason,omitempty"`
 	Codec      string `json:"codec,omitempty"`
+	// CodecReason says why that codec, where --codec auto chose it.
+	CodecReason string `json:"codecReason,omitempty"`
 	// Sent lists the files sent; Present those already there, unchanged.
 	Sent    []string `json:"sent"`
 	Present []string `json:"present"`
@@ -400,6 +405,9 @@ type nodeStager struct {
 	cache *encodedCache
 	ns    *NodeStage
 	zstd  bool // the node has zstd
+	// measure: the codec is auto and not yet weighed against the link
+	// (measureCodec, on the first file big enough).
+	measure bool
 }
 
 // staged is what list-staged reports of a version directory and the node.
@@ -510,6 +518,7 @@ func (s *nodeStager) pickCodec(st *staged) error {
 		if st.zstd {
 			enc = CodecZstd
 		}
+		s.measure = true
 	case enc == CodecZstd && !st.zstd:
 		return fmt.Errorf("node %s: --codec zstd, but the node has no zstd to decompress with: use --codec auto or gzip", s.t.Name)
 	}
@@ -601,6 +610,19 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 				return err
 			}
 		}
+		have := st.partial[f.Name+"."+f.SHA256]
+		if have >= f.Size {
+			have = 0
+		}
+		if s.ns.Path == ViaSSH && s.measure && have == 0 {
+			// Before anything is encoded ahead: in which codec.
+			probed, err := s.measureCodec(ctx, vdir, f, artifacts[i])
+			s.ns.BytesSent += probed
+			if err != nil {
+				return fmt.Errorf("node %s: stage %s: %w", s.t.Name, prefix+f.Name, err)
+			}
+			have = probed
+		}
 		if s.ns.Path == ViaSSH && !warming {
 			warming = true
 			sums, partial, enc := st.sums, st.partial, s.ns.Codec
@@ -620,10 +642,6 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 			}()
 		}
 		progress.OrNop(s.opts.Progress).Expect(f.Size)
-		have := st.partial[f.Name+"."+f.SHA256]
-		if have >= f.Size {
-			have = 0
-		}
 		if s.ns.Path == ViaRegistry && artifacts[i] != "" {
 			err := s.pull(ctx, vdir, f, artifacts[i], puller, have)
 			var ee *nodeaccess.ExitError
@@ -713,6 +731,73 @@ func (s *nodeStager) pullBlob(ctx context.Context, vdir string, f bundle.File, a
 	return err
 }
 
+// The first bytes of a file measureCodec sends as they are: an eighth of
+// the file, within these bounds; smaller files are not measured.
+const (
+	minProbe = 512 << 10
+	maxProbe = 8 << 20
+)
+
+// measureCodec weighs the link against this machine's encoding, where the
+// codec is auto, on the first file sent big enough to tell: unless its
+// zstd copy is relayed from the registry (nothing encoded here: zstd), its
+// first bytes go to the node as they are (stage-file keeps them, cut off,
+// for the rest to go on from), and the rate they went at is compared with
+// the rate this machine encodes them (measured once for every node); the
+// faster way sends the rest of the files. It returns the bytes sent.
+func (s *nodeStager) measureCodec(ctx context.Context, vdir string, f bundle.File, artifact string) (int64, error) {
+	enc := s.ns.Codec
+	if enc == CodecZstd {
+		p, err := s.cache.relayed(ctx, f, artifact)
+		if err != nil {
+			return 0, err
+		}
+		if p != "" {
+			s.measure = false
+			s.ns.CodecReason = "the registry's zstd copies are relayed: nothing is encoded here"
+			return 0, nil
+		}
+	}
+	probe := min(max(f.Size/8, minProbe), maxProbe)
+	if f.Size < 8*minProbe {
+		return 0, nil // the next file, maybe
+	}
+	s.measure = false
+	raw, err := s.cache.raw(ctx, f, artifact)
+	if err != nil {
+		return 0, err
+	}
+	defer raw.Close()
+	began := time.Now()
+	sent, err := s.stream(ctx, vdir, f, io.NewSectionReader(raw, 0, probe), CodecNone, 0)
+	took := time.Since(began)
+	var ee *nodeaccess.ExitError
+	if err != nil && !(errors.As(err, &ee) && ee.Code == 75) { // 75: cut off, as meant
+		return sent, err
+	}
+	if sent != probe {
+		return sent, fmt.Errorf("%d of the first %d bytes sent", sent, probe)
+	}
+	encode, err := s.cache.encodeRate(enc, raw, probe)
+	if err != nil {
+		return sent, err
+	}
+	s.ns.Codec, s.ns.CodecReason = fasterWay(enc, float64(probe)/max(took.Seconds(), 1e-6), encode)
+	return sent, nil
+}
+
+// fasterWay is the codec that gets files to the node sooner, the rates in
+// bytes per second: enc where this machine encodes faster than the link
+// carries the files as they are (what enc saves on the wire is then
+// time saved), else none (the link waits for nothing).
+func fasterWay(enc string, link, encode float64) (codecName, reason string) {
+	codecName = enc
+	if link >= encode {
+		codecName = CodecNone
+	}
+	return codecName, fmt.Sprintf("measured on the first megabytes: the link took %.0f MB/s as they are; %s encodes %.0f MB/s here", link/1e6, enc, encode/1e6)
+}
+
 // send streams f to the node in the node's codec: the registry's zstd
 // copy relayed as it is, or the file encoded here once for every node, or,
 // going on from have bytes a cut-off stage left, the rest encoded as it
@@ -798,6 +883,7 @@ type encodedCache struct {
 	locks  map[string]*sync.Mutex
 	copies map[string]zstdCopy // sha256 -> the zstd copy in the registry
 	bad    map[string]bool     // sha256 -> its copy did not decode to it on a node
+	rates  map[string]float64  // codec -> bytes per second this machine encodes
 	log    *slog.Logger
 }
 
@@ -883,6 +969,32 @@ func (c *encodedCache) ready(ctx context.Context, f bundle.File, artifact, enc s
 	}
 	p, err = c.encoded(ctx, f, artifact, enc)
 	return p, false, err
+}
+
+// encodeRate is this machine's rate of encoding with enc, in bytes per
+// second, measured once, on the first n bytes of r.
+func (c *encodedCache) encodeRate(enc string, r io.ReaderAt, n int64) (float64, error) {
+	l := c.lock("rate " + enc)
+	l.Lock()
+	defer l.Unlock()
+	c.mu.Lock()
+	rate, ok := c.rates[enc]
+	c.mu.Unlock()
+	if ok {
+		return rate, nil
+	}
+	began := time.Now()
+	if err := codec.Encode(io.Discard, io.NewSectionReader(r, 0, n), enc); err != nil {
+		return 0, err
+	}
+	rate = float64(n) / max(time.Since(began).Seconds(), 1e-6)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rates == nil {
+		c.rates = map[string]float64{}
+	}
+	c.rates[enc] = rate
+	return rate, nil
 }
 
 type zstdCopy struct {

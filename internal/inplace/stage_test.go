@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -264,5 +265,80 @@ func TestStageHops(t *testing.T) {
 	opts.Targets, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")
 	if res, err = Stage(context.Background(), opts); err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kube-proxy,kubectl,kubelet" {
 		t.Errorf("worker: %+v, %v", res.Nodes[0], err)
+	}
+}
+
+func TestFasterWay(t *testing.T) {
+	for _, c := range []struct {
+		link, encode float64
+		want         string
+	}{
+		{link: 12e6, encode: 400e6, want: CodecZstd},   // 100 Mbit/s
+		{link: 117e6, encode: 400e6, want: CodecZstd},  // 1 Gbit/s
+		{link: 1100e6, encode: 400e6, want: CodecNone}, // 10 Gbit/s, loopback
+		{link: 400e6, encode: 400e6, want: CodecNone},  // a tie: nothing to wait for
+		{link: 117e6, encode: 90e6, want: CodecNone},   // a slow machine
+	} {
+		got, reason := fasterWay(CodecZstd, c.link, c.encode)
+		if got != c.want || !strings.Contains(reason, fmt.Sprintf("%.0f MB/s", c.link/1e6)) || !strings.Contains(reason, fmt.Sprintf("%.0f MB/s here", c.encode/1e6)) {
+			t.Errorf("link %.0f, encoding %.0f: %s (%s), want %s", c.link, c.encode, got, reason, c.want)
+		}
+	}
+}
+
+// With --codec auto and files encoded here (a bundle file's), the first
+// file big enough is measured: its first bytes go as they are and stay on
+// the node, the rest follows in the codec chosen, and every file arrives
+// whole; what was sent is the probe once, never again.
+func TestStageMeasuresTheCodec(t *testing.T) {
+	target, src, nodes, tgts := stageWorld(t)
+	// kubelet big enough to measure, and not all alike (so zstd's bytes
+	// differ from the file's).
+	big := make([]byte, 6<<20)
+	for i := range big {
+		big[i] = byte(i*7 + i/4096)
+	}
+	m := target.Manifest
+	for i := range m.Files {
+		if m.Files[i].Name == "kubelet" {
+			sum := sha256.Sum256(big)
+			m.Files[i].SHA256, m.Files[i].Size = hex.EncodeToString(sum[:]), int64(len(big))
+		}
+	}
+	src.content["kubelet"] = big
+	conn := &shellNodes{cmds: map[string]int{}}
+	opts := StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[1:2], Connector: conn,
+		StageDir: t.TempDir(), CacheDir: t.TempDir()}
+	res, err := Stage(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := res.Nodes[0]
+	if !strings.HasPrefix(n.CodecReason, "measured on the first megabytes: the link took ") || (n.Codec != CodecNone && n.Codec != CodecZstd && n.Codec != CodecGzip) {
+		t.Fatalf("codec %q: %q", n.Codec, n.CodecReason)
+	}
+	for _, name := range n.Sent {
+		if got, err := os.ReadFile(filepath.Join(opts.StageDir, "v1.31.4", name)); err != nil || !bytes.Equal(got, src.content[name]) {
+			t.Errorf("%s staged wrong (%v)", name, err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(opts.StageDir, "v1.31.4", ".*.kubelift-partial*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+	// kubelet went in two parts: the probe, and the rest from its end.
+	var parts []string
+	for _, cmd := range conn.ran {
+		if sc, args, err := nodescript.Parse(cmd); err == nil && sc.Name == "stage-file" && args[1] == "kubelet" {
+			parts = append(parts, args[4]+"@"+args[5])
+		}
+	}
+	probe := strconv.Itoa(len(big) / 8)
+	if strings.Join(parts, ",") != "none@0,"+n.Codec+"@"+probe {
+		t.Errorf("kubelet was sent as %v, want the probe (none@0) and the rest (%s@%s)", parts, n.Codec, probe)
+	}
+	// Sent as it is, kubelet's bytes once (beside the small files, sent
+	// compressed before the measure); encoded, fewer.
+	if n.Codec == CodecNone && (n.BytesSent < int64(len(big)) || n.BytesSent-int64(len(big)) > 64<<10) || n.BytesSent > n.Bytes {
+		t.Errorf("%s: sent %d bytes of %d (kubelet %d)", n.Codec, n.BytesSent, n.Bytes, len(big))
 	}
 }

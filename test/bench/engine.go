@@ -100,7 +100,7 @@ func benchEngine(ctx context.Context, work, bin, key string) error {
 				}
 			}
 		}
-		if err := stageRounds(work, bin, key, sb, files, link, reg, ssh, inAdmin); err != nil {
+		if err := stageRounds(work, bin, key, sb, file, files, link, reg, ssh, inAdmin); err != nil {
 			return err
 		}
 	}
@@ -218,16 +218,18 @@ func benchFleetBytes(work, bin, key string, sb *sandbox.State, reg, ssh []string
 
 // stageRounds measures stage against scp, and the plan, over links of one
 // kind: stage as it chooses (every node reaches the registry: they pull),
-// and stage --via ssh (this machine sends, zstd), each with a cold cache.
-func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, reg, ssh []string, inAdmin adminRunner) error {
+// stage --via ssh (this machine sends the registry's zstd copies), and
+// stage --via ssh from the bundle file (this machine encodes, or not, as
+// it measures), each with a cold cache.
+func stageRounds(work, bin, key string, sb *sandbox.State, bundleFile, files, link string, reg, ssh []string, inAdmin adminRunner) error {
 	admin := sb.Admin().Net()
 	tag := link
 	if tag == "" {
 		tag = "loopback"
 	}
-	var st, push, again, sc, pl []measure
+	var st, push, fromFile, again, sc, pl []measure
 	var size, scpBytes int64
-	var pulled, pushed *inplace.StageResult
+	var pulled, pushed, encoded *inplace.StageResult
 	stageOnce := func(dir, cache string, extra ...string) (*inplace.StageResult, measure, error) {
 		args := append(append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
 			"--cache-dir", cache, "--node-credentials", "password"}, reg...), ssh...), extra...)
@@ -263,6 +265,11 @@ func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, r
 			return err
 		}
 		push, pushed = append(push, m), res
+		res, m, err = stageOnce(dir+"-file", filepath.Join(work, fmt.Sprintf("stage-cache-file-%s-%d", tag, i)), "--via", "ssh", bundleFile)
+		if err != nil {
+			return err
+		}
+		fromFile, encoded = append(fromFile, m), res
 		// scp: the same files to the same nodes, every node at once.
 		start := time.Now()
 		var wg sync.WaitGroup
@@ -310,7 +317,7 @@ func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, r
 		// The round's copies go: a node's disk is the host's.
 		for _, n := range sb.Nodes() {
 			_ = admin.Command("ssh", "-i", filepath.Join(sb.Dir, "ssh", "id_ed25519"), "-o", "UserKnownHostsFile="+filepath.Join(sb.Dir, "ssh", "known_hosts"),
-				"-o", "BatchMode=yes", "root@"+n.Address, fmt.Sprintf("rm -rf %[1]s %[1]s-ssh /var/lib/kubelift/scp-%[2]s-%[3]d", dir, tag, i)).Run()
+				"-o", "BatchMode=yes", "root@"+n.Address, fmt.Sprintf("rm -rf %[1]s %[1]s-ssh %[1]s-file /var/lib/kubelift/scp-%[2]s-%[3]d", dir, tag, i)).Run()
 		}
 	}
 	mb := float64(size) / 1e6
@@ -327,8 +334,18 @@ func stageRounds(work, bin, key string, sb *sandbox.State, files, link string, r
 	}
 	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.3fx admin bytes\n", "kubelift stage: the nodes pull (registry)", s.wall.Seconds(), mb/s.wall.Seconds(),
 		float64(pulled.WireBytes)/1e6, float64(pulledBytes)/1e6, s.wall.Seconds()/c.wall.Seconds(), float64(pulled.WireBytes)/float64(scpBytes))
-	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.2fx admin bytes\n", "kubelift stage --via ssh (copies relayed, cold)", p.wall.Seconds(), mb/p.wall.Seconds(),
+	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.2fx admin bytes\n", "kubelift stage --via ssh (relayed, cold)", p.wall.Seconds(), mb/p.wall.Seconds(),
 		float64(pushed.WireBytes)/1e6, 0.0, p.wall.Seconds()/c.wall.Seconds(), float64(pushed.WireBytes)/float64(scpBytes))
+	codecs := map[string]bool{}
+	for _, n := range encoded.Nodes {
+		codecs[n.Codec+": "+n.CodecReason] = true
+	}
+	f := median(fromFile)
+	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB %9.1f MB %.2fx time, %.2fx admin bytes\n", "kubelift stage --via ssh FILE (codec auto)", f.wall.Seconds(), mb/f.wall.Seconds(),
+		float64(encoded.WireBytes)/1e6, 0.0, f.wall.Seconds()/c.wall.Seconds(), float64(encoded.WireBytes)/float64(scpBytes))
+	for c := range codecs {
+		fmt.Printf("  %s\n", c)
+	}
 	fmt.Printf("%-44s %8.2fs %9.0f %9.1f MB\n", "scp of the same files (all nodes at once)", c.wall.Seconds(), float64(scpBytes)/1e6/c.wall.Seconds(), float64(scpBytes)/1e6)
 	fmt.Printf("%-44s %8.2fs %9s %9.1f MB\n", "kubelift stage again (everything staged)", a.wall.Seconds(), "-", 0.0)
 	fmt.Printf("%-44s %8.2fs\n", "kubelift plan (API + every node over SSH)", median(pl).wall.Seconds())
