@@ -639,3 +639,74 @@ func TestCreateWithHops(t *testing.T) {
 		t.Errorf("--from v1.29.x: %v", err)
 	}
 }
+
+// OpenIndex checks what it can without reading content (a wrong size, a
+// wrong key are refused at once); OpenChecked checks each entry as it is
+// read, handing on its last bytes only when the whole entry matched, and
+// Open refuses the same bundle outright.
+func TestOpenIndexChecksAsEntriesAreRead(t *testing.T) {
+	f := newFixture(t)
+	out := f.create(t, FormatTar)
+	v, err := Open(context.Background(), out, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var big Entry
+	for _, me := range v.Manifest.Entries {
+		if me.Size > big.Size {
+			big, _ = v.Entry(me.Path)
+		}
+	}
+	want, _ := io.ReadAll(io.NewSectionReader(v.file, big.Offset, big.Size))
+	v.Close()
+	if _, err := GenerateKey(filepath.Join(f.dir, "other")); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := LoadPublicKey(filepath.Join(f.dir, "other.pub"))
+	if _, err := OpenIndex(context.Background(), out, Trust{Key: other}); !errors.Is(err, ErrWrongKey) {
+		t.Errorf("OpenIndex with another key: %v", err)
+	}
+
+	// Whole, the entry reads as it is.
+	v, err = OpenIndex(context.Background(), out, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := v.OpenChecked(big.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(r); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read %d of %d bytes: %v", len(got), len(want), err)
+	}
+	v.Close()
+
+	// One byte changed: OpenIndex takes it, the reader refuses it before
+	// its last bytes, and Open refuses the file.
+	file, err := os.OpenFile(out, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := []byte{want[len(want)/2] ^ 1}
+	if _, err := file.WriteAt(b, big.Offset+big.Size/2); err != nil {
+		t.Fatal(err)
+	}
+	file.Close()
+	v, err = OpenIndex(context.Background(), out, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatalf("OpenIndex reads no content: %v", err)
+	}
+	defer v.Close()
+	r, _ = v.OpenChecked(big.Path)
+	got, err := io.ReadAll(r)
+	var ve *VerifyError
+	if !errors.Is(err, ErrModified) || !errors.As(err, &ve) || ve.Entry != big.Path || ve.Bundle != out || !ve.Final() {
+		t.Fatalf("changed entry: %v", err)
+	}
+	if int64(len(got)) >= big.Size {
+		t.Fatalf("all %d bytes of a changed entry were handed on", len(got))
+	}
+	if _, err := Open(context.Background(), out, Trust{Key: f.pub}); !errors.Is(err, ErrModified) {
+		t.Fatalf("Open: %v", err)
+	}
+}

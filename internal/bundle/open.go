@@ -2,7 +2,10 @@ package bundle
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 )
@@ -13,6 +16,7 @@ type Verified struct {
 	Manifest *Manifest
 	file     *os.File
 	entries  map[string]Entry
+	name     string
 }
 
 // Open verifies the bundle at path and keeps it open for reading entries.
@@ -20,6 +24,20 @@ type Verified struct {
 // is changed in between; consumers that hand it on (the registry checks
 // every pushed blob's digest) stay safe even then.
 func Open(ctx context.Context, path string, trust Trust) (*Verified, error) {
+	return open(ctx, path, trust, true)
+}
+
+// OpenIndex checks the bundle at path as Open does but for its entries'
+// content: the signature, the manifest, every signed entry there with its
+// signed size and nothing else, the tar's structure, and a .run file's
+// installer. Each entry's content is checked against its signed sha256
+// as OpenChecked reads it, so it is read once, where it is used (import
+// pushes it), and an entry nobody reads is not read at all.
+func OpenIndex(ctx context.Context, path string, trust Trust) (*Verified, error) {
+	return open(ctx, path, trust, false)
+}
+
+func open(ctx context.Context, path string, trust Trust, content bool) (*Verified, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -28,13 +46,13 @@ func Open(ctx context.Context, path string, trust Trust) (*Verified, error) {
 	// parallel, as VerifyFile does.
 	entries := map[string]Entry{}
 	m, err := named(path, func() (*Manifest, error) {
-		return verify(ctx, f, trust, nil, nil, func(e Entry) { entries[e.Path] = e })
+		return verify(ctx, f, trust, nil, nil, func(e Entry) { entries[e.Path] = e }, content)
 	})
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	return &Verified{Manifest: m, file: f, entries: entries}, nil
+	return &Verified{Manifest: m, file: f, entries: entries, name: path}, nil
 }
 
 // Close releases the file.
@@ -53,6 +71,56 @@ func (v *Verified) OpenEntry(path string) (*io.SectionReader, error) {
 		return nil, fmt.Errorf("bundle has no entry %s", path)
 	}
 	return io.NewSectionReader(v.file, e.Offset, e.Size), nil
+}
+
+// OpenChecked returns a reader of the entry at path that checks it
+// against its signed sha256 as it goes: the entry's last bytes are handed
+// on only when the whole entry matched, else Read fails with a
+// *VerifyError (ErrModified) and those bytes are withheld, so that what
+// the reader feeds (an HTTP upload of known length) is cut short and
+// never completes with the wrong content.
+func (v *Verified) OpenChecked(path string) (io.Reader, error) {
+	e, ok := v.entries[path]
+	if !ok {
+		return nil, fmt.Errorf("bundle has no entry %s", path)
+	}
+	return &checkedReader{r: io.NewSectionReader(v.file, e.Offset, e.Size), h: sha256.New(), e: e, left: e.Size, bundle: v.name}, nil
+}
+
+type checkedReader struct {
+	r      io.Reader
+	h      hash.Hash
+	e      Entry
+	left   int64
+	bundle string
+	err    error
+}
+
+func (c *checkedReader) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	if c.left == 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.h.Write(p[:n])
+	c.left -= int64(n)
+	switch {
+	case c.left == 0:
+		if got := hex.EncodeToString(c.h.Sum(nil)); got != c.e.SHA256 {
+			c.err = &VerifyError{Bundle: c.bundle, Entry: c.e.Path, Err: fmt.Errorf("%w (sha256 %s, signed %s)", ErrModified, got, c.e.SHA256)}
+			return 0, c.err
+		}
+		return n, nil
+	case err == io.EOF:
+		c.err = &VerifyError{Bundle: c.bundle, Entry: c.e.Path, Err: ErrTruncated}
+		return n, c.err
+	}
+	return n, err
 }
 
 // BlobPath is the entry path of an image blob.

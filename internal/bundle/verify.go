@@ -54,6 +54,10 @@ func (e *VerifyError) Error() string {
 
 func (e *VerifyError) Unwrap() error { return e.Err }
 
+// Final says trying again cannot cure it: the bundle's bytes are what
+// they are (a pusher reading a blob through OpenChecked stops retrying).
+func (e *VerifyError) Final() bool { return true }
+
 // Trust says which signatures to accept.
 type Trust struct {
 	// Key is the operator's public key. Never taken from the bundle.
@@ -73,7 +77,7 @@ type EntryFunc func(e Entry, r io.Reader) error
 // signature before passing any entry to fn (which may be nil), and returns
 // the verified manifest. name labels errors.
 func Verify(ctx context.Context, name string, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc) (*Manifest, error) {
-	return named(name, func() (*Manifest, error) { return verify(ctx, r, trust, onManifest, fn, nil) })
+	return named(name, func() (*Manifest, error) { return verify(ctx, r, trust, onManifest, fn, nil, true) })
 }
 
 // named labels a verification error with the bundle's name.
@@ -103,8 +107,10 @@ func VerifyFile(ctx context.Context, path string, trust Trust) (*Manifest, error
 }
 
 // verify checks the bundle in r, passing each entry's content to fn and
-// its position to at (either may be nil).
-func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc, at func(Entry)) (*Manifest, error) {
+// its position to at (either may be nil); with content false (a regular
+// file, fn nil) the entries' content is left for their readers to check
+// (Verified.OpenChecked).
+func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Manifest) error, fn EntryFunc, at func(Entry), content bool) (*Manifest, error) {
 	// A regular file nobody needs the content of is hashed in parallel:
 	// the tar reader seeks past each entry's data while another core
 	// hashes that entry in place. A stream is hashed as it passes.
@@ -211,6 +217,9 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		last = &e
 		if at != nil {
 			at(e)
+		}
+		if parallel && !content {
+			continue
 		}
 		if parallel {
 			if err := hashers.add(e); err != nil {

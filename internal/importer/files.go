@@ -149,19 +149,19 @@ func (s *bundleSource) OpenBlob(d v1.Hash) (io.Reader, error) {
 		return bytes.NewReader(b), nil
 	}
 	if p, ok := s.files[d.Hex]; ok {
-		return s.v.OpenEntry(p)
+		return s.v.OpenChecked(p)
 	}
 	if p, ok := s.disk[d]; ok {
 		return os.Open(p)
 	}
-	return s.v.OpenEntry(bundle.BlobPath(d.String()))
+	return s.v.OpenChecked(bundle.BlobPath(d.String()))
 }
 
 // zstdCopy is f's zstd copy in the cache dir, made from the bundle's entry
 // when it is not there yet.
 func zstdCopy(v *bundle.Verified, dir string, f bundle.File) (*encoded, error) {
 	p, err := codec.Cached(dir, codec.Zstd, f.SHA256, func() (io.ReadCloser, error) {
-		r, err := v.OpenEntry(f.Path)
+		r, err := v.OpenChecked(f.Path)
 		if err != nil {
 			return nil, err
 		}

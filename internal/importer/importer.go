@@ -126,8 +126,17 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Domain == "" {
 		return nil, errors.New("no registry domain")
 	}
-	log.Info("verifying bundle", "file", opts.Bundle)
-	v, err := bundle.Open(ctx, opts.Bundle, opts.Trust)
+	// The signature, the manifest and every entry's place and size are
+	// checked first; each entry's content as it is read (pushed, or made
+	// into a zstd copy): an upload whose content is not the signed one is
+	// cut short before its last bytes, so the registry never completes
+	// it, and no manifest is pushed after. A dry run reads everything.
+	log.Info("checking the bundle", "file", opts.Bundle)
+	open := bundle.OpenIndex
+	if opts.DryRun {
+		open = bundle.Open
+	}
+	v, err := open(ctx, opts.Bundle, opts.Trust)
 	if err != nil {
 		return nil, err
 	}
@@ -429,11 +438,15 @@ func subsetIndex(raw []byte, included []v1.Descriptor) (registry.RawManifest, er
 // the one its own bytes declare (index.json may name it by the OCI type of
 // the same shape), else fallback.
 func readManifest(v *bundle.Verified, digest string, fallback types.MediaType) (registry.RawManifest, error) {
-	r, err := v.OpenEntry(bundle.BlobPath(digest))
+	p := bundle.BlobPath(digest)
+	if e, ok := v.Entry(p); ok && e.Size > 4<<20 {
+		return registry.RawManifest{}, fmt.Errorf("manifest %s: %d bytes: not a manifest", digest, e.Size)
+	}
+	r, err := v.OpenChecked(p)
 	if err != nil {
 		return registry.RawManifest{}, err
 	}
-	raw, err := io.ReadAll(io.LimitReader(r, 4<<20))
+	raw, err := io.ReadAll(r)
 	if err != nil {
 		return registry.RawManifest{}, err
 	}

@@ -417,3 +417,63 @@ func TestImportPushesHopFiles(t *testing.T) {
 		t.Errorf("record files %+v: the hop's kube-apiserver has no artifact", rec.Files)
 	}
 }
+
+// A blob changed in the bundle after it was signed: the signature and the
+// entries' sizes check, so pushing starts; the blob's upload is cut
+// before its last bytes (it never lands in the registry, retried or not)
+// and no manifest is pushed, so no image resolves. The error names the
+// entry.
+func TestImportRefusesATamperedBlobAsItPushes(t *testing.T) {
+	e := newEnv(t)
+	file := e.bundle(t, "b.tar", nil)
+	v, err := bundle.Open(context.Background(), file, bundle.Trust{Key: e.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The biggest image blob: a layer.
+	var layer bundle.Entry
+	for _, me := range v.Manifest.Entries {
+		if strings.HasPrefix(me.Path, bundle.LayoutDir+"/blobs/") && me.Size > layer.Size {
+			layer, _ = v.Entry(me.Path)
+		}
+	}
+	v.Close()
+	f, err := os.OpenFile(file, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 1)
+	f.ReadAt(b, layer.Offset+layer.Size/2)
+	b[0] ^= 1
+	if _, err := f.WriteAt(b, layer.Offset+layer.Size/2); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	res, err := e.imp(t, file, nil)
+	var ve *bundle.VerifyError
+	if !errors.Is(err, bundle.ErrModified) || !errors.As(err, &ve) || ve.Entry != layer.Path || !strings.Contains(err.Error(), layer.Path) {
+		t.Fatalf("tampered blob: %v", err)
+	}
+	for _, im := range res.Images {
+		if got := e.resolve(t, im.Target); got != "" {
+			t.Errorf("%s resolves to %s after a refused import", im.Target, got)
+		}
+	}
+	sum := "sha256:" + layer.SHA256
+	for _, im := range res.Images {
+		ref, _ := name.ParseReference(im.Target)
+		if l, err := remote.Layer(ref.Context().Digest(sum)); err == nil {
+			if _, err := l.Size(); err == nil {
+				if rc, err := l.Compressed(); err == nil {
+					rc.Close()
+					t.Errorf("the tampered blob %s is in %s", sum, ref.Context())
+				}
+			}
+		}
+	}
+	// Verified in full, as a dry run does, it is refused before anything.
+	if _, err := e.imp(t, file, func(o *Options) { o.DryRun = true }); !errors.Is(err, bundle.ErrModified) {
+		t.Errorf("dry run: %v", err)
+	}
+}

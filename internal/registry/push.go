@@ -341,9 +341,13 @@ func (p *Pusher) blobExists(ctx context.Context, repo name.Repository, d v1.Hash
 func (p *Pusher) pushBlob(ctx context.Context, s blobStep, sink progress.Sink) error {
 	ref := s.repo.Digest(s.desc.Digest.String()).String()
 	err := p.Retry.run(ctx, func() error { return p.tryPushBlob(ctx, s, sink) }, func(err error) bool {
-		// A 4xx answer (but 429) is final; 5xx, 429 and broken connections are not.
+		// A 4xx answer (but 429) is final; 5xx, 429 and broken connections
+		// are not. Nor is a source that says so (a bundle entry that is
+		// not the signed one).
 		var terr *transport.Error
-		return errors.As(err, &terr) && terr.StatusCode < 500 && terr.StatusCode != http.StatusTooManyRequests
+		var final interface{ Final() bool }
+		return errors.As(err, &terr) && terr.StatusCode < 500 && terr.StatusCode != http.StatusTooManyRequests ||
+			errors.As(err, &final) && final.Final()
 	})
 	if err != nil {
 		return Explain(ref, err)
