@@ -44,9 +44,13 @@ func newCmdImport(s *cli.IO, runF func(context.Context, *importOptions) error) *
 	cmd := &cobra.Command{
 		Use:   "import FILE --key PUB --domain HOST[:PORT] [flags]",
 		Short: "Verify a bundle and push its images into the private registry",
-		Long: `Import verifies the bundle (as 'verify' does) before pushing anything, then
-pushes every image to DOMAIN/NAMESPACE/NAME:TAG, where NAME is the last
-element of the upstream repository:
+		Long: `Import checks the bundle's signature, its signed manifest and every entry's
+place and size before pushing anything, and each entry's sha256 as it
+pushes it (an entry that is not the signed one is never completed in the
+registry, no manifest is pushed after it, and import exits 3; --dry-run
+reads the whole bundle first, as 'verify' does). It pushes every image to
+DOMAIN/NAMESPACE/NAME:TAG, where NAME is the last element of the upstream
+repository:
 
   registry.k8s.io/coredns/coredns:v1.11.3 -> registry.corp:5000/library/coredns:v1.11.3
 

@@ -49,7 +49,7 @@ Commands:
   --help                     show this text
   --verify --key PUB         check the signature and every entry
   --extract DIR --key PUB    verify, then unpack into DIR (all or nothing)
-  --upgrade --key PUB ...    verify, then import into the private registry
+  --upgrade --key PUB ...    import into the private registry, verifying it
                              (and stage on every node, given SSH flags);
                              see "$self --upgrade --help" for its flags
   --info                     print what the bundle holds (not verified)

@@ -623,7 +623,8 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 			}
 			have = probed
 		}
-		if s.ns.Path == ViaSSH && !warming {
+		// Nothing is encoded ahead before the codec is known.
+		if s.ns.Path == ViaSSH && !warming && !s.measure {
 			warming = true
 			sums, partial, enc := st.sums, st.partial, s.ns.Codec
 			ahead.Add(1)
@@ -761,8 +762,8 @@ func (s *nodeStager) measureCodec(ctx context.Context, vdir string, f bundle.Fil
 			return 0, nil
 		}
 	}
-	probe := min(max(f.Size/8, minProbe), maxProbe)
-	if f.Size < 8*minProbe {
+	probe := probeSize(f)
+	if probe == 0 {
 		return 0, nil // the next file, maybe
 	}
 	s.measure = false
@@ -771,11 +772,16 @@ func (s *nodeStager) measureCodec(ctx context.Context, vdir string, f bundle.Fil
 		return 0, err
 	}
 	defer raw.Close()
+	// This machine's rate first: the first node to get here measures it
+	// while the others wait, so that no probe runs beside it.
+	encode, ratio, err := s.cache.encodeRate(enc, raw, probe)
+	if err != nil {
+		return 0, err
+	}
 	// Timed from the first byte SSH takes (the session is open and the
 	// command started) to the node's answer.
 	in := &firstRead{r: io.NewSectionReader(raw, 0, probe)}
 	sent, err := s.stream(ctx, vdir, f, in, CodecNone, 0)
-	took := time.Since(in.at)
 	var ee *nodeaccess.ExitError
 	if err != nil && !(errors.As(err, &ee) && ee.Code == 75) { // 75: cut off, as meant
 		return sent, err
@@ -783,12 +789,19 @@ func (s *nodeStager) measureCodec(ctx context.Context, vdir string, f bundle.Fil
 	if sent != probe {
 		return sent, fmt.Errorf("%d of the first %d bytes sent", sent, probe)
 	}
-	encode, err := s.cache.encodeRate(enc, raw, probe)
-	if err != nil {
-		return sent, err
-	}
-	s.ns.Codec, s.ns.CodecReason = fasterWay(enc, float64(probe)/max(took.Seconds(), 1e-6), encode)
+	link := float64(probe) / max(time.Since(in.at).Seconds(), 1e-6)
+	s.ns.Codec, s.ns.CodecReason = fasterWay(enc, link, encode, ratio)
 	return sent, nil
+}
+
+// probeSize is how much of f measureCodec sends as it is: an eighth of
+// it within [minProbe, maxProbe], the same for every node (so that the
+// rest is encoded once for all of them); 0 for a file too small to tell.
+func probeSize(f bundle.File) int64 {
+	if f.Size < 8*minProbe {
+		return 0
+	}
+	return min(max(f.Size/8, minProbe), maxProbe)
 }
 
 // firstRead is a reader that notes when it is first read.
@@ -805,15 +818,16 @@ func (f *firstRead) Read(p []byte) (int, error) {
 }
 
 // fasterWay is the codec that gets files to the node sooner, the rates in
-// bytes per second: enc where this machine encodes faster than the link
-// carries the files as they are (what enc saves on the wire is then
-// time saved), else none (the link waits for nothing).
-func fasterWay(enc string, link, encode float64) (codecName, reason string) {
+// bytes per second and ratio enc's encoded size over the size: enc where
+// this machine encodes faster than the link carries the files as they
+// are and enc makes them smaller (what it saves on the wire is then time
+// saved), else none (the link waits for nothing).
+func fasterWay(enc string, link, encode, ratio float64) (codecName, reason string) {
 	codecName = enc
-	if link >= encode {
+	if link >= encode || ratio > 0.9 {
 		codecName = CodecNone
 	}
-	return codecName, fmt.Sprintf("measured on the first megabytes: the link took %.0f MB/s as they are; %s encodes %.0f MB/s here", link/1e6, enc, encode/1e6)
+	return codecName, fmt.Sprintf("measured on the first megabytes: the link took %.0f MB/s as they are; %s encodes %.0f MB/s here, to %.2fx their size", link/1e6, enc, encode/1e6, ratio)
 }
 
 // send streams f to the node in the node's codec: the registry's zstd
@@ -856,9 +870,23 @@ func (s *nodeStager) sendFrom(ctx context.Context, vdir string, f bundle.File, a
 	return sent + again, err
 }
 
-// sendRest sends f from byte have on, encoded as it goes.
+// sendRest sends f from byte have on: where have is where the codec's
+// probe stopped, the rest encoded once for every node; else encoded as it
+// goes.
 func (s *nodeStager) sendRest(ctx context.Context, vdir string, f bundle.File, artifact string, have int64) (int64, error) {
 	enc := s.ns.Codec
+	if have == probeSize(f) && enc != CodecNone {
+		p, err := s.cache.encodedFrom(ctx, f, artifact, enc, have)
+		if err != nil {
+			return 0, err
+		}
+		file, err := os.Open(p)
+		if err != nil {
+			return 0, err
+		}
+		defer file.Close()
+		return s.stream(ctx, vdir, f, file, enc, have)
+	}
 	raw, err := s.cache.raw(ctx, f, artifact)
 	if err != nil {
 		return 0, err
@@ -899,9 +927,9 @@ type encodedCache struct {
 	source Source
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
-	copies map[string]zstdCopy // sha256 -> the zstd copy in the registry
-	bad    map[string]bool     // sha256 -> its copy did not decode to it on a node
-	rates  map[string]float64  // codec -> bytes per second this machine encodes
+	copies map[string]zstdCopy   // sha256 -> the zstd copy in the registry
+	bad    map[string]bool       // sha256 -> its copy did not decode to it on a node
+	rates  map[string][2]float64 // codec -> bytes per second this machine encodes, and the ratio
 	log    *slog.Logger
 }
 
@@ -990,29 +1018,39 @@ func (c *encodedCache) ready(ctx context.Context, f bundle.File, artifact, enc s
 }
 
 // encodeRate is this machine's rate of encoding with enc, in bytes per
-// second, measured once, on the first n bytes of r.
-func (c *encodedCache) encodeRate(enc string, r io.ReaderAt, n int64) (float64, error) {
+// second, and the encoded size over the size, measured once, on the
+// first n bytes of r.
+func (c *encodedCache) encodeRate(enc string, r io.ReaderAt, n int64) (rate, ratio float64, err error) {
 	l := c.lock("rate " + enc)
 	l.Lock()
 	defer l.Unlock()
 	c.mu.Lock()
-	rate, ok := c.rates[enc]
+	m, ok := c.rates[enc]
 	c.mu.Unlock()
 	if ok {
-		return rate, nil
+		return m[0], m[1], nil
 	}
+	var out discardCounter
 	began := time.Now()
-	if err := codec.Encode(io.Discard, io.NewSectionReader(r, 0, n), enc); err != nil {
-		return 0, err
+	if err := codec.Encode(&out, io.NewSectionReader(r, 0, n), enc); err != nil {
+		return 0, 0, err
 	}
-	rate = float64(n) / max(time.Since(began).Seconds(), 1e-6)
+	rate, ratio = float64(n)/max(time.Since(began).Seconds(), 1e-6), float64(out)/float64(n)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.rates == nil {
-		c.rates = map[string]float64{}
+		c.rates = map[string][2]float64{}
 	}
-	c.rates[enc] = rate
-	return rate, nil
+	c.rates[enc] = [2]float64{rate, ratio}
+	return rate, ratio, nil
+}
+
+// discardCounter counts what is written to it, and keeps none of it.
+type discardCounter int64
+
+func (d *discardCounter) Write(p []byte) (int, error) {
+	*d += discardCounter(len(p))
+	return len(p), nil
 }
 
 type zstdCopy struct {
@@ -1075,6 +1113,27 @@ func (c *encodedCache) raw(ctx context.Context, f bundle.File, artifact string) 
 		}
 	}
 	return c.store.Open(d)
+}
+
+// encodedFrom is the path of f from byte off on, encoded with enc, once
+// for every node.
+func (c *encodedCache) encodedFrom(ctx context.Context, f bundle.File, artifact, enc string, off int64) (string, error) {
+	raw, err := c.raw(ctx, f, artifact)
+	if err != nil {
+		return "", err
+	}
+	defer raw.Close()
+	key := fmt.Sprintf("%s-from-%d", f.SHA256, off)
+	l := c.lock(key + "." + enc)
+	l.Lock()
+	defer l.Unlock()
+	p, err := codec.Cached(c.dir, enc, key, func() (io.ReadCloser, error) {
+		return io.NopCloser(io.NewSectionReader(raw, off, f.Size-off)), nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("file %s: %w", f.Path, err)
+	}
+	return p, nil
 }
 
 // encoded is the path of the file encoded with codec (the raw file for

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,9 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -38,7 +41,7 @@ type shellNodes struct {
 	env  map[string][]string
 	mu   sync.Mutex
 	cmds map[string]int
-	// ran holds every command and stdin size, for what must not be in them.
+	// ran holds every command, for what must not be in them.
 	ran []string
 }
 
@@ -270,19 +273,48 @@ func TestStageHops(t *testing.T) {
 
 func TestFasterWay(t *testing.T) {
 	for _, c := range []struct {
-		link, encode float64
-		want         string
+		link, encode, ratio float64
+		want                string
 	}{
-		{link: 12e6, encode: 400e6, want: CodecZstd},   // 100 Mbit/s
-		{link: 117e6, encode: 400e6, want: CodecZstd},  // 1 Gbit/s
-		{link: 1100e6, encode: 400e6, want: CodecNone}, // 10 Gbit/s, loopback
-		{link: 400e6, encode: 400e6, want: CodecNone},  // a tie: nothing to wait for
-		{link: 117e6, encode: 90e6, want: CodecNone},   // a slow machine
+		{link: 12e6, encode: 400e6, ratio: 0.3, want: CodecZstd},   // 100 Mbit/s
+		{link: 117e6, encode: 400e6, ratio: 0.3, want: CodecZstd},  // 1 Gbit/s
+		{link: 1100e6, encode: 400e6, ratio: 0.3, want: CodecNone}, // 10 Gbit/s, loopback
+		{link: 400e6, encode: 400e6, ratio: 0.3, want: CodecNone},  // a tie: nothing to wait for
+		{link: 117e6, encode: 90e6, ratio: 0.3, want: CodecNone},   // a slow machine
+		{link: 12e6, encode: 400e6, ratio: 0.95, want: CodecNone},  // nothing to gain: compressed already
 	} {
-		got, reason := fasterWay(CodecZstd, c.link, c.encode)
-		if got != c.want || !strings.Contains(reason, fmt.Sprintf("%.0f MB/s", c.link/1e6)) || !strings.Contains(reason, fmt.Sprintf("%.0f MB/s here", c.encode/1e6)) {
-			t.Errorf("link %.0f, encoding %.0f: %s (%s), want %s", c.link, c.encode, got, reason, c.want)
+		got, reason := fasterWay(CodecZstd, c.link, c.encode, c.ratio)
+		if got != c.want || !strings.Contains(reason, fmt.Sprintf("%.0f MB/s as", c.link/1e6)) || !strings.Contains(reason, fmt.Sprintf("%.0f MB/s here, to %.2fx", c.encode/1e6, c.ratio)) {
+			t.Errorf("link %.0f, encoding %.0f, ratio %.2f: %s (%s), want %s", c.link, c.encode, c.ratio, got, reason, c.want)
 		}
+	}
+}
+
+// The rest of a file after the codec's probe is encoded once for every
+// node: the same file at the same offset is made once, and decodes to the
+// file from there.
+func TestEncodedFromOnceForAll(t *testing.T) {
+	target, src, _, _ := stageWorld(t)
+	f, _, _ := target.File("kubelet", "amd64")
+	c := &encodedCache{store: &cas.Store{Dir: filepath.Join(t.TempDir(), "files")}, dir: t.TempDir(), source: src, log: slog.New(slog.DiscardHandler)}
+	off := f.Size / 3
+	p, err := c.encodedFrom(context.Background(), f, "", CodecZstd, off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(p)
+	opens := src.opens.Load()
+	if again, err := c.encodedFrom(context.Background(), f, "", CodecZstd, off); err != nil || again != p || src.opens.Load() != opens {
+		t.Fatalf("again: %s %v, %d opens more", again, err, src.opens.Load()-opens)
+	}
+	if fi2, _ := os.Stat(p); fi2 == nil || !fi2.ModTime().Equal(fi.ModTime()) {
+		t.Error("the encoded rest was made again")
+	}
+	var out bytes.Buffer
+	in, _ := os.Open(p)
+	defer in.Close()
+	if err := decodeZstd(&out, in); err != nil || !bytes.Equal(out.Bytes(), src.content["kubelet"][off:]) {
+		t.Fatalf("decodes to %d bytes, want the %d from %d on: %v", out.Len(), f.Size-off, off, err)
 	}
 }
 
@@ -341,4 +373,14 @@ func TestStageMeasuresTheCodec(t *testing.T) {
 	if n.Codec == CodecNone && n.BytesSent < int64(len(big)) || n.BytesSent > n.Bytes {
 		t.Errorf("%s: sent %d bytes of %d (kubelet %d)", n.Codec, n.BytesSent, n.Bytes, len(big))
 	}
+}
+
+func decodeZstd(w io.Writer, r io.Reader) error {
+	zr, err := zstd.NewReader(r)
+	if err != nil {
+		return err
+	}
+	defer zr.Close()
+	_, err = io.Copy(w, zr)
+	return err
 }

@@ -22,7 +22,7 @@ offset=$6
 # sha256 of the file $1: OpenSSL's where the node has it (it uses the
 # CPU's SHA instructions: several times coreutils' speed), else sha256sum's.
 sha256_of() {
-  s=$(openssl dgst -sha256 -r <"$1" 2>/dev/null | cut -c1-64) || s=
+  s=$(openssl dgst -sha256 -r <"$1" 2>/dev/null | cut -d ' ' -f 1) || s=
   case $s in *[!0-9a-f]*) s= ;; esac
   if [ "${#s}" -ne 64 ]; then s=$(sha256sum <"$1" | cut -d ' ' -f 1); fi
   printf '%s\n' "$s"
@@ -45,6 +45,9 @@ esac
 got=$(wc -c <"$tmp" | tr -d ' ')
 if [ "$got" -lt "$size" ]; then echo "cut off at $got of $size bytes: the next stage goes on from there" >&2; exit 75; fi
 sum=$(sha256_of "$tmp")
+# OpenSSL's sum may accept a file; to refuse it (and remove it), sha256sum
+# is asked too.
+if [ "$sum" != "$want" ]; then sum=$(sha256sum <"$tmp" | cut -d ' ' -f 1); fi
 if [ "$got" != "$size" ] || [ "$sum" != "$want" ]; then rm -f "$tmp"; echo "sha256 $sum ($got bytes) on the node, signed $want ($size bytes)" >&2; exit 65; fi
 chmod 0755 "$tmp"
 mv -f "$tmp" "$dst"
