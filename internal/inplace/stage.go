@@ -927,9 +927,9 @@ type encodedCache struct {
 	source Source
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
-	copies map[string]zstdCopy   // sha256 -> the zstd copy in the registry
+	copies map[string]zstdCopy   // "zstd-copy SHA256" -> the zstd copy in the registry
 	bad    map[string]bool       // sha256 -> its copy did not decode to it on a node
-	rates  map[string][2]float64 // codec -> bytes per second this machine encodes, and the ratio
+	rates  map[string][2]float64 // "rate CODEC" -> bytes per second this machine encodes, and the ratio
 	log    *slog.Logger
 }
 
@@ -1021,28 +1021,15 @@ func (c *encodedCache) ready(ctx context.Context, f bundle.File, artifact, enc s
 // second, and the encoded size over the size, measured once, on the
 // first n bytes of r.
 func (c *encodedCache) encodeRate(enc string, r io.ReaderAt, n int64) (rate, ratio float64, err error) {
-	l := c.lock("rate " + enc)
-	l.Lock()
-	defer l.Unlock()
-	c.mu.Lock()
-	m, ok := c.rates[enc]
-	c.mu.Unlock()
-	if ok {
-		return m[0], m[1], nil
-	}
-	var out discardCounter
-	began := time.Now()
-	if err := codec.Encode(&out, io.NewSectionReader(r, 0, n), enc); err != nil {
-		return 0, 0, err
-	}
-	rate, ratio = float64(n)/max(time.Since(began).Seconds(), 1e-6), float64(out)/float64(n)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.rates == nil {
-		c.rates = map[string][2]float64{}
-	}
-	c.rates[enc] = [2]float64{rate, ratio}
-	return rate, ratio, nil
+	m, err := remember(c, &c.rates, "rate "+enc, func() ([2]float64, error) {
+		var out discardCounter
+		began := time.Now()
+		if err := codec.Encode(&out, io.NewSectionReader(r, 0, n), enc); err != nil {
+			return [2]float64{}, err
+		}
+		return [2]float64{float64(n) / max(time.Since(began).Seconds(), 1e-6), float64(out) / float64(n)}, nil
+	})
+	return m[0], m[1], err
 }
 
 // discardCounter counts what is written to it, and keeps none of it.
@@ -1061,26 +1048,36 @@ type zstdCopy struct {
 // zstdCopy looks the file's zstd copy up in the registry once for every
 // node.
 func (c *encodedCache) zstdCopy(ctx context.Context, puller NodePuller, artifact, sum string) (string, int64, error) {
-	l := c.lock("zstd-copy " + sum)
+	z, err := remember(c, &c.copies, "zstd-copy "+sum, func() (zstdCopy, error) {
+		blob, size, err := puller.ZstdCopy(ctx, artifact, sum)
+		return zstdCopy{blob, size}, err
+	})
+	return z.blob, z.size, err
+}
+
+// remember is what compute made for key in *m, made once for every
+// caller (they wait for the first); an error is not remembered.
+func remember[T any](c *encodedCache, m *map[string]T, key string, compute func() (T, error)) (T, error) {
+	l := c.lock(key)
 	l.Lock()
 	defer l.Unlock()
 	c.mu.Lock()
-	z, ok := c.copies[sum]
+	v, ok := (*m)[key]
 	c.mu.Unlock()
 	if ok {
-		return z.blob, z.size, nil
+		return v, nil
 	}
-	blob, size, err := puller.ZstdCopy(ctx, artifact, sum)
+	v, err := compute()
 	if err != nil {
-		return "", 0, err
+		return v, err
 	}
 	c.mu.Lock()
-	if c.copies == nil {
-		c.copies = map[string]zstdCopy{}
+	defer c.mu.Unlock()
+	if *m == nil {
+		*m = map[string]T{}
 	}
-	c.copies[sum] = zstdCopy{blob, size}
-	c.mu.Unlock()
-	return blob, size, nil
+	(*m)[key] = v
+	return v, nil
 }
 
 func (c *encodedCache) lock(key string) *sync.Mutex {
