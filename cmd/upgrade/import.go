@@ -227,6 +227,11 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 	if res.DryRun {
 		verb = "would push"
 	}
+	for _, r := range res.Images {
+		if r.Action == importer.ActionStopped {
+			verb = "stopped before it had pushed all of"
+		}
+	}
 	fmt.Fprintf(w, "Kubernetes %s: %d images, %d binaries, %s %s to %s (%.1fs)\n", res.KubernetesVersion, len(res.Images), len(res.Files), verb, bundle.HumanBytes(res.UploadBytes), res.Registry, took.Seconds())
 	switch {
 	case res.Recorded != "":

@@ -672,6 +672,9 @@ func TestOpenIndexChecksAsEntriesAreRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := v.OpenEntry(big.Path); err == nil {
+		t.Error("OpenEntry handed out unchecked content of a bundle opened with OpenIndex")
+	}
 	r, err := v.OpenChecked(big.Path)
 	if err != nil {
 		t.Fatal(err)

@@ -10,13 +10,17 @@ import (
 	"os"
 )
 
-// Verified is a bundle file that passed Verify, with the position of every
-// entry, so its content can be read in place without unpacking it.
+// Verified is a bundle file that passed Verify (Open), or all of it but
+// its entries' content (OpenIndex), with the position of every entry, so
+// its content can be read in place without unpacking it.
 type Verified struct {
 	Manifest *Manifest
 	file     *os.File
 	entries  map[string]Entry
 	name     string
+	// checked: every entry's content was hashed (Open); else (OpenIndex)
+	// only OpenChecked reads content.
+	checked bool
 }
 
 // Open verifies the bundle at path and keeps it open for reading entries.
@@ -42,8 +46,8 @@ func open(ctx context.Context, path string, trust Trust, content bool) (*Verifie
 	if err != nil {
 		return nil, err
 	}
-	// Only the entries' positions are kept, so the file is hashed in
-	// parallel, as VerifyFile does.
+	// Only the entries' positions are kept, so the file is hashed (when
+	// content is) in parallel, as VerifyFile does.
 	entries := map[string]Entry{}
 	m, err := named(path, func() (*Manifest, error) {
 		return verify(ctx, f, trust, nil, nil, func(e Entry) { entries[e.Path] = e }, content)
@@ -52,7 +56,7 @@ func open(ctx context.Context, path string, trust Trust, content bool) (*Verifie
 		f.Close()
 		return nil, err
 	}
-	return &Verified{Manifest: m, file: f, entries: entries, name: path}, nil
+	return &Verified{Manifest: m, file: f, entries: entries, name: path, checked: content}, nil
 }
 
 // Close releases the file.
@@ -70,6 +74,9 @@ func (v *Verified) OpenEntry(path string) (*io.SectionReader, error) {
 	if !ok {
 		return nil, fmt.Errorf("bundle has no entry %s", path)
 	}
+	if !v.checked {
+		return nil, fmt.Errorf("bundle %s: entry %s: its content is not checked yet (opened with OpenIndex: read it with OpenChecked)", v.name, path)
+	}
 	return io.NewSectionReader(v.file, e.Offset, e.Size), nil
 }
 
@@ -83,6 +90,12 @@ func (v *Verified) OpenChecked(path string) (io.Reader, error) {
 	e, ok := v.entries[path]
 	if !ok {
 		return nil, fmt.Errorf("bundle has no entry %s", path)
+	}
+	if e.Size == 0 {
+		// Nothing to read: the empty content's sum is checked here.
+		if sum := sha256.Sum256(nil); hex.EncodeToString(sum[:]) != e.SHA256 {
+			return nil, &VerifyError{Bundle: v.name, Entry: e.Path, Err: fmt.Errorf("%w (empty, signed sha256 %s)", ErrModified, e.SHA256)}
+		}
 	}
 	return &checkedReader{r: io.NewSectionReader(v.file, e.Offset, e.Size), h: sha256.New(), e: e, left: e.Size, bundle: v.name}, nil
 }

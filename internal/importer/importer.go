@@ -227,6 +227,18 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	}
 	log.Info("pushing", "bytes", res.UploadBytes)
 	if err := p.Push(ctx, plan); err != nil {
+		// What was to be pushed is not all there (a refused entry: no
+		// manifest at all); the result says so, not "pushed".
+		for i := range res.Images {
+			if res.Images[i].Action == "pushed" {
+				res.Images[i].Action = ActionStopped
+			}
+		}
+		for i := range res.Files {
+			if res.Files[i].Action == "pushed" {
+				res.Files[i].Action = ActionStopped
+			}
+		}
 		return res, err
 	}
 	log.Info("checking every image resolves by digest")
@@ -243,6 +255,10 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	}
 	return res, nil
 }
+
+// ActionStopped is the action of an image or file a failed push did not
+// finish (its manifest may not be in the registry).
+const ActionStopped = "stopped"
 
 // action says what pushing one image or file did (or, dry, would do).
 func action(ip *registry.ImagePlan, dry bool) string {

@@ -459,6 +459,9 @@ func TestImportRefusesATamperedBlobAsItPushes(t *testing.T) {
 		if got := e.resolve(t, im.Target); got != "" {
 			t.Errorf("%s resolves to %s after a refused import", im.Target, got)
 		}
+		if im.Action == "pushed" {
+			t.Errorf("%s: the result says pushed", im.Target)
+		}
 	}
 	sum := "sha256:" + layer.SHA256
 	for _, im := range res.Images {

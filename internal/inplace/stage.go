@@ -614,6 +614,12 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 		if have >= f.Size {
 			have = 0
 		}
+		if s.ns.Path == ViaSSH && s.measure && have > 0 {
+			// Going on from a cut-off stage: no probe from the start; the
+			// codec stays the node's, and the next files are encoded ahead.
+			s.measure = false
+			s.ns.CodecReason = "not measured: the stage went on from a file a stage had cut off"
+		}
 		if s.ns.Path == ViaSSH && s.measure && have == 0 {
 			// Before anything is encoded ahead: in which codec.
 			probed, err := s.measureCodec(ctx, vdir, f, artifacts[i])
@@ -885,7 +891,12 @@ func (s *nodeStager) sendRest(ctx context.Context, vdir string, f bundle.File, a
 			return 0, err
 		}
 		defer file.Close()
-		return s.stream(ctx, vdir, f, file, enc, have)
+		sent, err := s.stream(ctx, vdir, f, file, enc, have)
+		var ee *nodeaccess.ExitError
+		if errors.As(err, &ee) && ee.Code == 65 {
+			os.Remove(p) // it may be what was wrong: made again next time
+		}
+		return sent, err
 	}
 	raw, err := s.cache.raw(ctx, f, artifact)
 	if err != nil {

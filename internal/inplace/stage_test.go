@@ -373,6 +373,27 @@ func TestStageMeasuresTheCodec(t *testing.T) {
 	if n.Codec == CodecNone && n.BytesSent < int64(len(big)) || n.BytesSent > n.Bytes {
 		t.Errorf("%s: sent %d bytes of %d (kubelet %d)", n.Codec, n.BytesSent, n.Bytes, len(big))
 	}
+
+	// Going on from a cut-off kubelet: no probe; it is finished in the
+	// node's codec, and says why it was not measured.
+	kubelet, _, _ := target.File("kubelet", "amd64")
+	vdir := filepath.Join(opts.StageDir, "v1.31.4")
+	if err := os.Remove(filepath.Join(vdir, "kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vdir, ".kubelet."+kubelet.SHA256+".kubelift-partial"), big[:1000], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err = Stage(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := res.Nodes[0]; n.CodecReason != "not measured: the stage went on from a file a stage had cut off" || strings.Join(n.Sent, ",") != "kubelet" {
+		t.Errorf("resumed: %+v", n)
+	}
+	if got, _ := os.ReadFile(filepath.Join(vdir, "kubelet")); !bytes.Equal(got, big) {
+		t.Error("kubelet staged wrong after going on")
+	}
 }
 
 func decodeZstd(w io.Writer, r io.Reader) error {

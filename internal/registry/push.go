@@ -382,6 +382,9 @@ func (p *Pusher) tryPushBlob(ctx context.Context, s blobStep, sink progress.Sink
 	if err != nil {
 		return err
 	}
+	if c, ok := body.(io.Closer); ok {
+		defer c.Close()
+	}
 	var sent atomic.Int64
 	counted := &progress.Reader{R: body, Sink: countingSink{sink, &sent}}
 	resp, err = p.do(ctx, s.repo, http.MethodPut, loc.String(), counted, s.desc.Size, map[string]string{"Content-Type": "application/octet-stream"})

@@ -74,8 +74,8 @@ if [ "$codec" = zstd ]; then
 fi
 got=$(wc -c <"$tmp" | tr -d ' ')
 sum=$(sha256_of "$tmp")
-# OpenSSL's sum may accept a file; to refuse it (and remove it), sha256sum
-# is asked too.
+# A file is refused (and removed) only when sha256sum agrees: OpenSSL's
+# sum alone may accept one.
 if [ "$sum" != "$want" ]; then sum=$(sha256sum <"$tmp" | cut -d ' ' -f 1); fi
 if [ "$got" != "$size" ] || [ "$sum" != "$want" ]; then rm -f "$tmp"; echo "sha256 $sum ($got bytes) on the node, signed $want ($size bytes)" >&2; exit 65; fi
 chmod 0755 "$tmp"

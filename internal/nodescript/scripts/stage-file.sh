@@ -45,8 +45,8 @@ esac
 got=$(wc -c <"$tmp" | tr -d ' ')
 if [ "$got" -lt "$size" ]; then echo "cut off at $got of $size bytes: the next stage goes on from there" >&2; exit 75; fi
 sum=$(sha256_of "$tmp")
-# OpenSSL's sum may accept a file; to refuse it (and remove it), sha256sum
-# is asked too.
+# A file is refused (and removed) only when sha256sum agrees: OpenSSL's
+# sum alone may accept one.
 if [ "$sum" != "$want" ]; then sum=$(sha256sum <"$tmp" | cut -d ' ' -f 1); fi
 if [ "$got" != "$size" ] || [ "$sum" != "$want" ]; then rm -f "$tmp"; echo "sha256 $sum ($got bytes) on the node, signed $want ($size bytes)" >&2; exit 65; fi
 chmod 0755 "$tmp"
