@@ -169,7 +169,9 @@ func playListStaged(_ *Fleet, n *node, args []string, io *stdio) int {
 
 // playStage answers the stage-file script. args: VERSION_DIR NAME
 // SHA256 SIZE CODEC OFFSET; stdin is the gzip stream (the fleet's nodes
-// list no zstd, so staging sends them gzip, whole).
+// list no zstd, and the scale tests stage with --codec gzip, so staging
+// sends them gzip, whole: a probe of --codec auto, or the rest of a file,
+// is refused with exit 64).
 func playStage(f *Fleet, n *node, args []string, io *stdio) int {
 	if len(args) != 6 || args[4] != "gzip" || args[5] != "0" {
 		fmt.Fprintf(io.err, "fleet: stage-file %q: a gzip stream from the start is all the fleet plays\n", args)

@@ -265,9 +265,14 @@ func (e *Env) RegistryFlags() []string {
 	return []string{"--username", e.Registry.User, "--password-stdin", "--ca-file", e.Registry.CAFile}
 }
 
-// NodeFlags reach the cluster and the fleet.
+// NodeFlags reach the cluster and the fleet. The fleet's nodes play a
+// gzip stream from a file's first byte, and nothing else (test/fleet,
+// playStage), so the codec is gzip: --codec auto would first send a
+// probe as it is (the unit tests and make bench cover that, on real
+// shells and real sshd).
 func (e *Env) NodeFlags() []string {
-	return []string{"--kubeconfig", e.Cluster.Kubeconfig, "--inventory", e.Fleet.Inventory(), "--known-hosts", e.Fleet.KnownHosts(), "--ssh-key", e.Fleet.Key()}
+	return []string{"--kubeconfig", e.Cluster.Kubeconfig, "--inventory", e.Fleet.Inventory(), "--known-hosts", e.Fleet.KnownHosts(), "--ssh-key", e.Fleet.Key(),
+		"--codec", "gzip"}
 }
 
 // ApplyArgs is upgrade apply to To with every flag the simulation needs.
