@@ -3,7 +3,7 @@ package bundle
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -93,20 +93,31 @@ func (v *Verified) OpenChecked(path string) (io.Reader, error) {
 	}
 	if e.Size == 0 {
 		// Nothing to read: the empty content's sum is checked here.
-		if sum := sha256.Sum256(nil); hex.EncodeToString(sum[:]) != e.SHA256 {
-			return nil, &VerifyError{Bundle: v.name, Entry: e.Path, Err: fmt.Errorf("%w (empty, signed sha256 %s)", ErrModified, e.SHA256)}
+		if err := v.checkSum(e, sha256.New()); err != nil {
+			return nil, err
 		}
 	}
-	return &checkedReader{r: io.NewSectionReader(v.file, e.Offset, e.Size), h: sha256.New(), e: e, left: e.Size, bundle: v.name}, nil
+	return &checkedReader{r: io.NewSectionReader(v.file, e.Offset, e.Size), h: sha256.New(), e: e, left: e.Size, v: v}, nil
+}
+
+// checkSum is checkSum for the whole entry e hashed into h, naming the
+// bundle.
+func (v *Verified) checkSum(e Entry, h hash.Hash) error {
+	err := checkSum(e, e.Size, h.Sum(nil))
+	var ve *VerifyError
+	if errors.As(err, &ve) {
+		ve.Bundle = v.name
+	}
+	return err
 }
 
 type checkedReader struct {
-	r      io.Reader
-	h      hash.Hash
-	e      Entry
-	left   int64
-	bundle string
-	err    error
+	r    io.Reader
+	h    hash.Hash
+	e    Entry
+	left int64
+	v    *Verified
+	err  error
 }
 
 func (c *checkedReader) Read(p []byte) (int, error) {
@@ -124,13 +135,12 @@ func (c *checkedReader) Read(p []byte) (int, error) {
 	c.left -= int64(n)
 	switch {
 	case c.left == 0:
-		if got := hex.EncodeToString(c.h.Sum(nil)); got != c.e.SHA256 {
-			c.err = &VerifyError{Bundle: c.bundle, Entry: c.e.Path, Err: fmt.Errorf("%w (sha256 %s, signed %s)", ErrModified, got, c.e.SHA256)}
+		if c.err = c.v.checkSum(c.e, c.h); c.err != nil {
 			return 0, c.err
 		}
 		return n, nil
 	case err == io.EOF:
-		c.err = &VerifyError{Bundle: c.bundle, Entry: c.e.Path, Err: ErrTruncated}
+		c.err = &VerifyError{Bundle: c.v.name, Entry: c.e.Path, Err: ErrTruncated}
 		return n, c.err
 	}
 	return n, err

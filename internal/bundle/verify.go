@@ -218,10 +218,10 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		if at != nil {
 			at(e)
 		}
-		if parallel && !content {
-			continue
-		}
 		if parallel {
+			if !content {
+				continue
+			}
 			if err := hashers.add(e); err != nil {
 				return nil, err
 			}

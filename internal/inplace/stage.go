@@ -614,20 +614,21 @@ func (s *nodeStager) stage(ctx context.Context, target *Target, names []string, 
 		if have >= f.Size {
 			have = 0
 		}
-		if s.ns.Path == ViaSSH && s.measure && have > 0 {
-			// Going on from a cut-off stage: no probe from the start; the
-			// codec stays the node's, and the next files are encoded ahead.
-			s.measure = false
-			s.ns.CodecReason = "not measured: the stage went on from a file a stage had cut off"
-		}
-		if s.ns.Path == ViaSSH && s.measure && have == 0 {
-			// Before anything is encoded ahead: in which codec.
-			probed, err := s.measureCodec(ctx, vdir, f, artifacts[i])
-			s.ns.BytesSent += probed
-			if err != nil {
-				return fmt.Errorf("node %s: stage %s: %w", s.t.Name, prefix+f.Name, err)
+		if s.ns.Path == ViaSSH && s.measure {
+			if have > 0 {
+				// Going on from a cut-off stage: no probe from the start;
+				// the codec stays the node's.
+				s.measure = false
+				s.ns.CodecReason = "not measured: the stage went on from a file a stage had cut off"
+			} else {
+				// Before anything is encoded ahead: in which codec.
+				probed, err := s.measureCodec(ctx, vdir, f, artifacts[i])
+				s.ns.BytesSent += probed
+				if err != nil {
+					return fmt.Errorf("node %s: stage %s: %w", s.t.Name, prefix+f.Name, err)
+				}
+				have = probed
 			}
-			have = probed
 		}
 		// Nothing is encoded ahead before the codec is known.
 		if s.ns.Path == ViaSSH && !warming && !s.measure {
@@ -865,7 +866,7 @@ func (s *nodeStager) sendFrom(ctx context.Context, vdir string, f bundle.File, a
 	if err != nil {
 		return 0, err
 	}
-	sent, err := s.sendFile(ctx, vdir, f, p, enc)
+	sent, err := s.sendFile(ctx, vdir, f, p, enc, 0)
 	var ee *nodeaccess.ExitError
 	if !relayed || !errors.As(err, &ee) || (ee.Code != 65 && ee.Code != 75) {
 		return sent, err
@@ -886,12 +887,7 @@ func (s *nodeStager) sendRest(ctx context.Context, vdir string, f bundle.File, a
 		if err != nil {
 			return 0, err
 		}
-		file, err := os.Open(p)
-		if err != nil {
-			return 0, err
-		}
-		defer file.Close()
-		sent, err := s.stream(ctx, vdir, f, file, enc, have)
+		sent, err := s.sendFile(ctx, vdir, f, p, enc, have)
 		var ee *nodeaccess.ExitError
 		if errors.As(err, &ee) && ee.Code == 65 {
 			os.Remove(p) // it may be what was wrong: made again next time
@@ -912,14 +908,15 @@ func (s *nodeStager) sendRest(ctx context.Context, vdir string, f bundle.File, a
 	return s.stream(ctx, vdir, f, pr, enc, have)
 }
 
-// sendFile sends the whole file f, encoded with enc, from the file at p.
-func (s *nodeStager) sendFile(ctx context.Context, vdir string, f bundle.File, p, enc string) (int64, error) {
+// sendFile sends f from byte have on, encoded with enc, from the file at
+// p (which holds that, encoded).
+func (s *nodeStager) sendFile(ctx context.Context, vdir string, f bundle.File, p, enc string, have int64) (int64, error) {
 	file, err := os.Open(p)
 	if err != nil {
 		return 0, err
 	}
 	defer file.Close()
-	return s.stream(ctx, vdir, f, file, enc, 0)
+	return s.stream(ctx, vdir, f, file, enc, have)
 }
 
 // stream runs stage-file with in (f from byte have on, encoded with enc)
@@ -1123,15 +1120,18 @@ func (c *encodedCache) raw(ctx context.Context, f bundle.File, artifact string) 
 	return c.store.Open(d)
 }
 
-// encodedFrom is the path of f from byte off on, encoded with enc, once
-// for every node.
+// encodedFrom is the path of f from byte off on (the whole file at 0),
+// encoded with enc, once for every node.
 func (c *encodedCache) encodedFrom(ctx context.Context, f bundle.File, artifact, enc string, off int64) (string, error) {
 	raw, err := c.raw(ctx, f, artifact)
 	if err != nil {
 		return "", err
 	}
 	defer raw.Close()
-	key := fmt.Sprintf("%s-from-%d", f.SHA256, off)
+	key := f.SHA256
+	if off > 0 {
+		key = fmt.Sprintf("%s-from-%d", f.SHA256, off)
+	}
 	l := c.lock(key + "." + enc)
 	l.Lock()
 	defer l.Unlock()
@@ -1147,20 +1147,13 @@ func (c *encodedCache) encodedFrom(ctx context.Context, f bundle.File, artifact,
 // encoded is the path of the file encoded with codec (the raw file for
 // CodecNone).
 func (c *encodedCache) encoded(ctx context.Context, f bundle.File, artifact, enc string) (string, error) {
+	if enc != CodecNone {
+		return c.encodedFrom(ctx, f, artifact, enc, 0)
+	}
 	raw, err := c.raw(ctx, f, artifact)
 	if err != nil {
 		return "", err
 	}
 	defer raw.Close()
-	if enc == CodecNone {
-		return raw.Name(), nil
-	}
-	l := c.lock(f.SHA256 + "." + enc)
-	l.Lock()
-	defer l.Unlock()
-	p, err := codec.Cached(c.dir, enc, f.SHA256, func() (io.ReadCloser, error) { return io.NopCloser(raw), nil })
-	if err != nil {
-		return "", fmt.Errorf("file %s: %w", f.Path, err)
-	}
-	return p, nil
+	return raw.Name(), nil
 }
