@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -141,8 +140,7 @@ func (opts *ApplyOptions) defaults() error {
 		opts.DrainTimeout = 2 * time.Minute
 	}
 	if opts.Holder == "" {
-		host, _ := os.Hostname()
-		opts.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
+		opts.Holder = upgradelock.NewHolder()
 	}
 	return nil
 }
@@ -160,6 +158,9 @@ type applyRun struct {
 	watch  *nodeWatch
 	// driver moves the control plane (the cluster's kind).
 	driver controlPlane
+	// lock is the upgrade lock the run holds (nil in a dry run): every
+	// node step and record write asks it first (fence).
+	lock *upgradelock.Lock
 	// wait is every wait and every time read of the run.
 	wait waiter.Waiter
 	mu   sync.Mutex // state
@@ -199,10 +200,11 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	p := &opts.Plan
 	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}}
 	if !r.dry {
-		lock, err := upgradelock.Acquire(ctx, r.client, opts.Holder, opts.LockDuration, p.Now)
+		lock, err := upgradelock.Acquire(ctx, r.client, opts.Holder, opts.LockDuration, opts.Clock, r.log)
 		if err != nil {
 			return nil, err
 		}
+		r.lock = lock
 		if lock.TakenOver != "" {
 			r.log.Warn("took over the lock of a run that stopped", "holder", lock.TakenOver)
 		}
@@ -502,6 +504,18 @@ func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Cont
 	return r.onNodeFrom(ctx, name, r.onNodeFromVersion(name), fn)
 }
 
+// fence is asked before every node step and record write: nil while the
+// run holds the upgrade lock. A run whose renewals fail past the renew
+// deadline (its API server unreachable) waits up to the lock's duration
+// for one to succeed, then stops: another run may have taken the lock
+// over by then (docs/runbook.md, "The lock").
+func (r *applyRun) fence(ctx context.Context) error {
+	if r.lock == nil {
+		return nil
+	}
+	return r.lock.Fence(ctx, r.opts.LockDuration)
+}
+
 // onNodeFromVersion is the version node upgrades from: its kubelet's
 // before this upgrade.
 func (r *applyRun) onNodeFromVersion(name string) string {
@@ -527,6 +541,9 @@ func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(co
 func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(context.Context, *nodeOps) error) error {
 	if _, err := catalog.ParseReported(from); err != nil {
 		return fmt.Errorf("node %s: the version it upgrades from: %w", name, err)
+	}
+	if err := r.fence(ctx); err != nil {
+		return fmt.Errorf("node %s: not started: %w", name, err)
 	}
 	t := r.tgts[name]
 	n, err := r.opts.Plan.Connector.Dial(ctx, t)

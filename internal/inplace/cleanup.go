@@ -7,6 +7,7 @@ import (
 	"path"
 	"sort"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -16,6 +17,7 @@ import (
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 )
 
@@ -30,6 +32,11 @@ type CleanupOptions struct {
 	StageDir string
 	DryRun   bool
 	Log      *slog.Logger
+	// Holder and LockDuration are the upgrade lock's, which Cleanup holds
+	// (but in a dry run): an apply beside it may be writing the very file
+	// it would remove. Defaults: a new identity, a minute.
+	Holder       string
+	LockDuration time.Duration
 }
 
 // NodeCleanup says what Cleanup found on one node.
@@ -57,6 +64,22 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	var lock *upgradelock.Lock
+	if !opts.DryRun {
+		if opts.Holder == "" {
+			opts.Holder = upgradelock.NewHolder()
+		}
+		if opts.LockDuration == 0 {
+			opts.LockDuration = time.Minute
+		}
+		var err error
+		if lock, err = upgradelock.Acquire(ctx, opts.Client, opts.Holder, opts.LockDuration, nil, log); err != nil {
+			return nil, err
+		}
+		var stop func()
+		ctx, stop = upgradelock.Hold(ctx, lock, log)
+		defer stop()
 	}
 	nodes, pods, tgts, err := listCluster(ctx, opts.Client, opts.Inventory)
 	if err != nil {
@@ -106,6 +129,9 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 			}
 		}
 		removeFailed := nodeaccess.ForEach(ctx, opts.Connector, remove, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+			if err := lock.Fence(ctx, opts.LockDuration); err != nil {
+				return fmt.Errorf("node %s: not removed: %w", t.Name, err)
+			}
 			if _, err := n.Run(ctx, nodescript.Remove.Command(files[t.Name]), nil); err != nil {
 				return fmt.Errorf("node %s: remove %s: %w", t.Name, files[t.Name], err)
 			}

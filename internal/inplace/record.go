@@ -43,7 +43,7 @@ func (r *applyRun) save(ctx context.Context) error {
 	if r.dry {
 		return nil
 	}
-	r.writerOnce.Do(func() { r.writer = &stateWriter{client: r.client} })
+	r.writerOnce.Do(func() { r.writer = &stateWriter{client: r.client, holder: r.opts.Holder, fence: r.fence} })
 	return r.writer.write(ctx, func() ([]byte, error) {
 		r.mu.Lock()
 		defer r.mu.Unlock()

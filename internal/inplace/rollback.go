@@ -88,8 +88,9 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	if tv, err := catalog.ParseVersion(to); err != nil || tv.String() != to {
 		return nil, fmt.Errorf("%w: the recorded upgrade went to %q, not a version", ErrRollbackRefused, to)
 	}
+	var lock *upgradelock.Lock
 	if !opts.DryRun {
-		lock, err := upgradelock.Acquire(ctx, p.Client, opts.Holder, opts.LockDuration, p.Now)
+		lock, err = upgradelock.Acquire(ctx, p.Client, opts.Holder, opts.LockDuration, opts.Clock, p.Log)
 		if err != nil {
 			return nil, err
 		}
@@ -147,8 +148,11 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	if err := RollbackAllowed(p.Catalog, from, to, apiservers); err != nil {
 		return nil, err
 	}
+	if !opts.DryRun {
+		st.Holder = opts.Holder // the record is this run's now
+	}
 	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{State: st},
-		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}}
+		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}, lock: lock}
 	for _, t := range v.tgts {
 		r.tgts[t.Name] = t
 	}

@@ -3,6 +3,7 @@ package inplace
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -99,20 +100,34 @@ func ReadState(ctx context.Context, c kubernetes.Interface) (*UpgradeState, erro
 	return &s, nil
 }
 
-// WriteState stores the state (create or update; the lock holder is the
-// only writer).
+// WriteState stores the state (create or update) unconditionally: for
+// tools and tests. A run writes through its stateWriter, which writes only
+// while the run holds the lock and never over another run's record.
 func WriteState(ctx context.Context, c kubernetes.Interface, s *UpgradeState) error {
 	return (&stateWriter{client: c}).write(ctx, func() ([]byte, error) { return json.Marshal(s) })
 }
+
+// ErrRecordTaken means the record was written by another run since this
+// run's last write: the run has lost the lock, and leaves the record as
+// the other run wrote it.
+var ErrRecordTaken = errors.New("the upgrade record was written by another run")
 
 // stateWriter stores one run's state. Each write is one PUT carrying the
 // resourceVersion the last one returned (a GET only first and after a
 // conflict), so the cost of a write does not grow with the nodes in
 // flight; applyRun coalesces the per-node updates on top of it.
+//
+// A run's writer (holder set) writes only while fence says the run holds
+// the upgrade lock, and never over a record another holder wrote since
+// its own last write: a conflict is read again, and written over only
+// when the record still names this holder.
 type stateWriter struct {
 	client kubernetes.Interface
+	holder string
+	fence  func(context.Context) error
 	mu     sync.Mutex // serialises writes, so a snapshot never overtakes a newer one
 	cm     *corev1.ConfigMap
+	wrote  bool
 }
 
 // write stores what snapshot returns, taken once the previous write is
@@ -120,6 +135,11 @@ type stateWriter struct {
 func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.fence != nil {
+		if err := w.fence(ctx); err != nil {
+			return fmt.Errorf("configmap kube-system/%s: not written: %w", StateName, err)
+		}
+	}
 	data, err := snapshot()
 	if err != nil {
 		return err
@@ -138,11 +158,14 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 				if err != nil {
 					return err
 				}
-				w.cm = created
+				w.cm, w.wrote = created, true
 				return nil
 			}
 			if err != nil {
 				return err
+			}
+			if h := recordHolder(cm); w.wrote && w.holder != "" && h != w.holder {
+				return fmt.Errorf("%w (%s) since this run's last write: left as it is", ErrRecordTaken, h)
 			}
 			w.cm = cm
 		}
@@ -153,13 +176,23 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 			w.cm = nil
 			return err
 		}
-		w.cm = updated
+		w.cm, w.wrote = updated, true
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
 	}
 	return nil
+}
+
+// recordHolder is the holder a stored record names ("" when it names
+// none or does not parse).
+func recordHolder(cm *corev1.ConfigMap) string {
+	var s struct {
+		Holder string `json:"holder"`
+	}
+	_ = json.Unmarshal([]byte(cm.Data["state.json"]), &s)
+	return s.Holder
 }
 
 // Status is the recorded upgrade with each node's kubelet version read

@@ -111,24 +111,43 @@ func startProbe(t *testing.T) {
 	}
 }
 
-// A live lease of another holder refuses apply, naming it; nothing changes.
+// A live lease of another holder (one that renews it while apply
+// watches) refuses apply, naming it; nothing changes.
 func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 	h.Import(t, h.HashSkipBundle)
 	before = containers(t)
 	staticBefore = staticPod(t)
 	startProbe(t)
-	ctx := context.Background()
-	holder, secs, now := "admin-2/4242", int32(600), metav1.NewMicroTime(time.Now())
-	if _, err := h.Client.CoordinationV1().Leases("kube-system").Create(ctx, &coordinationv1.Lease{
+	ctx, cancel := context.WithCancel(context.Background())
+	holder, secs, now := "admin-2_4242", int32(600), metav1.NewMicroTime(time.Now())
+	leases := h.Client.CoordinationV1().Leases("kube-system")
+	if _, err := leases.Create(ctx, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: upgradelock.Name, Namespace: "kube-system"},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &now}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	renewing := make(chan struct{})
+	go func() { // the other holder, alive: renews every second until the test is done with it
+		defer close(renewing)
+		for ctx.Err() == nil {
+			if l, err := leases.Get(ctx, upgradelock.Name, metav1.GetOptions{}); err == nil {
+				now := metav1.NewMicroTime(time.Now())
+				l.Spec.RenewTime = &now
+				_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
 	r := apply(t, "--restore-labels")
-	if r.Code != 1 || !strings.Contains(r.Stderr, "held by admin-2/4242") {
+	cancel()
+	<-renewing
+	if r.Code != 1 || !strings.Contains(r.Stderr, "held by admin-2_4242") {
 		t.Errorf("apply while another holds the lease: exit %d\n%s", r.Code, r.Stderr)
 	}
-	if err := h.Client.CoordinationV1().Leases("kube-system").Delete(ctx, upgradelock.Name, metav1.DeleteOptions{}); err != nil {
+	if err := leases.Delete(context.Background(), upgradelock.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if v := apiserverVersion(t); v != h.SB.OldVersion {

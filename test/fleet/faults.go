@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -27,6 +28,41 @@ func (f *Fleet) Fail(node, handler string, code, times int) {
 		n.faults = map[string]*fault{}
 	}
 	n.faults[handler] = &fault{code: code, times: times}
+}
+
+// block holds one command: reached is closed when it arrives, release
+// lets it go on.
+type block struct {
+	reached, release chan struct{}
+}
+
+// Block holds the next command that handler plays on node until the
+// returned release is called (a command that takes as long as the test
+// says, the engine in the middle of a node step meanwhile); reached is
+// closed when that command arrives. release may be called more than once.
+func (f *Fleet) Block(node, handler string) (reached <-chan struct{}, release func()) {
+	n := f.nodes[node]
+	b := &block{reached: make(chan struct{}), release: make(chan struct{})}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.blocks == nil {
+		n.blocks = map[string]*block{}
+	}
+	n.blocks[handler] = b
+	var once sync.Once
+	return b.reached, func() { once.Do(func() { close(b.release) }) }
+}
+
+// held waits while a Block holds handler's command on n (once).
+func (n *node) held(handler string) {
+	n.mu.Lock()
+	b := n.blocks[handler]
+	delete(n.blocks, handler)
+	n.mu.Unlock()
+	if b != nil {
+		close(b.reached)
+		<-b.release
+	}
 }
 
 // injected reports the exit code of a fault for handler on n, consuming

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -410,7 +414,8 @@ func TestApplyCancelledWhileSettlingUncordons(t *testing.T) {
 	}
 }
 
-// Losing the upgrade lock to another holder stops the run, saying so.
+// Losing the upgrade lock to another holder stops the run, saying so;
+// the run writes no record after that (the record is the new holder's).
 func TestApplyStopsOnLostLock(t *testing.T) {
 	r := newFaultRun(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -434,8 +439,8 @@ func TestApplyStopsOnLostLock(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "lost the upgrade lock") {
 		t.Fatalf("apply: %v", err)
 	}
-	if st := r.state(t); st == nil || st.State != inplace.StateFailed {
-		t.Errorf("state %+v", st)
+	if st := r.state(t); st == nil || st.State == inplace.StateFailed || st.State == inplace.StateComplete || st.LastError != "" {
+		t.Errorf("the record was written after the lock was lost: %+v", st)
 	}
 }
 
@@ -628,5 +633,106 @@ func TestApplyRollsBackKubeProxy(t *testing.T) {
 	}
 	if k, p := restarts("kubelet")-kubelets, restarts("kube-proxy")-proxies; k != 0 || p != 1 {
 		t.Errorf("apply again restarted the kubelet %d times and kube-proxy %d times on worker-1, want 0 and 1", k, p)
+	}
+}
+
+// throughOwnAPIServer is a client over the same cluster as c, through an
+// API server of its own that down takes away (every request refused as
+// by a server that is gone), as an admin whose kubeconfig names one API
+// server of several sees it.
+func throughOwnAPIServer(c *fake.Clientset) (*fake.Clientset, *atomic.Bool) {
+	own := fake.NewClientset()
+	own.Resources = c.Resources
+	own.ReactionChain, own.WatchReactionChain = nil, nil
+	own.AddReactor("*", "*", k8stesting.ObjectReaction(c.Tracker()))
+	own.AddWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		w, err := c.Tracker().Watch(a.GetResource(), a.GetNamespace())
+		return err == nil, w, err
+	})
+	down := &atomic.Bool{}
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	own.PrependReactor("*", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return down.Load(), nil, refused
+	})
+	own.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
+		return down.Load(), nil, refused
+	})
+	return own, down
+}
+
+// The lock fences (docs/runbook.md, "The lock"): run A's API server
+// stops answering while A swaps cp-1's API server over SSH; run B,
+// through another API server, watches A's lease go unrenewed for its
+// duration, takes it over and completes the upgrade. A finishes the node
+// step it was in, then stops before its next one, saying it lost the
+// lock, and leaves the record as B wrote it.
+func TestLockFencesARunThatCannotRenew(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	clientA, down := throughOwnAPIServer(r.w.client)
+	a := r.opts
+	a.Holder, a.Plan.Client = "admin-a_0001", clientA
+	reached, release := r.w.fleet.Block("cp-1", "swap")
+	defer release()
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := inplace.Apply(ctx, a)
+		aDone <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-aDone:
+		t.Fatalf("run A ended before its first swap: %v", err)
+	}
+	down.Store(true)
+
+	b := r.opts
+	b.Holder = "admin-b_0002"
+	if _, err := inplace.Apply(ctx, b); err != nil {
+		t.Fatalf("run B: %v", err)
+	}
+	before := map[string]int{}
+	for _, s := range specs {
+		before[s.Name] = len(r.w.fleet.Stats().Nodes[s.Name].Commands)
+	}
+	// A's API server answers again, and its swap goes on.
+	down.Store(false)
+	release()
+	var errA error
+	select {
+	case errA = <-aDone:
+	case <-time.After(time.Minute):
+		t.Fatal("run A still running a minute after its swap was released")
+	}
+	if !errors.Is(errA, upgradelock.ErrLost) || !strings.Contains(errA.Error(), "lost the upgrade lock") {
+		t.Fatalf("run A: %v", errA)
+	}
+	// A played its swap and what waits for it, and no step after it.
+	for _, s := range specs {
+		cmds := r.w.fleet.Stats().Nodes[s.Name].Commands[before[s.Name]:]
+		swaps := 0
+		for _, c := range cmds {
+			switch c.Handler {
+			case "swap":
+				swaps++
+			case "running version":
+			default:
+				t.Errorf("%s: run A played %q after run B took its lock", s.Name, c.Handler)
+			}
+		}
+		if want := map[bool]int{true: 1, false: 0}[s.Name == "cp-1"]; swaps != want {
+			t.Errorf("%s: run A played %d swaps after run B took its lock, want %d (the one it was in)", s.Name, swaps, want)
+		}
+	}
+	st := r.state(t)
+	if st.Holder != b.Holder || st.State != inplace.StateComplete || st.LastError != "" {
+		t.Errorf("the record after both runs: holder %s, state %s, error %q; want B's, complete", st.Holder, st.State, st.LastError)
+	}
+	for _, s := range specs {
+		if e := nodeEntry(st, s.Name); e.Status != inplace.NodeDone {
+			t.Errorf("%s recorded %s", s.Name, e.Status)
+		}
 	}
 }

@@ -51,6 +51,7 @@ func (f *Fleet) exec(n *node, cmd string, io *stdio) int {
 	}
 	f.count(h.name)
 	began := time.Now()
+	n.held(h.name)
 	code := n.injected(h.name)
 	if code != 0 {
 		fmt.Fprintln(io.err, injectedMessage(n.spec.Name, h.name, code))

@@ -44,6 +44,8 @@ type node struct {
 	// crashes maps a unit to the version of its program that exits at
 	// once (CrashAt).
 	crashes map[string]string
+	// blocks hold the next command of a handler until released (Block).
+	blocks map[string]*block
 }
 
 // vfile is a file: its content when small (unit files, what the engine
