@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"sort"
 	"strings"
@@ -155,14 +156,25 @@ func readyz(ctx context.Context, cfg *rest.Config, addr string) error {
 	return err
 }
 
+// apiserverURL is the API server at addr (an IPv4 or IPv6 address, or a
+// name) on the port of the kubeconfig's server URL (none: https's).
+func apiserverURL(kubeconfigHost, addr string) string {
+	port := ""
+	if u, err := url.Parse(kubeconfigHost); err == nil && u.Host != "" {
+		port = u.Port()
+	} else if _, p, err := net.SplitHostPort(kubeconfigHost); err == nil {
+		port = p // HOST:PORT with no scheme
+	}
+	if port == "" {
+		port = "443"
+	}
+	return "https://" + net.JoinHostPort(addr, port)
+}
+
 func readyzAs(ctx context.Context, cfg *rest.Config, addr, serverName string) error {
 	c := rest.CopyConfig(cfg)
 	host := c.Host
-	if i := strings.LastIndex(host, ":"); i > strings.Index(host, "://")+2 {
-		c.Host = "https://" + addr + host[i:]
-	} else {
-		c.Host = "https://" + addr
-	}
+	c.Host = apiserverURL(host, addr)
 	switch {
 	case serverName != "":
 		c.TLSClientConfig.ServerName = serverName

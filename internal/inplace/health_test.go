@@ -69,3 +69,21 @@ func TestReadyzVerifiesForTheNameOrTheAddress(t *testing.T) {
 		})
 	}
 }
+
+// The API server at a node's address, on the kubeconfig's port: an IPv6
+// address goes in brackets (concatenated, "https://fd00::1:6443" named no
+// port at all).
+func TestAPIServerURL(t *testing.T) {
+	for _, tc := range []struct{ kubeconfig, addr, want string }{
+		{"https://10.0.0.1:6443", "10.0.0.2", "https://10.0.0.2:6443"},
+		{"https://[fd00::1]:6443", "fd00::2", "https://[fd00::2]:6443"},
+		{"https://cluster.example:8443", "fd00::2", "https://[fd00::2]:8443"},
+		{"https://cluster.example", "10.0.0.2", "https://10.0.0.2:443"},
+		{"https://[fd00::1]", "fd00::2", "https://[fd00::2]:443"},
+		{"10.0.0.1:6443", "10.0.0.2", "https://10.0.0.2:6443"},
+	} {
+		if got := apiserverURL(tc.kubeconfig, tc.addr); got != tc.want {
+			t.Errorf("apiserverURL(%q, %q) = %q, want %q", tc.kubeconfig, tc.addr, got, tc.want)
+		}
+	}
+}
