@@ -713,3 +713,39 @@ func TestOpenIndexChecksAsEntriesAreRead(t *testing.T) {
 		t.Fatalf("Open: %v", err)
 	}
 }
+
+// A manifest's sha256 fields are 64 lowercase hex digits, and each file
+// it names is an entry of the same sha256: anything else is refused when
+// read, naming the field (a node compares the file's sha256 to the
+// staged file's, so it must be the one the entry was verified by).
+func TestManifestSumsAreChecked(t *testing.T) {
+	sum := strings.Repeat("ab", 32)
+	other := strings.Repeat("cd", 32)
+	manifest := func(entrySum, fileSum, installer string) []byte {
+		m := Manifest{Kind: Kind, SchemaVersion: SchemaVersion, KubernetesVersion: "v1.31.4", InstallerSHA256: installer,
+			Entries: []Entry{{Path: "bin/linux/amd64/kubelet", Size: 1, SHA256: entrySum}},
+			Files:   []File{{Name: "kubelet", Arch: "amd64", Path: "bin/linux/amd64/kubelet", SHA256: fileSum, Size: 1}}}
+		b, err := m.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if _, err := parseManifest(manifest(sum, sum, "")); err != nil {
+		t.Fatalf("a good manifest: %v", err)
+	}
+	for _, tc := range []struct {
+		name                   string
+		entry, file, installer string
+		want                   string
+	}{
+		{"an entry's sum in upper case", strings.ToUpper(sum), strings.ToUpper(sum), "", `entry "bin/linux/amd64/kubelet": sha256 "ABAB`},
+		{"an entry's sum not hex", strings.Repeat("zz", 32), strings.Repeat("zz", 32), "", "is not 64 lowercase hex digits"},
+		{"a file of another sum than its entry", sum, other, "", `files[0] (kubelet): "bin/linux/amd64/kubelet" of sha256 "cdcd`},
+		{"the installer's sum not hex", sum, sum, strings.Repeat("g", 64), "installerSha256"},
+	} {
+		if _, err := parseManifest(manifest(tc.entry, tc.file, tc.installer)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -171,14 +171,53 @@ func parseManifest(data []byte) (*Manifest, error) {
 			return nil, fmt.Errorf("%s: entry %q: %w", ManifestName, e.Path, ErrDuplicateEntry)
 		}
 		seen[e.Path] = true
-		if e.Size < 0 || len(e.SHA256) != 64 {
-			return nil, fmt.Errorf("%s: entry %q: bad size or sha256", ManifestName, e.Path)
+		if e.Size < 0 {
+			return nil, fmt.Errorf("%s: entry %q: size %d", ManifestName, e.Path, e.Size)
 		}
+		if !IsSHA256(e.SHA256) {
+			return nil, fmt.Errorf("%s: entry %q: sha256 %q is not 64 lowercase hex digits", ManifestName, e.Path, e.SHA256)
+		}
+	}
+	if m.InstallerSHA256 != "" && !IsSHA256(m.InstallerSHA256) {
+		return nil, fmt.Errorf("%s: installerSha256 %q is not 64 lowercase hex digits", ManifestName, m.InstallerSHA256)
+	}
+	if err := m.checkFiles(); err != nil {
+		return nil, fmt.Errorf("%s: %w", ManifestName, err)
 	}
 	if err := m.checkHops(); err != nil {
 		return nil, fmt.Errorf("%s: %w", ManifestName, err)
 	}
 	return &m, nil
+}
+
+// IsSHA256 says s is a sha256 as kubelift writes it: 64 lowercase hex
+// digits (a value a node script compares and a path may be built from).
+func IsSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkFiles checks that each file the manifest names is one of its
+// entries, of the same sha256: a file's sha256 is what nodes check the
+// staged file against, so it must be the one the entry was verified by.
+func (m *Manifest) checkFiles() error {
+	sums := make(map[string]string, len(m.Entries))
+	for _, e := range m.Entries {
+		sums[e.Path] = e.SHA256
+	}
+	for i, f := range m.Files {
+		if sum, ok := sums[f.Path]; !ok || sum != f.SHA256 {
+			return fmt.Errorf("files[%d] (%s): %q of sha256 %q is not an entry of that sha256", i, f.Name, f.Path, f.SHA256)
+		}
+	}
+	return nil
 }
 
 // checkHops checks each hop's release, that hops are listed oldest first
