@@ -79,13 +79,17 @@ func (f *clusterFlags) target(ctx context.Context, c kubernetes.Interface) (*inp
 	return inplace.LoadTarget(ctx, c, f.To, trust)
 }
 
-// registryAccess reaches the record's registry unless --domain names another.
+// registryAccess reaches the record's registry unless --domain names
+// another; every artifact the record names must be in it.
 func registryAccess(in io.Reader, rf *cli.RegistryFlags, t *inplace.Target) (registry.Access, error) {
 	if rf.Domain == "" && t.Record != nil {
 		rf.Domain = t.Record.Registry
 	}
 	if rf.Domain == "" {
 		return registry.Access{}, nil
+	}
+	if err := t.CheckArtifacts(rf.Domain); err != nil {
+		return registry.Access{}, err
 	}
 	return rf.Access(in)
 }

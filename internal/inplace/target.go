@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/bundle"
@@ -125,6 +126,30 @@ func TargetFromBundle(m *bundle.Manifest) (*Target, error) {
 		return nil, err
 	}
 	return &Target{Version: rel.Parsed(), Manifest: m, Release: &rel, Hops: hops(m, nil)}, nil
+}
+
+// CheckArtifacts says every artifact the record names (where nodes and
+// this machine fetch the files, with the registry's credentials) is in
+// the registry the run uses, by digest: the record is not signed, so it
+// may not choose another host to send them to.
+func (t *Target) CheckArtifacts(domain string) error {
+	if t.Record == nil {
+		return nil
+	}
+	for _, f := range t.Record.Files {
+		if f.Artifact == "" {
+			continue
+		}
+		d, err := name.NewDigest(f.Artifact, name.StrictValidation)
+		if err != nil {
+			return fmt.Errorf("record of %s: file %s: artifact %q: %w", t.Version, f.Path, f.Artifact, err)
+		}
+		if host := d.Context().RegistryStr(); host != domain {
+			return fmt.Errorf("record of %s: file %s: artifact %q is on %s, not the registry this run uses (%s): refused, since the record is not signed (import the bundle into %s again, or name its registry with --domain)",
+				t.Version, f.Path, f.Artifact, host, domain, domain)
+		}
+	}
+	return nil
 }
 
 // File returns the signed file name for arch, and its artifact in the
