@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 const roleLabelPrefix = "node-role.kubernetes.io/"
@@ -20,7 +23,9 @@ const roleLabelPrefix = "node-role.kubernetes.io/"
 // these per node; the port and user come from the inventory's node entry,
 // else its role entry, else its ssh section, else 22 and root. A node in
 // the inventory but not in the cluster is an error, and so is a node with
-// no address.
+// no address, an address that is neither an IP nor a DNS name, and two
+// nodes reached at one address and port (a node's status may name
+// another's address: commands meant for one would run on the other).
 func Targets(nodes []corev1.Node, inv *Inventory) ([]Target, error) {
 	if inv == nil {
 		inv = &Inventory{}
@@ -31,6 +36,7 @@ func Targets(nodes []corev1.Node, inv *Inventory) ([]Target, error) {
 	}
 	var errs []error
 	targets := make([]Target, 0, len(nodes))
+	at := map[string]string{} // address:port -> the node reached there
 	for _, n := range nodes {
 		o, inInventory := byName[n.Name]
 		delete(byName, n.Name)
@@ -47,9 +53,23 @@ func Targets(nodes []corev1.Node, inv *Inventory) ([]Target, error) {
 			errs = append(errs, fmt.Errorf("node %s: no address in %s", n.Name, where))
 			continue
 		}
+		where := "status.addresses"
+		if o.Address != "" {
+			where = strings.TrimSpace("the inventory " + inv.file)
+		}
+		if net.ParseIP(t.Address) == nil && len(validation.IsDNS1123Subdomain(t.Address)) > 0 {
+			errs = append(errs, fmt.Errorf("node %s: address %q in %s: not an IP address or a DNS name", n.Name, t.Address, where))
+			continue
+		}
 		r := inv.Roles[t.Role]
 		t.Port = cmp.Or(o.Port, r.Port, inv.SSH.Port, 22)
 		t.User = cmp.Or(o.User, r.User, inv.SSH.User, "root")
+		hp := net.JoinHostPort(t.Address, strconv.Itoa(t.Port))
+		if other, dup := at[hp]; dup {
+			errs = append(errs, fmt.Errorf("node %s: address %s (from %s) is node %s's too: give each node its own address in the inventory", n.Name, hp, where, other))
+			continue
+		}
+		at[hp] = n.Name
 		targets = append(targets, t)
 	}
 	invName := strings.TrimSpace("the inventory " + inv.file)

@@ -92,3 +92,34 @@ func TestTargetsErrors(t *testing.T) {
 		t.Errorf("err = %v names nodes that are fine", err)
 	}
 }
+
+// A node's status is not trusted: an address that is neither an IP nor a
+// DNS name is refused, naming node, field and value, and so is an address
+// and port another node is reached at (a node reporting its neighbour's
+// address would have the neighbour receive its commands); the inventory
+// can give each its own, and two nodes behind one address on different
+// ports are fine.
+func TestTargetsRefuseBadAndSharedAddresses(t *testing.T) {
+	nodes := []corev1.Node{
+		node("worker-1", nil, "InternalIP", "10.0.0.21"),
+		node("worker-2", nil, "InternalIP", "10.0.0.21"),
+		node("worker-3", nil, "InternalIP", "10.0.0.23; rm -rf /"),
+	}
+	_, err := Targets(nodes, nil)
+	for _, want := range []string{
+		"node worker-2: address 10.0.0.21:22 (from status.addresses) is node worker-1's too",
+		`node worker-3: address "10.0.0.23; rm -rf /" in status.addresses: not an IP address or a DNS name`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v, want it to say %q", err, want)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "node worker-1:") {
+		t.Errorf("err = %v names worker-1, which was first at its address", err)
+	}
+	inv := &Inventory{Nodes: []NodeConfig{{Name: "worker-2", Address: "10.0.0.22"}, {Name: "worker-3", Address: "10.0.0.21", Port: 2222}}}
+	got, err := Targets(nodes, inv)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("with the inventory: %v %+v", err, got)
+	}
+}
