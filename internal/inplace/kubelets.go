@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -102,7 +103,7 @@ func (r *applyRun) window(ctx context.Context, workers []string, limit int) erro
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := r.upgradeKubelet(ctx, n)
+				err := r.upgradeKubeletRecovered(ctx, n)
 				mu.Lock()
 				inFlight--
 				if err != nil && firstErr == nil {
@@ -140,6 +141,31 @@ func (r *applyRun) window(ctx context.Context, workers []string, limit int) erro
 	return firstErr
 }
 
+// ErrPanic means a step panicked: a bug in kubelift, failing that node
+// like any error (undone, recorded, the run stopped with its cordons
+// undone and its lock released), with the stack in the log.
+var ErrPanic = errors.New("panic (a bug in kubelift: please report it with the log)")
+
+// recovered is the error of a panic p on node; the stack goes to the log.
+func (r *applyRun) recovered(node string, p any) error {
+	r.log.Error("panic", "node", node, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	return fmt.Errorf("node %s: %w: %v", node, ErrPanic, p)
+}
+
+// upgradeKubeletRecovered is upgradeKubelet in a worker goroutine: a
+// panic that escapes it (from its own error path) is recorded as the
+// node's failure instead of ending the process with the lock held and
+// the node cordoned.
+func (r *applyRun) upgradeKubeletRecovered(ctx context.Context, name string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(name, p)
+			r.setNode(context.WithoutCancel(ctx), name, NodeFailed, "kubelet", err)
+		}
+	}()
+	return r.upgradeKubelet(ctx, name)
+}
+
 // upgradeKubelet is one node's kubelet, in named steps: check, back up,
 // record containers, hash-skip file, swap and restart, wait Ready at the
 // target, verify no container restarted, then kube-proxy (upgradeProxy),
@@ -151,7 +177,16 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 	// log line of a node done says where its time went.
 	began := r.wait.Now()
 	var swapped, readyAt time.Time
-	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) error {
+	touched := false // the swap began: a panic from then on is rolled back
+	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = r.recovered(name, p)
+				if touched && !r.dry {
+					err = r.rollback(ctx, o, "kubelet", err)
+				}
+			}
+		}()
 		// check
 		v, err := o.running(ctx, "kubelet")
 		if err != nil {
@@ -205,6 +240,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		}
 		podsCh := make(chan podsResult, 1)
 		go func() {
+			defer func() {
+				if p := recover(); p != nil {
+					podsCh <- podsResult{nil, r.recovered(name, p)}
+				}
+			}()
 			p, err := r.podsOn(ctx, name)
 			podsCh <- podsResult{p, err}
 		}()
@@ -216,6 +256,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		}
 		containersCh := make(chan containersResult, 1)
 		go func() {
+			defer func() {
+				if p := recover(); p != nil {
+					containersCh <- containersResult{nil, r.recovered(name, p)}
+				}
+			}()
 			c, err := o.containers(ctx)
 			containersCh <- containersResult{c, err}
 		}()
@@ -246,6 +291,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			}
 		}
 		// swap and restart
+		touched = true
 		if err := o.swap(ctx, "kubelet", r.fileSHA("kubelet", st.Arch)); err != nil {
 			return r.rollback(ctx, o, "kubelet", err)
 		}

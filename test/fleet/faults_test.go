@@ -335,6 +335,35 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 }
 
 // refuse is a fake API server's answer to a request the test refuses.
+// drainable makes the world's pods drainable: owned by ReplicaSets, and
+// deleted on their eviction, as the real API server does when no budget
+// refuses.
+func (r *faultRun) drainable(ctx context.Context, t *testing.T) {
+	t.Helper()
+	r.w.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		ca, ok := a.(k8stesting.CreateAction)
+		if !ok || a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		ev, ok := ca.GetObject().(*policyv1.Eviction)
+		if !ok {
+			return false, nil, nil
+		}
+		return true, nil, r.w.client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), ev.Namespace, ev.Name)
+	})
+	for _, name := range []string{"web", "db"} {
+		p, err := r.w.client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		yes := true
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: name, UID: "rs-" + p.UID, Controller: &yes}}
+		if _, err := r.w.client.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func refuse(k8stesting.Action) (bool, runtime.Object, error) {
 	return true, nil, errors.New("refused by the test")
 }
@@ -348,31 +377,7 @@ func TestApplyCancelledWhileSettlingUncordons(t *testing.T) {
 	defer cancel()
 	kwok(ctx, t, r.w.client)
 	r.opts.Drain, r.opts.Settle = true, time.Minute
-	// The fake API server deletes a pod on its eviction, as the real one
-	// does when no budget refuses.
-	r.w.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		ca, ok := a.(k8stesting.CreateAction)
-		if !ok || a.GetSubresource() != "eviction" {
-			return false, nil, nil
-		}
-		ev, ok := ca.GetObject().(*policyv1.Eviction)
-		if !ok {
-			return false, nil, nil
-		}
-		return true, nil, r.w.client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), ev.Namespace, ev.Name)
-	})
-	// Pods a ReplicaSet would recreate: a drain evicts them.
-	for _, name := range []string{"web", "db"} {
-		p, err := r.w.client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		yes := true
-		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: name, UID: "rs-" + p.UID, Controller: &yes}}
-		if _, err := r.w.client.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.drainable(ctx, t)
 	// worker-2 cordoned by its operator, before the run.
 	n, err := r.w.client.CoreV1().Nodes().Get(ctx, "worker-2", metav1.GetOptions{})
 	if err != nil {
@@ -734,5 +739,40 @@ func TestLockFencesARunThatCannotRenew(t *testing.T) {
 		if e := nodeEntry(st, s.Name); e.Status != inplace.NodeDone {
 			t.Errorf("%s recorded %s", s.Name, e.Status)
 		}
+	}
+}
+
+// A panic in a node's step (here its post-hook, after the kubelet was
+// swapped) fails that node like any error: it is rolled back, recorded
+// with the panic, its cordon undone, and the lock released; the process
+// lives on to say so.
+func TestApplyRecoversAPanicInANodeStep(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.opts.Drain = true
+	r.drainable(ctx, t)
+	r.opts.Hook = func(_ context.Context, phase, node, _, _ string) error {
+		if phase == "post" && node == "worker-1" {
+			var m map[string]int
+			m["boom"]++ // a nil map: the kind of bug a panic is
+		}
+		return nil
+	}
+	_, err := r.apply(ctx)
+	if !errors.Is(err, inplace.ErrPanic) || !strings.Contains(err.Error(), "node worker-1") || !errors.Is(err, inplace.ErrNodeFailed) {
+		t.Fatalf("apply: %v", err)
+	}
+	if v := r.w.fleet.Running("worker-1", "kubelet"); v != oldVersion {
+		t.Errorf("worker-1's kubelet runs %s after the panic, want %s (rolled back)", v, oldVersion)
+	}
+	if e := nodeEntry(r.state(t), "worker-1"); e.Status != inplace.NodeRolledBack || !strings.Contains(e.LastError, "panic") {
+		t.Errorf("worker-1 recorded %s (%s)", e.Status, e.LastError)
+	}
+	r.noCordonOfOurs(t)
+	l, err := r.w.client.CoordinationV1().Leases("kube-system").Get(ctx, upgradelock.Name, metav1.GetOptions{})
+	if err != nil || (l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "") {
+		t.Errorf("the lock after the run: %v %+v", err, l.Spec)
 	}
 }
