@@ -11,8 +11,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/kubectl/pkg/drain"
 )
 
@@ -27,22 +29,35 @@ var ErrDrainBlocked = errors.New("drain blocked")
 // cordon marks the node unschedulable, remembering that it did; a node
 // already unschedulable is left as the operator made it.
 func (r *applyRun) cordon(ctx context.Context, name string) error {
-	n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("node %s: %w", name, err)
-	}
-	if n.Spec.Unschedulable {
-		return nil
-	}
-	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": true}, "metadata": map[string]any{"annotations": map[string]any{AnnotationCordoned: "true"}}})
-	if err != nil {
+	// Conditional on the Node as read: a cordon made by hand between the
+	// read and the patch is a conflict, read again (and then left alone),
+	// never marked as kubelift's.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Spec.Unschedulable {
+			return nil
+		}
+		patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": true},
+			"metadata": map[string]any{"resourceVersion": n.ResourceVersion, "annotations": map[string]any{AnnotationCordoned: "true"}}})
+		if err != nil {
+			return err
+		}
+		r.cordoned.Store(name, true) // before the patch: a failed one is undone too
+		_, err = r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+		if apierrors.IsConflict(err) {
+			r.cordoned.Delete(name) // not applied
+		}
+		if err == nil {
+			r.event(ctx, name, "Cordoned", "kubelift: cordoned to drain it")
+		}
 		return err
-	}
-	r.cordoned.Store(name, true) // before the patch: a failed one is undone too
-	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("node %s: cordon: %w", name, err)
 	}
-	r.event(ctx, name, "Cordoned", "kubelift: cordoned to drain it")
 	return nil
 }
 
@@ -60,19 +75,24 @@ func (r *applyRun) uncordon(ctx context.Context, name string) error {
 			return nil
 		}
 	}
-	n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("node %s: %w", name, err)
-	}
-	if n.Annotations[AnnotationCordoned] != "true" {
-		r.cordoned.Delete(name)
-		return nil
-	}
-	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": false}, "metadata": map[string]any{"annotations": map[string]any{AnnotationCordoned: nil}}})
-	if err != nil {
+	// Conditional on the Node as read, as cordon is.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Annotations[AnnotationCordoned] != "true" {
+			return nil
+		}
+		patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": false},
+			"metadata": map[string]any{"resourceVersion": n.ResourceVersion, "annotations": map[string]any{AnnotationCordoned: nil}}})
+		if err != nil {
+			return err
+		}
+		_, err = r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 		return err
-	}
-	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("node %s: uncordon: %w", name, err)
 	}
 	r.cordoned.Delete(name)

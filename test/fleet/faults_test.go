@@ -14,6 +14,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -774,5 +775,54 @@ func TestApplyRecoversAPanicInANodeStep(t *testing.T) {
 	l, err := r.w.client.CoordinationV1().Leases("kube-system").Get(ctx, upgradelock.Name, metav1.GetOptions{})
 	if err != nil || (l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "") {
 		t.Errorf("the lock after the run: %v %+v", err, l.Spec)
+	}
+}
+
+// A node cordoned by hand between kubelift's read of it and its cordon
+// patch stays the operator's: the patch is conditional on the Node as
+// read, the conflict is read again, and the node is neither marked as
+// kubelift's nor uncordoned at the end. (The fake API server keeps no
+// resourceVersions: the reactor plays the real one's answer to a patch
+// carrying a stale one.)
+func TestCordonByHandMeanwhileStaysTheOperators(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.opts.Drain = true
+	r.drainable(ctx, t)
+	var raced atomic.Bool
+	r.w.client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		pa, ok := a.(k8stesting.PatchAction)
+		if !ok || pa.GetName() != "worker-1" || !strings.Contains(string(pa.GetPatch()), `"unschedulable":true`) || raced.Swap(true) {
+			return false, nil, nil
+		}
+		// The operator's kubectl cordon lands first.
+		n, err := r.w.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", "worker-1")
+		if err != nil {
+			return true, nil, err
+		}
+		node := n.(*corev1.Node).DeepCopy()
+		node.Spec.Unschedulable = true
+		if err := r.w.client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), node, ""); err != nil {
+			return true, nil, err
+		}
+		if strings.Contains(string(pa.GetPatch()), `"resourceVersion"`) {
+			return true, nil, apierrors.NewConflict(corev1.Resource("nodes"), "worker-1", errors.New("the object has been modified"))
+		}
+		return false, nil, nil // an unconditional patch goes through, over the operator's cordon
+	})
+	if _, err := r.apply(ctx); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	if !raced.Load() {
+		t.Fatal("worker-1 was never cordoned by the run")
+	}
+	n, err := r.w.client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !n.Spec.Unschedulable || n.Annotations[inplace.AnnotationCordoned] != "" {
+		t.Errorf("worker-1 after the run: unschedulable %v, annotations %v; want the operator's cordon, unmarked", n.Spec.Unschedulable, n.Annotations)
 	}
 }
