@@ -366,3 +366,64 @@ func TestSumFunctionsAgree(t *testing.T) {
 		t.Fatalf("stage-file's sha256_of:\n%s\npull-file's:\n%s", a, b)
 	}
 }
+
+// running (and facts, which carries the same main_pid) says a unit runs
+// only when its main process is the same before and after its version is
+// read: a unit that restarts meanwhile (crash-looping) or whose process
+// ended is not running, rather than a line from a process that was on its
+// way out.
+func TestRunningOnlyASteadyMainProcess(t *testing.T) {
+	steady := exec.Command("sleep", "60")
+	if err := steady.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = steady.Process.Kill(); _ = steady.Wait() }()
+	ended := exec.Command("true")
+	if err := ended.Run(); err != nil {
+		t.Fatal(err)
+	}
+	version, err := exec.Command("sleep", "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(string(version), "\n")
+	pid := strconv.Itoa(steady.Process.Pid)
+	for _, tc := range []struct {
+		name, first, later, want string
+	}{
+		{"steady", pid, pid, first + "\n"},
+		{"restarted while read", pid, "999999", ""},
+		{"ended", strconv.Itoa(ended.Process.Pid), strconv.Itoa(ended.Process.Pid), ""},
+		{"not started", "0", "0", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			// systemctl as the node's: the unit's MainPID, first one, then another.
+			fake := "#!/bin/sh\nn=$(cat \"$DIR/calls\" 2>/dev/null || echo 0); echo $((n + 1)) >\"$DIR/calls\"\n" +
+				"if [ \"$n\" = 0 ]; then echo \"MainPID=$FIRST\"; else echo \"MainPID=$LATER\"; fi\n"
+			if err := os.WriteFile(filepath.Join(dir, "systemctl"), []byte(fake), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			c := exec.Command("sh", "-c", Running.Command("kube-apiserver"))
+			c.Env = []string{"PATH=" + dir + ":" + os.Getenv("PATH"), "DIR=" + dir, "FIRST=" + tc.first, "LATER=" + tc.later}
+			out, err := c.CombinedOutput()
+			if err != nil || string(out) != tc.want {
+				t.Errorf("running said %q (%v), want %q", out, err, tc.want)
+			}
+		})
+	}
+	// facts carries the same main_pid and the same check.
+	if !strings.Contains(Facts.Text, mainPID(t, Running)) || !strings.Contains(Facts.Text, `if [ "$(main_pid "$c")" = "$pid" ] && [ -e "/proc/$pid/exe" ]`) {
+		t.Error("facts does not carry running's main_pid and its check")
+	}
+}
+
+func mainPID(t *testing.T, s Script) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(s.Text, "\nmain_pid() {\n")
+	body, _, ok2 := strings.Cut(rest, "\n}\n")
+	if !ok || !ok2 {
+		t.Fatalf("%s has no main_pid", s.Name)
+	}
+	return body
+}

@@ -12,20 +12,34 @@ export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 vdir=$1
 sdir=$2
 shift 2
+main_pid() {
+  systemctl show "$1" -p MainPID 2>/dev/null | sed -n 's/^MainPID=//p'
+}
 for c in "$@"; do
-  pid=$(systemctl show "$c" -p MainPID 2>/dev/null | sed -n 's/^MainPID=//p')
+  pid=$(main_pid "$c")
+  # What the main process says is kept only when it is still the unit's
+  # main process after: a unit restarting (crash-looping) is not running,
+  # and its exiting process's answer is not a version.
+  runs='' version='' cmdline=''
   if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then
-    echo "### version $c"; "/proc/$pid/exe" --version 2>&1 | head -n 1
-    echo "### cmdline $c"; tr '\0' '\n' <"/proc/$pid/cmdline"; echo
+    version=$("/proc/$pid/exe" --version 2>&1 | head -n 1)
+    cmdline=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null)
+    if [ "$(main_pid "$c")" = "$pid" ] && [ -e "/proc/$pid/exe" ]; then
+      runs=yes
+    fi
+  fi
+  if [ -n "$runs" ]; then
+    echo "### version $c"; printf '%s\n' "$version"
+    echo "### cmdline $c"; printf '%s\n' "$cmdline"; echo
     if [ "$c" = kubelet ]; then
-      conf=$(tr '\0' '\n' <"/proc/$pid/cmdline" | sed -n -e 's/^--config=//p' -e '/^--config$/{n;p;}' | head -n 1)
+      conf=$(printf '%s\n' "$cmdline" | sed -n -e 's/^--config=//p' -e '/^--config$/{n;p;}' | head -n 1)
       if [ -n "$conf" ] && [ -f "$conf" ]; then
         echo "### kubelet-config"; grep -E '^failCgroupV1:' "$conf" || true
       fi
       # The hash-skip file an earlier upgrade left (hashskip.DefaultPath's
       # name in the kubelet's root directory): its schema version and the
       # hash era it keeps, one line.
-      root=$(tr '\0' '\n' <"/proc/$pid/cmdline" | sed -n -e 's/^--root-dir=//p' -e '/^--root-dir$/{n;p;}' | head -n 1)
+      root=$(printf '%s\n' "$cmdline" | sed -n -e 's/^--root-dir=//p' -e '/^--root-dir$/{n;p;}' | head -n 1)
       skip=${root:-/var/lib/kubelet}/kubelift-hash-skip.json
       if [ -f "$skip" ]; then
         echo "### hash-skip"
