@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -46,13 +48,19 @@ type pullRegistry struct {
 	spoil  map[string]bool // blob digest -> serve other bytes
 	refuse map[string]bool // blob digest -> 403 to a GET
 	cut    map[string]bool // blob digest -> cut the next download short
-	ranged int             // downloads that asked for a range (resumed)
+	// pad: blob digest -> serve this many bytes more than the blob, with
+	// its length announced (padAnnounced) or not (chunked); padSent counts
+	// the bytes of the padding the client took.
+	pad          map[string]int64
+	padAnnounced bool
+	padSent      int64
+	ranged       int // downloads that asked for a range (resumed)
 }
 
 const pullUser, pullPassword = "kubelift", "s3cret-pw"
 
 func newPullRegistry(t *testing.T) *pullRegistry {
-	r := &pullRegistry{spoil: map[string]bool{}, cut: map[string]bool{}, refuse: map[string]bool{}}
+	r := &pullRegistry{spoil: map[string]bool{}, cut: map[string]bool{}, refuse: map[string]bool{}, pad: map[string]int64{}}
 	reg := ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0)))
 	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(pullUser+":"+pullPassword))
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -63,7 +71,7 @@ func newPullRegistry(t *testing.T) *pullRegistry {
 		}
 		d := req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]
 		r.mu.Lock()
-		spoil, cut, refuse := r.spoil[d], r.cut[d], r.refuse[d]
+		spoil, cut, refuse, pad, announced := r.spoil[d], r.cut[d], r.refuse[d], r.pad[d], r.padAnnounced
 		if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/") {
 			delete(r.cut, d)
 			if req.Header.Get("Range") != "" {
@@ -76,7 +84,7 @@ func newPullRegistry(t *testing.T) *pullRegistry {
 			return
 		}
 		ranged := req.Header.Get("Range") != ""
-		if req.Method != http.MethodGet || !strings.Contains(req.URL.Path, "/blobs/") || (!spoil && !cut && !ranged) {
+		if req.Method != http.MethodGet || !strings.Contains(req.URL.Path, "/blobs/") || (!spoil && !cut && !ranged && pad == 0) {
 			reg.ServeHTTP(w, req)
 			return
 		}
@@ -97,6 +105,25 @@ func newPullRegistry(t *testing.T) *pullRegistry {
 		}
 		for k, v := range rec.Header() {
 			w.Header()[k] = v
+		}
+		if pad > 0 {
+			w.Header().Del("Content-Length")
+			if announced {
+				w.Header().Set("Content-Length", strconv.FormatInt(int64(len(body))+pad, 10))
+			}
+			w.WriteHeader(rec.Code)
+			w.Write(body)
+			chunk := make([]byte, 64<<10)
+			for left := pad; left > 0; left -= int64(len(chunk)) {
+				n, err := w.Write(chunk[:min(left, int64(len(chunk)))])
+				r.mu.Lock()
+				r.padSent += int64(n)
+				r.mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+			return
 		}
 		w.WriteHeader(rec.Code)
 		if cut {
@@ -274,6 +301,40 @@ func TestStagePullRefusesWrongBytes(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, "v1.31.4", ".*")); len(left) != 0 {
 		t.Errorf("left on the node: %v", left)
+	}
+}
+
+// A registry that serves more than the recorded size never fills the
+// node's disk: curl refuses a longer announced length, and the file size
+// limit stops a body whose length was not announced, a little past the
+// recorded size; the blob is refused and removed either way.
+func TestStagePullRefusesMoreThanRecorded(t *testing.T) {
+	for _, announced := range []bool{true, false} {
+		t.Run(fmt.Sprintf("announced %v", announced), func(t *testing.T) {
+			target, _, r, opts := pullWorld(t, false)
+			kubelet, _, _ := target.File("kubelet", "amd64")
+			const pad = 256 << 20
+			r.pad["sha256:"+kubelet.SHA256], r.padAnnounced = pad, announced
+			dir := t.TempDir()
+			opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
+			_, err := Stage(context.Background(), opts)
+			if !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "pull kubelet") || !strings.Contains(err.Error(), "bytes recorded") {
+				t.Fatalf("a blob served with %d bytes more: %v", pad, err)
+			}
+			r.mu.Lock()
+			sent := r.padSent
+			r.mu.Unlock()
+			// Loopback's socket buffers hold a few MB beyond what curl took.
+			if sent > 32<<20 {
+				t.Errorf("the node took %d bytes of the padding: no limit held", sent)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "v1.31.4", "*")); len(left) != 0 {
+				t.Errorf("staged: %v", left)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "v1.31.4", ".*")); len(left) != 0 {
+				t.Errorf("left on the node: %v", left)
+			}
+		})
 	}
 }
 

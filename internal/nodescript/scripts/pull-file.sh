@@ -44,9 +44,13 @@ set --
 for f in "/etc/containerd/certs.d/$host/ca.crt" "/etc/docker/certs.d/$host/ca.crt"; do
   if [ -f "$f" ]; then set -- --cacert "$f"; break; fi
 done
+# The blob is never let grow past its recorded size (a registry may serve
+# more): curl refuses a larger announced length (--max-filesize, exit 63),
+# and the file size limit stops one that is not announced.
 fetch() {
   rc=0
-  printf '%s\n' "$hdr" | curl -fsSL --connect-timeout 10 --speed-limit 1024 --speed-time 60 -H @- -C - -o "$blob" "$@" "$url" || rc=$?
+  printf '%s\n' "$hdr" | (ulimit -f "$((blobsize / 512 + 1))" 2>/dev/null || :
+    exec curl -fsSL --connect-timeout 10 --speed-limit 1024 --speed-time 60 --max-filesize "$blobsize" -H @- -C - -o "$blob" "$@" "$url") || rc=$?
 }
 have=0
 if [ -f "$blob" ]; then have=$(wc -c <"$blob" | tr -d ' '); fi
@@ -58,10 +62,14 @@ if [ "$have" -lt "$blobsize" ]; then
     rm -f "$blob"
     fetch "$@"
   fi
+  if [ -f "$blob" ] && [ "$(wc -c <"$blob" | tr -d ' ')" -gt "$blobsize" ]; then
+    rm -f "$blob"; echo "$url: more than the $blobsize bytes recorded" >&2; exit 65
+  fi
   case $rc in
   0) ;;
   6|7|28|35|51|60|77) echo "curl exit $rc: the registry cannot be reached (or is not trusted) from this node" >&2; exit 69 ;;
   22) echo "the registry refused $url (curl exit 22: an HTTP error)" >&2; exit 66 ;;
+  63) rm -f "$blob"; echo "$url: larger than the $blobsize bytes recorded (curl exit 63)" >&2; exit 65 ;;
   *) echo "curl exit $rc fetching $url: cut off, the next stage goes on" >&2; exit 75 ;;
   esac
 fi
