@@ -49,14 +49,18 @@ func (s *Store) Open(d digest.Digest) (*os.File, error) {
 }
 
 // Put stores r's content, which must hash to want (and be size bytes long
-// when size >= 0). It returns the number of bytes written. On any error
-// nothing is left behind.
+// when size >= 0: then no more than size+1 bytes are read, so a source
+// that sends more never fills the disk). It returns the number of bytes
+// written. On any error nothing is left behind.
 func (s *Store) Put(want digest.Digest, size int64, r io.Reader) (int64, error) {
 	if err := want.Validate(); err != nil {
 		return 0, err
 	}
 	if want.Algorithm() != digest.SHA256 {
 		return 0, fmt.Errorf("digest %s: only sha256 is supported", want)
+	}
+	if size >= 0 {
+		r = io.LimitReader(r, size+1)
 	}
 	_, n, err := s.write(r, func(got digest.Digest, n int64) error {
 		if got != want {
@@ -68,12 +72,6 @@ func (s *Store) Put(want digest.Digest, size int64, r io.Reader) (int64, error) 
 		return nil
 	})
 	return n, err
-}
-
-// PutUnknown stores r's content whatever it hashes to, returning its digest.
-// Used for files whose upstream publishes no checksum.
-func (s *Store) PutUnknown(r io.Reader) (digest.Digest, int64, error) {
-	return s.write(r, func(digest.Digest, int64) error { return nil })
 }
 
 func (s *Store) write(r io.Reader, check func(digest.Digest, int64) error) (digest.Digest, int64, error) {

@@ -50,12 +50,30 @@ func TestPutVerifiesAndIsAtomic(t *testing.T) {
 	}
 }
 
-func TestPutUnknown(t *testing.T) {
+// A source that sends more than the size given is read no further than
+// one byte past it: an endless one does not fill the disk.
+func TestPutReadsNoMoreThanTheSize(t *testing.T) {
 	s := &Store{Dir: t.TempDir()}
-	d, n, err := s.PutUnknown(strings.NewReader("abc"))
-	if err != nil || n != 3 || d != digest.FromString("abc") || !s.Has(d, 3) {
-		t.Fatalf("PutUnknown = %s %d %v", d, n, err)
+	endless := &countingReader{}
+	want := digest.FromString(strings.Repeat("\x00", 1000))
+	if _, err := s.Put(want, 1000, endless); !errors.Is(err, ErrDigestMismatch) {
+		t.Fatalf("Put of an endless source: %v", err)
 	}
+	if endless.n > 1001 {
+		t.Errorf("read %d bytes for an object of 1000", endless.n)
+	}
+	if s.Has(want, -1) {
+		t.Error("stored")
+	}
+}
+
+// countingReader is endless zeros, counting what was read.
+type countingReader struct{ n int64 }
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	clear(p)
+	r.n += int64(len(p))
+	return len(p), nil
 }
 
 func TestVerifyingReader(t *testing.T) {

@@ -4,6 +4,7 @@
 package fetch
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -42,7 +43,18 @@ type Fetcher struct {
 	// to wait between tries; the zero one is 3 tries, 0.5 s then 1 s
 	// apart.
 	Backoff wait.Backoff
+	// MaxSize bounds a download whose size neither the File nor the
+	// server says (DefaultMaxSize when 0); one whose size is known is
+	// read no further than that.
+	MaxSize int64
 }
+
+// DefaultMaxSize bounds a download of unknown size: a Kubernetes server
+// binary is a few hundred MB, the largest archive a bundle carries less.
+const DefaultMaxSize = 4 << 30
+
+// ErrTooLarge means a download went past its bound.
+var ErrTooLarge = errors.New("larger than allowed")
 
 var hexRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
@@ -90,7 +102,22 @@ func (f *Fetcher) Fetch(ctx context.Context, files []*File) error {
 			if resp.ContentLength > 0 {
 				sink.Expect(resp.ContentLength)
 			}
-			n, err := f.Store.Put(d, -1, &progress.Reader{R: resp.Body, Sink: sink})
+			// The size the File says, else the server's (Go's client reads
+			// no further than it); else the bound.
+			size := int64(-1)
+			var body io.Reader = &progress.Reader{R: resp.Body, Sink: sink}
+			switch {
+			case file.Size > 0:
+				size = file.Size
+			case resp.ContentLength >= 0:
+				size = resp.ContentLength
+			default:
+				body = &boundedReader{r: body, left: cmp.Or(f.MaxSize, DefaultMaxSize)}
+			}
+			n, err := f.Store.Put(d, size, body)
+			if errors.Is(err, ErrTooLarge) {
+				return permanent{fmt.Errorf("%s: %w: more than %d bytes", file.URL, ErrTooLarge, cmp.Or(f.MaxSize, DefaultMaxSize))}
+			}
 			if errors.Is(err, cas.ErrDigestMismatch) {
 				return permanent{fmt.Errorf("%s: %w: %v", file.URL, ErrChecksum, err)}
 			}
@@ -101,6 +128,28 @@ func (f *Fetcher) Fetch(ctx context.Context, files []*File) error {
 			return nil
 		})
 	})
+}
+
+// boundedReader fails with ErrTooLarge once more than left bytes were
+// read.
+type boundedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return 0, ErrTooLarge
+	}
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	if b.left < 0 {
+		return n, ErrTooLarge
+	}
+	return n, err
 }
 
 func statStore(s *cas.Store, d digest.Digest) (int64, error) {

@@ -121,3 +121,38 @@ func TestFetchRetriesTransientErrors(t *testing.T) {
 }
 
 func digestOf(s string) digest.Digest { return digest.FromString(s) }
+
+// A download whose size nobody states (no size in the File, no
+// Content-Length) is bounded: an endless one stops at MaxSize, is not
+// retried, and leaves nothing; one whose size the File states is read no
+// further than that.
+func TestFetchBoundsTheSize(t *testing.T) {
+	var sent atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		chunk := make([]byte, 32<<10)
+		for i := 0; i < 64<<20/len(chunk); i++ { // 64 MiB, chunked, at most
+			n, err := w.Write(chunk)
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(ts.Close)
+	store := &cas.Store{Dir: t.TempDir()}
+	f := &Fetcher{Store: store, MaxSize: 1 << 20, Backoff: wait.Backoff{Steps: 3}}
+	want := sum(strings.Repeat("\x00", 1<<20))
+	err := f.Fetch(context.Background(), []*File{{URL: ts.URL + "/endless", SHA256: want}})
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "/endless") || strings.Contains(err.Error(), "attempts") {
+		t.Fatalf("an endless download: %v", err)
+	}
+	if store.Has(digestOf(strings.Repeat("\x00", 1<<20)), -1) {
+		t.Error("stored")
+	}
+	sent.Store(0)
+	err = f.Fetch(context.Background(), []*File{{URL: ts.URL + "/sized", SHA256: want, Size: 1000}})
+	if !errors.Is(err, ErrChecksum) {
+		t.Fatalf("a download longer than its stated size: %v", err)
+	}
+}

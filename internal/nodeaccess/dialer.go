@@ -1,6 +1,7 @@
 package nodeaccess
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,7 @@ type Dialer struct {
 	connectTimeout time.Duration
 	dial           func(ctx context.Context, network, addr string) (net.Conn, error)
 	log            *slog.Logger
+	maxOutput      int64
 	written        atomic.Int64
 }
 
@@ -76,6 +78,16 @@ func WithConnectTimeout(t time.Duration) Option { return func(d *Dialer) { d.con
 func WithNetDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
 	return func(d *Dialer) { d.dial = dial }
 }
+
+// DefaultMaxOutput bounds what one command may print: every node script
+// prints far less (a node's facts with hundreds of containers, a few MB).
+const DefaultMaxOutput = 64 << 20
+
+// WithMaxOutput bounds the standard output of one command at n bytes
+// (DefaultMaxOutput when not given): a node that prints more is stopped
+// and its command fails (ErrOutputTooLarge), instead of filling this
+// machine's memory.
+func WithMaxOutput(n int64) Option { return func(d *Dialer) { d.maxOutput = n } }
 
 // WithLogger reports what the Dialer works around, such as an unreachable
 // ssh-agent when an identity file is also given.
@@ -157,7 +169,7 @@ func parseJump(spec string) (Target, error) {
 func (d *Dialer) Dial(ctx context.Context, t Target) (Node, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.connectTimeout)
 	defer cancel()
-	n := &sshNode{target: t, addr: t.Addr()}
+	n := &sshNode{target: t, addr: t.Addr(), maxOutput: cmp.Or(d.maxOutput, DefaultMaxOutput)}
 	var err error
 	if d.jump != nil {
 		if n.jump, err = d.login(ctx, t, *d.jump, nil); err != nil {

@@ -22,11 +22,16 @@ const stderrTail = 4 << 10
 
 // sshNode is a Node reached over SSH.
 type sshNode struct {
-	target Target
-	addr   string
-	client *ssh.Client
-	jump   *ssh.Client // nil when dialed directly
+	target    Target
+	addr      string
+	client    *ssh.Client
+	jump      *ssh.Client // nil when dialed directly
+	maxOutput int64
 }
+
+// ErrOutputTooLarge means a command printed more than the Dialer's bound
+// (WithMaxOutput): it was stopped.
+var ErrOutputTooLarge = errors.New("output larger than allowed")
 
 func (n *sshNode) fail(op string, err error) error {
 	return &Error{Node: n.target.Name, Address: n.addr, Op: op, Err: err}
@@ -126,9 +131,9 @@ func (n *sshNode) run(ctx context.Context, cmd string, stdin io.Reader) ([]byte,
 		return nil, fmt.Errorf("open session: %w", err)
 	}
 	defer s.Close()
-	var stdout bytes.Buffer
+	stdout := &bounded{max: n.maxOutput, over: make(chan struct{})}
 	stderr := &tail{max: stderrTail}
-	s.Stdin, s.Stdout, s.Stderr = stdin, &stdout, stderr
+	s.Stdin, s.Stdout, s.Stderr = stdin, stdout, stderr
 	if err := s.Start(n.command(cmd)); err != nil {
 		return nil, err
 	}
@@ -136,16 +141,44 @@ func (n *sshNode) run(ctx context.Context, cmd string, stdin io.Reader) ([]byte,
 	go func() { done <- s.Wait() }()
 	select {
 	case err = <-done:
+	case <-stdout.over:
+		_ = s.Signal(ssh.SIGKILL)
+		_ = s.Close()
+		return nil, fmt.Errorf("%w: stopped after %d bytes of standard output", ErrOutputTooLarge, n.maxOutput)
 	case <-ctx.Done():
 		_ = s.Signal(ssh.SIGKILL)
 		_ = s.Close()
 		return nil, ctx.Err()
 	}
+	if stdout.full {
+		return nil, fmt.Errorf("%w: stopped after %d bytes of standard output", ErrOutputTooLarge, n.maxOutput)
+	}
 	var exit *ssh.ExitError
 	if errors.As(err, &exit) {
 		err = &ExitError{Code: exit.ExitStatus(), Signal: exit.Signal(), Stderr: string(bytes.TrimSpace(stderr.b))}
 	}
-	return stdout.Bytes(), err
+	return stdout.b.Bytes(), err
+}
+
+// bounded keeps what is written to it up to max bytes; past that it keeps
+// nothing more and closes over (once), so that the session is stopped.
+type bounded struct {
+	max  int64
+	b    bytes.Buffer
+	full bool
+	over chan struct{}
+}
+
+func (w *bounded) Write(p []byte) (int, error) {
+	if w.full {
+		return len(p), nil
+	}
+	if int64(w.b.Len())+int64(len(p)) > w.max {
+		w.full = true
+		close(w.over)
+		return len(p), nil
+	}
+	return w.b.Write(p)
 }
 
 // command is cmd as sent to the node: through `sudo -n` for users other

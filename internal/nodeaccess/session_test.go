@@ -218,3 +218,22 @@ func TestUploadScriptRemovesTemporaryOnFailure(t *testing.T) {
 		t.Errorf("directory holds %d entries, want the temporary file removed", len(entries))
 	}
 }
+
+// A command's standard output is bounded: a node that prints more (here
+// without end) is stopped, and the command fails saying so, instead of
+// filling this machine's memory; one within the bound is whole.
+func TestRunBoundsOutput(t *testing.T) {
+	f := newFixture(t)
+	srv := f.server(t)
+	n := f.dial(t, f.dialer(t, WithMaxOutput(1<<20)), srv.target("worker-1", ""))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := n.Run(ctx, "yes kubelift", nil)
+	if !errors.Is(err, ErrOutputTooLarge) || !strings.Contains(err.Error(), "node worker-1") || out != nil {
+		t.Fatalf("endless output: %d bytes, %v", len(out), err)
+	}
+	out, err = n.Run(ctx, "head -c 1048576 /dev/zero", nil)
+	if err != nil || len(out) != 1<<20 {
+		t.Fatalf("output at the bound: %d bytes, %v", len(out), err)
+	}
+}
