@@ -161,6 +161,9 @@ type applyRun struct {
 	// lock is the upgrade lock the run holds (nil in a dry run): every
 	// node step and record write asks it first (fence).
 	lock *upgradelock.Lock
+	// moved: control-plane nodes a part of which was swapped or restored
+	// since the node was last settled (settle.go); under mu.
+	moved map[string]bool
 	// wait is every wait and every time read of the run.
 	wait waiter.Waiter
 	mu   sync.Mutex // state

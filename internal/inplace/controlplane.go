@@ -67,6 +67,12 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 			if err := r.driver.Upgrade(ctx, r, n.Name, t); err != nil {
 				return err
 			}
+			if r.takeMoved(n.Name) {
+				if err := r.settleControlPlane(ctx, n.Name, to, t != r.target); err != nil {
+					r.setNode(ctx, n.Name, NodeFailed, "control plane at "+to, err)
+					return err
+				}
+			}
 			r.setNode(ctx, n.Name, NodePending, "control plane at "+to, nil)
 		}
 	}

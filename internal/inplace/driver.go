@@ -141,6 +141,7 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 			if err := o.backup(ctx, comp); err != nil {
 				return err
 			}
+			r.markMoved(node)
 			if err := o.swap(ctx, comp, file.SHA256); err != nil {
 				return r.rollback(ctx, o, comp, err)
 			}

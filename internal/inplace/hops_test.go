@@ -144,7 +144,7 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 			if running[args[0]] == "" {
 				return "", nil
 			}
-			return "Kubernetes " + running[args[0]], nil
+			return "Kubernetes " + running[args[0]] + "\npid 4242\n", nil
 		},
 		nodescript.Installed.Name: func(args []string) (string, error) {
 			mu.Lock()
@@ -235,10 +235,10 @@ func TestBinaryDriverPatchDowngrade(t *testing.T) {
 		nodescript.Running.Name: func(args []string) (string, error) {
 			for _, s := range swapped {
 				if s == args[0] {
-					return "Kubernetes v1.31.3", nil
+					return "Kubernetes v1.31.3\npid 4242\n", nil
 				}
 			}
-			return "Kubernetes v1.31.4", nil
+			return "Kubernetes v1.31.4\npid 4242\n", nil
 		},
 		nodescript.Backup.Name: func([]string) (string, error) { return "", nil },
 		nodescript.Swap.Name: func(args []string) (string, error) {

@@ -156,18 +156,38 @@ func (o *nodeOps) writeHashSkip(ctx context.Context, oldEra string, now time.Tim
 // running reports the version comp's unit runs now ("" when not
 // running); a version that does not parse is an error naming it.
 func (o *nodeOps) running(ctx context.Context, comp string) (string, error) {
+	v, _, err := o.process(ctx, comp)
+	return v, err
+}
+
+// process reports the version comp's running process runs and its pid
+// ("" and 0 when the unit does not run, or restarted while read); what
+// does not parse is an error naming node, field and value.
+func (o *nodeOps) process(ctx context.Context, comp string) (string, int, error) {
 	out, err := o.run(ctx, "read "+comp+"'s version", nodescript.Running, comp)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
-	if strings.TrimSpace(out) == "" {
-		return "", nil
+	out = strings.TrimSpace(out)
+	if out == "" {
+		return "", 0, nil
 	}
-	v, bad := nodefacts.ParseVersionLine(o.name, comp+" --version", strings.TrimSpace(out))
+	line, pidLine, _ := strings.Cut(out, "\n")
+	v, bad := nodefacts.ParseVersionLine(o.name, comp+" --version", strings.TrimSpace(line))
 	if bad != nil {
-		return "", bad
+		return "", 0, bad
 	}
-	return v.String(), nil
+	pid, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(pidLine), "pid "))
+	if err != nil || pid <= 0 || !strings.HasPrefix(strings.TrimSpace(pidLine), "pid ") {
+		return "", 0, fmt.Errorf("node %s: %s's main process: %q is not \"pid N\"", o.name, comp, pidLine)
+	}
+	return v.String(), pid, nil
+}
+
+// start starts comp's unit where it does not run.
+func (o *nodeOps) start(ctx context.Context, comp string) error {
+	_, err := o.run(ctx, "start "+comp, nodescript.Start, comp)
+	return err
 }
 
 // installed reports the version of the program comp's unit starts

@@ -237,8 +237,15 @@ func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
 		if n.Role != RoleControlPlane {
 			continue
 		}
+		from := r.plan.From[0]
 		if err := r.driver.Undo(ctx, r, n.Name); err != nil {
 			return err
+		}
+		if r.takeMoved(n.Name) {
+			if err := r.settleControlPlane(ctx, n.Name, from, false); err != nil {
+				r.setNode(ctx, n.Name, NodeFailed, "control plane at "+from, err)
+				return err
+			}
 		}
 	}
 	return nil
@@ -275,6 +282,7 @@ func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 			return nil // not moved (or back already)
 		}
 		r.log.Info("rolling back", "node", node, "component", comp, "to", from)
+		r.markMoved(node)
 		if err := o.restore(ctx, comp); err != nil {
 			return err
 		}

@@ -25,7 +25,7 @@ func TestComponentWaitIsOnTheRunsClock(t *testing.T) {
 	// A node whose component never moves: every read of what runs says
 	// v1.30.14.
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
-		nodescript.Running.Name: func([]string) (string, error) { return "Kubernetes v1.30.14\n", nil },
+		nodescript.Running.Name: func([]string) (string, error) { return "Kubernetes v1.30.14\npid 4242\n", nil },
 	}}
 	r := &applyRun{opts: ApplyOptions{ReadyTimeout: 5 * time.Minute}, res: &ApplyResult{}, wait: waiter.Waiter{Clock: clk}}
 	o := &nodeOps{n: node, name: "cp-1", facts: &nodefacts.Facts{}}

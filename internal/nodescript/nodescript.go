@@ -50,6 +50,7 @@ var (
 	Exists       = load("exists", readOnly)
 	CheckFile    = load("check-file", readOnly)
 	Remove       = load("remove", writes)
+	Start        = load("start", writes)
 	// kubeadm clusters: kubeadm run detached and followed, etcd's
 	// snapshot taken inside its static pod, the static pod manifests and
 	// kubeadm's backups of them read, and one put back.

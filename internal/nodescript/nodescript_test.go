@@ -41,6 +41,7 @@ var goldenArgs = map[string][]string{
 	"exists":                {"/var/lib/kubelet/" + hostile},
 	"check-file":            {"/var/lib/kubelift/staged/" + hostile + "/kubeadm", hostile},
 	"remove":                {"/var/lib/kubelet/" + hostile},
+	"start":                 {hostile},
 	"kubeadm-start":         {"/var/lib/kubelift/kubeadm", "upgrade-apply-v1.31.4-1", "/var/lib/kubelift/staged/v1.31.4/kubeadm", "upgrade", "apply", hostile, "--yes"},
 	"kubeadm-status":        {"/var/lib/kubelift/kubeadm", "upgrade-apply-" + hostile},
 	"kubeadm-etcd-snapshot": {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "/var/lib/etcd", "/etc/kubernetes/pki/etcd"},
@@ -391,7 +392,7 @@ func TestRunningOnlyASteadyMainProcess(t *testing.T) {
 	for _, tc := range []struct {
 		name, first, later, want string
 	}{
-		{"steady", pid, pid, first + "\n"},
+		{"steady", pid, pid, first + "\npid " + pid + "\n"},
 		{"restarted while read", pid, "999999", ""},
 		{"ended", strconv.Itoa(ended.Process.Pid), strconv.Itoa(ended.Process.Pid), ""},
 		{"not started", "0", "0", ""},

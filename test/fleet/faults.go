@@ -30,6 +30,20 @@ func (f *Fleet) Fail(node, handler string, code, times int) {
 	n.faults[handler] = &fault{code: code, times: times}
 }
 
+// StopWhenRestarted makes unit on node stop (and stay stopped: a unit
+// with no Restart=) whenever trigger restarts there, as a controller
+// manager that leads exits when its API server restarts and it loses its
+// lease.
+func (f *Fleet) StopWhenRestarted(node, unit, trigger string) {
+	n := f.nodes[node]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopsWith == nil {
+		n.stopsWith = map[string]string{}
+	}
+	n.stopsWith[unit] = trigger
+}
+
 // block holds one command: reached is closed when it arrives, release
 // lets it go on.
 type block struct {

@@ -40,7 +40,7 @@ func newFaultRun(t *testing.T) *faultRun {
 	target, src, bins := newTarget(t, mustCatalog(t))
 	w := newWorld(t, bins)
 	return &faultRun{w: w, target: target, src: src, opts: inplace.ApplyOptions{
-		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3,
+		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
 			MaxUnavailable: "1", Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))},
 		Source: src, CacheDir: t.TempDir(), Settle: time.Millisecond, ReadyTimeout: 5 * time.Second, LockDuration: 3 * time.Second,
 	}}
@@ -824,5 +824,40 @@ func TestCordonByHandMeanwhileStaysTheOperators(t *testing.T) {
 	}
 	if !n.Spec.Unschedulable || n.Annotations[inplace.AnnotationCordoned] != "" {
 		t.Errorf("worker-1 after the run: unschedulable %v, annotations %v; want the operator's cordon, unmarked", n.Spec.Unschedulable, n.Annotations)
+	}
+}
+
+// A rollback ends only on a control plane whose every part runs the old
+// version, the same process a health window later: restoring cp-1's API
+// server stops the controller manager and the scheduler there (leaders
+// that lost their leases, in units with no Restart=). The rollback starts
+// them again and waits, instead of saying "rolled back" over parts that
+// do not run.
+func TestRollbackEndsWithEveryPartRunning(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.opts.ReadyTimeout = time.Second
+	r.w.fleet.CrashAt("cp-1", "kube-apiserver", newVersion)
+	r.w.fleet.Fail("cp-1", "restore", 1, 1)
+	if _, err := r.apply(ctx); err == nil {
+		t.Fatal("apply passed with an API server that cannot start")
+	}
+	r.opts.ReadyTimeout = 5 * time.Second
+	for _, unit := range []string{"kube-controller-manager", "kube-scheduler"} {
+		r.w.fleet.StopWhenRestarted("cp-1", unit, "kube-apiserver")
+	}
+	res, err := inplace.Rollback(ctx, r.opts)
+	if err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+	for _, unit := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		if v := r.w.fleet.Running("cp-1", unit); v != oldVersion {
+			t.Errorf("cp-1 %s runs %q after the rollback said %s, want %s", unit, v, res.State.State, oldVersion)
+		}
+	}
+	if n := r.played("cp-1", "start"); n != 2 {
+		t.Errorf("%d units started on cp-1, want 2 (the controller manager and the scheduler)", n)
 	}
 }

@@ -443,7 +443,7 @@ func TestApply(t *testing.T) {
 
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3,
+		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
 			MaxUnavailable: "1", Log: log},
 		Source: src, CacheDir: t.TempDir(), Settle: time.Millisecond, ReadyTimeout: 30 * time.Second,
 	})
@@ -565,7 +565,7 @@ func TestApplyRollsBack(t *testing.T) {
 	defer cancel()
 	restarting := kwok(ctx, t, w.client)
 	_, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3,
+		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
 			MaxUnavailable: "1", Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))},
 		Source: src, CacheDir: t.TempDir(), Settle: time.Millisecond, ReadyTimeout: 2 * time.Second,
 	})

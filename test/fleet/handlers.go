@@ -34,6 +34,7 @@ var handlers = map[string]handler{
 	"etcd-snapshot": {"etcd snapshot", playEtcd},
 	"exists":        {"exists", playExists},
 	"remove":        {"rm", playRm},
+	"start":         {"start", playStart},
 }
 
 // exec plays cmd on n: one of the engine's node scripts, exactly as
@@ -293,19 +294,33 @@ func playWriteFile(_ *Fleet, n *node, args []string, io *stdio) int {
 	return 0
 }
 
-// playRunning answers the running script. args: UNIT.
+// playRunning answers the running script: the version line and the main
+// process's pid. args: UNIT.
 func playRunning(_ *Fleet, n *node, args []string, io *stdio) int {
 	n.mu.Lock()
 	u := n.units[args[0]]
-	version := ""
+	version, pid := "", int64(0)
 	if u != nil && u.pid != 0 {
-		version = u.version
+		version, pid = u.version, u.pid
 	}
 	n.mu.Unlock()
 	if version != "" {
-		fmt.Fprintf(io.out, "Kubernetes %s\n", version)
+		fmt.Fprintf(io.out, "Kubernetes %s\npid %d\n", version, pid)
 	}
 	return 0
+}
+
+// playStart answers the start script: a unit that does not run is
+// started (as systemctl start does; one that runs is left). args: UNIT.
+func playStart(f *Fleet, n *node, args []string, io *stdio) int {
+	n.mu.Lock()
+	u := n.units[args[0]]
+	runs := u != nil && u.pid != 0
+	n.mu.Unlock()
+	if runs {
+		return 0
+	}
+	return f.systemctlRestart(n, args[0], io)
 }
 
 // playHealthz answers the healthz script: 200 for kube-proxy's endpoint

@@ -46,6 +46,9 @@ type node struct {
 	crashes map[string]string
 	// blocks hold the next command of a handler until released (Block).
 	blocks map[string]*block
+	// stopsWith maps a unit to the unit whose restart stops it
+	// (StopWhenRestarted).
+	stopsWith map[string]string
 }
 
 // vfile is a file: its content when small (unit files, what the engine
@@ -285,6 +288,11 @@ func (f *Fleet) restart(n *node, name string) error {
 		return fmt.Errorf("Failed to restart %s.service: Unit %s.service not found.", name, name)
 	}
 	f.start(n, name, u)
+	for other, trigger := range n.stopsWith {
+		if o := n.units[other]; trigger == name && o != nil {
+			o.version, o.pid, o.cmdline = "", 0, nil
+		}
+	}
 	version := u.version
 	if name == "kubelet" && n.restartsContainers && version != "" {
 		n.generation++
