@@ -34,6 +34,46 @@ func running(node, comp string) (string, error) {
 	return strings.TrimPrefix(strings.TrimSpace(out), "Kubernetes "), err
 }
 
+// mainPID reads the pid of comp's main process on node, over SSH (0 when
+// it does not run).
+func mainPID(t *testing.T, node, comp string) int {
+	t.Helper()
+	out := h.SSH(t, node, fmt.Sprintf("systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'", comp))
+	var pid int
+	if _, err := fmt.Sscan(strings.TrimSpace(out), &pid); err != nil {
+		t.Fatalf("%s: %s's MainPID %q: %v", node, comp, out, err)
+	}
+	return pid
+}
+
+// steadyControlPlane checks, as soon as a command said it was done, that
+// every control-plane part runs version, and that each is still the same
+// process a minute later (an API server's restart makes a leading
+// controller manager or scheduler exit a few seconds on).
+func steadyControlPlane(t *testing.T, version string) {
+	t.Helper()
+	pids := map[string]int{}
+	for _, m := range h.SB.Nodes() {
+		if m.Role != "control-plane" {
+			continue
+		}
+		for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			got, err := running(m.Name, c)
+			if err != nil || got != version {
+				t.Errorf("%s: %s runs %q (%v) when the command returned, want %s", m.Name, c, got, err, version)
+			}
+			pids[m.Name+"/"+c] = mainPID(t, m.Name, c)
+		}
+	}
+	time.Sleep(time.Minute)
+	for key, pid := range pids {
+		node, c, _ := strings.Cut(key, "/")
+		if now := mainPID(t, node, c); now != pid || pid == 0 {
+			t.Errorf("%s: %s was process %d when the command returned, a minute later %d", node, c, pid, now)
+		}
+	}
+}
+
 // components lists what runs on each node of the sandbox.
 func components(m sandbox.Machine) []string {
 	if m.Role == "control-plane" {
@@ -99,6 +139,7 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 	if r.Code != 0 {
 		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
+	steadyControlPlane(t, from)
 	expectEverywhere(t, from, before)
 	st := h.Status(t)
 	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion {
