@@ -331,7 +331,11 @@ func (r *applyRun) planStep(ctx context.Context) error {
 	if len(blocking) > 0 {
 		return fmt.Errorf("%w by %d findings (upgrade plan shows them):\n  %s", ErrBlocked, len(blocking), strings.Join(blocking, "\n  "))
 	}
-	if r.done() {
+	done, err := r.done(ctx)
+	if err != nil {
+		return err
+	}
+	if done {
 		r.res.NothingToDo = true
 		r.log.Info("every node already runs the target: nothing to do", "version", r.target.Version.String())
 	}
@@ -406,8 +410,47 @@ func (r *applyRun) selected(name string) bool {
 }
 
 // done: every selected node's kubelet and every control-plane component
-// run the target.
-func (r *applyRun) done() bool {
+// run the target, and nothing a run left is unfinished: no Node carries
+// kubelift's in-flight record or cordon, and the record of an upgrade to
+// the target says it completed (a run that died after the last swap, or
+// before its last step, is finished, not taken for done).
+func (r *applyRun) done(ctx context.Context) (bool, error) {
+	to := r.target.Version.String()
+	for i := range r.view.nodes {
+		a := r.view.nodes[i].Annotations
+		if _, ok := a[AnnotationInFlight]; ok || a[AnnotationCordoned] == "true" {
+			return false, nil
+		}
+	}
+	s, err := ReadState(ctx, r.client)
+	if err != nil {
+		return false, err
+	}
+	if s != nil && s.To == to && s.State != StateComplete && s.State != StateRolledBack {
+		if s.State != StateUpgradingKubelets {
+			return false, nil
+		}
+		for _, e := range s.Nodes {
+			if e.Status == NodeUpgrading {
+				return false, nil
+			}
+		}
+		// Manual mode leaves workers for a later apply; with none left,
+		// the run that stopped never said complete.
+		every := true
+		for _, n := range r.plan.Nodes {
+			every = every && r.nodeAtTarget(n)
+		}
+		if every {
+			return false, nil
+		}
+	}
+	return r.allAtTarget(), nil
+}
+
+// allAtTarget: every selected node's kubelet and every control-plane
+// component run the target.
+func (r *applyRun) allAtTarget() bool {
 	to := r.target.Version.String()
 	for _, n := range r.plan.Nodes {
 		if !r.nodeAtTarget(n) && r.selected(n.Name) {

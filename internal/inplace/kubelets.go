@@ -176,7 +176,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 	// When the node started, its kubelet was swapped and it was Ready: the
 	// log line of a node done says where its time went.
 	began := r.wait.Now()
-	var swapped, readyAt time.Time
+	var swapped time.Time
 	touched := false // the swap began: a panic from then on is rolled back
 	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) (err error) {
 		defer func() {
@@ -197,6 +197,18 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			return r.upgradeProxy(ctx, o)
 		}
 		if v == to {
+			// A run that died after the swap left what verify needs: the
+			// node's steps from Ready on are finished now.
+			rec, err := r.inFlightOf(name)
+			if err != nil {
+				return err
+			}
+			if rec != nil {
+				r.log.Info("finishing a node a run left after its kubelet swap: Ready, verify, hooks, kube-proxy, uncordon", "node", name, "from", rec.From)
+				r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
+				o.from, touched = rec.From, true
+				return r.afterSwap(ctx, o, rec.before(), rec.pods(), began, began)
+			}
 			if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
 			}); err != nil {
@@ -278,6 +290,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			return pr.err
 		}
 		podsBefore := pr.pods
+		// record them on the Node: a run that resumes this one finishes
+		// the node from them
+		if err := r.markInFlight(ctx, name, newInFlight(o.from, before, podsBefore)); err != nil {
+			return err
+		}
 		// hash-skip file, when the hash era changes and the kubelet reads it
 		if r.target.Manifest.KubeletHashSkip(archOr(st.Arch)) {
 			era, err := r.eraOf(o.from)
@@ -306,51 +323,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			}
 			return r.markDone(ctx, name)
 		}
-		// wait Ready at the target
-		stopWait := r.timed(&r.res.Waiting)
-		err = r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-			return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
-		})
-		stopWait()
-		readyAt = r.wait.Now()
-		if err != nil {
-			return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s not Ready at %s within %s: %w", name, to, r.opts.ReadyTimeout, err))
-		}
-		// verify: the kubelet has had time to act on every pod
-		stopSettle := r.timed(&r.res.Settling)
-		err = r.wait.Pause(ctx, r.opts.Settle)
-		stopSettle()
-		if err != nil {
-			return err
-		}
-		if err := r.verify(ctx, o, before, podsBefore); err != nil {
-			var restarted *restartedError
-			if errors.As(err, &restarted) {
-				// Rolling the kubelet back would restart the same containers
-				// once more (the old kubelet's hash of what the new one
-				// started differs again): it stays at the target.
-				r.log.Error("containers restarted: the kubelet stays at the target, since rolling it back would restart them again", "node", name, "version", to, "containers", restarted.containers)
-				r.event(ctx, name, "ContainersRestarted", fmt.Sprintf("kubelift: %v; kubelet left at %s (a rollback would restart them again)", err, to))
-				return fmt.Errorf("%w; the kubelet stays at %s: rolling it back would restart them a second time", err, to)
-			}
-			return r.rollback(ctx, o, "kubelet", err)
-		}
-		if r.opts.Hook != nil {
-			if err := r.opts.Hook(ctx, "post", name, o.from, to); err != nil {
-				return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s: post-hook: %w", name, err))
-			}
-		}
-		// kube-proxy, in the same window
-		if err := r.upgradeProxy(ctx, o); err != nil {
-			return err
-		}
-		// uncordon (only what this run cordoned)
-		if err := r.uncordon(ctx, name); err != nil {
-			return err
-		}
-		ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
-		return r.markDone(ctx, name, "took", ms(r.wait.Since(began)),
-			"before-restart", ms(swapped.Sub(began)), "until-ready", ms(readyAt.Sub(swapped)), "after-ready", ms(r.wait.Since(readyAt)))
+		return r.afterSwap(ctx, o, before, podsBefore, began, swapped)
 	})
 	if err != nil {
 		// Whatever failed, a cordon of this run's is undone now, not at
@@ -364,6 +337,60 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		return err
 	}
 	return nil
+}
+
+// afterSwap is a node's steps after its kubelet was swapped (by this run,
+// or by one this run resumes, whose record on the Node gave before and
+// podsBefore): wait Ready at the target, settle, verify, post-hook,
+// kube-proxy, uncordon, mark done. A failure rolls the kubelet back,
+// except containers restarted (a rollback would restart them again).
+func (r *applyRun) afterSwap(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]podInfo, began, swapped time.Time) error {
+	name, to := o.name, r.target.Version.String()
+	// wait Ready at the target
+	stopWait := r.timed(&r.res.Waiting)
+	err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+		return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
+	})
+	stopWait()
+	readyAt := r.wait.Now()
+	if err != nil {
+		return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s not Ready at %s within %s: %w", name, to, r.opts.ReadyTimeout, err))
+	}
+	// verify: the kubelet has had time to act on every pod
+	stopSettle := r.timed(&r.res.Settling)
+	err = r.wait.Pause(ctx, r.opts.Settle)
+	stopSettle()
+	if err != nil {
+		return err
+	}
+	if err := r.verify(ctx, o, before, podsBefore); err != nil {
+		var restarted *restartedError
+		if errors.As(err, &restarted) {
+			// Rolling the kubelet back would restart the same containers
+			// once more (the old kubelet's hash of what the new one
+			// started differs again): it stays at the target.
+			r.log.Error("containers restarted: the kubelet stays at the target, since rolling it back would restart them again", "node", name, "version", to, "containers", restarted.containers)
+			r.event(ctx, name, "ContainersRestarted", fmt.Sprintf("kubelift: %v; kubelet left at %s (a rollback would restart them again)", err, to))
+			return fmt.Errorf("%w; the kubelet stays at %s: rolling it back would restart them a second time", err, to)
+		}
+		return r.rollback(ctx, o, "kubelet", err)
+	}
+	if r.opts.Hook != nil {
+		if err := r.opts.Hook(ctx, "post", name, o.from, to); err != nil {
+			return r.rollback(ctx, o, "kubelet", fmt.Errorf("node %s: post-hook: %w", name, err))
+		}
+	}
+	// kube-proxy, in the same window
+	if err := r.upgradeProxy(ctx, o); err != nil {
+		return err
+	}
+	// uncordon (only what this run cordoned)
+	if err := r.uncordon(ctx, name); err != nil {
+		return err
+	}
+	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+	return r.markDone(ctx, name, "took", ms(r.wait.Since(began)),
+		"before-restart", ms(swapped.Sub(began)), "until-ready", ms(readyAt.Sub(swapped)), "after-ready", ms(r.wait.Since(readyAt)))
 }
 
 // failedStatus is the status of a node whose step failed with err:
@@ -579,7 +606,7 @@ func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]podIn
 // to, and records it done.
 func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) error {
 	to := r.target.Version.String()
-	patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: to, AnnotationBundle: r.target.Record.BundleDigest})
+	patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: to, AnnotationBundle: r.target.Record.BundleDigest, AnnotationInFlight: nil})
 	if err != nil {
 		return err
 	}

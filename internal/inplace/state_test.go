@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -122,5 +126,42 @@ func TestNodeUpdatesAreCoalesced(t *testing.T) {
 	r.setNode(ctx, "late", NodeDone, "", nil)
 	if w := writes(); w != before {
 		t.Errorf("a write after flushing stopped (%d, was %d)", w, before)
+	}
+}
+
+// The in-flight record a run leaves on a Node reads back as written, and
+// one a Node was given by somebody else is refused, naming node and
+// annotation, rather than verified against.
+func TestInFlightRecord(t *testing.T) {
+	f := newInFlight("v1.30.14", map[string]container{"abc123": {what: "shop/api/app", pid: 42}},
+		map[types.UID]podInfo{"0e6f-11": {name: "shop/api", phase: corev1.PodRunning}})
+	v, err := f.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeInFlight("worker-1", v)
+	if err != nil || got.From != "v1.30.14" || got.before()["abc123"] != (container{what: "shop/api/app", pid: 42}) || got.pods()["0e6f-11"].name != "shop/api" {
+		t.Fatalf("read back: %+v, %v", got, err)
+	}
+	forged := func(mutate func(*inFlight)) string {
+		g := *f
+		g.Containers = map[string]inFlightCtr{"abc123": {What: "x"}}
+		mutate(&g)
+		s, err := g.encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for name, value := range map[string]string{
+		"not base64":         "%%%",
+		"not gzip":           "aGVsbG8=",
+		"a from not version": forged(func(g *inFlight) { g.From = "$(reboot)" }),
+		"a container id":     forged(func(g *inFlight) { g.Containers = map[string]inFlightCtr{"../../x": {}} }),
+		"a pod uid":          forged(func(g *inFlight) { g.Pods = map[types.UID]inFlightPod{"a b": {}} }),
+	} {
+		if _, err := decodeInFlight("worker-1", value); err == nil || !strings.Contains(err.Error(), "node worker-1: annotation "+AnnotationInFlight) {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

@@ -861,3 +861,61 @@ func TestRollbackEndsWithEveryPartRunning(t *testing.T) {
 		t.Errorf("%d units started on cp-1, want 2 (the controller manager and the scheduler)", n)
 	}
 }
+
+// A run that stops after the last node's kubelet was swapped (here
+// cancelled in its settle: a run that dies there leaves the same, less
+// the uncordon) leaves the node's in-flight record on the Node; the next
+// apply does not take the cluster for done: it finishes that node's
+// steps (Ready, verify against the containers recorded before the swap,
+// uncordon, mark done) and completes the record.
+func TestResumeFinishesANodeLeftAfterItsSwap(t *testing.T) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kwok(ctx, t, r.w.client)
+	r.opts.Drain, r.opts.Settle = true, 3*time.Second
+	r.drainable(ctx, t)
+	go func() {
+		for ctx.Err() == nil && r.played("worker-2", "swap") < 1 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(300 * time.Millisecond) // into the settle pause
+		cancel()
+	}()
+	if _, err := r.apply(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("first apply: %v", err)
+	}
+	n, err := r.w.client.CoreV1().Nodes().Get(context.Background(), "worker-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := n.Annotations[inplace.AnnotationInFlight]; !ok || r.w.fleet.Running("worker-2", "kubelet") != newVersion {
+		t.Fatalf("after the stop, worker-2 runs kubelet %s, annotations %v: not the state this test is about", r.w.fleet.Running("worker-2", "kubelet"), n.Annotations)
+	}
+	verifies := r.played("worker-2", "crictl ps")
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	kwok(ctx2, t, r.w.client)
+	r.opts.Settle = time.Millisecond
+	res, err := r.apply(ctx2)
+	if err != nil || res.NothingToDo {
+		t.Fatalf("the apply after: %v (nothing to do: %v)", err, res != nil && res.NothingToDo)
+	}
+	if r.played("worker-2", "crictl ps") == verifies {
+		t.Error("worker-2's containers were not read again: not verified")
+	}
+	n, err = r.w.client.CoreV1().Nodes().Get(context.Background(), "worker-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := n.Annotations[inplace.AnnotationInFlight]; ok || n.Annotations[inplace.AnnotationUpgradedTo] != newVersion || n.Spec.Unschedulable {
+		t.Errorf("worker-2 after the resume: unschedulable %v, annotations %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	st := r.state(t)
+	if st.State != inplace.StateComplete || nodeEntry(st, "worker-2").Status != inplace.NodeDone {
+		t.Errorf("record after the resume: %s, worker-2 %s", st.State, nodeEntry(st, "worker-2").Status)
+	}
+	if r.played("worker-2", "swap") != 1 {
+		t.Errorf("worker-2's kubelet swapped %d times", r.played("worker-2", "swap"))
+	}
+}
