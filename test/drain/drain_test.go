@@ -1,12 +1,14 @@
 // Package drain tests upgrade apply --drain on a sandbox of its own (1
 // control plane, 2 workers): pods nobody would recreate refuse the drain
 // before it starts, a PodDisruptionBudget that keeps refusing stops the
-// run with the node uncordoned, and a node cordoned by hand stays cordoned.
+// run with the node uncordoned, a node cordoned by hand stays cordoned,
+// and a run killed in the last node's settle is finished by the next.
 package drain
 
 import (
 	"context"
 	"strings"
+	"syscall"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -108,12 +110,47 @@ func TestDrain(t *testing.T) {
 	if _, err := h.Client.CoreV1().Nodes().Patch(ctx, other, types.StrategicMergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if r := apply(t); r.Code != 0 {
-		t.Fatalf("apply --drain: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	// That apply is killed (SIGKILL: the admin machine lost) in the last
+	// worker's settle, after its kubelet was swapped; the next apply
+	// finishes it (verified against what ran before the swap, the cordon
+	// of kubelift's undone) and completes.
+	reg, pw := h.RegistryFlags()
+	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "2m", "--drain", "--restore-labels", "--lock-duration", "10s", "-q"}, reg...), h.SSHFlags()...)
+	cmd, stderr, err := h.Start(pw, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	harness.WaitFor(t, "worker-2's kubelet swapped, its settle begun", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("apply ended (%v) before worker-2's settle:\n%s", err, stderr.String())
+		default:
+		}
+		n := h.Node(t, "worker-2")
+		_, inFlight := n.Annotations[inplace.AnnotationInFlight]
+		return inFlight && n.Status.NodeInfo.KubeletVersion == h.SB.NewVersion && sandbox.NodeReady(n)
+	})
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	if st := h.Status(t); st.State == inplace.StateComplete {
+		t.Fatalf("state %s after a kill in the last node's settle", st.State)
+	}
+	r = apply(t)
+	if r.Code != 0 || !strings.Contains(r.Stderr, "finishing a node a run left") {
+		t.Fatalf("apply after the kill: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if st := h.Status(t); st.State != inplace.StateComplete {
+		t.Errorf("state %s after the resume", st.State)
 	}
 	for name, cordoned := range map[string]bool{refused: false, other: true} {
 		n := h.Node(t, name)
-		if n.Spec.Unschedulable != cordoned || n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || n.Annotations[inplace.AnnotationCordoned] != "" {
+		_, inFlight := n.Annotations[inplace.AnnotationInFlight]
+		if n.Spec.Unschedulable != cordoned || n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || n.Annotations[inplace.AnnotationCordoned] != "" || inFlight ||
+			n.Annotations[inplace.AnnotationUpgradedTo] != h.SB.NewVersion {
 			t.Errorf("%s: unschedulable %v (want %v), kubelet %s, annotations %v", name, n.Spec.Unschedulable, cordoned, n.Status.NodeInfo.KubeletVersion, n.Annotations)
 		}
 	}
