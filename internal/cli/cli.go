@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"github.com/schollz/progressbar/v3"
@@ -88,8 +89,8 @@ func ExitCode(err error) int {
 // Main runs a root command with a context cancelled by SIGINT/SIGTERM and
 // exits with the mapped code.
 func Main(newRoot func(*IO) *cobra.Command) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	streams := System()
+	ctx, stop := Interrupts(context.Background(), streams.ErrOut, os.Exit)
 	root := newRoot(streams)
 	root.SilenceErrors = true
 	root.SilenceUsage = true
@@ -100,6 +101,41 @@ func Main(newRoot func(*IO) *cobra.Command) {
 		fmt.Fprintf(streams.ErrOut, "error: %v\n", err)
 	}
 	os.Exit(ExitCode(err))
+}
+
+// Interrupts is the context a command runs in: the first SIGINT or
+// SIGTERM cancels it (what is under way stops, and undoes itself: a node
+// in flight is rolled back, cordons undone, the record written), saying
+// so on errOut; a second one exits at once through exit with
+// ExitInterrupted, saying what that leaves. stop ends the handling.
+func Interrupts(parent context.Context, errOut io.Writer, exit func(int)) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sigs:
+			fmt.Fprintf(errOut, "%s: stopping; what is under way is undone first (a node in flight rolled back, cordons undone, the record written). Interrupt again to exit at once.\n", s)
+			cancel(fmt.Errorf("interrupted (%s)", s))
+		case <-done:
+			return
+		}
+		select {
+		case s := <-sigs:
+			fmt.Fprintf(errOut, "%s again: exiting now. A node in flight may be left mid-step (its kubelet swapped, or cordoned): `upgrade status` shows each node's step, and `upgrade apply` again finishes it, or `upgrade rollback` undoes it.\n", s)
+			exit(ExitInterrupted)
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			signal.Stop(sigs)
+			close(done)
+			cancel(nil)
+		})
+	}
 }
 
 // Logger returns a logger for status lines on ErrOut (none when quiet).

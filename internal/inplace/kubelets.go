@@ -130,11 +130,13 @@ func (r *applyRun) window(ctx context.Context, workers []string, limit int) erro
 				_ = r.wait.Pause(ctx, r.opts.Soak) // a cancel is seen below
 			}
 		case <-ctx.Done():
-			mu.Lock()
+			// No new node; those in flight end (undoing themselves), and
+			// their errors say more than the cancel does.
+			wg.Wait()
 			if firstErr == nil {
 				firstErr = ctx.Err()
 			}
-			mu.Unlock()
+			return firstErr
 		}
 	}
 	wg.Wait()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -16,19 +17,26 @@ import (
 
 // nodeWatch serves every wait on Nodes from one shared informer (one LIST,
 // then a WATCH), not polling.
+//
+// The informer runs for as long as the run's context: once that ends (a
+// cancel, a lost lock) its cache no longer moves, and a wait that must
+// still finish (the undo of a node in flight) reads the Node from the API
+// server instead, every second.
 type nodeWatch struct {
-	lister func(name string) (*corev1.Node, error)
-	mu     sync.Mutex
-	wake   chan struct{} // closed and replaced on every change
-	stop   context.CancelFunc
-	wait   waiter.Waiter
+	lister  func(name string) (*corev1.Node, error)
+	client  kubernetes.Interface
+	stopped <-chan struct{} // closed when the informer stopped
+	mu      sync.Mutex
+	wake    chan struct{} // closed and replaced on every change
+	stop    context.CancelFunc
+	wait    waiter.Waiter
 }
 
 func watchNodes(ctx context.Context, c kubernetes.Interface, wt waiter.Waiter) (*nodeWatch, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	f := informers.NewSharedInformerFactory(c, 0)
 	inf := f.Core().V1().Nodes()
-	w := &nodeWatch{wake: make(chan struct{}), stop: cancel, wait: wt}
+	w := &nodeWatch{wake: make(chan struct{}), stop: cancel, wait: wt, client: c, stopped: ctx.Done()}
 	notify := func(any) {
 		w.mu.Lock()
 		close(w.wake)
@@ -64,11 +72,24 @@ func (w *nodeWatch) until(ctx context.Context, name string, timeout time.Duratio
 		w.mu.Lock()
 		wake := w.wake
 		w.mu.Unlock()
+		select {
+		case <-w.stopped:
+			// The cache stopped with the run: read the Node live.
+			if n, err := w.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil && cond(n) {
+				return nil
+			}
+			if err := w.wait.Pause(ctx, time.Second); err != nil {
+				return context.Cause(ctx)
+			}
+			continue
+		default:
+		}
 		if n, err := w.lister(name); err == nil && cond(n) {
 			return nil
 		}
 		select {
 		case <-wake:
+		case <-w.stopped:
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}

@@ -919,3 +919,37 @@ func TestResumeFinishesANodeLeftAfterItsSwap(t *testing.T) {
 		t.Errorf("worker-2's kubelet swapped %d times", r.played("worker-2", "swap"))
 	}
 }
+
+// Interrupted (Ctrl-C, or a lost lock) while a kubelet's Ready wait runs,
+// the run still rolls the node back, and waits for it Ready at the old
+// version from live reads of the Node: the run's Node informer stopped
+// with it, and its frozen cache used to make the undo wait its whole
+// --ready-timeout and report a node that was Ready as not.
+func TestInterruptedReadyWaitRollsBackOnLiveState(t *testing.T) {
+	r := newFaultRun(t)
+	kctx, kcancel := context.WithCancel(context.Background())
+	defer kcancel()
+	// worker-1's new kubelet never comes up; its old one does.
+	kwokHolding(kctx, t, r.w.client, func(node, version string) bool { return node == "worker-1" && version == newVersion })
+	r.opts.ReadyTimeout = 20 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for ctx.Err() == nil {
+			n, err := r.w.client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+			if err == nil && n.Status.NodeInfo.KubeletVersion == newVersion && !nodeReady(n) {
+				time.Sleep(300 * time.Millisecond) // in the Ready wait
+				cancel()
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	_, err := r.apply(ctx)
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "rolled back to "+oldVersion) || strings.Contains(err.Error(), "after rollback") {
+		t.Fatalf("apply interrupted in worker-1's Ready wait: %v", err)
+	}
+	if v := r.w.fleet.Running("worker-1", "kubelet"); v != oldVersion {
+		t.Errorf("worker-1's kubelet runs %s", v)
+	}
+}

@@ -628,6 +628,12 @@ func (r *restarts) versions(node string) []string {
 // kwok stands in for KWOK's node stage: a Node the fleet marked NotReady
 // (KubeletRestarting) is made Ready again.
 func kwok(ctx context.Context, t *testing.T, c kubernetes.Interface) *restarts {
+	return kwokHolding(ctx, t, c, nil)
+}
+
+// kwokHolding is kwok, but a Node for which hold says so at the time its
+// kubelet restarts stays NotReady (a kubelet that does not come up).
+func kwokHolding(ctx context.Context, t *testing.T, c kubernetes.Interface, hold func(node, version string) bool) *restarts {
 	r := &restarts{by: map[string][]string{}}
 	wi, err := c.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -649,6 +655,9 @@ func kwok(ctx context.Context, t *testing.T, c kubernetes.Interface) *restarts {
 			}
 			for i, cond := range n.Status.Conditions {
 				if cond.Type != corev1.NodeReady || cond.Reason != "KubeletRestarting" || cond.Status != corev1.ConditionFalse {
+					continue
+				}
+				if hold != nil && hold(n.Name, n.Status.NodeInfo.KubeletVersion) {
 					continue
 				}
 				r.mu.Lock()
