@@ -125,6 +125,7 @@ upgrading-kubelets) for a later apply.`,
 	f.BoolVar(&opts.RestoreLabels, "restore-labels", false, "add back the node labels running pods' nodeSelectors need (else such pods block)")
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "accept predicted container restarts")
 	addHealthWindowFlag(f, &opts.HealthWindow)
+	addWorkloadGateFlag(f, &opts.NoWorkloadGate)
 	f.StringSliceVar(&opts.Ignore, "ignore-preflight", nil, "checks whose blocking findings do not stop apply (e.g. removed-flags): you take the risk")
 	f.StringVar(&opts.PreHook, "pre-hook", "", "shell command run on this machine before each node's kubelet moves (KUBELIFT_NODE, KUBELIFT_FROM, KUBELIFT_TO set); failing stops the run before the node")
 	f.StringVar(&opts.PostHook, "post-hook", "", "shell command run after each node is verified; failing rolls the node back and stops the run (a health gate)")

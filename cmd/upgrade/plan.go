@@ -31,6 +31,7 @@ type planOptions struct {
 	Canary         bool
 	AllowRestarts  bool
 	HealthWindow   time.Duration
+	NoWorkloadGate bool
 	Output         string
 	Quiet          bool
 }
@@ -91,6 +92,7 @@ made, 2 bad flags.`,
 	f.BoolVar(&opts.Canary, "canary", false, "grow worker batches 1, 2, 4 ... up to --max-unavailable")
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "predicted container restarts are a warning, not blocking")
 	addHealthWindowFlag(f, &opts.HealthWindow)
+	addWorkloadGateFlag(f, &opts.NoWorkloadGate)
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	return cmd
@@ -134,13 +136,18 @@ func (opts *planOptions) engine(ctx context.Context) (*inplace.PlanOptions, erro
 		Access: access, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
 		StageVia: opts.Path.Via, StageCodec: opts.Path.Codec, NodeCredentials: opts.Path.NodeCredentials,
 		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, HealthWindow: opts.HealthWindow,
-		Log: opts.IO.Logger(opts.Quiet)}, nil
+		NoWorkloadGate: opts.NoWorkloadGate, Log: opts.IO.Logger(opts.Quiet)}, nil
 }
 
 // addHealthWindowFlag adds --health-window: a health probe is judged over
 // it, not on one answer.
 func addHealthWindowFlag(f *pflag.FlagSet, d *time.Duration) {
-	f.DurationVar(d, "health-window", 30*time.Second, "how long an API server's /readyz or a leader's lease may fail, probed with backoff, before the plan calls it unhealthy")
+	f.DurationVar(d, "health-window", 30*time.Second, "how long an API server's /readyz or a leader's lease may fail, probed with backoff, before the plan calls it unhealthy; how long each control-plane part must keep its process after a step; how long the workload gate waits after each node")
+}
+
+// addWorkloadGateFlag adds --no-workload-gate.
+func addWorkloadGateFlag(f *pflag.FlagSet, off *bool) {
+	f.BoolVar(off, "no-workload-gate", false, "do not hold each node to the workloads (Deployments, StatefulSets, DaemonSets) fully available before its swap being fully available again within --health-window")
 }
 
 func planRun(ctx context.Context, opts *planOptions) error {
@@ -197,6 +204,9 @@ func printPlan(w io.Writer, p *inplace.Plan) {
 		default:
 			fmt.Fprintf(w, "  %2d. %s on %s\n", i+1, strings.Join(s.Components, " then "), strings.Join(s.Nodes, ", "))
 		}
+	}
+	if len(p.WorkloadGate) > 0 {
+		fmt.Fprintf(w, "\nWorkload gate: after each node, these %d workloads, fully available now, must be again within the health window:\n  %s\n", len(p.WorkloadGate), strings.Join(p.WorkloadGate, "\n  "))
 	}
 	fmt.Fprintln(w, "\nFindings:")
 	if len(p.Findings) == 0 {

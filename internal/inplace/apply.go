@@ -164,6 +164,9 @@ type applyRun struct {
 	// moved: control-plane nodes a part of which was swapped or restored
 	// since the node was last settled (settle.go); under mu.
 	moved map[string]bool
+	// workloads serves the workload gate (gate.go) while kubelets move;
+	// nil in a dry run or with NoWorkloadGate.
+	workloads *workloadWatch
 	// wait is every wait and every time read of the run.
 	wait waiter.Waiter
 	mu   sync.Mutex // state

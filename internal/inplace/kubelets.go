@@ -53,6 +53,14 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 		}
 		defer w.close()
 		r.watch = w
+		if !r.opts.Plan.NoWorkloadGate {
+			ww, err := watchWorkloads(ctx, r.client)
+			if err != nil {
+				return err
+			}
+			defer ww.close()
+			r.workloads = ww
+		}
 	}
 	var cps, workers []string
 	for _, n := range r.plan.Nodes {
@@ -209,7 +217,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				r.log.Info("finishing a node a run left after its kubelet swap: Ready, verify, hooks, kube-proxy, uncordon", "node", name, "from", rec.From)
 				r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
 				o.from, touched = rec.From, true
-				return r.afterSwap(ctx, o, rec.before(), rec.pods(), began, began)
+				gate, err := r.gateSnapshot()
+				if err != nil {
+					return err
+				}
+				return r.afterSwap(ctx, o, rec.before(), rec.pods(), gate, began, began)
 			}
 			if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
@@ -309,6 +321,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				}
 			}
 		}
+		// the workloads fully available now, which the node is held to
+		gate, err := r.gateSnapshot()
+		if err != nil {
+			return err
+		}
 		// swap and restart
 		touched = true
 		if err := o.swap(ctx, "kubelet", r.fileSHA("kubelet", st.Arch)); err != nil {
@@ -316,7 +333,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		}
 		swapped = r.wait.Now()
 		if r.dry {
-			r.would(name, fmt.Sprintf("wait for the node Ready at %s, settle %s, verify the same containers run and no pod is lost; roll back on failure", to, r.opts.Settle), "")
+			r.would(name, fmt.Sprintf("wait for the node Ready at %s, settle %s, verify the same containers run and no pod is lost, and (unless --no-workload-gate) the workloads fully available before are again within %s; roll back on failure", to, r.opts.Settle, r.opts.Plan.HealthWindow), "")
 			if r.opts.Hook != nil {
 				r.would(name, "run the post-hook", "")
 			}
@@ -325,7 +342,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			}
 			return r.markDone(ctx, name)
 		}
-		return r.afterSwap(ctx, o, before, podsBefore, began, swapped)
+		return r.afterSwap(ctx, o, before, podsBefore, gate, began, swapped)
 	})
 	if err != nil {
 		// Whatever failed, a cordon of this run's is undone now, not at
@@ -346,7 +363,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 // podsBefore): wait Ready at the target, settle, verify, post-hook,
 // kube-proxy, uncordon, mark done. A failure rolls the kubelet back,
 // except containers restarted (a rollback would restart them again).
-func (r *applyRun) afterSwap(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]podInfo, began, swapped time.Time) error {
+func (r *applyRun) afterSwap(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]podInfo, gate []string, began, swapped time.Time) error {
 	name, to := o.name, r.target.Version.String()
 	// wait Ready at the target
 	stopWait := r.timed(&r.res.Waiting)
@@ -389,6 +406,10 @@ func (r *applyRun) afterSwap(ctx context.Context, o *nodeOps, before map[string]
 	// uncordon (only what this run cordoned)
 	if err := r.uncordon(ctx, name); err != nil {
 		return err
+	}
+	// the workload gate: what was fully available is again
+	if err := r.gate(ctx, name, gate); err != nil {
+		return r.rollback(ctx, o, "kubelet", err)
 	}
 	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
 	return r.markDone(ctx, name, "took", ms(r.wait.Since(began)),

@@ -114,6 +114,9 @@ type Plan struct {
 	// HashSkipKubelet says the bundled kubelet honours the hash-skip file.
 	HashSkipKubelet bool `json:"hashSkipKubelet"`
 	Blocked         bool `json:"blocked"`
+	// WorkloadGate lists the workloads fully available now, which apply
+	// holds each node to (none with NoWorkloadGate).
+	WorkloadGate []string `json:"workloadGate,omitempty"`
 }
 
 // ErrBlocked means the plan has blocking findings.
@@ -150,7 +153,9 @@ type PlanOptions struct {
 	// HealthWindow is how long a health probe (an API server's /readyz,
 	// a leader's lease) may fail before it is a finding: probes are
 	// repeated with backoff within it (default 30s).
-	HealthWindow time.Duration
+	// NoWorkloadGate turns the workload gate off (gate.go).
+	NoWorkloadGate bool
+	HealthWindow   time.Duration
 	// healthBackoff is the first pause between probes (500ms) and
 	// healthBackoffCap the longest (5s); tests shorten them.
 	healthBackoff, healthBackoffCap time.Duration
@@ -263,6 +268,13 @@ func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, err
 	pc.readmission()
 	pc.eviction()
 	pc.restarts()
+	if !opts.NoWorkloadGate {
+		gate, err := planGate(ctx, opts.Client)
+		if err != nil {
+			return nil, err
+		}
+		p.WorkloadGate = gate
+	}
 	sort.SliceStable(p.Findings, func(i, j int) bool {
 		return checkOrder(p.Findings[i].Check) < checkOrder(p.Findings[j].Check)
 	})

@@ -3,14 +3,17 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -951,5 +954,77 @@ func TestInterruptedReadyWaitRollsBackOnLiveState(t *testing.T) {
 	}
 	if v := r.w.fleet.Running("worker-1", "kubelet"); v != oldVersion {
 		t.Errorf("worker-1's kubelet runs %s", v)
+	}
+}
+
+// The workload gate: a Deployment fully available before worker-1's swap
+// that is not again within the health window after it (its pods failing
+// their readiness probes under the new kubelet, say, with every
+// container kept) stops the run at worker-1, rolled back, naming it;
+// worker-2 is not touched. The plan lists what the gate watches; with
+// --no-workload-gate the same run completes.
+func TestWorkloadGateStopsTheRun(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprintf("gate off %v", off), func(t *testing.T) {
+			r := newFaultRun(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			kwok(ctx, t, r.w.client)
+			r.opts.Plan.NoWorkloadGate = off
+			two := int32(2)
+			dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}, Spec: appsv1.DeploymentSpec{Replicas: &two},
+				Status: appsv1.DeploymentStatus{Replicas: 2, ReadyReplicas: 2, AvailableReplicas: 2, UpdatedReplicas: 2}}
+			if _, err := r.w.client.AppsV1().Deployments("shop").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			p, err := inplace.BuildPlan(ctx, r.opts.Plan)
+			if err != nil && !errors.Is(err, inplace.ErrBlocked) {
+				t.Fatal(err)
+			}
+			if want := !off; slices.Contains(p.WorkloadGate, "deployment/shop/api") != want {
+				t.Errorf("the plan's workload gate: %v", p.WorkloadGate)
+			}
+			// While worker-1's kubelet is swapped, a replica goes
+			// unavailable (and the run's informer sees it before the swap
+			// ends).
+			reached, release := r.w.fleet.Block("worker-1", "swap")
+			defer release()
+			go func() {
+				select {
+				case <-reached:
+				case <-ctx.Done():
+					return
+				}
+				defer release()
+				d, err := r.w.client.AppsV1().Deployments("shop").Get(ctx, "api", metav1.GetOptions{})
+				if err != nil {
+					return
+				}
+				d.Status.AvailableReplicas, d.Status.UnavailableReplicas = 1, 1
+				_, _ = r.w.client.AppsV1().Deployments("shop").UpdateStatus(ctx, d, metav1.UpdateOptions{})
+				time.Sleep(300 * time.Millisecond)
+			}()
+			_, err = r.apply(ctx)
+			if off {
+				if err != nil {
+					t.Fatalf("apply --no-workload-gate: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, inplace.ErrWorkloadsUnavailable) || !strings.Contains(err.Error(), "deployment/shop/api (1 of 2 replicas available)") || !strings.Contains(err.Error(), "node worker-1") {
+				t.Fatalf("apply: %v", err)
+			}
+			for node, want := range map[string]string{"worker-1": oldVersion, "worker-2": oldVersion} {
+				if v := r.w.fleet.Running(node, "kubelet"); v != want {
+					t.Errorf("%s's kubelet runs %s, want %s", node, v, want)
+				}
+			}
+			if n := r.played("worker-2", "swap"); n != 0 {
+				t.Errorf("worker-2 swapped %d times after the gate stopped the run", n)
+			}
+			if e := nodeEntry(r.state(t), "worker-1"); e.Status != inplace.NodeRolledBack {
+				t.Errorf("worker-1 recorded %s", e.Status)
+			}
+		})
 	}
 }
