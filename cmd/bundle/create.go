@@ -232,6 +232,9 @@ func createRun(ctx context.Context, opts *createOptions) error {
 	}
 	fmt.Fprintf(opts.IO.Out, "wrote %s: Kubernetes %s %v%s, %d images, %d files, %d entries, %s, signed by %s (%.1fs)\n",
 		opts.Output, m.KubernetesVersion, m.Arches, hops, len(m.Images), len(m.Files), len(m.Entries), bundle.HumanBytes(m.TotalSize()), signer, time.Since(start).Seconds())
+	if _, err := os.Stat(opts.Output + bundle.DetachedSigSuffix); err == nil {
+		fmt.Fprintf(opts.IO.Out, "wrote %s and %s: check the bundle with openssl and sha256sum before running anything of it\n", opts.Output+bundle.DetachedSumSuffix, opts.Output+bundle.DetachedSigSuffix)
+	}
 	return nil
 }
 

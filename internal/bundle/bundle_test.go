@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -747,5 +748,54 @@ func TestManifestSumsAreChecked(t *testing.T) {
 		if _, err := parseManifest(manifest(tc.entry, tc.file, tc.installer)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// A signed bundle gets a detached signature beside it that tools the
+// operator already trusts check without running anything of the file:
+// openssl verifies FILE.sha256.sig over FILE.sha256 with the team's
+// public key, and sha256sum -c FILE.sha256 refuses a tampered copy. The
+// .run's --help says so.
+func TestDetachedSignature(t *testing.T) {
+	f := newFixture(t)
+	out := f.create(t, FormatRun)
+	pub := filepath.Join(f.dir, "team.pub")
+	run := func(dir string, name string, args ...string) (string, error) {
+		c := exec.Command(name, args...)
+		c.Dir = dir
+		b, err := c.CombinedOutput()
+		return string(b), err
+	}
+	dir, base := filepath.Dir(out), filepath.Base(out)
+	if o, err := run(dir, "openssl", "dgst", "-sha256", "-verify", pub, "-signature", base+DetachedSigSuffix, base+DetachedSumSuffix); err != nil || !strings.Contains(o, "Verified OK") {
+		t.Fatalf("openssl on the detached signature: %v: %s", err, o)
+	}
+	if o, err := run(dir, "sha256sum", "-c", base+DetachedSumSuffix); err != nil || !strings.Contains(o, base+": OK") {
+		t.Fatalf("sha256sum -c: %v: %s", err, o)
+	}
+	// A tampered copy (its stub changed to run something else) fails the
+	// sum; a sum file changed to match it fails the signature.
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data = bytes.Replace(data, []byte("set -eu"), []byte("id;true"), 1)
+	if err := os.WriteFile(out, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := run(dir, "sha256sum", "-c", base+DetachedSumSuffix); err == nil {
+		t.Fatalf("sha256sum -c passed a tampered copy: %s", o)
+	}
+	sum := sha256.Sum256(data)
+	if err := os.WriteFile(out+DetachedSumSuffix, []byte(hex.EncodeToString(sum[:])+"  "+base+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := run(dir, "openssl", "dgst", "-sha256", "-verify", pub, "-signature", base+DetachedSigSuffix, base+DetachedSumSuffix); err == nil {
+		t.Fatalf("openssl passed a sum file made to match the tampered copy: %s", o)
+	}
+	stub, err := renderStub("v1.31.4", "amd64", base, "dev", stubInfo{})
+	if err != nil || !strings.Contains(string(stub), "cannot vouch for itself") ||
+		!strings.Contains(string(stub), "openssl dgst -sha256 -verify PUB -signature "+base+".sha256.sig "+base+".sha256") || !strings.Contains(string(stub), "bundle verify "+base) {
+		t.Errorf("the .run's --help does not say how to check it from outside (%v)", err)
 	}
 }

@@ -430,7 +430,47 @@ func write(ctx context.Context, opts *CreateOptions, m *Manifest, mem map[string
 		}
 	}
 	log.Info("bundle written", "file", opts.Output, "bytes", ts.n)
-	return out.Commit()
+	if err := out.Commit(); err != nil {
+		return err
+	}
+	if opts.SignKey != nil {
+		return writeDetached(opts.Output, opts.SignKey)
+	}
+	return nil
+}
+
+// DetachedSumSuffix and DetachedSigSuffix name the files beside a signed
+// bundle FILE that let it be checked without running anything of it:
+// FILE.sha256 (sha256sum's format) and FILE.sha256.sig (its ECDSA
+// signature, as `openssl dgst -sha256 -sign` makes it):
+//
+//	openssl dgst -sha256 -verify team.pub -signature FILE.sha256.sig FILE.sha256
+//	sha256sum -c FILE.sha256
+const (
+	DetachedSumSuffix = ".sha256"
+	DetachedSigSuffix = ".sha256.sig"
+)
+
+// writeDetached writes FILE.sha256 and FILE.sha256.sig, each atomically.
+func writeDetached(file string, key *ecdsa.PrivateKey) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	sum := []byte(hex.EncodeToString(h.Sum(nil)) + "  " + filepath.Base(file) + "\n")
+	sig, err := sign(key, sum)
+	if err != nil {
+		return fmt.Errorf("sign %s: %w", file+DetachedSumSuffix, err)
+	}
+	if err := atomicfile.WriteFile(file+DetachedSumSuffix, sum, 0o644); err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(file+DetachedSigSuffix, sig, 0o644)
 }
 
 // tarStream writes a tar stream to f. File data is copied from the cache

@@ -57,6 +57,14 @@ Commands:
 PUB is your team's public key (PEM), never a key shipped with the bundle.
 With openssl and sha256sum on the PATH the stub also checks the embedded
 program against the signed manifest before running it.
+
+This file runs its own code, so it cannot vouch for itself: a tampered
+copy's --verify says what its tamperer wrote. Check it first with tools
+you already trust: an installed kubelift,
+  bundle verify {{.FileName}} --key PUB
+or openssl, with the detached signature made beside it:
+  openssl dgst -sha256 -verify PUB -signature {{.FileName}}.sha256.sig {{.FileName}}.sha256
+  sha256sum -c {{.FileName}}.sha256
 EOF
 }
 
