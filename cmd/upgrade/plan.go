@@ -206,7 +206,7 @@ func printPlan(w io.Writer, p *inplace.Plan) {
 		}
 	}
 	if len(p.WorkloadGate) > 0 {
-		fmt.Fprintf(w, "\nWorkload gate: after each node, these %d workloads, fully available now, must be again within the health window:\n  %s\n", len(p.WorkloadGate), strings.Join(p.WorkloadGate, "\n  "))
+		fmt.Fprintf(w, "\nWorkload gate: %d workloads are fully available now; after each node, those with a pod on it must be again within the health window:\n  %s\n", len(p.WorkloadGate), strings.Join(p.WorkloadGate, "\n  "))
 	}
 	fmt.Fprintln(w, "\nFindings:")
 	if len(p.Findings) == 0 {

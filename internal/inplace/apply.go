@@ -163,7 +163,7 @@ type applyRun struct {
 	lock *upgradelock.Lock
 	// moved: control-plane nodes a part of which was swapped or restored
 	// since the node was last settled (settle.go); under mu.
-	moved map[string]bool
+	moved map[string]map[string]bool
 	// workloads serves the workload gate (gate.go) while kubelets move;
 	// nil in a dry run or with NoWorkloadGate.
 	workloads *workloadWatch
@@ -421,7 +421,7 @@ func (r *applyRun) done(ctx context.Context) (bool, error) {
 	to := r.target.Version.String()
 	for i := range r.view.nodes {
 		a := r.view.nodes[i].Annotations
-		if _, ok := a[AnnotationInFlight]; ok || a[AnnotationCordoned] == "true" {
+		if _, ok := a[AnnotationInFlight]; (ok || a[AnnotationCordoned] == "true") && r.selected(r.view.nodes[i].Name) {
 			return false, nil
 		}
 	}
@@ -537,7 +537,11 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 	s.Hops = r.plan.Hops
 	for _, n := range r.plan.Nodes {
 		e := s.Node(n.Name, n.Role)
-		if r.nodeAtTarget(n) && e.Status != NodeDone {
+		inFlight := false
+		if node := r.view.node(n.Name); node != nil {
+			_, inFlight = node.Annotations[AnnotationInFlight]
+		}
+		if r.nodeAtTarget(n) && e.Status != NodeDone && !inFlight {
 			e.Status = NodeDone
 		}
 	}
@@ -563,6 +567,17 @@ func (r *applyRun) fence(ctx context.Context) error {
 		return nil
 	}
 	return r.lock.Fence(ctx, r.opts.LockDuration)
+}
+
+// lostForGood says why the run lost the lock for good (another run holds
+// it now), nil otherwise: an undo then leaves the node to that run (it
+// finishes a node from its in-flight record) instead of writing over
+// what it may be doing.
+func (r *applyRun) lostForGood() error {
+	if r.lock == nil {
+		return nil
+	}
+	return r.lock.Lost()
 }
 
 // onNodeFromVersion is the version node upgrades from: its kubelet's

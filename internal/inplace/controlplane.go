@@ -67,8 +67,8 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 			if err := r.driver.Upgrade(ctx, r, n.Name, t); err != nil {
 				return err
 			}
-			if r.takeMoved(n.Name) {
-				if err := r.settleControlPlane(ctx, n.Name, to, t != r.target); err != nil {
+			if moved := r.takeMoved(n.Name); moved != nil {
+				if err := r.settleControlPlane(ctx, n.Name, to, t != r.target, moved); err != nil {
 					r.setNode(ctx, n.Name, NodeFailed, "control plane at "+to, err)
 					return err
 				}
@@ -108,6 +108,10 @@ func (r *applyRun) waitComponent(ctx context.Context, o *nodeOps, comp, version 
 // rollback restores comp after a failed swap and waits for the old
 // version; it returns the original failure.
 func (r *applyRun) rollback(ctx context.Context, o *nodeOps, comp string, cause error) error {
+	if lost := r.lostForGood(); lost != nil {
+		r.log.Error("not rolled back: another run holds the upgrade lock now, and finishes the node", "node", o.name, "component", comp, "err", cause)
+		return fmt.Errorf("%w; %s on node %s not rolled back: %w (the run that holds it finishes the node)", cause, comp, o.name, lost)
+	}
 	ctx = context.WithoutCancel(ctx)
 	r.log.Error("rolling back", "node", o.name, "component", comp, "err", cause)
 	r.event(ctx, o.name, "RollingBack", fmt.Sprintf("kubelift: %s back to %s: %v", comp, o.from, cause))

@@ -70,6 +70,11 @@ func (r *applyRun) uncordon(ctx context.Context, name string) error {
 	if r.dry {
 		return nil // a dry run cordoned nothing
 	}
+	if lost := r.lostForGood(); lost != nil {
+		// The run that holds the lock now may have cordoned it itself.
+		r.log.Warn("not uncordoned: another run holds the upgrade lock now", "node", name, "err", lost)
+		return nil
+	}
 	if _, mine := r.cordoned.Load(name); !mine && r.watch != nil {
 		if n, err := r.watch.lister(name); err == nil && n.Annotations[AnnotationCordoned] != "true" {
 			return nil

@@ -141,7 +141,10 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 			if err := o.backup(ctx, comp); err != nil {
 				return err
 			}
-			r.markMoved(node)
+			if err := r.fence(ctx); err != nil {
+				return fmt.Errorf("node %s: %s not swapped: %w", node, comp, err)
+			}
+			r.markMoved(node, comp)
 			if err := o.swap(ctx, comp, file.SHA256); err != nil {
 				return r.rollback(ctx, o, comp, err)
 			}

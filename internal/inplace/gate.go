@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -21,15 +23,20 @@ import (
 // The workload gate: a kubelet that keeps every container and then fails
 // their readiness probes, or a kube-proxy that no longer routes, passes
 // the per-node checks (same containers, same processes). After each
-// node, every Deployment, StatefulSet and DaemonSet that was fully
-// available before the node's swap must be fully available again within
-// --health-window, or the run stops there and rolls the node back,
-// naming them (StarlingX waits for its apps "fully applied"; Rook asks
-// each daemon ok-to-stop).
+// node, every Deployment, StatefulSet and DaemonSet with a pod on the
+// node that was fully available before the node's swap must be fully
+// available again within --health-window, or the run stops there and
+// rolls the node back, naming them (StarlingX waits for its apps "fully
+// applied"; Rook asks each daemon ok-to-stop). Only the node's own
+// workloads: another node in flight, or a rollout, does not fail this
+// one; a workload whose spec changed since (its generation) is passed
+// over.
 
 // workloadWatch serves the gate from one informer per kind.
 type workloadWatch struct {
-	deps func() ([]*appsv1.Deployment, error)
+	// rsOwner maps a ReplicaSet (NS/NAME) to its Deployment's name.
+	rsOwner func(ns, name string) string
+	deps    func() ([]*appsv1.Deployment, error)
 	sts  func() ([]*appsv1.StatefulSet, error)
 	dss  func() ([]*appsv1.DaemonSet, error)
 	stop context.CancelFunc
@@ -38,8 +45,8 @@ type workloadWatch struct {
 func watchWorkloads(ctx context.Context, c kubernetes.Interface) (*workloadWatch, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	f := informers.NewSharedInformerFactory(c, 0)
-	d, s, ds := f.Apps().V1().Deployments(), f.Apps().V1().StatefulSets(), f.Apps().V1().DaemonSets()
-	synced := []cache.InformerSynced{d.Informer().HasSynced, s.Informer().HasSynced, ds.Informer().HasSynced}
+	d, s, ds, rs := f.Apps().V1().Deployments(), f.Apps().V1().StatefulSets(), f.Apps().V1().DaemonSets(), f.Apps().V1().ReplicaSets()
+	synced := []cache.InformerSynced{d.Informer().HasSynced, s.Informer().HasSynced, ds.Informer().HasSynced, rs.Informer().HasSynced}
 	f.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		cancel()
@@ -47,6 +54,16 @@ func watchWorkloads(ctx context.Context, c kubernetes.Interface) (*workloadWatch
 	}
 	all := labels.Everything()
 	return &workloadWatch{stop: cancel,
+		rsOwner: func(ns, name string) string {
+			r, err := rs.Lister().ReplicaSets(ns).Get(name)
+			if err != nil {
+				return ""
+			}
+			if ref := metav1.GetControllerOf(r); ref != nil && ref.Kind == "Deployment" {
+				return ref.Name
+			}
+			return ""
+		},
 		deps: func() ([]*appsv1.Deployment, error) { return d.Lister().List(all) },
 		sts:  func() ([]*appsv1.StatefulSet, error) { return s.Lister().List(all) },
 		dss:  func() ([]*appsv1.DaemonSet, error) { return ds.Lister().List(all) },
@@ -55,32 +72,56 @@ func watchWorkloads(ctx context.Context, c kubernetes.Interface) (*workloadWatch
 
 func (w *workloadWatch) close() { w.stop() }
 
-// available maps each workload ("deployment/NS/NAME") to why it is not
-// fully available ("" when it is).
-func (w *workloadWatch) available() (map[string]string, error) {
-	out := map[string]string{}
+// workloadState is a workload as the gate reads it: why it is not fully
+// available ("" when it is), and its spec's generation.
+type workloadState struct {
+	short      string
+	generation int64
+}
+
+// available maps each workload ("deployment/NS/NAME") to its state.
+func (w *workloadWatch) available() (map[string]workloadState, error) {
+	out := map[string]workloadState{}
 	deps, err := w.deps()
 	if err != nil {
 		return nil, err
 	}
 	for _, d := range deps {
-		out["deployment/"+d.Namespace+"/"+d.Name] = deploymentShort(d)
+		out["deployment/"+d.Namespace+"/"+d.Name] = workloadState{deploymentShort(d), d.Generation}
 	}
 	sts, err := w.sts()
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range sts {
-		out["statefulset/"+s.Namespace+"/"+s.Name] = statefulSetShort(s)
+		out["statefulset/"+s.Namespace+"/"+s.Name] = workloadState{statefulSetShort(s), s.Generation}
 	}
 	dss, err := w.dss()
 	if err != nil {
 		return nil, err
 	}
 	for _, d := range dss {
-		out["daemonset/"+d.Namespace+"/"+d.Name] = daemonSetShort(d)
+		out["daemonset/"+d.Namespace+"/"+d.Name] = workloadState{daemonSetShort(d), d.Generation}
 	}
 	return out, nil
+}
+
+// workloadOf is the workload a pod's controller (KIND/NS/NAME) belongs
+// to, as available names it ("" for none the gate watches).
+func (w *workloadWatch) workloadOf(owner string) string {
+	kind, rest, _ := strings.Cut(owner, "/")
+	ns, name, _ := strings.Cut(rest, "/")
+	switch kind {
+	case "ReplicaSet":
+		if d := w.rsOwner(ns, name); d != "" {
+			return "deployment/" + ns + "/" + d
+		}
+	case "StatefulSet":
+		return "statefulset/" + ns + "/" + name
+	case "DaemonSet":
+		return "daemonset/" + ns + "/" + name
+	}
+	return ""
 }
 
 func replicas(p *int32) int32 {
@@ -113,20 +154,23 @@ func daemonSetShort(d *appsv1.DaemonSet) string {
 	return ""
 }
 
-// fullyAvailable lists the workloads fully available now: what the gate
-// holds the next node to.
-func (w *workloadWatch) fullyAvailable() ([]string, error) {
+// fullyAvailable maps the workloads of pods (a node's) fully available
+// now to their generations: what the gate holds the node to.
+func (w *workloadWatch) fullyAvailable(pods map[types.UID]podInfo) (map[string]int64, error) {
 	all, err := w.available()
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for k, why := range all {
-		if why == "" {
-			out = append(out, k)
+	out := map[string]int64{}
+	for _, p := range pods {
+		if p.ended() {
+			continue
+		}
+		k := w.workloadOf(p.owner)
+		if st, ok := all[k]; ok && k != "" && st.short == "" {
+			out[k] = st.generation
 		}
 	}
-	slices.Sort(out)
 	return out, nil
 }
 
@@ -136,16 +180,16 @@ var ErrWorkloadsUnavailable = errors.New("workloads not fully available again")
 
 // gateSnapshot is the workloads fully available now (none without the
 // gate).
-func (r *applyRun) gateSnapshot() ([]string, error) {
+func (r *applyRun) gateSnapshot(pods map[types.UID]podInfo) (map[string]int64, error) {
 	if r.workloads == nil {
 		return nil, nil
 	}
-	return r.workloads.fullyAvailable()
+	return r.workloads.fullyAvailable(pods)
 }
 
 // gate waits, at most the health window, until every workload of before
 // that still exists is fully available again.
-func (r *applyRun) gate(ctx context.Context, node string, before []string) error {
+func (r *applyRun) gate(ctx context.Context, node string, before map[string]int64) error {
 	if r.workloads == nil || len(before) == 0 {
 		return nil
 	}
@@ -157,9 +201,9 @@ func (r *applyRun) gate(ctx context.Context, node string, before []string) error
 			return err
 		}
 		var short []string
-		for _, k := range before {
-			if why, ok := now[k]; ok && why != "" {
-				short = append(short, k+" ("+why+")")
+		for _, k := range slices.Sorted(maps.Keys(before)) {
+			if st, ok := now[k]; ok && st.short != "" && st.generation == before[k] {
+				short = append(short, k+" ("+st.short+")")
 			}
 		}
 		if len(short) > 0 {

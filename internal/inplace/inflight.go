@@ -46,6 +46,7 @@ type inFlightPod struct {
 	Name      string          `json:"name"`
 	Phase     corev1.PodPhase `json:"phase"`
 	StaticUID string          `json:"staticUID,omitempty"`
+	Owner     string          `json:"owner,omitempty"`
 }
 
 func newInFlight(from string, before map[string]container, pods map[types.UID]podInfo) *inFlight {
@@ -54,7 +55,7 @@ func newInFlight(from string, before map[string]container, pods map[types.UID]po
 		f.Containers[id] = inFlightCtr{What: c.what, PID: c.pid}
 	}
 	for uid, p := range pods {
-		f.Pods[uid] = inFlightPod{Name: p.name, Phase: p.phase, StaticUID: p.staticUID}
+		f.Pods[uid] = inFlightPod{Name: p.name, Phase: p.phase, StaticUID: p.staticUID, Owner: p.owner}
 	}
 	return f
 }
@@ -71,7 +72,7 @@ func (f *inFlight) before() map[string]container {
 func (f *inFlight) pods() map[types.UID]podInfo {
 	out := make(map[types.UID]podInfo, len(f.Pods))
 	for uid, p := range f.Pods {
-		out[uid] = podInfo{name: p.Name, phase: p.Phase, staticUID: p.StaticUID}
+		out[uid] = podInfo{name: p.Name, phase: p.Phase, staticUID: p.StaticUID, owner: p.Owner}
 	}
 	return out
 }
@@ -130,7 +131,7 @@ func decodeInFlight(node, value string) (*inFlight, error) {
 		}
 	}
 	for uid, p := range f.Pods {
-		if !uidRE.MatchString(string(uid)) || len(p.Name) > 512 || (p.StaticUID != "" && !uidRE.MatchString(p.StaticUID)) {
+		if !uidRE.MatchString(string(uid)) || len(p.Name) > 512 || len(p.Owner) > 512 || (p.StaticUID != "" && !uidRE.MatchString(p.StaticUID)) {
 			return nil, bad("pod %q (%q) does not parse", uid, p.Name)
 		}
 	}
@@ -154,6 +155,19 @@ func (r *applyRun) markInFlight(ctx context.Context, node string, f *inFlight) e
 	}
 	if _, err := r.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("node %s: record what runs before the swap: %w", node, err)
+	}
+	return nil
+}
+
+// clearInFlight removes the record from node: the node is left at the
+// target as it is (a later run does not verify it again).
+func (r *applyRun) clearInFlight(ctx context.Context, node string) error {
+	patch, err := annotationsPatch(map[string]any{AnnotationInFlight: nil})
+	if err != nil {
+		return err
+	}
+	if _, err := r.client.CoreV1().Nodes().Patch(context.WithoutCancel(ctx), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("node %s: remove %s: %w", node, AnnotationInFlight, err)
 	}
 	return nil
 }

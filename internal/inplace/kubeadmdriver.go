@@ -148,7 +148,7 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 				if err != nil {
 					return err
 				}
-				r.markMoved(node)
+				r.markMoved(node, "")
 				if err := r.runKubeadm(ctx, o, run, args); err != nil {
 					return err
 				}
@@ -171,7 +171,10 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 		if err := r.waitLeaders(ctx); err != nil {
 			return err
 		}
-		r.markMoved(node)
+		if err := r.fence(ctx); err != nil {
+			return fmt.Errorf("node %s: kubeadm not started: %w", node, err)
+		}
+		r.markMoved(node, "")
 		if err := r.runKubeadm(ctx, o, run, args); err != nil {
 			if !errors.Is(err, errKubeadmFailed) {
 				return err
@@ -221,7 +224,7 @@ func (d kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error
 			return err
 		}
 		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
-		r.markMoved(node)
+		r.markMoved(node, "")
 		for _, m := range restores {
 			r.log.Info("rolling back", "node", node, "component", m.Component, "to", from, "manifest", m.Backup)
 			if _, err := o.run(ctx, "restore "+m.Component+"'s manifest", nodescript.KubeadmRestoreManifest, m.Backup, m.Current, keep); err != nil {

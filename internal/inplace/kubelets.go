@@ -72,7 +72,7 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 		}
 	}
 	for _, n := range cps {
-		if err := r.upgradeKubelet(ctx, n); err != nil {
+		if err := r.upgradeKubeletRecovered(ctx, n); err != nil {
 			return err
 		}
 	}
@@ -217,11 +217,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				r.log.Info("finishing a node a run left after its kubelet swap: Ready, verify, hooks, kube-proxy, uncordon", "node", name, "from", rec.From)
 				r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
 				o.from, touched = rec.From, true
-				gate, err := r.gateSnapshot()
+				gate, err := r.gateSnapshot(rec.pods())
 				if err != nil {
 					return err
 				}
-				return r.afterSwap(ctx, o, rec.before(), rec.pods(), gate, began, began)
+				return r.afterSwap(ctx, o, rec.before(), rec.pods(), gate, began, began, true)
 			}
 			if err := r.watch.until(ctx, name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == to
@@ -321,12 +321,16 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				}
 			}
 		}
-		// the workloads fully available now, which the node is held to
-		gate, err := r.gateSnapshot()
+		// the workloads of the node's pods fully available now, which the
+		// node is held to
+		gate, err := r.gateSnapshot(podsBefore)
 		if err != nil {
 			return err
 		}
 		// swap and restart
+		if err := r.fence(ctx); err != nil {
+			return fmt.Errorf("node %s: kubelet not swapped: %w", name, err)
+		}
 		touched = true
 		if err := o.swap(ctx, "kubelet", r.fileSHA("kubelet", st.Arch)); err != nil {
 			return r.rollback(ctx, o, "kubelet", err)
@@ -342,7 +346,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			}
 			return r.markDone(ctx, name)
 		}
-		return r.afterSwap(ctx, o, before, podsBefore, gate, began, swapped)
+		return r.afterSwap(ctx, o, before, podsBefore, gate, began, swapped, false)
 	})
 	if err != nil {
 		// Whatever failed, a cordon of this run's is undone now, not at
@@ -363,7 +367,11 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 // podsBefore): wait Ready at the target, settle, verify, post-hook,
 // kube-proxy, uncordon, mark done. A failure rolls the kubelet back,
 // except containers restarted (a rollback would restart them again).
-func (r *applyRun) afterSwap(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]podInfo, gate []string, began, swapped time.Time) error {
+//
+// resumed: the swap was a run's this one resumes, and before is as it
+// recorded then; a verify that fails against it leaves the kubelet at the
+// target (much may have changed since), and clears the record.
+func (r *applyRun) afterSwap(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]podInfo, gate map[string]int64, began, swapped time.Time, resumed bool) error {
 	name, to := o.name, r.target.Version.String()
 	// wait Ready at the target
 	stopWait := r.timed(&r.res.Waiting)
@@ -390,7 +398,10 @@ func (r *applyRun) afterSwap(ctx context.Context, o *nodeOps, before map[string]
 			// started differs again): it stays at the target.
 			r.log.Error("containers restarted: the kubelet stays at the target, since rolling it back would restart them again", "node", name, "version", to, "containers", restarted.containers)
 			r.event(ctx, name, "ContainersRestarted", fmt.Sprintf("kubelift: %v; kubelet left at %s (a rollback would restart them again)", err, to))
-			return fmt.Errorf("%w; the kubelet stays at %s: rolling it back would restart them a second time", err, to)
+			return errors.Join(fmt.Errorf("%w; the kubelet stays at %s: rolling it back would restart them a second time", err, to), r.clearInFlight(ctx, name))
+		}
+		if resumed {
+			return errors.Join(fmt.Errorf("node %s: verified against what ran before the swap of the run this one resumes: %w; the kubelet stays at %s (much may have changed since that run: check the node's pods)", name, err, to), r.clearInFlight(ctx, name))
 		}
 		return r.rollback(ctx, o, "kubelet", err)
 	}
@@ -585,6 +596,9 @@ type podInfo struct {
 	name      string
 	phase     corev1.PodPhase
 	staticUID string
+	// owner is its controller, KIND/NS/NAME (ReplicaSet, StatefulSet,
+	// DaemonSet ...), "" for none: the workload gate's scope.
+	owner string
 }
 
 func (p podInfo) String() string { return p.name + " " + string(p.phase) }
@@ -620,7 +634,11 @@ func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]podIn
 	for i := range l.Items {
 		p := &l.Items[i]
 		staticUID, _ := kubeletcompat.StaticUID(p)
-		out[p.UID] = podInfo{name: p.Namespace + "/" + p.Name, phase: p.Status.Phase, staticUID: staticUID}
+		owner := ""
+		if ref := metav1.GetControllerOf(p); ref != nil {
+			owner = ref.Kind + "/" + p.Namespace + "/" + ref.Name
+		}
+		out[p.UID] = podInfo{name: p.Namespace + "/" + p.Name, phase: p.Status.Phase, staticUID: staticUID, owner: owner}
 	}
 	return out, nil
 }

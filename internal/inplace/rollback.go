@@ -241,8 +241,8 @@ func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
 		if err := r.driver.Undo(ctx, r, n.Name); err != nil {
 			return err
 		}
-		if r.takeMoved(n.Name) {
-			if err := r.settleControlPlane(ctx, n.Name, from, false); err != nil {
+		if moved := r.takeMoved(n.Name); moved != nil {
+			if err := r.settleControlPlane(ctx, n.Name, from, false, moved); err != nil {
 				r.setNode(ctx, n.Name, NodeFailed, "control plane at "+from, err)
 				return err
 			}
@@ -282,7 +282,7 @@ func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 			return nil // not moved (or back already)
 		}
 		r.log.Info("rolling back", "node", node, "component", comp, "to", from)
-		r.markMoved(node)
+		r.markMoved(node, comp)
 		if err := o.restore(ctx, comp); err != nil {
 			return err
 		}

@@ -30,27 +30,37 @@ import (
 //
 // At a hop (atLeast), a part past version (a run resumed past the hop) is
 // as good as one at it.
-func (r *applyRun) settleControlPlane(ctx context.Context, node, version string, atLeast bool) error {
+//
+// moved are the parts the step swapped or restored: with those the node
+// ran before, they are the parts that must run (a unit the operator keeps
+// stopped is left so).
+func (r *applyRun) settleControlPlane(ctx context.Context, node, version string, atLeast bool, moved map[string]bool) error {
 	window := r.opts.Plan.HealthWindow
 	if r.dry {
-		r.would(node, fmt.Sprintf("wait for the controller manager's and scheduler's leases renewed, every control-plane part running %s, and each the same process %s later", version, window), "")
+		r.would(node, fmt.Sprintf("wait for every control-plane part to run %s (starting one that is down), the controller manager's and scheduler's leases renewed, and each part the same process %s later", version, window), "")
 		return nil
 	}
 	defer r.timed(&r.res.Waiting)()
-	if err := r.waitLeasesRenewed(ctx); err != nil {
-		return fmt.Errorf("node %s: %w", node, err)
-	}
 	if r.driver.Kind() == KindKubeadm {
+		if err := r.waitLeasesRenewed(ctx); err != nil {
+			return fmt.Errorf("node %s: %w", node, err)
+		}
 		return r.settleStaticPods(ctx, node, version, window)
 	}
-	return r.settleUnits(ctx, node, version, atLeast, window)
+	return r.settleUnits(ctx, node, version, atLeast, window, moved)
 }
 
 // settleUnits: each part's unit on node runs version, and the same main
 // process a window later; a part whose process changes meanwhile is
 // waited for again, for at most ReadyTimeout and two windows in all.
-func (r *applyRun) settleUnits(ctx context.Context, node, version string, atLeast bool, window time.Duration) error {
-	parts := r.driver.Components(r.nodeState(node))
+func (r *applyRun) settleUnits(ctx context.Context, node, version string, atLeast bool, window time.Duration, moved map[string]bool) error {
+	ns := r.nodeState(node)
+	var parts []string
+	for _, c := range r.driver.Components(ns) {
+		if ns.Components[c] != "" || moved[c] {
+			parts = append(parts, c)
+		}
+	}
 	if len(parts) == 0 {
 		return nil
 	}
@@ -94,6 +104,11 @@ func (r *applyRun) settleUnits(ctx context.Context, node, version string, atLeas
 				if err != nil {
 					return fmt.Errorf("node %s: %s is not running %s within %s: %w", node, comp, version, r.opts.ReadyTimeout, err)
 				}
+			}
+			// Every part runs (one that was down started): the leaders
+			// lead again.
+			if err := r.waitLeasesRenewed(ctx); err != nil {
+				return fmt.Errorf("node %s: %w", node, err)
 			}
 			if err := r.wait.Pause(ctx, window); err != nil {
 				return err
@@ -243,19 +258,23 @@ func leaseRenewed(a, b *coordinationv1.Lease) bool {
 	return !a.Spec.RenewTime.Equal(b.Spec.RenewTime)
 }
 
-// markMoved records that a control-plane part on node was swapped or
-// restored in this run: the node is settled after its step.
-func (r *applyRun) markMoved(node string) {
+// markMoved records that part comp on node was swapped or restored in
+// this run ("" for the node's control plane as a whole, kubeadm's): the
+// node is settled after its step.
+func (r *applyRun) markMoved(node, comp string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.moved == nil {
-		r.moved = map[string]bool{}
+		r.moved = map[string]map[string]bool{}
 	}
-	r.moved[node] = true
+	if r.moved[node] == nil {
+		r.moved[node] = map[string]bool{}
+	}
+	r.moved[node][comp] = true
 }
 
-// takeMoved says whether a part on node moved since the last call.
-func (r *applyRun) takeMoved(node string) bool {
+// takeMoved is what moved on node since the last call (nil: nothing).
+func (r *applyRun) takeMoved(node string) map[string]bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.moved[node]

@@ -57,7 +57,7 @@ func Targets(nodes []corev1.Node, inv *Inventory) ([]Target, error) {
 		if o.Address != "" {
 			where = strings.TrimSpace("the inventory " + inv.file)
 		}
-		if net.ParseIP(t.Address) == nil && len(validation.IsDNS1123Subdomain(t.Address)) > 0 {
+		if net.ParseIP(t.Address) == nil && len(validation.IsDNS1123Subdomain(strings.ToLower(strings.TrimSuffix(t.Address, ".")))) > 0 {
 			errs = append(errs, fmt.Errorf("node %s: address %q in %s: not an IP address or a DNS name", n.Name, t.Address, where))
 			continue
 		}

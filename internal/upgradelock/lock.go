@@ -83,7 +83,8 @@ type Lock struct {
 	// two thirds of the duration (leaderelection's 10 s of 15 s).
 	deadline time.Duration
 	clock    clock.Clock
-	mu       sync.Mutex
+	renewing sync.Mutex // one renewal at a time; held across its requests
+	mu       sync.Mutex // the fields below; never held across a request
 	lease    *coordinationv1.Lease // as last written by this run
 	renewed  time.Time             // when this process last renewed, by its clock
 	lost     error                 // set once for good
@@ -225,17 +226,23 @@ func (l *Lock) Holder() string { return l.holder }
 // not reach its API server. It fails with ErrLocked when another holder
 // took it.
 func (l *Lock) Renew(ctx context.Context) error {
+	l.renewing.Lock()
+	defer l.renewing.Unlock()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.lost != nil {
-		return l.lost
+	lost, mine := l.lost, l.lease
+	l.mu.Unlock()
+	if lost != nil {
+		return lost
 	}
 	leases := l.client.CoordinationV1().Leases("kube-system")
 	lease, err := leases.Get(ctx, Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("renew lease kube-system/%s: deleted since this run renewed it: %w", Name, ErrLocked)
+	}
 	if err != nil {
 		return fmt.Errorf("renew lease kube-system/%s: %w", Name, err)
 	}
-	if !same(lease, l.lease) {
+	if !same(lease, mine) {
 		return fmt.Errorf("renew lease kube-system/%s: written by %s since this run renewed it: %w", Name, deref(lease.Spec.HolderIdentity), ErrLocked)
 	}
 	t := metav1.NewMicroTime(l.clock.Now())
@@ -247,9 +254,20 @@ func (l *Lock) Renew(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("renew lease kube-system/%s: %w", Name, err)
 	}
+	l.mu.Lock()
 	l.lease, l.renewed = updated, l.clock.Now()
 	l.signal()
+	l.mu.Unlock()
 	return nil
+}
+
+// Lost is why the lock is lost for good (another run took it over, or the
+// API server refused renewals for the lease's duration), nil while it is
+// not: a run that lost it leaves the nodes to the run that holds it now.
+func (l *Lock) Lost() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost
 }
 
 // signal wakes the waiters of Fence; l.mu held.
@@ -373,14 +391,17 @@ func (l *Lock) Keep(ctx context.Context, lost func(error)) {
 // Release gives the lock up (the Lease stays, without a holder), only
 // where it is still this run's as it last wrote it.
 func (l *Lock) Release(ctx context.Context) error {
+	l.renewing.Lock()
+	defer l.renewing.Unlock()
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	mine := l.lease
+	l.mu.Unlock()
 	leases := l.client.CoordinationV1().Leases("kube-system")
 	lease, err := leases.Get(ctx, Name, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("release lease kube-system/%s: %w", Name, err)
 	}
-	if !same(lease, l.lease) {
+	if !same(lease, mine) {
 		return nil // taken over: not ours to release
 	}
 	empty := ""

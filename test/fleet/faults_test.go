@@ -368,6 +368,39 @@ func (r *faultRun) drainable(ctx context.Context, t *testing.T) {
 	}
 }
 
+// leaders plays the controller manager's and scheduler's leader election
+// on node: each one's Lease is renewed every 100 ms while its unit runs
+// there, and not while it does not.
+func (r *faultRun) leaders(ctx context.Context, t *testing.T, node string) {
+	t.Helper()
+	leases := r.w.client.CoordinationV1().Leases("kube-system")
+	done := make(chan struct{})
+	t.Cleanup(func() { <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			for _, comp := range []string{"kube-controller-manager", "kube-scheduler"} {
+				if r.w.fleet.Running(node, comp) == "" {
+					continue
+				}
+				holder, now, secs := node+"_"+comp, metav1.NewMicroTime(time.Now()), int32(15)
+				l, err := leases.Get(ctx, comp, metav1.GetOptions{})
+				if err != nil {
+					_, _ = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: comp, Namespace: "kube-system"},
+						Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &now, LeaseDurationSeconds: &secs}}, metav1.CreateOptions{})
+					continue
+				}
+				l.Spec.HolderIdentity, l.Spec.RenewTime = &holder, &now
+				_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+}
+
 func refuse(k8stesting.Action) (bool, runtime.Object, error) {
 	return true, nil, errors.New("refused by the test")
 }
@@ -851,6 +884,7 @@ func TestRollbackEndsWithEveryPartRunning(t *testing.T) {
 	for _, unit := range []string{"kube-controller-manager", "kube-scheduler"} {
 		r.w.fleet.StopWhenRestarted("cp-1", unit, "kube-apiserver")
 	}
+	r.leaders(ctx, t, "cp-1")
 	res, err := inplace.Rollback(ctx, r.opts)
 	if err != nil {
 		t.Fatalf("rollback: %v", err)
@@ -879,11 +913,16 @@ func TestResumeFinishesANodeLeftAfterItsSwap(t *testing.T) {
 	r.opts.Drain, r.opts.Settle = true, 3*time.Second
 	r.drainable(ctx, t)
 	go func() {
-		for ctx.Err() == nil && r.played("worker-2", "swap") < 1 {
+		// Cancelled once worker-2 is Ready at the target: in its settle.
+		for ctx.Err() == nil {
+			n, err := r.w.client.CoreV1().Nodes().Get(ctx, "worker-2", metav1.GetOptions{})
+			if err == nil && n.Status.NodeInfo.KubeletVersion == newVersion && nodeReady(n) {
+				time.Sleep(100 * time.Millisecond)
+				cancel()
+				return
+			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		time.Sleep(300 * time.Millisecond) // into the settle pause
-		cancel()
 	}()
 	if _, err := r.apply(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("first apply: %v", err)
@@ -957,10 +996,11 @@ func TestInterruptedReadyWaitRollsBackOnLiveState(t *testing.T) {
 	}
 }
 
-// The workload gate: a Deployment fully available before worker-1's swap
-// that is not again within the health window after it (its pods failing
-// their readiness probes under the new kubelet, say, with every
-// container kept) stops the run at worker-1, rolled back, naming it;
+// The workload gate: a Deployment with a pod on worker-1, fully available
+// before worker-1's swap, that is not again within the health window
+// after it (its pods failing their readiness probes under the new
+// kubelet, say, with every container kept) stops the run at worker-1,
+// rolled back, naming it (and not a Deployment with no pod there);
 // worker-2 is not touched. The plan lists what the gate watches; with
 // --no-workload-gate the same run completes.
 func TestWorkloadGateStopsTheRun(t *testing.T) {
@@ -971,17 +1011,34 @@ func TestWorkloadGateStopsTheRun(t *testing.T) {
 			defer cancel()
 			kwok(ctx, t, r.w.client)
 			r.opts.Plan.NoWorkloadGate = off
-			two := int32(2)
-			dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}, Spec: appsv1.DeploymentSpec{Replicas: &two},
-				Status: appsv1.DeploymentStatus{Replicas: 2, ReadyReplicas: 2, AvailableReplicas: 2, UpdatedReplicas: 2}}
-			if _, err := r.w.client.AppsV1().Deployments("shop").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+			// Deployment default/web, whose pod runs on worker-1 (through its
+			// ReplicaSet), and default/other, with no pod on any node here.
+			two, yes := int32(2), true
+			for _, name := range []string{"web", "other"} {
+				dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("dep-" + name)}, Spec: appsv1.DeploymentSpec{Replicas: &two},
+					Status: appsv1.DeploymentStatus{Replicas: 2, ReadyReplicas: 2, AvailableReplicas: 2, UpdatedReplicas: 2}}
+				if _, err := r.w.client.AppsV1().Deployments("default").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-5d8f", UID: "rs-web",
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "web", UID: "dep-web", Controller: &yes}}}}
+			if _, err := r.w.client.AppsV1().ReplicaSets("default").Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			web, err := r.w.client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			web.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web-5d8f", UID: "rs-web", Controller: &yes}}
+			if _, err := r.w.client.CoreV1().Pods("default").Update(ctx, web, metav1.UpdateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			p, err := inplace.BuildPlan(ctx, r.opts.Plan)
 			if err != nil && !errors.Is(err, inplace.ErrBlocked) {
 				t.Fatal(err)
 			}
-			if want := !off; slices.Contains(p.WorkloadGate, "deployment/shop/api") != want {
+			if want := !off; slices.Contains(p.WorkloadGate, "deployment/default/web") != want {
 				t.Errorf("the plan's workload gate: %v", p.WorkloadGate)
 			}
 			// While worker-1's kubelet is swapped, a replica goes
@@ -996,12 +1053,15 @@ func TestWorkloadGateStopsTheRun(t *testing.T) {
 					return
 				}
 				defer release()
-				d, err := r.w.client.AppsV1().Deployments("shop").Get(ctx, "api", metav1.GetOptions{})
-				if err != nil {
-					return
+				// Both lose a replica; only web has a pod on worker-1.
+				for _, name := range []string{"web", "other"} {
+					d, err := r.w.client.AppsV1().Deployments("default").Get(ctx, name, metav1.GetOptions{})
+					if err != nil {
+						return
+					}
+					d.Status.AvailableReplicas, d.Status.UnavailableReplicas = 1, 1
+					_, _ = r.w.client.AppsV1().Deployments("default").UpdateStatus(ctx, d, metav1.UpdateOptions{})
 				}
-				d.Status.AvailableReplicas, d.Status.UnavailableReplicas = 1, 1
-				_, _ = r.w.client.AppsV1().Deployments("shop").UpdateStatus(ctx, d, metav1.UpdateOptions{})
 				time.Sleep(300 * time.Millisecond)
 			}()
 			_, err = r.apply(ctx)
@@ -1011,7 +1071,8 @@ func TestWorkloadGateStopsTheRun(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, inplace.ErrWorkloadsUnavailable) || !strings.Contains(err.Error(), "deployment/shop/api (1 of 2 replicas available)") || !strings.Contains(err.Error(), "node worker-1") {
+			if !errors.Is(err, inplace.ErrWorkloadsUnavailable) || !strings.Contains(err.Error(), "deployment/default/web (1 of 2 replicas available)") || !strings.Contains(err.Error(), "node worker-1") ||
+				strings.Contains(err.Error(), "deployment/default/other") {
 				t.Fatalf("apply: %v", err)
 			}
 			for node, want := range map[string]string{"worker-1": oldVersion, "worker-2": oldVersion} {
