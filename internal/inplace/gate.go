@@ -37,9 +37,9 @@ type workloadWatch struct {
 	// rsOwner maps a ReplicaSet (NS/NAME) to its Deployment's name.
 	rsOwner func(ns, name string) string
 	deps    func() ([]*appsv1.Deployment, error)
-	sts  func() ([]*appsv1.StatefulSet, error)
-	dss  func() ([]*appsv1.DaemonSet, error)
-	stop context.CancelFunc
+	sts     func() ([]*appsv1.StatefulSet, error)
+	dss     func() ([]*appsv1.DaemonSet, error)
+	stop    context.CancelFunc
 }
 
 func watchWorkloads(ctx context.Context, c kubernetes.Interface) (*workloadWatch, error) {

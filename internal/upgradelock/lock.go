@@ -83,8 +83,8 @@ type Lock struct {
 	// two thirds of the duration (leaderelection's 10 s of 15 s).
 	deadline time.Duration
 	clock    clock.Clock
-	renewing sync.Mutex // one renewal at a time; held across its requests
-	mu       sync.Mutex // the fields below; never held across a request
+	renewing sync.Mutex            // one renewal at a time; held across its requests
+	mu       sync.Mutex            // the fields below; never held across a request
 	lease    *coordinationv1.Lease // as last written by this run
 	renewed  time.Time             // when this process last renewed, by its clock
 	lost     error                 // set once for good
