@@ -19,6 +19,7 @@ type rollbackOptions struct {
 	CatalogFile  string
 	BackupDir    string
 	ReadyTimeout time.Duration
+	HealthWindow time.Duration
 	Quiet        bool
 	DryRun       bool
 }
@@ -56,6 +57,7 @@ saying why: a minor upgrade goes forward once an API server has moved.`,
 	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	f.StringVar(&opts.BackupDir, "backup-dir", inplace.DefaultBackupDir, "where apply kept the replaced binaries on the nodes")
 	f.DurationVar(&opts.ReadyTimeout, "ready-timeout", 5*time.Minute, "how long to wait for each restored component")
+	addHealthWindowFlag(f, &opts.HealthWindow)
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "read what runs and print every restore and node script the rollback would run; change nothing")
 	return cmd
@@ -80,7 +82,7 @@ func rollbackRun(ctx context.Context, opts *rollbackOptions) error {
 	}
 	res, err := inplace.Rollback(ctx, inplace.ApplyOptions{
 		Plan: inplace.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel,
-			Log: opts.IO.Logger(opts.Quiet)},
+			HealthWindow: opts.HealthWindow, Log: opts.IO.Logger(opts.Quiet)},
 		BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun})
 	switch {
 	case res != nil && opts.DryRun:
