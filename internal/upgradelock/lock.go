@@ -27,6 +27,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
+
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // Name is the coordination.k8s.io Lease in kube-system that one
@@ -167,7 +169,7 @@ func Acquire(ctx context.Context, c kubernetes.Interface, holder string, duratio
 				return nil, &LockedError{Holder: other, Renewed: renewed}
 			}
 			if clk.Since(seenAt) < leaseDuration(existing) {
-				if err := pause(ctx, clk, retryPeriod); err != nil {
+				if err := (waiter.Waiter{Clock: clk}).Pause(ctx, retryPeriod); err != nil {
 					return nil, fmt.Errorf("lease kube-system/%s held by %s: %w", Name, other, err)
 				}
 				continue
@@ -362,7 +364,7 @@ func (l *Lock) Keep(ctx context.Context, lost func(error)) {
 	every := l.duration / 3
 	wait := every
 	for {
-		if err := pause(ctx, l.clock, wait); err != nil {
+		if err := (waiter.Waiter{Clock: l.clock}).Pause(ctx, wait); err != nil {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, min(every, 10*time.Second))
@@ -427,18 +429,6 @@ func deref32(p *int32) int32 {
 }
 
 func ptrTo[T any](v T) *T { return &v }
-
-// pause waits d on clk, or until ctx ends.
-func pause(ctx context.Context, clk clock.Clock, d time.Duration) error {
-	t := clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
 
 // Hold renews lock in the background until the returned stop is called;
 // losing it for good cancels the returned context with the reason. stop
