@@ -1,7 +1,10 @@
 // Package applyha tests upgrade apply on a highly available control plane
-// (3 control planes, 2 workers, leader election on): every API server runs
-// the target before any kubelet restarts; manual mode moves the chosen
-// workers only.
+// of binaries (3 control planes, 2 workers, leader election on), a patch
+// upgrade from v1.31.3 to v1.31.4: every API server runs the target before
+// any kubelet restarts; manual mode moves the chosen workers only; then
+// rollback puts every node back, and each control-plane part is the same
+// process a minute after it returned. (test/apply moves a minor; rollback
+// needs a patch downgrade.)
 package applyha
 
 import (
@@ -23,7 +26,7 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "klh", "10.85.0", 3, 2, func(x *harness.Harness) {
 		h = x
-	})
+	}, harness.From("v1.31.3"))
 }
 
 // started reads when comp's running process started, in clock ticks since
@@ -115,5 +118,27 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 	}
 	if firstKubelet <= lastAPIServer {
 		t.Errorf("a kubelet started (tick %d) before the last API server did (tick %d)", firstKubelet, lastAPIServer)
+	}
+
+	// Back: every API server's restart makes the controller managers and
+	// schedulers re-elect; rollback returns only on a settled control plane.
+	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 0 {
+		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	h.SteadyControlPlane(t, h.SB.OldVersion)
+	for _, m := range h.SB.Nodes() {
+		n := h.Node(t, m.Name)
+		if n.Status.NodeInfo.KubeletVersion != h.SB.OldVersion || !sandbox.NodeReady(n) {
+			t.Errorf("after rollback %s: kubelet %s ready %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n))
+		}
+		now := h.Running(t, m.Name)
+		for id, what := range before[m.Name] {
+			if _, ok := now[id]; !ok {
+				t.Errorf("after rollback %s: container %s restarted", m.Name, what)
+			}
+		}
+	}
+	if st := h.Status(t); st.State != inplace.StateRolledBack {
+		t.Errorf("status after rollback: %s", st.State)
 	}
 }

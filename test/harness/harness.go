@@ -386,6 +386,54 @@ func (h *Harness) Running(t *testing.T, node string) map[string]string {
 	return out
 }
 
+// RunningVersion reads the version of comp's running process on node of a
+// binary sandbox, over SSH ("" and the error while it is not running, e.g.
+// restarting).
+func (h *Harness) RunningVersion(node, comp string) (string, error) {
+	out, err := h.TrySSH(node, fmt.Sprintf("pid=$(systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version", comp))
+	return strings.TrimPrefix(strings.TrimSpace(out), "Kubernetes "), err
+}
+
+// MainPID reads the pid of comp's main process on node, over SSH (0 when
+// it does not run).
+func (h *Harness) MainPID(t *testing.T, node, comp string) int {
+	t.Helper()
+	out := h.SSH(t, node, fmt.Sprintf("systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'", comp))
+	var pid int
+	if _, err := fmt.Sscan(strings.TrimSpace(out), &pid); err != nil {
+		t.Fatalf("%s: %s's MainPID %q: %v", node, comp, out, err)
+	}
+	return pid
+}
+
+// SteadyControlPlane checks on a binary sandbox, as soon as a command said
+// it was done, that every control-plane part runs version, and that each
+// is still the same process a minute later (an API server's restart makes
+// a leading controller manager or scheduler exit a few seconds on).
+func (h *Harness) SteadyControlPlane(t *testing.T, version string) {
+	t.Helper()
+	pids := map[string]int{}
+	for _, m := range h.SB.Nodes() {
+		if m.Role != "control-plane" {
+			continue
+		}
+		for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			got, err := h.RunningVersion(m.Name, c)
+			if err != nil || got != version {
+				t.Errorf("%s: %s runs %q (%v) when the command returned, want %s", m.Name, c, got, err, version)
+			}
+			pids[m.Name+"/"+c] = h.MainPID(t, m.Name, c)
+		}
+	}
+	time.Sleep(time.Minute)
+	for key, pid := range pids {
+		node, c, _ := strings.Cut(key, "/")
+		if now := h.MainPID(t, node, c); now != pid || pid == 0 {
+			t.Errorf("%s: %s was process %d when the command returned, a minute later %d", node, c, pid, now)
+		}
+	}
+}
+
 // Shop lists the running shop containers on every node of the sandbox
 // (ID -> "NODE namespace/pod/name").
 func (h *Harness) Shop(t *testing.T) map[string]string {

@@ -117,6 +117,59 @@ func everywhere(version string) func() (bool, string) {
 	}
 }
 
+// steadyControlPlane checks, as soon as a command said it was done, that
+// every control-plane node's static pods run version's image and are
+// Ready, and that their containers (as the node's runtime lists them) are
+// the same a minute later: an API server's restart makes a leading
+// controller manager or scheduler exit a few seconds on.
+func steadyControlPlane(t *testing.T, version string) {
+	t.Helper()
+	got, err := staticPods(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := h.SB.ImageRepository()
+	containers := map[string]map[string]string{}
+	for _, m := range h.SB.Nodes() {
+		if m.Role != "control-plane" {
+			continue
+		}
+		for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			if p, want := got[m.Name+"/"+c], repo+"/"+c+":"+version; p.image != want || !p.ready {
+				t.Errorf("%s: %s runs %q (ready %v) when the command returned, want %s", m.Name, c, p.image, p.ready, want)
+			}
+		}
+		containers[m.Name] = controlPlaneContainers(t, m.Name)
+		if len(containers[m.Name]) != 3 {
+			t.Errorf("%s: %d control-plane containers run when the command returned, want 3: %v", m.Name, len(containers[m.Name]), containers[m.Name])
+		}
+	}
+	time.Sleep(time.Minute)
+	for node, before := range containers {
+		now := controlPlaneContainers(t, node)
+		for what, id := range before {
+			if now[what] != id {
+				t.Errorf("%s: %s was container %.12s when the command returned, a minute later %.12s", node, what, id, now[what])
+			}
+		}
+	}
+}
+
+// controlPlaneContainers maps each running API server, controller manager
+// and scheduler container on node to its ID, read from the node's runtime.
+func controlPlaneContainers(t *testing.T, node string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for id, what := range h.Running(t, node) {
+		for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			if strings.HasPrefix(what, "kube-system/") && strings.HasSuffix(what, "/"+c) {
+				out[c] = id
+			}
+		}
+	}
+	return out
+}
+
 // kubeletStarts is when each node's kubelet said it started (its
 // "Starting" Event), after since.
 func kubeletStarts(t *testing.T, since time.Time) map[string]time.Time {
@@ -188,6 +241,7 @@ func TestHAPatchUpgradeThenRollback(t *testing.T) {
 	if r.Code != 0 {
 		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
+	steadyControlPlane(t, from)
 	harness.Eventually(t, 2*time.Minute, everywhere(from))
 	st := h.Status(t)
 	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion || st.ControlPlane != inplace.KindKubeadm {

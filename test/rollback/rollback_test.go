@@ -27,53 +27,6 @@ func TestMain(m *testing.M) {
 	}, harness.From(from))
 }
 
-// running reads the version of comp's running process on node, over SSH
-// ("" and the error while it is not running, e.g. restarting).
-func running(node, comp string) (string, error) {
-	out, err := h.TrySSH(node, fmt.Sprintf("pid=$(systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version", comp))
-	return strings.TrimPrefix(strings.TrimSpace(out), "Kubernetes "), err
-}
-
-// mainPID reads the pid of comp's main process on node, over SSH (0 when
-// it does not run).
-func mainPID(t *testing.T, node, comp string) int {
-	t.Helper()
-	out := h.SSH(t, node, fmt.Sprintf("systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'", comp))
-	var pid int
-	if _, err := fmt.Sscan(strings.TrimSpace(out), &pid); err != nil {
-		t.Fatalf("%s: %s's MainPID %q: %v", node, comp, out, err)
-	}
-	return pid
-}
-
-// steadyControlPlane checks, as soon as a command said it was done, that
-// every control-plane part runs version, and that each is still the same
-// process a minute later (an API server's restart makes a leading
-// controller manager or scheduler exit a few seconds on).
-func steadyControlPlane(t *testing.T, version string) {
-	t.Helper()
-	pids := map[string]int{}
-	for _, m := range h.SB.Nodes() {
-		if m.Role != "control-plane" {
-			continue
-		}
-		for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-			got, err := running(m.Name, c)
-			if err != nil || got != version {
-				t.Errorf("%s: %s runs %q (%v) when the command returned, want %s", m.Name, c, got, err, version)
-			}
-			pids[m.Name+"/"+c] = mainPID(t, m.Name, c)
-		}
-	}
-	time.Sleep(time.Minute)
-	for key, pid := range pids {
-		node, c, _ := strings.Cut(key, "/")
-		if now := mainPID(t, node, c); now != pid || pid == 0 {
-			t.Errorf("%s: %s was process %d when the command returned, a minute later %d", node, c, pid, now)
-		}
-	}
-}
-
 // components lists what runs on each node of the sandbox.
 func components(m sandbox.Machine) []string {
 	if m.Role == "control-plane" {
@@ -92,7 +45,7 @@ func expectEverywhere(t *testing.T, version string, before map[string]map[string
 		// check waits for it, with a deadline.
 		for _, c := range components(m) {
 			harness.Eventually(t, 2*time.Minute, func() (bool, string) {
-				got, err := running(m.Name, c)
+				got, err := h.RunningVersion(m.Name, c)
 				return err == nil && got == version, fmt.Sprintf("%s: %s runs %q (%v), want %s", m.Name, c, got, err, version)
 			})
 		}
@@ -139,7 +92,7 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 	if r.Code != 0 {
 		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	steadyControlPlane(t, from)
+	h.SteadyControlPlane(t, from)
 	expectEverywhere(t, from, before)
 	st := h.Status(t)
 	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion {
