@@ -17,6 +17,8 @@ import (
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 )
@@ -116,7 +118,7 @@ upgrading-kubelets) for a later apply.`,
 	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	addStageFlags(cmd, &opts.StageDir, &opts.CacheDir)
 	opts.Path.addFlags(cmd)
-	f.StringVar(&opts.BackupDir, "backup-dir", inplace.DefaultBackupDir, "where replaced binaries are kept on the nodes (OLDVERSION/NAME below it)")
+	f.StringVar(&opts.BackupDir, "backup-dir", release.DefaultBackupDir, "where replaced binaries are kept on the nodes (OLDVERSION/NAME below it)")
 	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
 	f.BoolVar(&opts.Canary, "canary", false, "grow the window 1, 2, 4 ... up to --max-unavailable while nodes succeed")
 	f.DurationVar(&opts.Soak, "soak", 0, "wait after each worker before the next takes its slot")
@@ -183,7 +185,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	}
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: *po, Source: inplace.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
+		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
 		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,

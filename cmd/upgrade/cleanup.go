@@ -10,6 +10,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 type cleanupOptions struct {
@@ -48,7 +49,7 @@ old kubelet still run, the file stays and the count says how many.`,
 	opts.Nodes.AddFlags(cmd)
 	cmd.Flags().StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "say where the file would go; remove nothing")
-	cmd.Flags().StringVar(&opts.StageDir, "stage-dir", inplace.DefaultStageDir, "where binaries are staged on the nodes (as given to stage and apply)")
+	cmd.Flags().StringVar(&opts.StageDir, "stage-dir", release.DefaultStageDir, "where binaries are staged on the nodes (as given to stage and apply)")
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	return cmd
 }

@@ -15,7 +15,8 @@ import (
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/importer"
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 )
 
 type importOptions struct {
@@ -167,13 +168,13 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		return err
 	}
 	defer v.Close()
-	target, err := inplace.TargetFromBundle(v.Manifest)
+	target, err := release.FromBundle(v.Manifest)
 	if err != nil {
 		return err
 	}
 	// The nodes may pull what was just pushed; what this machine sends
 	// comes from the file.
-	var source inplace.Source = inplace.BundleSource{Bundle: v}
+	var source stage.Source = stage.BundleSource{Bundle: v}
 	if len(res.Files) > 0 {
 		target.Record = &cluster.Available{KubernetesVersion: res.KubernetesVersion}
 		for _, f := range res.Files {
@@ -183,9 +184,9 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		for _, h := range target.Hops {
 			h.Record = target.Record
 		}
-		source = pushedSource{BundleSource: inplace.BundleSource{Bundle: v}, RegistrySource: inplace.RegistrySource{Access: access}}
+		source = pushedSource{BundleSource: stage.BundleSource{Bundle: v}, RegistrySource: stage.RegistrySource{Access: access}}
 	}
-	sres, err := stage(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
+	sres, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
 	if sres != nil && !asJSON {
 		printStage(opts.IO.Out, sres)
 	}
@@ -245,8 +246,8 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 // this machine reads them from the file, nodes pull them from the
 // registry.
 type pushedSource struct {
-	inplace.BundleSource
-	inplace.RegistrySource
+	stage.BundleSource
+	stage.RegistrySource
 }
 
 // Open reads the file from the bundle.

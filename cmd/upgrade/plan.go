@@ -17,6 +17,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 type planOptions struct {
@@ -86,7 +87,7 @@ made, 2 bad flags.`,
 	opts.Registry.AddFlags(cmd)
 	f := cmd.Flags()
 	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
-	f.StringVar(&opts.StageDir, "stage-dir", inplace.DefaultStageDir, "where binaries are staged on the nodes")
+	f.StringVar(&opts.StageDir, "stage-dir", release.DefaultStageDir, "where binaries are staged on the nodes")
 	opts.Path.addFlags(cmd)
 	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
 	f.BoolVar(&opts.Canary, "canary", false, "grow worker batches 1, 2, 4 ... up to --max-unavailable")

@@ -10,6 +10,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 type rollbackOptions struct {
@@ -55,7 +56,7 @@ saying why: a minor upgrade goes forward once an API server has moved.`,
 	opts.Nodes.AddFlags(cmd)
 	f := cmd.Flags()
 	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
-	f.StringVar(&opts.BackupDir, "backup-dir", inplace.DefaultBackupDir, "where apply kept the replaced binaries on the nodes")
+	f.StringVar(&opts.BackupDir, "backup-dir", release.DefaultBackupDir, "where apply kept the replaced binaries on the nodes")
 	f.DurationVar(&opts.ReadyTimeout, "ready-timeout", 5*time.Minute, "how long to wait for each restored component")
 	addHealthWindowFlag(f, &opts.HealthWindow)
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")

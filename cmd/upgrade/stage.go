@@ -16,6 +16,8 @@ import (
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/registry"
 )
 
@@ -68,7 +70,7 @@ func (f *clusterFlags) addFlags(cmd *cobra.Command) {
 }
 
 // target loads the version's cluster record, verified with --key.
-func (f *clusterFlags) target(ctx context.Context, c kubernetes.Interface) (*inplace.Target, error) {
+func (f *clusterFlags) target(ctx context.Context, c kubernetes.Interface) (*release.Release, error) {
 	if f.To == "" {
 		return nil, cli.Usagef("--to VERSION is required")
 	}
@@ -76,12 +78,12 @@ func (f *clusterFlags) target(ctx context.Context, c kubernetes.Interface) (*inp
 	if err != nil {
 		return nil, err
 	}
-	return inplace.LoadTarget(ctx, c, f.To, trust)
+	return release.Load(ctx, c, f.To, trust)
 }
 
 // registryAccess reaches the record's registry unless --domain names
 // another; every artifact the record names must be in it.
-func registryAccess(in io.Reader, rf *cli.RegistryFlags, t *inplace.Target) (registry.Access, error) {
+func registryAccess(in io.Reader, rf *cli.RegistryFlags, t *release.Release) (registry.Access, error) {
 	if rf.Domain == "" && t.Record != nil {
 		rf.Domain = t.Record.Registry
 	}
@@ -178,20 +180,20 @@ named, the others are staged, and the exit code is 1.`,
 type stagePath struct{ Via, Codec, NodeCredentials string }
 
 func (p *stagePath) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&p.Via, "via", inplace.ViaAuto, "how nodes get their files: auto (nodes that reach the private registry pull from it, the others are sent them over SSH), registry, or ssh")
-	cmd.Flags().StringVar(&p.NodeCredentials, "node-credentials", inplace.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
-	cmd.Flags().StringVar(&p.Codec, "codec", inplace.CodecAuto, "how files sent over SSH are encoded: auto (the registry's zstd copies where the node has zstd, else zstd or gzip or none, whichever the first megabytes measure faster), zstd, gzip, or none")
+	cmd.Flags().StringVar(&p.Via, "via", stage.ViaAuto, "how nodes get their files: auto (nodes that reach the private registry pull from it, the others are sent them over SSH), registry, or ssh")
+	cmd.Flags().StringVar(&p.NodeCredentials, "node-credentials", stage.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
+	cmd.Flags().StringVar(&p.Codec, "codec", stage.CodecAuto, "how files sent over SSH are encoded: auto (the registry's zstd copies where the node has zstd, else zstd or gzip or none, whichever the first megabytes measure faster), zstd, gzip, or none")
 }
 
 func (p *stagePath) check() error {
-	if err := inplace.CheckStageChoice(p.Via, p.Codec, p.NodeCredentials); err != nil {
+	if err := stage.CheckChoice(p.Via, p.Codec, p.NodeCredentials); err != nil {
 		return cli.Usagef("%v", err)
 	}
 	return nil
 }
 
 func addStageFlags(cmd *cobra.Command, stageDir, cacheDir *string) {
-	cmd.Flags().StringVar(stageDir, "stage-dir", inplace.DefaultStageDir, "where binaries are staged on the nodes (VERSION/NAME below it)")
+	cmd.Flags().StringVar(stageDir, "stage-dir", release.DefaultStageDir, "where binaries are staged on the nodes (VERSION/NAME below it)")
 	cmd.Flags().StringVar(cacheDir, "cache-dir", cli.DefaultCacheDir(), "where fetched and compressed files are kept on this machine")
 }
 
@@ -207,8 +209,8 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 	if err != nil {
 		return err
 	}
-	var target *inplace.Target
-	var source inplace.Source
+	var target *release.Release
+	var source stage.Source
 	if opts.Bundle != "" {
 		trust, err := opts.Cluster.Trust.Trust()
 		if err != nil {
@@ -219,13 +221,13 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 			return err
 		}
 		defer v.Close()
-		if target, err = inplace.TargetFromBundle(v.Manifest); err != nil {
+		if target, err = release.FromBundle(v.Manifest); err != nil {
 			return err
 		}
 		if opts.Cluster.To != "" && opts.Cluster.To != target.Version.String() {
 			return cli.Usagef("--to %s, but %s holds %s", opts.Cluster.To, opts.Bundle, target.Version)
 		}
-		source = inplace.BundleSource{Bundle: v}
+		source = stage.BundleSource{Bundle: v}
 	} else {
 		if target, err = opts.Cluster.target(ctx, client); err != nil {
 			return err
@@ -234,9 +236,9 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 		if err != nil {
 			return err
 		}
-		source = inplace.RegistrySource{Access: access}
+		source = stage.RegistrySource{Access: access}
 	}
-	res, err := stage(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
+	res, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
 	if res != nil {
 		if asJSON {
 			if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
@@ -250,24 +252,24 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 }
 
 // stage stages target on every node of the cluster.
-func stage(ctx context.Context, s *cli.IO, client kubernetes.Interface, nf *cli.NodeFlags, target *inplace.Target, source inplace.Source,
-	stageDir, cacheDir string, path stagePath, quiet bool) (*inplace.StageResult, error) {
+func stageNodes(ctx context.Context, s *cli.IO, client kubernetes.Interface, nf *cli.NodeFlags, target *release.Release, source stage.Source,
+	stageDir, cacheDir string, path stagePath, quiet bool) (*stage.Result, error) {
 	inv, dialer, err := nf.Access()
 	if err != nil {
 		return nil, err
 	}
 	sink, finish := s.Progress(quiet, "staging")
 	defer finish()
-	return inplace.StageCluster(ctx, client, inv, inplace.StageOptions{Target: target, Source: source, Connector: dialer,
+	return inplace.StageCluster(ctx, client, inv, stage.Options{Release: target, Source: source, Connector: dialer,
 		Parallel: nf.Parallel, StageDir: stageDir, CacheDir: cacheDir, Via: path.Via, Codec: path.Codec, NodeCredentials: path.NodeCredentials, Progress: sink, Log: s.Logger(quiet)})
 }
 
-func printStage(w io.Writer, res *inplace.StageResult) {
+func printStage(w io.Writer, res *stage.Result) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tPATH\tSTAGED\tALREADY STAGED\tSENT BY SSH\tPULLED BY NODE\tTOOK\tERROR")
 	for _, n := range res.Nodes {
 		path := orDash(n.Path)
-		if n.Path == inplace.ViaSSH {
+		if n.Path == stage.ViaSSH {
 			path += " (" + n.Codec + ")"
 		}
 		if n.PathReason != "" {

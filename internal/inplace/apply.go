@@ -16,6 +16,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -34,7 +36,7 @@ const (
 type ApplyOptions struct {
 	Plan PlanOptions
 	// Source supplies files missing on the nodes (staged first).
-	Source   Source
+	Source   stage.Source
 	CacheDir string
 	// BackupDir is where replaced binaries go on each node.
 	BackupDir string
@@ -125,7 +127,7 @@ func (opts *ApplyOptions) defaults() error {
 		return err
 	}
 	if opts.BackupDir == "" {
-		opts.BackupDir = DefaultBackupDir
+		opts.BackupDir = release.DefaultBackupDir
 	}
 	if opts.LockDuration == 0 {
 		opts.LockDuration = 60 * time.Second
@@ -150,7 +152,7 @@ type applyRun struct {
 	opts   ApplyOptions
 	client kubernetes.Interface
 	log    *slog.Logger
-	target *Target
+	target *release.Release
 	plan   *Plan
 	view   *clusterView
 	tgts   map[string]nodeaccess.Target
@@ -351,12 +353,12 @@ func (r *applyRun) planStep(ctx context.Context) error {
 // parts move only while kubelift runs.
 func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string) (map[string]bool, error) {
 	s, err := ReadState(ctx, c)
-	if err != nil || s == nil || s.To != to || s.ControlPlane != KindKubeadm {
+	if err != nil || s == nil || s.To != to || s.ControlPlane != release.KindKubeadm {
 		return nil, err
 	}
 	var moving map[string]bool
 	for _, n := range s.Nodes {
-		if n.Role == RoleControlPlane && n.Status == NodeUpgrading {
+		if n.Role == release.RoleControlPlane && n.Status == NodeUpgrading {
 			if moving == nil {
 				moving = map[string]bool{}
 			}
@@ -403,7 +405,7 @@ func (r *applyRun) selected(name string) bool {
 	if len(r.opts.Nodes) == 0 && r.opts.Selector == nil {
 		return true
 	}
-	if r.tgts[name].Role == RoleControlPlane || slices.Contains(r.opts.Nodes, name) {
+	if r.tgts[name].Role == release.RoleControlPlane || slices.Contains(r.opts.Nodes, name) {
 		return true
 	}
 	if n := r.view.node(name); n != nil && r.opts.Selector != nil {
@@ -459,7 +461,7 @@ func (r *applyRun) allAtTarget() bool {
 		if !r.nodeAtTarget(n) && r.selected(n.Name) {
 			return false
 		}
-		for _, c := range controlPlaneFiles {
+		for _, c := range release.ControlPlaneFiles {
 			if v, ok := n.Components[c]; ok && v != to {
 				return false
 			}
@@ -488,7 +490,7 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 		// The plan reads what is staged of the target only: with hops, a
 		// control-plane node is always passed to Stage, which sends only
 		// what is not there.
-		if !n.Staged || (len(r.target.Hops) > 0 && n.Role == RoleControlPlane) {
+		if !n.Staged || (len(r.target.Hops) > 0 && n.Role == release.RoleControlPlane) {
 			missing = append(missing, r.tgts[n.Name])
 		}
 	}
@@ -498,24 +500,24 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 	if r.dry {
 		for _, t := range missing {
 			arch := archOr(r.nodeState(t.Name).Arch)
-			would := func(rel *Target, names []string, label string) {
+			would := func(rel *release.Release, names []string, label string) {
 				for _, name := range names {
 					if f, _, ok := rel.File(name, arch); ok {
 						r.would(t.Name, "stage "+label+name+" (pulled from the registry where the node reaches it, else sent over SSH)",
-							nodescript.StageFile.Show(StagePath(r.opts.Plan.StageDir, rel.Version.String(), ""), f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), "zstd", "0"))
+							nodescript.StageFile.Show(release.StagePath(r.opts.Plan.StageDir, rel.Version.String(), ""), f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), "zstd", "0"))
 					}
 				}
 			}
 			for _, h := range r.target.Hops {
-				would(h, HopFilesForKind(r.driver.Kind(), t.Role), h.Version.String()+"/")
+				would(h, release.HopFilesForKind(r.driver.Kind(), t.Role), h.Version.String()+"/")
 			}
 			if !r.nodeState(t.Name).Staged {
-				would(r.target, FilesForKind(r.driver.Kind(), t.Role), "")
+				would(r.target, release.FilesForKind(r.driver.Kind(), t.Role), "")
 			}
 		}
 		return nil
 	}
-	_, err := Stage(ctx, StageOptions{Target: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Targets: missing,
+	_, err := stage.Run(ctx, stage.Options{Release: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Addresses: missing,
 		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Kind: r.driver.Kind(),
 		Via: r.opts.Plan.StageVia, Codec: r.opts.Plan.StageCodec, NodeCredentials: r.opts.Plan.NodeCredentials, Log: r.log})
 	return err

@@ -12,23 +12,23 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/registry"
 )
-
-func listOptions() metav1.ListOptions { return metav1.ListOptions{Limit: 500} }
 
 // planCheck runs the checks over what BuildPlan read.
 type planCheck struct {
 	opts   PlanOptions
 	view   *clusterView
 	plan   *Plan
-	target *Target
+	target *release.Release
 	// driver is the cluster's kind of control plane.
 	driver controlPlane
 	// Indexes of the view, built once: a plan of 5000 nodes and 150,000
@@ -75,7 +75,7 @@ func (pc *planCheck) role(node string) string {
 	if r, ok := pc.roles[node]; ok {
 		return r
 	}
-	return RoleWorker
+	return release.RoleWorker
 }
 
 func (pc *planCheck) nodeStates() {
@@ -89,7 +89,7 @@ func (pc *planCheck) nodeStates() {
 			s.Components = f.Components
 			bad = append(bad, f.Bad...)
 		}
-		if pc.view.kubeadm != nil && s.Role == RoleControlPlane {
+		if pc.view.kubeadm != nil && s.Role == release.RoleControlPlane {
 			s.Components, bad = pc.staticComponents(n.Name, s.Components, bad)
 		}
 		pc.plan.Nodes = append(pc.plan.Nodes, s)
@@ -136,7 +136,7 @@ func nodeReady(n *corev1.Node) bool {
 func (pc *planCheck) steps() ([]Step, error) {
 	var cps, workers []string
 	for _, s := range pc.plan.Nodes {
-		if s.Role == RoleControlPlane {
+		if s.Role == release.RoleControlPlane {
 			cps = append(cps, s.Name)
 		} else {
 			workers = append(workers, s.Name)
@@ -150,7 +150,7 @@ func (pc *planCheck) steps() ([]Step, error) {
 	steps := []Step{{Phase: PhaseTolerations}}
 	for _, t := range pc.target.Chain() {
 		for i := range pc.plan.Nodes {
-			if n := &pc.plan.Nodes[i]; n.Role == RoleControlPlane {
+			if n := &pc.plan.Nodes[i]; n.Role == release.RoleControlPlane {
 				steps = append(steps, Step{Phase: PhaseControlPlane, Version: t.Version.String(), Nodes: []string{n.Name}, Components: pc.driver.Components(n)})
 			}
 		}
@@ -189,7 +189,7 @@ func (pc *planCheck) path() {
 	to := pc.target.Version
 	seen := map[string]bool{}
 	for _, s := range pc.plan.Nodes {
-		for _, comp := range controlPlaneFiles { // in order: the API server first
+		for _, comp := range release.ControlPlaneFiles { // in order: the API server first
 			ver := s.Components[comp]
 			if ver == "" || seen[ver] {
 				continue
@@ -226,8 +226,8 @@ func (pc *planCheck) path() {
 					fix += fmt.Sprintf(", or make the bundle with bundle create --from v%d.%d", from.Major, from.Minor)
 				}
 				pc.add(Blocking, "path", obj, msg, fix)
-			case !next.Release.CanUpgradeFrom(from):
-				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, next.Version, strings.Join(next.Release.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
+			case !next.Catalog.CanUpgradeFrom(from):
+				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, next.Version, strings.Join(next.Catalog.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
 			case next != pc.target && pc.view.kubeadm != nil:
 				// kubeadm's side of hops is not built: a kubeadm control
 				// plane moves one minor per apply.
@@ -306,7 +306,7 @@ func (pc *planCheck) staged() {
 		}
 		var missing []string
 		var need int64
-		for _, name := range FilesForKind(pc.driver.Kind(), s.Role) {
+		for _, name := range release.FilesForKind(pc.driver.Kind(), s.Role) {
 			bf, _, ok := pc.target.File(name, arch)
 			if !ok {
 				continue
@@ -321,7 +321,7 @@ func (pc *planCheck) staged() {
 		// them, sending only what is missing): counted at full size, with
 		// their backups.
 		for _, h := range pc.target.Hops {
-			for _, name := range HopFilesForKind(pc.driver.Kind(), s.Role) {
+			for _, name := range release.HopFilesForKind(pc.driver.Kind(), s.Role) {
 				if bf, _, ok := h.File(name, arch); ok {
 					need += 2 * bf.Size
 				}
@@ -333,11 +333,11 @@ func (pc *planCheck) staged() {
 			if p, ok := pc.view.paths[s.Name]; ok {
 				s.StagePath, s.StagePathReason = p[0], p[1]
 				how = "apply has the node pull them from the private registry"
-				if p[0] == ViaSSH {
+				if p[0] == stage.ViaSSH {
 					how = "apply sends them over SSH (" + p[1] + ")"
 				}
 			}
-			pc.add(Info, "staged", "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: %s", strings.Join(missing, ", "), StagePath(pc.opts.StageDir, version, ""), how), "upgrade stage --to "+version)
+			pc.add(Info, "staged", "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: %s", strings.Join(missing, ", "), release.StagePath(pc.opts.StageDir, version, ""), how), "upgrade stage --to "+version)
 		}
 		if f.FreeBytes > 0 && f.FreeBytes < need {
 			pc.add(Blocking, "disk", "node/"+s.Name, fmt.Sprintf("%d MiB free below %s, staging and backups need %d MiB", f.FreeBytes>>20, pc.opts.StageDir, need>>20), "free disk space on the node")
@@ -349,7 +349,7 @@ func (pc *planCheck) staged() {
 // hop on the way, removed.
 func (pc *planCheck) removedFlags() {
 	for _, t := range pc.target.Chain() {
-		rel := t.Release
+		rel := t.Catalog
 		removed := map[string][]string{"kubelet": rel.RemovedKubeletFlags}
 		for c, fl := range rel.RemovedFlags {
 			removed[c] = fl
@@ -372,7 +372,7 @@ func (pc *planCheck) removedFlags() {
 }
 
 // hopList names the hops of t, "v1.31.14, v1.32.13".
-func hopList(t *Target) string {
+func hopList(t *release.Release) string {
 	var vs []string
 	for _, h := range t.Hops {
 		vs = append(vs, h.Version.String())
@@ -427,7 +427,7 @@ func (pc *planCheck) cgroupV1() {
 // is a warning, since clients reading through it will fail too.
 func (pc *planCheck) removedAPIs(ctx context.Context) {
 	for _, t := range pc.target.Chain() {
-		for _, api := range t.Release.Removed() {
+		for _, api := range t.Catalog.Removed() {
 			pc.removedAPI(ctx, t.Version.MinorString(), api)
 		}
 	}
@@ -452,7 +452,7 @@ func (pc *planCheck) removedAPI(ctx context.Context, version string, api catalog
 			continue
 		}
 		res := pc.opts.Dynamic.Resource(schema.GroupVersionResource{Group: api.Group, Version: api.Version, Resource: r.Name})
-		opts := listOptions()
+		opts := cluster.ListOptions()
 		n, writers := 0, 0
 		for n < maxRemovedAPIObjects {
 			l, err := res.List(ctx, opts)

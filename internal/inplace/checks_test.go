@@ -33,6 +33,8 @@ import (
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -80,28 +82,28 @@ func newWorld(t testing.TB) *world {
 	}
 	r := *rel
 	m := &bundle.Manifest{KubernetesVersion: "v1.31.4", Arches: []string{"amd64"}, Release: r}
-	for _, n := range append(append([]string{}, controlPlaneFiles...), nodeFiles...) {
+	for _, n := range release.FilesFor(release.RoleControlPlane) {
 		m.Files = append(m.Files, bundle.File{Name: n, Arch: "amd64", Path: "bin/linux/amd64/" + n, SHA256: strings.Repeat("a", 63) + n[:1], Size: 1 << 20})
 	}
-	target := &Target{Version: rel.Parsed(), Manifest: m, Release: &r, Record: &cluster.Available{KubernetesVersion: "v1.31.4", BundleDigest: "sha256:abc"}}
+	target := &release.Release{Version: rel.Parsed(), Manifest: m, Catalog: &r, Record: &cluster.Available{KubernetesVersion: "v1.31.4", BundleDigest: "sha256:abc"}}
 	nodes := []corev1.Node{node("cp-1", "control-plane"), node("worker-1", "worker"), node("worker-2", "worker")}
 	w := &world{cat: cat, view: &clusterView{nodes: nodes, facts: map[string]*nodefacts.Facts{}, ssh: map[string]error{}}}
 	for _, n := range nodes {
-		role := RoleWorker
+		role := release.RoleWorker
 		if n.Name == "cp-1" {
-			role = RoleControlPlane
+			role = release.RoleControlPlane
 		}
 		w.view.tgts = append(w.view.tgts, targetOf(n.Name, role))
 		f := &nodefacts.Facts{Name: n.Name, Components: map[string]string{"kubelet": "v1.30.14"}, Flags: map[string][]string{}, FlagSources: map[string]string{},
 			Values: map[string]string{}, Staged: map[string]string{}, FreeBytes: 10 << 30}
-		if role == RoleControlPlane {
-			for _, c := range controlPlaneFiles {
+		if role == release.RoleControlPlane {
+			for _, c := range release.ControlPlaneFiles {
 				f.Components[c] = "v1.30.14"
 			}
 		}
 		w.view.facts[n.Name] = f
 	}
-	w.opts = PlanOptions{Client: fake.NewClientset(), Target: target, Catalog: cat, StageDir: DefaultStageDir,
+	w.opts = PlanOptions{Client: fake.NewClientset(), Target: target, Catalog: cat, StageDir: release.DefaultStageDir,
 		Now: func() time.Time { return time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC) }}
 	return w
 }
@@ -155,12 +157,12 @@ func TestPlanCleanClusterBlocksNothing(t *testing.T) {
 	// Unstaged files are said, not blocking, with how apply would stage
 	// them where the node was asked.
 	want(t, only(p, "staged"), Info, "node/worker-1", "kubelet", "not staged")
-	w.view.paths = map[string][2]string{"worker-1": {ViaRegistry, ""}, "worker-2": {ViaSSH, "the registry cannot be reached from the node"}}
+	w.view.paths = map[string][2]string{"worker-1": {stage.ViaRegistry, ""}, "worker-2": {stage.ViaSSH, "the registry cannot be reached from the node"}}
 	p = w.plan(t)
 	want(t, only(p, "staged"), Info, "node/worker-1", "not staged", "apply has the node pull them from the private registry")
 	want(t, only(p, "staged"), Info, "node/worker-2", "not staged", "apply sends them over SSH (the registry cannot be reached from the node)")
 	for _, n := range p.Nodes {
-		if n.Name == "worker-2" && (n.StagePath != ViaSSH || n.StagePathReason == "") {
+		if n.Name == "worker-2" && (n.StagePath != stage.ViaSSH || n.StagePathReason == "") {
 			t.Errorf("worker-2's plan: %+v", n)
 		}
 	}
@@ -187,8 +189,8 @@ func TestPathAndSkew(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
 			if tc.name == "not an upgrade source" {
-				w.opts.Target.Release.UpgradeFrom = []string{"v1.30.1-v1.30.14"}
-				if err := w.opts.Target.Release.Check("test"); err != nil {
+				w.opts.Target.Catalog.UpgradeFrom = []string{"v1.30.1-v1.30.14"}
+				if err := w.opts.Target.Catalog.Check("test"); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -209,7 +211,7 @@ func TestPathAndSkew(t *testing.T) {
 	// A patch downgrade the catalog allows is fine.
 	w := newWorld(t)
 	rel, _ := w.cat.Lookup("v1.31.4")
-	w.opts.Target.Version, w.opts.Target.Release = catalog.Version{Major: 1, Minor: 31, Patch: 0}, rel
+	w.opts.Target.Version, w.opts.Target.Catalog = catalog.Version{Major: 1, Minor: 31, Patch: 0}, rel
 	for c := range w.view.facts["cp-1"].Components {
 		w.view.facts["cp-1"].Components[c] = "v1.31.4"
 	}
@@ -262,7 +264,7 @@ func TestStagedAndDisk(t *testing.T) {
 
 func TestRemovedFlags(t *testing.T) {
 	w := newWorld(t)
-	w.opts.Target.Release.RemovedFlags = map[string][]string{"kube-controller-manager": {"--pod-eviction-timeout"}}
+	w.opts.Target.Catalog.RemovedFlags = map[string][]string{"kube-controller-manager": {"--pod-eviction-timeout"}}
 	w.view.facts["worker-1"].AddFlags("kubelet", "/var/lib/kubelet/kubeadm-flags.env", []string{"--keep-terminated-pod-volumes=false", "--v=2"})
 	w.view.facts["cp-1"].AddFlags("kube-controller-manager", "/etc/systemd/system/kube-controller-manager.service", []string{"--pod-eviction-timeout=5m"})
 	p := w.plan(t)
@@ -276,8 +278,8 @@ func TestRemovedFlags(t *testing.T) {
 
 func TestRemovedAPIs(t *testing.T) {
 	w := newWorld(t)
-	w.opts.Target.Release.RemovedAPIs = []string{"flowcontrol.apiserver.k8s.io/v1beta3", "networking.k8s.io/v1beta1/servicecidrs"}
-	if err := w.opts.Target.Release.Check("test"); err != nil {
+	w.opts.Target.Catalog.RemovedAPIs = []string{"flowcontrol.apiserver.k8s.io/v1beta3", "networking.k8s.io/v1beta1/servicecidrs"}
+	if err := w.opts.Target.Catalog.Check("test"); err != nil {
 		t.Fatal(err)
 	}
 	c := fake.NewClientset()

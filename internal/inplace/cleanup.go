@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -28,7 +29,7 @@ type CleanupOptions struct {
 	Connector nodeaccess.Connector
 	Inventory *nodeaccess.Inventory
 	Parallel  int
-	// StageDir is where stage put the files on the nodes (DefaultStageDir).
+	// StageDir is where stage put the files on the nodes (release.DefaultStageDir).
 	StageDir string
 	DryRun   bool
 	Log      *slog.Logger
@@ -86,7 +87,7 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 		return nil, err
 	}
 	if opts.StageDir == "" {
-		opts.StageDir = DefaultStageDir
+		opts.StageDir = release.DefaultStageDir
 	}
 	version, bad := nodefacts.KubeletVersions(nodes)
 	onNode := map[string][]corev1.Pod{}

@@ -7,8 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubelift/kubelift/internal/waiter"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // etcdStep snapshots etcd before the control plane is touched (the
@@ -61,7 +63,7 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 			r.log.Info("control plane", "to", to, "hop", t != r.target)
 		}
 		for _, n := range r.plan.Nodes {
-			if n.Role != RoleControlPlane {
+			if n.Role != release.RoleControlPlane {
 				continue
 			}
 			if err := r.driver.Upgrade(ctx, r, n.Name, t); err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
@@ -29,7 +30,7 @@ type controlPlane interface {
 	// run's target), each part healthy there before the next; a part that
 	// fails is put back and the error wraps ErrNodeFailed. Parts at t
 	// already (or, for a hop, past it) are skipped, so a re-run continues.
-	Upgrade(ctx context.Context, r *applyRun, node string, t *Target) error
+	Upgrade(ctx context.Context, r *applyRun, node string, t *release.Release) error
 	// Undo puts node's control plane back at the version the run started
 	// from, in the reverse order of Upgrade (Rollback).
 	Undo(ctx context.Context, r *applyRun, node string) error
@@ -53,14 +54,14 @@ func driverFor(v *clusterView) controlPlane {
 // program swapped for the staged one and its unit restarted.
 type binaryDriver struct{}
 
-func (binaryDriver) Kind() string { return KindBinary }
+func (binaryDriver) Kind() string { return release.KindBinary }
 
 // BeforeKubelet: nothing to prepare.
 func (binaryDriver) BeforeKubelet(context.Context, *applyRun, *nodeOps) error { return nil }
 
 func (binaryDriver) Components(n *NodeState) []string {
 	var out []string
-	for _, c := range controlPlaneFiles {
+	for _, c := range release.ControlPlaneFiles {
 		if _, ok := n.Components[c]; ok {
 			out = append(out, c)
 		}
@@ -73,7 +74,7 @@ func (binaryDriver) Components(n *NodeState) []string {
 func (binaryDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, error) {
 	for _, n := range r.plan.Nodes {
 		f := r.view.facts[n.Name]
-		if n.Role != RoleControlPlane || f == nil || f.Values["kube-apiserver --etcd-servers"] == "" {
+		if n.Role != release.RoleControlPlane || f == nil || f.Values["kube-apiserver --etcd-servers"] == "" {
 			continue
 		}
 		snap := path.Join(r.opts.BackupDir, r.plan.From[0], fmt.Sprintf("etcd-snapshot-%s.db", r.opts.Plan.Now().UTC().Format("20060102T150405Z")))
@@ -98,7 +99,7 @@ func (binaryDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, error)
 
 // Upgrade swaps each part in turn: back up what runs (under BACKUP/ITS
 // VERSION), swap in t's, wait healthy, and on a failure restore it.
-func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *Target) error {
+func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *release.Release) error {
 	to := t.Version.String()
 	for _, comp := range d.Components(r.nodeState(node)) {
 		file, _, ok := t.File(comp, archOr(r.nodeState(node).Arch))

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 )
@@ -58,7 +59,7 @@ func TestPlanBlocksOnForgedValues(t *testing.T) {
 	if p.Findings[0].Check != "values" {
 		t.Errorf("values findings are not listed first: %+v", p.Findings[0])
 	}
-	r := &applyRun{opts: ApplyOptions{Ignore: []string{"values"}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Target{"worker-2": targetOf("worker-2", RoleWorker)}}
+	r := &applyRun{opts: ApplyOptions{Ignore: []string{"values"}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Target{"worker-2": targetOf("worker-2", release.RoleWorker)}}
 	for _, f := range only(p, "values") {
 		if r.resolves(f) {
 			t.Errorf("apply would pass %+v", f)

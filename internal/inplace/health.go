@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 // health: every node Ready, every API server ready, controller manager and
@@ -53,7 +55,7 @@ func (pc *planCheck) health(ctx context.Context) {
 	}
 	if pc.opts.REST != nil {
 		for _, t := range pc.view.tgts {
-			if t.Role != RoleControlPlane {
+			if t.Role != release.RoleControlPlane {
 				continue
 			}
 			addr := t.Address
@@ -103,7 +105,7 @@ func (pc *planCheck) health(ctx context.Context) {
 	// No leader election: it must run on the control-plane nodes.
 	for _, comp := range mustRun {
 		for _, s := range pc.plan.Nodes {
-			if s.Role == RoleControlPlane && pc.view.facts[s.Name] != nil && s.Components[comp] == "" {
+			if s.Role == release.RoleControlPlane && pc.view.facts[s.Name] != nil && s.Components[comp] == "" {
 				pc.add(Blocking, "health", "node/"+s.Name, comp+" is not running and holds no lease", "start the "+comp+" unit")
 			}
 		}

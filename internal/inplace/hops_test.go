@@ -19,6 +19,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -33,12 +34,12 @@ func hopWorld(t *testing.T, hops bool) *world {
 	w := newWorld(t)
 	to := lookup(t, w.cat, "v1.33.13")
 	tgt := w.opts.Target
-	tgt.Version, tgt.Release = to.Parsed(), to
+	tgt.Version, tgt.Catalog = to.Parsed(), to
 	tgt.Manifest.KubernetesVersion, tgt.Manifest.Release = to.Version, *to
 	if hops {
 		for _, v := range []string{"v1.31.14", "v1.32.13"} {
 			rel := lookup(t, w.cat, v)
-			tgt.Hops = append(tgt.Hops, &Target{Version: rel.Parsed(), Release: rel, Manifest: &bundle.Manifest{KubernetesVersion: v, Release: *rel}})
+			tgt.Hops = append(tgt.Hops, &release.Release{Version: rel.Parsed(), Catalog: rel, Manifest: &bundle.Manifest{KubernetesVersion: v, Release: *rel}})
 		}
 	}
 	return w
@@ -78,7 +79,7 @@ func TestPathThroughHops(t *testing.T) {
 		t.Errorf("control-plane steps %s", got)
 	}
 	// A control plane resumed after the first hop goes on from there.
-	for _, c := range controlPlaneFiles {
+	for _, c := range release.ControlPlaneFiles {
 		w.view.facts["cp-1"].Components[c] = "v1.31.14"
 	}
 	if fs := only(w.plan(t), "path"); len(fs) != 0 {
@@ -125,14 +126,14 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 	w := hopWorld(t, false)
 	hop := lookup(t, w.cat, "v1.31.14")
 	sum := func(name, v string) string { return fmt.Sprintf("%064x", len(name)+len(v)) }
-	hopT := &Target{Version: hop.Parsed(), Release: hop, Manifest: &bundle.Manifest{KubernetesVersion: hop.Version}}
-	target := &Target{Version: catalog.Version{Major: 1, Minor: 32, Patch: 13}, Manifest: &bundle.Manifest{KubernetesVersion: "v1.32.13"}, Hops: []*Target{hopT}}
-	for _, c := range controlPlaneFiles {
+	hopT := &release.Release{Version: hop.Parsed(), Catalog: hop, Manifest: &bundle.Manifest{KubernetesVersion: hop.Version}}
+	target := &release.Release{Version: catalog.Version{Major: 1, Minor: 32, Patch: 13}, Manifest: &bundle.Manifest{KubernetesVersion: "v1.32.13"}, Hops: []*release.Release{hopT}}
+	for _, c := range release.ControlPlaneFiles {
 		hopT.Manifest.Files = append(hopT.Manifest.Files, bundle.File{Name: c, Arch: "amd64", SHA256: sum(c, "v1.31.14")})
 		target.Manifest.Files = append(target.Manifest.Files, bundle.File{Name: c, Arch: "amd64", SHA256: sum(c, "v1.32.13")})
 	}
 	running, installed := map[string]string{}, map[string]string{}
-	for _, c := range controlPlaneFiles {
+	for _, c := range release.ControlPlaneFiles {
 		running[c], installed[c] = "v1.30.14", "v1.30.14"
 	}
 	var mu sync.Mutex
@@ -169,8 +170,8 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 			return "", nil
 		},
 	}}
-	nodes := []NodeState{{Name: "cp-1", Role: RoleControlPlane, Arch: "amd64", Kubelet: "v1.30.14", Components: map[string]string{}}}
-	for _, c := range controlPlaneFiles {
+	nodes := []NodeState{{Name: "cp-1", Role: release.RoleControlPlane, Arch: "amd64", Kubelet: "v1.30.14", Components: map[string]string{}}}
+	for _, c := range release.ControlPlaneFiles {
 		nodes[0].Components[c] = "v1.30.14"
 	}
 	r := &applyRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
@@ -178,14 +179,14 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 			Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: "/var/lib/kubelift/staged", Now: time.Now}},
 		plan:  &Plan{From: []string{"v1.30.14"}, Nodes: nodes},
 		view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.30.14"}}}},
-		state: &UpgradeState{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: RoleControlPlane}}, driver: binaryDriver{}}
+		state: &UpgradeState{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
 	ctx := context.Background()
 	if err := r.controlPlaneStep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{}
 	for _, step := range [][2]string{{"v1.30.14", "v1.31.14"}, {"v1.31.14", "v1.32.13"}} {
-		for _, c := range controlPlaneFiles {
+		for _, c := range release.ControlPlaneFiles {
 			want = append(want, "backup "+c+" "+step[0]+" to /var/lib/kubelift/backup/"+step[0], "swap "+c+" /var/lib/kubelift/staged/"+step[1]+"/"+c)
 		}
 	}
@@ -226,8 +227,8 @@ func TestBinaryDriverPatchDowngrade(t *testing.T) {
 	w := newWorld(t)
 	to := lookup(t, w.cat, "v1.31.4")
 	to.Version = "v1.31.3" // a target older than what runs
-	target := &Target{Version: catalog.Version{Major: 1, Minor: 31, Patch: 3}, Release: to, Manifest: &bundle.Manifest{KubernetesVersion: "v1.31.3"}}
-	for _, c := range controlPlaneFiles {
+	target := &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 3}, Catalog: to, Manifest: &bundle.Manifest{KubernetesVersion: "v1.31.3"}}
+	for _, c := range release.ControlPlaneFiles {
 		target.Manifest.Files = append(target.Manifest.Files, bundle.File{Name: c, Arch: "amd64", SHA256: strings.Repeat("a", 64)})
 	}
 	var swapped []string
@@ -246,19 +247,19 @@ func TestBinaryDriverPatchDowngrade(t *testing.T) {
 			return "", nil
 		},
 	}}
-	nodes := []NodeState{{Name: "cp-1", Role: RoleControlPlane, Arch: "amd64", Kubelet: "v1.31.4", Components: map[string]string{}}}
-	for _, c := range controlPlaneFiles {
+	nodes := []NodeState{{Name: "cp-1", Role: release.RoleControlPlane, Arch: "amd64", Kubelet: "v1.31.4", Components: map[string]string{}}}
+	for _, c := range release.ControlPlaneFiles {
 		nodes[0].Components[c] = "v1.31.4"
 	}
 	r := &applyRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
 		opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, Now: time.Now}},
 		plan:  &Plan{From: []string{"v1.31.4"}, Nodes: nodes},
 		view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.4"}}}},
-		state: &UpgradeState{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: RoleControlPlane}}, driver: binaryDriver{}}
+		state: &UpgradeState{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
 	if err := r.controlPlaneStep(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(swapped, ",") != strings.Join(controlPlaneFiles, ",") {
+	if strings.Join(swapped, ",") != strings.Join(release.ControlPlaneFiles, ",") {
 		t.Errorf("swapped %v, want every part", swapped)
 	}
 }

@@ -17,9 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -41,20 +41,6 @@ var errKubeadmFailed = errors.New("kubeadm failed")
 // the controller manager and the scheduler may each take that long.
 const kubeadmTimeout = 25 * time.Minute
 
-// ClusterKind says how the cluster's control plane is deployed:
-// KindKubeadm when kube-system holds kubeadm's kubeadm-config ConfigMap
-// (and it parses), else KindBinary.
-func ClusterKind(ctx context.Context, c kubernetes.Interface) (string, error) {
-	cfg, err := kubeadm.Read(ctx, c)
-	if err != nil {
-		return "", err
-	}
-	if cfg != nil {
-		return KindKubeadm, nil
-	}
-	return KindBinary, nil
-}
-
 // kubeadmDriver upgrades a kubeadm-built control plane the way kubeadm's
 // documentation does, with the target's kubeadm staged on every node:
 // `kubeadm upgrade apply` on the first control-plane node, `kubeadm
@@ -68,14 +54,14 @@ type kubeadmDriver struct {
 	cfg *kubeadm.Config
 }
 
-func (kubeadmDriver) Kind() string { return KindKubeadm }
+func (kubeadmDriver) Kind() string { return release.KindKubeadm }
 
 // Components: every control-plane node runs all three as static pods.
 func (kubeadmDriver) Components(n *NodeState) []string {
-	if n.Role != RoleControlPlane {
+	if n.Role != release.RoleControlPlane {
 		return nil
 	}
-	return append([]string{}, controlPlaneFiles...)
+	return append([]string{}, release.ControlPlaneFiles...)
 }
 
 // BackupEtcd snapshots the local etcd from inside its static pod on the
@@ -106,7 +92,7 @@ func (d kubeadmDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, err
 // out.
 //
 // t is the run's target: plan refuses hops on a kubeadm cluster.
-func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *Target) error {
+func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *release.Release) error {
 	if t != r.target {
 		return fmt.Errorf("node %s: kubelift moves a kubeadm control plane one minor at a time, not through %s", node, t.Version)
 	}
@@ -280,7 +266,7 @@ func (kubeadmDriver) undoCluster(ctx context.Context, r *applyRun, from, to stri
 // configuration for the target), before its kubelet is swapped; control
 // planes had theirs in the control-plane step.
 func (d kubeadmDriver) BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOps) error {
-	if r.tgts[o.name].Role == RoleControlPlane {
+	if r.tgts[o.name].Role == release.RoleControlPlane {
 		return nil
 	}
 	args, err := r.kubeadmArgs(ctx, o, "node")
@@ -343,7 +329,7 @@ func (r *applyRun) startedUnix() int64 {
 // runs on: the first in the plan's order ("" when none).
 func (p *Plan) firstControlPlane() string {
 	for _, n := range p.Nodes {
-		if n.Role == RoleControlPlane {
+		if n.Role == release.RoleControlPlane {
 			return n.Name
 		}
 	}
@@ -355,7 +341,7 @@ func (p *Plan) firstControlPlane() string {
 // ends; an exit other than 0 is the node failed, with kubeadm's last
 // lines for its reason.
 func (r *applyRun) runKubeadm(ctx context.Context, o *nodeOps, run string, args []string) error {
-	prog := StagePath(r.opts.Plan.StageDir, r.target.Version.String(), "kubeadm")
+	prog := release.StagePath(r.opts.Plan.StageDir, r.target.Version.String(), "kubeadm")
 	start := append([]string{KubeadmRunDir, run, prog}, args...)
 	if r.dry {
 		r.would(o.name, "kubeadm "+strings.Join(args, " "), nodescript.KubeadmStart.Show(start...))
@@ -455,7 +441,7 @@ func (r *applyRun) staticVersions(ctx context.Context, node string) (map[string]
 // its version (the tag of its image): "" for other pods.
 func staticComponent(p *corev1.Pod) (string, string, error) {
 	comp := p.Labels["component"]
-	if _, mirror := p.Annotations[kubeletcompat.MirrorAnnotation]; !mirror || !slices.Contains(controlPlaneFiles, comp) {
+	if _, mirror := p.Annotations[kubeletcompat.MirrorAnnotation]; !mirror || !slices.Contains(release.ControlPlaneFiles, comp) {
 		return "", "", nil
 	}
 	for _, c := range p.Spec.Containers {
@@ -488,7 +474,7 @@ func podReady(p *corev1.Pod) bool {
 }
 
 func allAt(at map[string]string, to string) bool {
-	for _, c := range controlPlaneFiles {
+	for _, c := range release.ControlPlaneFiles {
 		if at[c] != to {
 			return false
 		}
@@ -505,7 +491,7 @@ func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeOps, to string) erro
 		if err != nil {
 			return err
 		}
-		for _, c := range controlPlaneFiles {
+		for _, c := range release.ControlPlaneFiles {
 			if at[c] != to {
 				return fmt.Errorf("%s runs %q (or is not Ready), want %s", c, at[c], to)
 			}
@@ -622,7 +608,7 @@ func (pc *planCheck) kubeadmImages(ctx context.Context) {
 	if kc == nil {
 		return
 	}
-	want, err := kc.Images(pc.target.Release)
+	want, err := kc.Images(pc.target.Catalog)
 	if err != nil {
 		pc.add(Blocking, "kubeadm", "version/"+pc.target.Version.String(), err.Error(), "")
 		return

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -101,7 +102,7 @@ func TestRunKubeadm(t *testing.T) {
 				},
 			}}
 			v, _ := catalog.ParseVersion("v1.31.4")
-			r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
+			r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
 				wait: waiter.Waiter{Clock: clk}, log: slog.New(slog.DiscardHandler), plan: &Plan{Nodes: []NodeState{{Name: "cp-1"}}}}
 			o := &nodeOps{n: node, name: "cp-1", facts: &nodefacts.Facts{}}
 			err := r.runKubeadm(ctx, o, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply", "v1.31.4", "--yes"})
@@ -136,14 +137,14 @@ func TestRunKubeadm(t *testing.T) {
 		},
 	}}
 	v, _ := catalog.ParseVersion("v1.31.4")
-	rs := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
+	rs := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
 		log: slog.New(slog.DiscardHandler), plan: &Plan{Nodes: []NodeState{{Name: "cp-1"}}}}
 	if err := rs.runKubeadm(context.Background(), &nodeOps{n: spoilt, name: "cp-1"}, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply"}); err == nil || !strings.Contains(err.Error(), "check the staged kubeadm") {
 		t.Errorf("spoilt kubeadm: %v", err)
 	}
 
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{}}
-	r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: DefaultStageDir}}, target: &Target{Version: v}, res: &ApplyResult{}, dry: true, log: slog.New(slog.DiscardHandler)}
+	r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: &release.Release{Version: v}, res: &ApplyResult{}, dry: true, log: slog.New(slog.DiscardHandler)}
 	if err := r.runKubeadm(context.Background(), &nodeOps{n: node, name: "worker-1"}, "upgrade-node-v1.31.4-1", []string{"upgrade", "node"}); err != nil {
 		t.Fatal(err)
 	}
@@ -157,8 +158,8 @@ func TestRunKubeadm(t *testing.T) {
 const kubeadmSum = "5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef"
 
 // kubeadmTarget is a target whose bundle holds a kubeadm for amd64.
-func kubeadmTarget(v catalog.Version) *Target {
-	return &Target{Version: v, Manifest: &bundle.Manifest{Files: []bundle.File{{Name: "kubeadm", Arch: "amd64", SHA256: kubeadmSum}}}}
+func kubeadmTarget(v catalog.Version) *release.Release {
+	return &release.Release{Version: v, Manifest: &bundle.Manifest{Files: []bundle.File{{Name: "kubeadm", Arch: "amd64", SHA256: kubeadmSum}}}}
 }
 
 // kubeadm's reason is its "error execution phase" line onwards, or its
@@ -201,7 +202,7 @@ const (
 func TestManifestRestores(t *testing.T) {
 	cur := func(version, etcd string) map[string]kubeadm.Manifest {
 		out := map[string]kubeadm.Manifest{"etcd": {Path: "/etc/kubernetes/manifests/etcd.yaml", Component: "etcd", Image: "reg/library/etcd:" + etcd}}
-		for _, c := range controlPlaneFiles {
+		for _, c := range release.ControlPlaneFiles {
 			out[c] = kubeadm.Manifest{Path: "/etc/kubernetes/manifests/" + c + ".yaml", Component: c, Image: "reg/library/" + c + ":" + version}
 		}
 		return out
@@ -313,16 +314,16 @@ func TestKubeadmUndo(t *testing.T) {
 				&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy"},
 					Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-proxy", Image: "reg/library/kube-proxy:" + tc.at}}}}}},
 			}
-			for _, c := range controlPlaneFiles {
+			for _, c := range release.ControlPlaneFiles {
 				objs = append(objs, mirror(c, tc.at))
 			}
 			client := fake.NewClientset(objs...)
 			files := [][2]string{{"/etc/kubernetes/manifests/etcd.yaml", manifest("etcd", "reg/library/etcd:3.5.15-0")}}
-			for _, c := range controlPlaneFiles {
+			for _, c := range release.ControlPlaneFiles {
 				files = append(files, [2]string{"/etc/kubernetes/manifests/" + c + ".yaml", manifest(c, "reg/library/"+c+":"+tc.at)})
 			}
 			files = append(files, [2]string{olderBackup + "/etcd.yaml", manifest("etcd", "reg/library/etcd:3.5.15-0")})
-			for _, c := range controlPlaneFiles {
+			for _, c := range release.ControlPlaneFiles {
 				files = append(files, [2]string{olderBackup + "/" + c + ".yaml", manifest(c, "reg/library/"+c+":v1.31.3")})
 			}
 			var restored []string
@@ -336,11 +337,11 @@ func TestKubeadmUndo(t *testing.T) {
 				},
 			}}
 			started := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
-			r := &applyRun{client: client, target: &Target{Version: v}, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
+			r := &applyRun{client: client, target: &release.Release{Version: v}, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
 				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, Now: func() time.Time { return started }}},
-				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: RoleControlPlane}}},
+				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
 				view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {}}},
-				state: &UpgradeState{Started: started}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: RoleControlPlane}}}
+				state: &UpgradeState{Started: started}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
 			if err := (kubeadmDriver{}).Undo(context.Background(), r, "cp-1"); err != nil {
 				t.Fatal(err)
 			}
@@ -441,7 +442,7 @@ func TestKubeadmArgsWithConfig(t *testing.T) {
 		node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
 			nodescript.Exists.Name: func([]string) (string, error) { return map[bool]string{true: "yes\n", false: "no\n"}[tc.patches], nil },
 		}}
-		r := &applyRun{opts: ApplyOptions{KubeadmConfig: tc.config}, target: &Target{Version: v}, res: &ApplyResult{}, dry: tc.dry, log: slog.New(slog.DiscardHandler)}
+		r := &applyRun{opts: ApplyOptions{KubeadmConfig: tc.config}, target: &release.Release{Version: v}, res: &ApplyResult{}, dry: tc.dry, log: slog.New(slog.DiscardHandler)}
 		args, err := r.kubeadmArgs(context.Background(), &nodeOps{n: node, name: "cp-1"}, tc.verb)
 		if err != nil {
 			t.Fatal(err)
@@ -482,7 +483,7 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var objs []runtime.Object
-			for _, c := range controlPlaneFiles {
+			for _, c := range release.ControlPlaneFiles {
 				objs = append(objs, mirror(c))
 			}
 			polls := 0
@@ -505,10 +506,10 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 			target := kubeadmTarget(v)
 			r := &applyRun{client: fake.NewClientset(objs...), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
 				wait:  waiter.Waiter{Clock: steppingClock(t, 2*time.Second)},
-				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: DefaultStageDir, Now: func() time.Time { return started0 }}},
-				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: RoleControlPlane}}},
+				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: release.DefaultStageDir, Now: func() time.Time { return started0 }}},
+				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
 				view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.3"}}}},
-				state: &UpgradeState{Started: started0}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: RoleControlPlane}}}
+				state: &UpgradeState{Started: started0}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
 			if err := (kubeadmDriver{}).Upgrade(context.Background(), r, "cp-1", target); err != nil {
 				t.Fatal(err)
 			}

@@ -12,13 +12,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kubelift/kubelift/internal/catalog"
-	"github.com/kubelift/kubelift/internal/kubeletcompat"
-	"github.com/kubelift/kubelift/internal/upgradelock"
-	"github.com/kubelift/kubelift/internal/waiter"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/internal/upgradelock"
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // kubeletsStep moves kubelets once every API server runs the target:
@@ -27,7 +29,7 @@ import (
 func (r *applyRun) kubeletsStep(ctx context.Context) error {
 	to := r.target.Version.String()
 	for _, n := range r.plan.Nodes {
-		if n.Role != RoleControlPlane || r.dry { // a dry run moved no API server
+		if n.Role != release.RoleControlPlane || r.dry { // a dry run moved no API server
 			continue
 		}
 		if err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
@@ -65,7 +67,7 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 	var cps, workers []string
 	for _, n := range r.plan.Nodes {
 		switch {
-		case n.Role == RoleControlPlane:
+		case n.Role == release.RoleControlPlane:
 			cps = append(cps, n.Name)
 		case r.selected(n.Name):
 			workers = append(workers, n.Name)
@@ -315,7 +317,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 			if err != nil {
 				return fmt.Errorf("node %s: the hash era of kubelet %s, which the hash-skip file must name: %w", o.name, o.from, err)
 			}
-			if era != r.target.Release.KubeletHashEra {
+			if era != r.target.Catalog.KubeletHashEra {
 				if err := o.writeHashSkip(ctx, era, r.opts.Plan.Now()); err != nil {
 					return err
 				}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -103,7 +104,7 @@ func (o *nodeOps) backup(ctx context.Context, comp string) error {
 // checking its sha256 once more, and restarts the unit.
 func (o *nodeOps) swap(ctx context.Context, comp, sha256 string) error {
 	began := time.Now()
-	out, err := o.run(ctx, "swap "+comp, nodescript.Swap, StagePath(o.stageDir, o.to, comp), sha256, o.binary(comp), comp)
+	out, err := o.run(ctx, "swap "+comp, nodescript.Swap, release.StagePath(o.stageDir, o.to, comp), sha256, o.binary(comp), comp)
 	if err == nil && o.restarted != nil {
 		o.restarted(restartTime(out, time.Since(began)))
 	}

@@ -17,6 +17,9 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -130,14 +133,14 @@ type PlanOptions struct {
 	// REST reaches the API server; each control-plane node's /readyz is
 	// read at that node's address with it (nil: not checked).
 	REST   *rest.Config
-	Target *Target
+	Target *release.Release
 	// Catalog knows the source versions (their downgrade rules and hash
 	// eras); the embedded one by default.
 	Catalog *catalog.Catalog
 	// Access reaches the private registry to check images.
 	Access registry.Access
 	// StageVia, StageCodec and NodeCredentials say how missing files
-	// reach the nodes (StageOptions' Via, Codec and NodeCredentials).
+	// reach the nodes (stage.Options' Via, Codec and NodeCredentials).
 	StageVia, StageCodec, NodeCredentials string
 	Connector                             nodeaccess.Connector
 	// Inventory overrides where nodes are reached (nil: none).
@@ -169,7 +172,7 @@ type clusterView struct {
 	pods  []corev1.Pod
 	facts map[string]*nodefacts.Facts
 	// paths says, for nodes that lack files, how staging would get them
-	// there (StagingPath): the path and the reason.
+	// there (stage.Path): the path and the reason.
 	paths map[string][2]string
 	ssh   map[string]error
 	tgts  []nodeaccess.Target
@@ -218,7 +221,7 @@ func (opts *PlanOptions) defaults() error {
 		opts.Now = time.Now
 	}
 	if opts.StageDir == "" {
-		opts.StageDir = DefaultStageDir
+		opts.StageDir = release.DefaultStageDir
 	}
 	if opts.HealthWindow == 0 {
 		opts.HealthWindow = 30 * time.Second
@@ -301,11 +304,11 @@ func checkOrder(c string) int {
 // listCluster lists nodes and running pods (paged), and where to reach
 // each node.
 func listCluster(ctx context.Context, c kubernetes.Interface, inv *nodeaccess.Inventory) ([]corev1.Node, []corev1.Pod, []nodeaccess.Target, error) {
-	nodes, err := ListNodes(ctx, c)
+	nodes, err := cluster.ListNodes(ctx, c)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	pods, err := listPods(ctx, c)
+	pods, err := cluster.ListPods(ctx, c)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -328,9 +331,9 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 		return nil, err
 	}
 	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*nodefacts.Facts{}, paths: map[string][2]string{}, tgts: tgts, kubeadm: kc}
-	kind := KindBinary
+	kind := release.KindBinary
 	if kc != nil {
-		kind = KindKubeadm
+		kind = release.KindKubeadm
 	}
 	arch := map[string]string{}
 	for _, n := range nodes {
@@ -346,10 +349,10 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 		// A node that lacks files: how apply would stage them.
 		var path [2]string
 		if missingFiles(opts.Target, f, kind, t.Role, arch[t.Name]) {
-			p, why, err := StagingPath(ctx, n, t, opts.Target, arch[t.Name], StageOptions{Source: RegistrySource{Access: opts.Access}, StageDir: opts.StageDir,
+			p, why, err := stage.Path(ctx, n, t, opts.Target, arch[t.Name], stage.Options{Source: stage.RegistrySource{Access: opts.Access}, StageDir: opts.StageDir,
 				Kind: kind, Via: opts.StageVia, Codec: opts.StageCodec, NodeCredentials: opts.NodeCredentials})
 			if err != nil {
-				p, why = ViaSSH, err.Error()
+				p, why = stage.ViaSSH, err.Error()
 			}
 			path = [2]string{p, why}
 		}
@@ -365,56 +368,19 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 }
 
 // missingFiles says the node lacks some of the target's files it needs.
-func missingFiles(target *Target, f *nodefacts.Facts, kind, role, arch string) bool {
+func missingFiles(target *release.Release, f *nodefacts.Facts, kind, role, arch string) bool {
 	if target == nil || target.Manifest == nil {
 		return false // rollback and cleanup read nodes without a bundle
 	}
 	if arch == "" {
 		arch = "amd64"
 	}
-	for _, name := range FilesForKind(kind, role) {
+	for _, name := range release.FilesForKind(kind, role) {
 		if bf, _, ok := target.File(name, arch); ok && f.Staged[name] != bf.SHA256 {
 			return true
 		}
 	}
 	return false
-}
-
-// ListNodes lists every Node, a page at a time.
-func ListNodes(ctx context.Context, c kubernetes.Interface) ([]corev1.Node, error) {
-	var out []corev1.Node
-	opts := listOptions()
-	for {
-		l, err := c.CoreV1().Nodes().List(ctx, opts)
-		if err != nil {
-			return nil, fmt.Errorf("list nodes: %w", err)
-		}
-		out = append(out, l.Items...)
-		if l.Continue == "" {
-			break
-		}
-		opts.Continue = l.Continue
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
-}
-
-func listPods(ctx context.Context, c kubernetes.Interface) ([]corev1.Pod, error) {
-	var out []corev1.Pod
-	opts := listOptions()
-	opts.FieldSelector = "status.phase!=Succeeded,status.phase!=Failed"
-	for {
-		l, err := c.CoreV1().Pods("").List(ctx, opts)
-		if err != nil {
-			return nil, fmt.Errorf("list pods: %w", err)
-		}
-		out = append(out, l.Items...)
-		if l.Continue == "" {
-			break
-		}
-		opts.Continue = l.Continue
-	}
-	return out, nil
 }
 
 // Batches splits workers into the batches apply upgrades at once: at most

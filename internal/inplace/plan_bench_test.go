@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 )
@@ -26,7 +27,7 @@ func bigWorld(tb testing.TB, n, podsPer int) *world {
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("worker-%05d", i)
 		w.view.nodes = append(w.view.nodes, node(name, "worker"))
-		w.view.tgts = append(w.view.tgts, targetOf(name, RoleWorker))
+		w.view.tgts = append(w.view.tgts, targetOf(name, release.RoleWorker))
 		f := &nodefacts.Facts{Name: name, Components: map[string]string{"kubelet": "v1.30.14"}, Flags: map[string][]string{}, FlagSources: map[string]string{},
 			Values: map[string]string{}, Staged: map[string]string{}, FreeBytes: 10 << 30}
 		for j := 0; j < podsPer; j++ {

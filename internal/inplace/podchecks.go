@@ -6,11 +6,12 @@ import (
 	"sort"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/pkg/hashskip"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 )
 
 // readmission: the kubelet re-admits every pod when it restarts; a pod
@@ -110,7 +111,7 @@ func tolerates(ts []corev1.Toleration, key string) bool {
 // the bundled kubelet would restart, and which the hash-skip file keeps.
 func (pc *planCheck) restarts() {
 	t := pc.target
-	hasher := &kubeletcompat.Hasher{Version: t.Version, Era: t.Release.KubeletHashEra}
+	hasher := &kubeletcompat.Hasher{Version: t.Version, Era: t.Catalog.KubeletHashEra}
 	for i := range pc.plan.Nodes {
 		s := &pc.plan.Nodes[i]
 		f := pc.view.facts[s.Name]
@@ -132,9 +133,9 @@ func (pc *planCheck) restarts() {
 		}
 		switch {
 		case !t.Manifest.KubeletHashSkip(archOr(s.Arch)):
-		case era != "unknown" && era != t.Release.KubeletHashEra: // apply writes the file
+		case era != "unknown" && era != t.Catalog.KubeletHashEra: // apply writes the file
 			cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: s.Kubelet, OldHashEra: era, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
-		case era == t.Release.KubeletHashEra && f.HashSkipEra != "" && f.HashSkipEra != era:
+		case era == t.Catalog.KubeletHashEra && f.HashSkipEra != "" && f.HashSkipEra != era:
 			// An earlier upgrade's file stays (apply writes none when the
 			// era does not change), keeping the containers the kubelet
 			// before it started: the new kubelet reads it as this one does.
@@ -185,11 +186,11 @@ func (pc *planCheck) restarts() {
 			pc.add(Warning, "restarts", "node/"+s.Name, "the hash-skip file an earlier upgrade left says "+f.HashSkipUnread+": the containers it keeps are predicted as if it were not there",
 				"compare it with kubelift's (docs/hash-skip.md); upgrade compat cleanup removes it once no container needs it")
 		}
-		why := fmt.Sprintf("the kubelet's container hash changes (era %s to %s)", era, t.Release.KubeletHashEra)
+		why := fmt.Sprintf("the kubelet's container hash changes (era %s to %s)", era, t.Catalog.KubeletHashEra)
 		switch {
-		case era == t.Release.KubeletHashEra && f.HashSkipEra != "" && f.HashSkipEra != era:
+		case era == t.Catalog.KubeletHashEra && f.HashSkipEra != "" && f.HashSkipEra != era:
 			why = fmt.Sprintf("they were started in hash era %s, before an earlier upgrade whose hash-skip file stays", f.HashSkipEra)
-		case era == t.Release.KubeletHashEra:
+		case era == t.Catalog.KubeletHashEra:
 			why = "their spec hashes differ under " + t.Version.String()
 		}
 		if s.Restarts > 0 {

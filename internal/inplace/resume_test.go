@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 // A run that resumes one stopped while kubeadm moved a control-plane node
@@ -18,18 +20,18 @@ func TestResumedControlPlaneHealth(t *testing.T) {
 	apiserver := Finding{Severity: Blocking, Check: "health", Object: "apiserver/cp-1", Message: "/readyz: connection refused"}
 	otherAPIServer := Finding{Severity: Blocking, Check: "health", Object: "apiserver/cp-2", Message: "/readyz: connection refused"}
 	notReady := Finding{Severity: Blocking, Check: "health", Object: "node/worker-1", Node: "worker-1", Message: "not Ready"}
-	moving := []NodeEntry{{Name: "cp-1", Role: RoleControlPlane, Status: NodeUpgrading}, {Name: "cp-2", Role: RoleControlPlane, Status: NodePending}}
+	moving := []NodeEntry{{Name: "cp-1", Role: release.RoleControlPlane, Status: NodeUpgrading}, {Name: "cp-2", Role: release.RoleControlPlane, Status: NodePending}}
 	for _, tc := range []struct {
 		name    string
 		state   *UpgradeState
 		resumes bool
 	}{
 		{"no record", nil, false},
-		{"kubeadm moving cp-1", &UpgradeState{To: "v1.31.4", ControlPlane: KindKubeadm, State: StateUpgradingControlPlane, Nodes: moving}, true},
-		{"kubeadm, between nodes", &UpgradeState{To: "v1.31.4", ControlPlane: KindKubeadm, State: StateUpgradingControlPlane}, false},
-		{"a binary control plane", &UpgradeState{To: "v1.31.4", ControlPlane: KindBinary, State: StateUpgradingControlPlane, Nodes: moving}, false},
-		{"a worker upgrading", &UpgradeState{To: "v1.31.4", ControlPlane: KindKubeadm, State: StateUpgradingKubelets, Nodes: []NodeEntry{{Name: "worker-1", Role: RoleWorker, Status: NodeUpgrading}}}, false},
-		{"another target", &UpgradeState{To: "v1.31.3", ControlPlane: KindKubeadm, State: StateUpgradingControlPlane, Nodes: moving}, false},
+		{"kubeadm moving cp-1", &UpgradeState{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: StateUpgradingControlPlane, Nodes: moving}, true},
+		{"kubeadm, between nodes", &UpgradeState{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: StateUpgradingControlPlane}, false},
+		{"a binary control plane", &UpgradeState{To: "v1.31.4", ControlPlane: release.KindBinary, State: StateUpgradingControlPlane, Nodes: moving}, false},
+		{"a worker upgrading", &UpgradeState{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: StateUpgradingKubelets, Nodes: []NodeEntry{{Name: "worker-1", Role: release.RoleWorker, Status: NodeUpgrading}}}, false},
+		{"another target", &UpgradeState{To: "v1.31.3", ControlPlane: release.KindKubeadm, State: StateUpgradingControlPlane, Nodes: moving}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientset()

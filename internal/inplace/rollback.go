@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -103,7 +104,7 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Target = &Target{Version: tv}
+	p.Target = &release.Release{Version: tv}
 	v, err := readCluster(ctx, *p)
 	if err != nil {
 		return nil, err
@@ -205,7 +206,7 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 func (r *applyRun) kubeletsUndo(ctx context.Context) error {
 	for _, role := range []bool{false, true} {
 		for _, n := range r.plan.Nodes {
-			if (n.Role == RoleControlPlane) != role {
+			if (n.Role == release.RoleControlPlane) != role {
 				continue
 			}
 			// kube-proxy moved after the kubelet: back first.
@@ -234,7 +235,7 @@ func (r *applyRun) kubeletsUndo(ctx context.Context) error {
 func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
 	for i := len(r.plan.Nodes) - 1; i >= 0; i-- {
 		n := r.plan.Nodes[i]
-		if n.Role != RoleControlPlane {
+		if n.Role != release.RoleControlPlane {
 			continue
 		}
 		from := r.plan.From[0]

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
@@ -41,7 +42,7 @@ func (r *applyRun) settleControlPlane(ctx context.Context, node, version string,
 		return nil
 	}
 	defer r.timed(&r.res.Waiting)()
-	if r.driver.Kind() == KindKubeadm {
+	if r.driver.Kind() == release.KindKubeadm {
 		if err := r.waitLeasesRenewed(ctx); err != nil {
 			return fmt.Errorf("node %s: %w", node, err)
 		}

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/kubelift/kubelift/internal/cluster"
 )
 
 // StateName is the ConfigMap in kube-system holding the upgrade's state,
@@ -46,7 +48,7 @@ const (
 type UpgradeState struct {
 	From string `json:"from"`
 	To   string `json:"to"`
-	// ControlPlane is the cluster's kind (KindBinary, KindKubeadm): how
+	// ControlPlane is the cluster's kind (release.KindBinary, release.KindKubeadm): how
 	// its control plane is moved.
 	ControlPlane string `json:"controlPlane,omitempty"`
 	// Hops are the releases the control plane passes through before To
@@ -213,7 +215,7 @@ func ReadStatus(ctx context.Context, c kubernetes.Interface) (*Status, error) {
 	if err != nil || st == nil {
 		return nil, err
 	}
-	nodes, err := ListNodes(ctx, c)
+	nodes, err := cluster.ListNodes(ctx, c)
 	if err != nil {
 		return nil, err
 	}

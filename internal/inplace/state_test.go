@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
 
@@ -35,7 +36,7 @@ func TestStateWriterPutsWithoutReading(t *testing.T) {
 	w := &stateWriter{client: c}
 	for i, status := range []string{NodePending, NodeDone, NodeDone} {
 		s := &UpgradeState{From: "v1.30.14", To: "v1.31.4", State: StateUpgradingKubelets}
-		s.Node("worker-1", RoleWorker).Status = status
+		s.Node("worker-1", release.RoleWorker).Status = status
 		if err := w.write(ctx, func() ([]byte, error) { return json.Marshal(s) }); err != nil {
 			t.Fatalf("write %d: %v", i, err)
 		}

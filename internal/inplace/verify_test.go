@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -134,7 +135,7 @@ func TestVerifyStaticPods(t *testing.T) {
 			client := fake.NewClientset(m, api.DeepCopy())
 			to, _ := catalog.ParseVersion("v1.31.4")
 			o := &nodeOps{n: node, name: "worker-1", from: tc.from, facts: &nodefacts.Facts{}}
-			r := &applyRun{res: &ApplyResult{}, client: client, target: &Target{Version: to}, log: slog.New(slog.DiscardHandler),
+			r := &applyRun{res: &ApplyResult{}, client: client, target: &release.Release{Version: to}, log: slog.New(slog.DiscardHandler),
 				opts: ApplyOptions{ReadyTimeout: 10 * time.Millisecond, Plan: PlanOptions{Now: time.Now}}}
 			before, err := o.containers(ctx)
 			if err != nil {

@@ -39,7 +39,7 @@ type VersionState struct {
 // each with its state computed from what the nodes run now: the kubelet
 // version each Node reports and the API server's own version.
 func Versions(ctx context.Context, c kubernetes.Interface, cat *catalog.Catalog) ([]VersionState, error) {
-	nodes, err := ListNodes(ctx, c)
+	nodes, err := cluster.ListNodes(ctx, c)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -427,4 +428,37 @@ func mainPID(t *testing.T, s Script) string {
 		t.Fatalf("%s has no main_pid", s.Name)
 	}
 	return body
+}
+
+// Every exit code a script uses to say something (above 2) is one of the
+// named ones the engine tells apart, with the meaning the constant gives.
+func TestExitCodesAreNamed(t *testing.T) {
+	named := map[string]bool{}
+	for _, c := range []int{ExitUsage, ExitDataErr, ExitNoInput, ExitUnavailable, ExitTempFail} {
+		named[strconv.Itoa(c)] = true
+	}
+	// A command, not words: at a line's start or after ;, && or ||.
+	re := regexp.MustCompile(`(?m)(?:^\s*|;\s*|&&\s*|\|\|\s*)exit ([0-9]+)\b`)
+	entries, err := files.ReadDir("scripts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		b, err := files.ReadFile("scripts/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			if n, _ := strconv.Atoi(m[1]); n > 2 && !named[m[1]] {
+				t.Errorf("%s: exit %s is not one of nodescript's named exit codes", e.Name(), m[1])
+			}
+			seen[m[1]] = true
+		}
+	}
+	for c := range named {
+		if !seen[c] {
+			t.Errorf("exit %s is named but no script uses it", c)
+		}
+	}
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/prober"
 	"github.com/kubelift/kubelift/test/sandbox"
@@ -177,14 +179,14 @@ type adminRunner func(name string, args ...string) (string, measure, error)
 // under the next measurement), against 4 nodes, and against SSH's bytes.
 func benchFleetBytes(work, bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin adminRunner) error {
 	admin := sb.Admin().Net()
-	stage := func(dir string, extra ...string) (*inplace.StageResult, error) {
+	stage := func(dir string, extra ...string) (*stage.Result, error) {
 		args := append(append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
 			"--cache-dir", filepath.Join(work, "stage-cache-fleet"), "--node-credentials", "password"}, reg...), ssh...), extra...)
 		out, _, err := inAdmin(filepath.Join(bin, "upgrade"), args...)
 		if err != nil {
 			return nil, err
 		}
-		var res inplace.StageResult
+		var res stage.Result
 		if err := json.Unmarshal([]byte(out), &res); err != nil {
 			return nil, err
 		}
@@ -230,15 +232,15 @@ func stageRounds(work, bin, key string, sb *sandbox.State, bundleFile, files, li
 	var st, push, fromFile, again, sc, pl []measure
 	forced := map[string][]measure{}
 	var size, scpBytes int64
-	var pulled, pushed, encoded *inplace.StageResult
-	stageOnce := func(dir, cache string, extra ...string) (*inplace.StageResult, measure, error) {
+	var pulled, pushed, encoded *stage.Result
+	stageOnce := func(dir, cache string, extra ...string) (*stage.Result, measure, error) {
 		args := append(append(append([]string{"stage", "--to", sb.NewVersion, "--key", key + ".pub", "-o", "json", "-q", "--stage-dir", dir,
 			"--cache-dir", cache, "--node-credentials", "password"}, reg...), ssh...), extra...)
 		out, m, err := inAdmin(filepath.Join(bin, "upgrade"), args...)
 		if err != nil {
 			return nil, m, err
 		}
-		var res inplace.StageResult
+		var res stage.Result
 		if err := json.Unmarshal([]byte(out), &res); err != nil {
 			return nil, m, err
 		}
@@ -253,7 +255,7 @@ func stageRounds(work, bin, key string, sb *sandbox.State, bundleFile, files, li
 		st, pulled = append(st, m), res
 		_, size = res.BytesSent()
 		for _, n := range res.Nodes {
-			if n.Path != inplace.ViaRegistry {
+			if n.Path != stage.ViaRegistry {
 				return fmt.Errorf("%s was staged %s (%s), not by a pull from the registry", n.Node, n.Path, n.PathReason)
 			}
 		}
@@ -272,7 +274,7 @@ func stageRounds(work, bin, key string, sb *sandbox.State, bundleFile, files, li
 		}
 		fromFile, encoded = append(fromFile, m), res
 		// What auto chose between, forced.
-		for _, c := range []string{inplace.CodecZstd, inplace.CodecNone} {
+		for _, c := range []string{stage.CodecZstd, stage.CodecNone} {
 			_, m, err = stageOnce(dir+"-file-"+c, filepath.Join(work, fmt.Sprintf("stage-cache-file-%s-%s-%d", c, tag, i)), "--via", "ssh", "--codec", c, bundleFile)
 			if err != nil {
 				return err
@@ -285,12 +287,12 @@ func stageRounds(work, bin, key string, sb *sandbox.State, bundleFile, files, li
 		errs := make(chan error, len(sb.Nodes()))
 		scpBytes = 0
 		for _, n := range sb.Nodes() {
-			role := inplace.RoleWorker
+			role := release.RoleWorker
 			if n.Role == "control-plane" {
-				role = inplace.RoleControlPlane
+				role = release.RoleControlPlane
 			}
 			var paths []string
-			for _, f := range inplace.FilesFor(role) {
+			for _, f := range release.FilesFor(role) {
 				p := filepath.Join(files, "bin", "linux", "amd64", f)
 				if fi, err := os.Stat(p); err == nil {
 					paths = append(paths, p)
@@ -355,7 +357,7 @@ func stageRounds(work, bin, key string, sb *sandbox.State, bundleFile, files, li
 	for c := range codecs {
 		fmt.Printf("  %s\n", c)
 	}
-	for _, enc := range []string{inplace.CodecZstd, inplace.CodecNone} {
+	for _, enc := range []string{stage.CodecZstd, stage.CodecNone} {
 		m := median(forced[enc])
 		fmt.Printf("%-44s %8.2fs %9.0f %24s %.2fx time\n", "  the same, --codec "+enc, m.wall.Seconds(), mb/m.wall.Seconds(), "", m.wall.Seconds()/c.wall.Seconds())
 	}

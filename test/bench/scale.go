@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/test/scale"
 	"github.com/kubelift/kubelift/test/simcluster"
 )
@@ -147,7 +148,7 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 	if r.Err != nil {
 		return r.Err
 	}
-	var st inplace.StageResult
+	var st stage.Result
 	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
 		return fmt.Errorf("stage -o json: %w", err)
 	}

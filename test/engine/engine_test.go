@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/pkg/hashskip"
 	"github.com/kubelift/kubelift/test/harness"
@@ -50,9 +52,9 @@ func signedFiles(t *testing.T, file string) map[string]string {
 	return sums
 }
 
-func parseStage(t *testing.T, r result) *inplace.StageResult {
+func parseStage(t *testing.T, r result) *stage.Result {
 	t.Helper()
-	var res inplace.StageResult
+	var res stage.Result
 	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
 		t.Fatalf("stage -o json: %v\n%s\n%s", err, r.Stdout, r.Stderr)
 	}
@@ -101,7 +103,7 @@ func TestStage(t *testing.T) {
 	// The plan says each node's path first.
 	_, p := plan(t, sb.NewVersion, "--node-credentials", "password")
 	for _, n := range p.Nodes {
-		if want := map[bool]string{true: inplace.ViaSSH, false: inplace.ViaRegistry}[n.Name == "worker-3"]; n.StagePath != want {
+		if want := map[bool]string{true: stage.ViaSSH, false: stage.ViaRegistry}[n.Name == "worker-3"]; n.StagePath != want {
 			t.Errorf("plan: %s would be staged %q (%s), want %s", n.Name, n.StagePath, n.StagePathReason, want)
 		}
 	}
@@ -112,15 +114,15 @@ func TestStage(t *testing.T) {
 	}
 	res := parseStage(t, r)
 	for _, n := range res.Nodes {
-		want := inplace.FilesFor(roleOf(n.Node))
+		want := release.FilesFor(roleOf(n.Node))
 		if strings.Join(n.Sent, ",") != strings.Join(sorted(want), ",") {
 			t.Errorf("%s: staged %v, want %v", n.Node, n.Sent, sorted(want))
 		}
 		if n.Node == "worker-3" {
-			if n.Path != inplace.ViaSSH || !strings.Contains(n.PathReason, "cannot be reached") || n.BytesSent == 0 || n.BytesSent >= n.Bytes || n.BytesPulled != 0 {
+			if n.Path != stage.ViaSSH || !strings.Contains(n.PathReason, "cannot be reached") || n.BytesSent == 0 || n.BytesSent >= n.Bytes || n.BytesPulled != 0 {
 				t.Errorf("worker-3, the registry out of its reach: %+v, want SSH, compressed", n)
 			}
-		} else if n.Path != inplace.ViaRegistry || n.BytesSent != 0 || n.BytesPulled == 0 || n.BytesPulled >= n.Bytes {
+		} else if n.Path != stage.ViaRegistry || n.BytesSent != 0 || n.BytesPulled == 0 || n.BytesPulled >= n.Bytes {
 			t.Errorf("%s: %+v, want the zstd copies pulled from the registry by the node, none of it sent", n.Node, n)
 		}
 		got := ssh(t, n.Node, fmt.Sprintf("cd %s/%s && sha256sum *", stageDir, sb.NewVersion))
@@ -143,9 +145,9 @@ func TestStage(t *testing.T) {
 
 func roleOf(node string) string {
 	if strings.HasPrefix(node, "cp-") {
-		return inplace.RoleControlPlane
+		return release.RoleControlPlane
 	}
-	return inplace.RoleWorker
+	return release.RoleWorker
 }
 
 func sorted(s []string) []string {
@@ -296,10 +298,10 @@ func TestPlanHashSkipKubelet(t *testing.T) {
 		t.Error("the plan does not know the bundled kubelet honours the hash-skip file")
 	}
 	for _, n := range p.Nodes {
-		if n.Role == inplace.RoleWorker && (n.Containers == 0 || n.Protected != n.Containers || n.Restarts != 0) {
+		if n.Role == release.RoleWorker && (n.Containers == 0 || n.Protected != n.Containers || n.Restarts != 0) {
 			t.Errorf("%s: %d containers, %d kept by the hash-skip file, %d restarts; want all kept", n.Name, n.Containers, n.Protected, n.Restarts)
 		}
-		if n.Kubelet != sb.OldVersion || (n.Role == inplace.RoleControlPlane && n.Components["kube-apiserver"] != sb.OldVersion) {
+		if n.Kubelet != sb.OldVersion || (n.Role == release.RoleControlPlane && n.Components["kube-apiserver"] != sb.OldVersion) {
 			t.Errorf("%s: kubelet %s, components %v; want %s, read from the node", n.Name, n.Kubelet, n.Components, sb.OldVersion)
 		}
 	}
@@ -513,10 +515,10 @@ func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	predicted := map[string]inplace.NodeState{}
 	for _, n := range p.Nodes {
 		predicted[n.Name] = n
-		if n.Role == inplace.RoleWorker && (n.Containers == 0 || n.Restarts != n.Containers || n.Protected != 0) {
+		if n.Role == release.RoleWorker && (n.Containers == 0 || n.Restarts != n.Containers || n.Protected != 0) {
 			t.Errorf("%s: %d containers, %d restarts, %d kept; want every one restarted", n.Name, n.Containers, n.Restarts, n.Protected)
 		}
-		if n.Role == inplace.RoleWorker && !hasFinding(p, "restarts", inplace.Blocking, "node/"+n.Name, fmt.Sprintf("%d of %d running containers would restart", n.Restarts, n.Containers)) {
+		if n.Role == release.RoleWorker && !hasFinding(p, "restarts", inplace.Blocking, "node/"+n.Name, fmt.Sprintf("%d of %d running containers would restart", n.Restarts, n.Containers)) {
 			t.Errorf("%s: no blocking restarts finding", n.Name)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 )
 
@@ -33,7 +34,7 @@ import (
 // tests share; change adjusts them.
 type faultRun struct {
 	w      *testWorld
-	target *inplace.Target
+	target *release.Release
 	src    *memSource
 	opts   inplace.ApplyOptions
 }

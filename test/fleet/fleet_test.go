@@ -34,6 +34,8 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -154,7 +156,7 @@ func (w *testWorld) dial(t *testing.T, name string) nodeaccess.Node {
 func TestReadFacts(t *testing.T) {
 	w := newWorld(t, nil)
 	ctx := context.Background()
-	cp, err := nodefacts.Read(ctx, w.dial(t, "cp-1"), "cp-1", inplace.DefaultStageDir, newVersion)
+	cp, err := nodefacts.Read(ctx, w.dial(t, "cp-1"), "cp-1", release.DefaultStageDir, newVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +177,7 @@ func TestReadFacts(t *testing.T) {
 		t.Errorf("cp-1 has no pods: %v %q", cp.Containers, cp.ContainersErr)
 	}
 
-	wk, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
+	wk, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", release.DefaultStageDir, newVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +232,7 @@ func TestReadFacts(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		f, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
+		f, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", release.DefaultStageDir, newVersion)
 		return err == nil && len(f.Containers) == 0
 	})
 	if n := w.fleet.Stats().Commands["facts"]; n < 3 {
@@ -253,7 +255,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // newTarget is v1.31.4 with random (incompressible) files, so that their
 // gzip streams are long enough for the fleet's stream cache; the kubelet
 // honours the hash-skip file.
-func newTarget(t *testing.T, cat *catalog.Catalog) (*inplace.Target, *memSource, map[string]Binary) {
+func newTarget(t *testing.T, cat *catalog.Catalog) (*release.Release, *memSource, map[string]Binary) {
 	t.Helper()
 	rel, err := cat.Lookup(newVersion)
 	if err != nil {
@@ -263,7 +265,7 @@ func newTarget(t *testing.T, cat *catalog.Catalog) (*inplace.Target, *memSource,
 	m := &bundle.Manifest{KubernetesVersion: newVersion, Arches: []string{"amd64"}, Release: r}
 	src := &memSource{content: map[string][]byte{}}
 	bins := map[string]Binary{}
-	for _, name := range inplace.FilesFor(inplace.RoleControlPlane) {
+	for _, name := range release.FilesFor(release.RoleControlPlane) {
 		content := make([]byte, 200<<10)
 		rand.Read(content)
 		sum := sha256.Sum256(content)
@@ -272,7 +274,7 @@ func newTarget(t *testing.T, cat *catalog.Catalog) (*inplace.Target, *memSource,
 		src.content[name] = content
 		bins[f.SHA256] = Binary{Component: name, Version: newVersion}
 	}
-	return &inplace.Target{Version: rel.Parsed(), Manifest: m, Release: &r, Record: &cluster.Available{KubernetesVersion: newVersion, BundleDigest: "sha256:abc"}}, src, bins
+	return &release.Release{Version: rel.Parsed(), Manifest: m, Catalog: &r, Record: &cluster.Available{KubernetesVersion: newVersion, BundleDigest: "sha256:abc"}}, src, bins
 }
 
 type memSource struct{ content map[string][]byte }
@@ -287,7 +289,7 @@ func (s *memSource) Open(_ context.Context, f bundle.File, _ string) (io.ReadClo
 func TestStage(t *testing.T) {
 	w := newWorld(t, nil)
 	target, src, _ := newTarget(t, w.cat)
-	opts := inplace.StageOptions{Target: target, Source: src, Nodes: w.nodes, Targets: w.targets[1:], Connector: w.dialer, Parallel: 2, CacheDir: t.TempDir()}
+	opts := stage.Options{Release: target, Source: src, Nodes: w.nodes, Addresses: w.targets[1:], Connector: w.dialer, Parallel: 2, CacheDir: t.TempDir()}
 	res, err := inplace.Stage(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -301,7 +303,7 @@ func TestStage(t *testing.T) {
 			t.Errorf("%s: received %d bytes, the engine sent %d", ns.Node, st.BytesReceived, ns.BytesSent)
 		}
 		for _, name := range ns.Sent {
-			sum, ok := w.fleet.File(ns.Node, inplace.StagePath(inplace.DefaultStageDir, newVersion, name))
+			sum, ok := w.fleet.File(ns.Node, release.StagePath(release.DefaultStageDir, newVersion, name))
 			if want := fileSHA(target, name); !ok || sum != want {
 				t.Errorf("%s: %s staged as %q, want %s", ns.Node, name, sum, want)
 			}
@@ -312,7 +314,7 @@ func TestStage(t *testing.T) {
 		t.Errorf("stream cache: %d misses, %d hits; want 3 and 3 (three files, two nodes)", s.StageCacheMisses, s.StageCacheHits)
 	}
 	// The facts list them too.
-	f, err := nodefacts.Read(context.Background(), w.dial(t, "worker-2"), "worker-2", inplace.DefaultStageDir, newVersion)
+	f, err := nodefacts.Read(context.Background(), w.dial(t, "worker-2"), "worker-2", release.DefaultStageDir, newVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +336,7 @@ func TestStage(t *testing.T) {
 	}
 }
 
-func fileSHA(t *inplace.Target, name string) string {
+func fileSHA(t *release.Release, name string) string {
 	f, _, _ := t.File(name, "amd64")
 	return f.SHA256
 }
@@ -472,7 +474,7 @@ func TestApply(t *testing.T) {
 		if got := restarting.versions(spec.Name); fmt.Sprint(got) != fmt.Sprint([]string{newVersion}) {
 			t.Errorf("%s: NotReady patches at versions %v", spec.Name, got)
 		}
-		if _, ok := w.fleet.File(spec.Name, inplace.DefaultBackupDir+"/"+oldVersion+"/kubelet"); !ok {
+		if _, ok := w.fleet.File(spec.Name, release.DefaultBackupDir+"/"+oldVersion+"/kubelet"); !ok {
 			t.Errorf("%s: no kubelet backup", spec.Name)
 		}
 		data, ok := w.fleet.ReadFile(spec.Name, hashskip.DefaultPath)
@@ -488,7 +490,7 @@ func TestApply(t *testing.T) {
 			if v := w.fleet.Running(spec.Name, "kube-proxy"); v != newVersion {
 				t.Errorf("%s: kube-proxy runs %q", spec.Name, v)
 			}
-			if _, ok := w.fleet.File(spec.Name, inplace.DefaultBackupDir+"/"+oldVersion+"/kube-proxy"); !ok {
+			if _, ok := w.fleet.File(spec.Name, release.DefaultBackupDir+"/"+oldVersion+"/kube-proxy"); !ok {
 				t.Errorf("%s: no kube-proxy backup", spec.Name)
 			}
 			if i, j := slices.Index(units, "kubelet"), slices.Index(units, "kube-proxy"); i < 0 || j < i || slices.Contains(units[j+1:], "kube-proxy") {
@@ -541,7 +543,7 @@ func TestApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		f, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", inplace.DefaultStageDir, newVersion)
+		f, err := nodefacts.Read(ctx, w.dial(t, "worker-1"), "worker-1", release.DefaultStageDir, newVersion)
 		return err == nil && len(f.Containers) == 1 && f.Containers[0].Pod == "web2"
 	})
 	c = cleanup()

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/klauspost/compress/gzip"
+
 	"github.com/kubelift/kubelift/internal/iocount"
 )
 

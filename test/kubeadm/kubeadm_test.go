@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/test/harness"
@@ -137,8 +138,8 @@ func TestPlanRefusesAMissingControlPlaneImage(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.Stdout), &p); err != nil {
 			t.Fatalf("plan: exit %d: %v\n%s", r.Code, err, r.Stderr)
 		}
-		if p.ControlPlane != inplace.KindKubeadm {
-			t.Errorf("plan says control plane %q, want %s", p.ControlPlane, inplace.KindKubeadm)
+		if p.ControlPlane != release.KindKubeadm {
+			t.Errorf("plan says control plane %q, want %s", p.ControlPlane, release.KindKubeadm)
 		}
 		return p
 	}
@@ -196,7 +197,7 @@ func TestStaticPodNeverHealthyRolledBackByKubeadm(t *testing.T) {
 		if n.Name == "cp-1" && (n.Status != inplace.NodeRolledBack || !strings.Contains(n.LastError, "while it moved kube-scheduler")) {
 			t.Errorf("status of cp-1: %s, %q", n.Status, n.LastError)
 		}
-		if n.Role == inplace.RoleWorker && n.Status != inplace.NodePending && n.Status != "" {
+		if n.Role == release.RoleWorker && n.Status != inplace.NodePending && n.Status != "" {
 			t.Errorf("worker %s touched: %s", n.Name, n.Status)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
@@ -244,7 +245,7 @@ func TestHAPatchUpgradeThenRollback(t *testing.T) {
 	steadyControlPlane(t, from)
 	harness.Eventually(t, 2*time.Minute, everywhere(from))
 	st := h.Status(t)
-	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion || st.ControlPlane != inplace.KindKubeadm {
+	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion || st.ControlPlane != release.KindKubeadm {
 		t.Errorf("status after rollback: state %s, %s -> %s, control plane %q", st.State, st.From, st.To, st.ControlPlane)
 	}
 	for _, n := range st.Nodes {

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/catalog"
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/test/fleet"
 	"github.com/kubelift/kubelift/test/internet"
 	"github.com/kubelift/kubelift/test/kube"
@@ -290,12 +290,12 @@ func (e *Env) PreStage(sample int) error {
 			continue
 		}
 		files := map[string]string{}
-		for _, name := range inplace.FilesFor(role(n)) {
+		for _, name := range release.FilesFor(role(n)) {
 			if sum, ok := e.Files[name]; ok {
 				files[name] = sum
 			}
 		}
-		if err := e.Fleet.PreStage(n.Name, inplace.DefaultStageDir, To, files); err != nil {
+		if err := e.Fleet.PreStage(n.Name, release.DefaultStageDir, To, files); err != nil {
 			return err
 		}
 	}
@@ -304,9 +304,9 @@ func (e *Env) PreStage(sample int) error {
 
 func role(n fleet.NodeSpec) string {
 	if n.ControlPlane {
-		return inplace.RoleControlPlane
+		return release.RoleControlPlane
 	}
-	return inplace.RoleWorker
+	return release.RoleWorker
 }
 
 // Result is one program run.

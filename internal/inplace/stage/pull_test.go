@@ -1,4 +1,4 @@
-package inplace
+package stage
 
 import (
 	"bytes"
@@ -33,6 +33,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/codec"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/registry"
 )
@@ -155,7 +156,7 @@ func (r *pullRegistry) access(t *testing.T) registry.Access {
 // pullWorld is stageWorld with every file pushed to a registry as a blob
 // and recorded as an artifact, as import does; with zst, its zstd copy
 // too.
-func pullWorld(t *testing.T, zst bool) (*Target, *memSource, *pullRegistry, StageOptions) {
+func pullWorld(t *testing.T, zst bool) (*release.Release, *memSource, *pullRegistry, Options) {
 	target, src, nodes, tgts := stageWorld(t)
 	r := newPullRegistry(t)
 	a := r.access(t)
@@ -188,7 +189,7 @@ func pullWorld(t *testing.T, zst bool) (*Target, *memSource, *pullRegistry, Stag
 		target.Record.Files = append(target.Record.Files, rec)
 	}
 	// The registry takes a password: the nodes may be handed it.
-	opts := StageOptions{Target: target, Source: pullSource{RegistrySource{Access: a}, src}, Nodes: nodes, Targets: tgts, Parallel: 3, CacheDir: t.TempDir(),
+	opts := Options{Release: target, Source: pullSource{RegistrySource{Access: a}, src}, Nodes: nodes, Addresses: tgts, Parallel: 3, CacheDir: t.TempDir(),
 		NodeCredentials: NodePasswords}
 	return target, src, r, opts
 }
@@ -220,8 +221,8 @@ func TestStagePullsFromTheRegistry(t *testing.T) {
 	// Without leave to hand nodes the password this registry takes, they
 	// are sent their files over SSH, and the password goes nowhere.
 	o := opts
-	o.NodeCredentials, o.Targets, o.StageDir = "", opts.Targets[1:2], filepath.Join(dirs, "no-password")
-	if res, err := Stage(context.Background(), o); err != nil || res.Nodes[0].Path != ViaSSH || !strings.Contains(res.Nodes[0].PathReason, "--node-credentials password") {
+	o.NodeCredentials, o.Addresses, o.StageDir = "", opts.Addresses[1:2], filepath.Join(dirs, "no-password")
+	if res, err := Run(context.Background(), o); err != nil || res.Nodes[0].Path != ViaSSH || !strings.Contains(res.Nodes[0].PathReason, "--node-credentials password") {
 		t.Fatalf("a password registry, no leave: %+v, %v", res, err)
 	}
 	for _, c := range conn.ran {
@@ -229,13 +230,13 @@ func TestStagePullsFromTheRegistry(t *testing.T) {
 			t.Fatalf("a pull ran without leave: %.100s", c)
 		}
 	}
-	stage := func() *StageResult {
+	stage := func() *Result {
 		t.Helper()
-		var res StageResult
-		for _, tg := range opts.Targets {
+		var res Result
+		for _, tg := range opts.Addresses {
 			o := opts
-			o.Targets, o.StageDir = []nodeaccess.Target{tg}, filepath.Join(dirs, tg.Name)
-			r, err := Stage(context.Background(), o)
+			o.Addresses, o.StageDir = []nodeaccess.Target{tg}, filepath.Join(dirs, tg.Name)
+			r, err := Run(context.Background(), o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -275,8 +276,8 @@ func TestStagePullsFromTheRegistry(t *testing.T) {
 		}
 	}
 	// --via registry: a node that cannot pull is an error naming it.
-	opts.Via, opts.Targets, opts.StageDir = ViaRegistry, opts.Targets[2:3], filepath.Join(dirs, "forced")
-	if _, err := Stage(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "worker-2: cannot pull from the registry") {
+	opts.Via, opts.Addresses, opts.StageDir = ViaRegistry, opts.Addresses[2:3], filepath.Join(dirs, "forced")
+	if _, err := Run(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "worker-2: cannot pull from the registry") {
 		t.Errorf("--via registry on a node out of reach: %v", err)
 	}
 }
@@ -288,8 +289,8 @@ func TestStagePullRefusesWrongBytes(t *testing.T) {
 	kubelet, _, _ := target.File("kubelet", "amd64")
 	r.spoil["sha256:"+kubelet.SHA256] = true
 	dir := t.TempDir()
-	opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
-	res, err := Stage(context.Background(), opts)
+	opts.Connector, opts.Addresses, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Addresses[1:2], dir
+	res, err := Run(context.Background(), opts)
 	if !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "pull kubelet") || !strings.Contains(err.Error(), "signed "+kubelet.SHA256) {
 		t.Fatalf("a spoilt blob: %v", err)
 	}
@@ -316,8 +317,8 @@ func TestStagePullRefusesMoreThanRecorded(t *testing.T) {
 			const pad = 256 << 20
 			r.pad["sha256:"+kubelet.SHA256], r.padAnnounced = pad, announced
 			dir := t.TempDir()
-			opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
-			_, err := Stage(context.Background(), opts)
+			opts.Connector, opts.Addresses, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Addresses[1:2], dir
+			_, err := Run(context.Background(), opts)
 			if !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "pull kubelet") || !strings.Contains(err.Error(), "bytes recorded") {
 				t.Fatalf("a blob served with %d bytes more: %v", pad, err)
 			}
@@ -345,9 +346,9 @@ func TestStageResumesACutOffFile(t *testing.T) {
 	target, src, r, opts := pullWorld(t, false)
 	kubelet, _, _ := target.File("kubelet", "amd64")
 	dir := t.TempDir()
-	opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
+	opts.Connector, opts.Addresses, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Addresses[1:2], dir
 	r.cut["sha256:"+kubelet.SHA256] = true
-	if res0, err := Stage(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "kubelet") {
+	if res0, err := Run(context.Background(), opts); !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "kubelet") {
 		t.Fatalf("a cut-off pull: %v %+v", err, res0)
 	}
 	partial := filepath.Join(dir, "v1.31.4", ".kubelet."+kubelet.SHA256+".kubelift-partial")
@@ -355,7 +356,7 @@ func TestStageResumesACutOffFile(t *testing.T) {
 	if err != nil || fi.Size() == 0 || fi.Size() >= kubelet.Size {
 		t.Fatalf("the cut-off pull left %v, %v", fi, err)
 	}
-	res, err := Stage(context.Background(), opts)
+	res, err := Run(context.Background(), opts)
 	// (kubelet is the first: the files after it are pulled whole now.)
 	if err != nil || r.ranged != 1 || len(res.Nodes[0].Present) != 0 || res.Nodes[0].BytesPulled != res.Nodes[0].Bytes-fi.Size() {
 		t.Fatalf("resumed pull: %+v, %v; %d ranged requests", res.Nodes[0], err, r.ranged)
@@ -369,7 +370,7 @@ func TestStageResumesACutOffFile(t *testing.T) {
 	}
 	os.Remove(filepath.Join(dir, "v1.31.4", "kubelet"))
 	opts.Via = ViaSSH
-	res, err = Stage(context.Background(), opts)
+	res, err = Run(context.Background(), opts)
 	if err != nil || res.Nodes[0].BytesSent == 0 || res.Nodes[0].BytesSent*10 > kubelet.Size-kubelet.Size/3 || res.Nodes[0].Codec != CodecZstd {
 		t.Fatalf("resumed over SSH: %+v, %v (the rest is %d bytes, zstd-encoded as it goes)", res.Nodes[0], err, kubelet.Size-kubelet.Size/3)
 	}
@@ -391,8 +392,8 @@ func TestStagePullFallsBack(t *testing.T) {
 	}
 	r.spoil[z] = true
 	dir := t.TempDir()
-	opts.Connector, opts.Targets, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], dir
-	res, err := Stage(context.Background(), opts)
+	opts.Connector, opts.Addresses, opts.StageDir = &shellNodes{cmds: map[string]int{}}, opts.Addresses[1:2], dir
+	res, err := Run(context.Background(), opts)
 	if err != nil || res.Nodes[0].Path != ViaRegistry {
 		t.Fatalf("a spoilt zstd copy: %+v, %v", res.Nodes[0], err)
 	}
@@ -403,7 +404,7 @@ func TestStagePullFallsBack(t *testing.T) {
 	pz, _, _ := opts.Source.(NodePuller).ZstdCopy(context.Background(), artifactOf(target, "kube-proxy"), proxy.SHA256)
 	r.refuse[pz], r.refuse["sha256:"+proxy.SHA256] = true, true
 	opts.StageDir = t.TempDir()
-	res, err = Stage(context.Background(), opts)
+	res, err = Run(context.Background(), opts)
 	n := res.Nodes[0]
 	if err != nil || n.Path != ViaSSH || !strings.Contains(n.PathReason, "the registry refused the node's pull") || n.BytesSent == 0 || n.BytesPulled == 0 {
 		t.Fatalf("refused mid-stage: %+v, %v", n, err)
@@ -415,7 +416,7 @@ func TestStagePullFallsBack(t *testing.T) {
 	}
 }
 
-func artifactOf(t *Target, name string) string {
+func artifactOf(t *release.Release, name string) string {
 	_, a, _ := t.File(name, "amd64")
 	return a
 }
@@ -427,8 +428,8 @@ func artifactOf(t *Target, name string) string {
 // the copy's digest when fetched.
 func TestStageRelaysTheRegistryCopies(t *testing.T) {
 	target, src, r, opts := pullWorld(t, true)
-	opts.Connector, opts.Targets, opts.StageDir, opts.Via = &shellNodes{cmds: map[string]int{}}, opts.Targets[1:2], t.TempDir(), ViaSSH
-	res, err := Stage(context.Background(), opts)
+	opts.Connector, opts.Addresses, opts.StageDir, opts.Via = &shellNodes{cmds: map[string]int{}}, opts.Addresses[1:2], t.TempDir(), ViaSSH
+	res, err := Run(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +486,7 @@ func TestStageRelaysTheRegistryCopies(t *testing.T) {
 	r.spoil[kz] = true
 	var logged bytes.Buffer
 	opts.StageDir, opts.CacheDir, opts.Log = t.TempDir(), t.TempDir(), slog.New(slog.NewTextHandler(&logged, nil))
-	res, err = Stage(context.Background(), opts)
+	res, err = Run(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("a wrong copy, a cut one and a spoilt one: %v", err)
 	}
@@ -518,7 +519,7 @@ func TestStageRelaysTheRegistryCopies(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(vdir, ".kubelet."+kubelet.SHA256+".kubelift-partial"), bytes.Repeat([]byte("wrong "), 1000), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err = Stage(context.Background(), opts)
+	res, err = Run(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("resumed from wrong bytes: %v", err)
 	}

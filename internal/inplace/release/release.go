@@ -1,4 +1,9 @@
-package inplace
+// Package release is the release an upgrade moves a cluster to, as
+// imported into it (its record, trusted only after its signed manifest
+// verified against the operator's key) or read from a verified bundle,
+// and what of it each node gets and where: the files by cluster kind and
+// node role, the paths they are staged and backed up at.
+package release
 
 import (
 	"context"
@@ -13,36 +18,36 @@ import (
 	"github.com/kubelift/kubelift/internal/cluster"
 )
 
-// Target is a version to upgrade to, as imported into the cluster: its
+// Release is a version to upgrade to, as imported into the cluster: its
 // record, trusted only after its signed bundle.json verified against the
 // operator's key.
-type Target struct {
+type Release struct {
 	Version  catalog.Version
 	Record   *cluster.Available
 	Manifest *bundle.Manifest
-	// Release is the catalog entry the signed manifest carries.
-	Release *catalog.Release
+	// Catalog is the catalog entry the signed manifest carries.
+	Catalog *catalog.Release
 	// Hops are the releases the control plane passes through before
-	// Version (bundle create --from), oldest first, each a Target of its
+	// Version (bundle create --from), oldest first, each a Release of its
 	// own: its Manifest holds the hop's files.
-	Hops []*Target
+	Hops []*Release
 }
 
 // Chain is every release the control plane moves to, in order: the hops,
 // then the target.
-func (t *Target) Chain() []*Target {
-	return append(append([]*Target{}, t.Hops...), t)
+func (t *Release) Chain() []*Release {
+	return append(append([]*Release{}, t.Hops...), t)
 }
 
 // hops makes the Targets of a verified manifest's hops.
-func hops(m *bundle.Manifest, r *cluster.Available) []*Target {
-	var out []*Target
+func hops(m *bundle.Manifest, r *cluster.Available) []*Release {
+	var out []*Release
 	for i := range m.Hops {
 		h := &m.Hops[i]
 		rel := h.Release // checked when the manifest was read
 		hm := &bundle.Manifest{SchemaVersion: m.SchemaVersion, Kind: m.Kind, KubernetesVersion: rel.Version, Arches: m.Arches,
 			Tool: m.Tool, Created: m.Created, Signer: m.Signer, Release: rel, Files: h.Files}
-		out = append(out, &Target{Version: rel.Parsed(), Record: r, Manifest: hm, Release: &rel})
+		out = append(out, &Release{Version: rel.Parsed(), Record: r, Manifest: hm, Catalog: &rel})
 	}
 	return out
 }
@@ -50,10 +55,10 @@ func hops(m *bundle.Manifest, r *cluster.Available) []*Target {
 // ErrNotImported means the cluster holds no record of the version.
 var ErrNotImported = errors.New("not imported into this cluster")
 
-// LoadTarget finds the cluster's record of version and verifies it. Of
+// Load finds the cluster's record of version and verifies it. Of
 // several records of one version (imports of different bundles), the most
 // recently made bundle that verifies wins.
-func LoadTarget(ctx context.Context, c kubernetes.Interface, version string, trust bundle.Trust) (*Target, error) {
+func Load(ctx context.Context, c kubernetes.Interface, version string, trust bundle.Trust) (*Release, error) {
 	v, err := catalog.ParseVersion(version)
 	if err != nil {
 		return nil, err
@@ -63,7 +68,7 @@ func LoadTarget(ctx context.Context, c kubernetes.Interface, version string, tru
 		return nil, err
 	}
 	var errs []error
-	var found *Target
+	var found *Release
 	for _, r := range records {
 		if r.KubernetesVersion != v.String() {
 			continue
@@ -86,7 +91,7 @@ func LoadTarget(ctx context.Context, c kubernetes.Interface, version string, tru
 	return nil, fmt.Errorf("%s: %w: import its bundle first (./k8s-%s-linux-ARCH.run --upgrade ...)", v, ErrNotImported, v)
 }
 
-func verifyRecord(r *cluster.Available, trust bundle.Trust) (*Target, error) {
+func verifyRecord(r *cluster.Available, trust bundle.Trust) (*Release, error) {
 	name := cluster.Namespace + "/" + cluster.RecordName(r.KubernetesVersion, r.BundleDigest)
 	m, err := bundle.VerifyManifest(r.Manifest, r.Signature, trust)
 	if err != nil {
@@ -115,24 +120,24 @@ func verifyRecord(r *cluster.Available, trust bundle.Trust) (*Target, error) {
 	if err := rel.Check("record configmap " + name); err != nil {
 		return nil, err
 	}
-	return &Target{Version: rel.Parsed(), Record: r, Manifest: m, Release: &rel, Hops: hops(m, r)}, nil
+	return &Release{Version: rel.Parsed(), Record: r, Manifest: m, Catalog: &rel, Hops: hops(m, r)}, nil
 }
 
-// TargetFromBundle is the target a verified bundle file holds (staging
-// from the file, without the registry).
-func TargetFromBundle(m *bundle.Manifest) (*Target, error) {
+// FromBundle is the release a verified bundle file holds (staging from
+// the file, without the registry).
+func FromBundle(m *bundle.Manifest) (*Release, error) {
 	rel := m.Release
 	if err := rel.Check("bundle " + bundle.ManifestName); err != nil {
 		return nil, err
 	}
-	return &Target{Version: rel.Parsed(), Manifest: m, Release: &rel, Hops: hops(m, nil)}, nil
+	return &Release{Version: rel.Parsed(), Manifest: m, Catalog: &rel, Hops: hops(m, nil)}, nil
 }
 
 // CheckArtifacts says every artifact the record names (where nodes and
 // this machine fetch the files, with the registry's credentials) is in
 // the registry the run uses, by digest: the record is not signed, so it
 // may not choose another host to send them to.
-func (t *Target) CheckArtifacts(domain string) error {
+func (t *Release) CheckArtifacts(domain string) error {
 	if t.Record == nil {
 		return nil
 	}
@@ -154,7 +159,7 @@ func (t *Target) CheckArtifacts(domain string) error {
 
 // File returns the signed file name for arch, and its artifact in the
 // private registry ("" when binaries were not pushed there).
-func (t *Target) File(name, arch string) (bundle.File, string, bool) {
+func (t *Release) File(name, arch string) (bundle.File, string, bool) {
 	for _, f := range t.Manifest.Files {
 		if f.Name == name && f.Arch == arch {
 			artifact := ""

@@ -1,4 +1,4 @@
-package inplace
+package stage
 
 import (
 	"bytes"
@@ -22,10 +22,13 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
@@ -94,17 +97,38 @@ func (s *memSource) Open(_ context.Context, f bundle.File, _ string) (io.ReadClo
 	return io.NopCloser(bytes.NewReader(s.content[f.Name])), nil
 }
 
-func stageWorld(t *testing.T) (*Target, *memSource, []corev1.Node, []nodeaccess.Target) {
-	w := newWorld(t)
-	src := &memSource{content: map[string][]byte{}}
-	m := w.opts.Target.Manifest
-	for i := range m.Files {
-		content := bytes.Repeat([]byte(m.Files[i].Name+" binary "), 20000)
-		sum := sha256.Sum256(content)
-		m.Files[i].SHA256, m.Files[i].Size = hex.EncodeToString(sum[:]), int64(len(content))
-		src.content[m.Files[i].Name] = content
+func stageWorld(t *testing.T) (*release.Release, *memSource, []corev1.Node, []nodeaccess.Target) {
+	t.Helper()
+	cat, err := catalog.Default()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return w.opts.Target, src, w.view.nodes, w.view.tgts
+	rel, err := cat.Lookup("v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &bundle.Manifest{KubernetesVersion: "v1.31.4", Arches: []string{"amd64"}, Release: *rel}
+	src := &memSource{content: map[string][]byte{}}
+	for _, name := range release.FilesFor(release.RoleControlPlane) {
+		content := bytes.Repeat([]byte(name+" binary "), 20000)
+		sum := sha256.Sum256(content)
+		m.Files = append(m.Files, bundle.File{Name: name, Arch: "amd64", Path: "bin/linux/amd64/" + name, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(content))})
+		src.content[name] = content
+	}
+	target := &release.Release{Version: rel.Parsed(), Manifest: m, Catalog: rel, Record: &cluster.Available{KubernetesVersion: "v1.31.4", BundleDigest: "sha256:abc"}}
+	var nodes []corev1.Node
+	var addrs []nodeaccess.Target
+	for _, name := range []string{"cp-1", "worker-1", "worker-2"} {
+		role := release.RoleWorker
+		if name == "cp-1" {
+			role = release.RoleControlPlane
+		}
+		n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"node-role.kubernetes.io/" + role: ""}}}
+		n.Status.NodeInfo = corev1.NodeSystemInfo{KubeletVersion: "v1.30.14", Architecture: "amd64"}
+		nodes = append(nodes, n)
+		addrs = append(addrs, nodeaccess.Target{Name: name, Role: role, Address: "10.0.0.1"})
+	}
+	return target, src, nodes, addrs
 }
 
 func TestStageSendsOnceChecksAndSkips(t *testing.T) {
@@ -113,9 +137,9 @@ func TestStageSendsOnceChecksAndSkips(t *testing.T) {
 	// Each node's stage directory is its own below dirs: the same path for
 	// every node would be one directory here.
 	conn := &shellNodes{cmds: map[string]int{}}
-	opts := StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[:1], Connector: conn, Parallel: 2,
+	opts := Options{Release: target, Source: src, Nodes: nodes, Addresses: tgts[:1], Connector: conn, Parallel: 2,
 		StageDir: filepath.Join(dirs, "cp-1"), CacheDir: t.TempDir()}
-	res, err := Stage(context.Background(), opts)
+	res, err := Run(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +165,7 @@ func TestStageSendsOnceChecksAndSkips(t *testing.T) {
 	}
 	opens := src.opens.Load()
 	// Again: nothing is sent, nothing fetched.
-	res, err = Stage(context.Background(), opts)
+	res, err = Run(context.Background(), opts)
 	if err != nil || res.Nodes[0].BytesSent != 0 || len(res.Nodes[0].Sent) != 0 || len(res.Nodes[0].Present) != 6 || src.opens.Load() != opens {
 		t.Errorf("second stage: %+v, %v; opened %d more", res.Nodes[0], err, src.opens.Load()-opens)
 	}
@@ -159,7 +183,7 @@ func TestStageSendsOnceChecksAndSkips(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dirs, "cp-1", "v1.31.4", ".kubelet.kubelift-sum"), []byte("not a sum\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err = Stage(context.Background(), opts)
+	res, err = Run(context.Background(), opts)
 	if err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kubectl" || len(res.Nodes[0].Present) != 5 {
 		t.Errorf("stage after a change on the node: %+v, %v", res.Nodes[0], err)
 	}
@@ -169,8 +193,8 @@ func TestStageSendsOnceChecksAndSkips(t *testing.T) {
 	opens = src.opens.Load()
 	// A worker gets its role's files; each file is fetched once, however
 	// many nodes need it.
-	opts.Targets, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")
-	res, err = Stage(context.Background(), opts)
+	opts.Addresses, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")
+	res, err = Run(context.Background(), opts)
 	if err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kube-proxy,kubectl,kubelet" || src.opens.Load() != opens {
 		t.Errorf("worker: %+v, %v; fetched %d more", res.Nodes[0], err, src.opens.Load()-opens)
 	}
@@ -182,7 +206,7 @@ func TestStageRefusesWrongContent(t *testing.T) {
 	target, src, nodes, tgts := stageWorld(t)
 	src.content["kubelet"] = []byte("tampered")
 	dir := t.TempDir()
-	_, err := Stage(context.Background(), StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[1:2],
+	_, err := Run(context.Background(), Options{Release: target, Source: src, Nodes: nodes, Addresses: tgts[1:2],
 		Connector: &shellNodes{cmds: map[string]int{}}, StageDir: dir, CacheDir: t.TempDir()})
 	if !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "bin/linux/amd64/kubelet") {
 		t.Fatalf("tampered source: %v", err)
@@ -212,7 +236,7 @@ func TestStageRefusesWrongContent(t *testing.T) {
 // One unreachable node is named; the others are staged.
 func TestStageUnreachableNode(t *testing.T) {
 	target, src, nodes, tgts := stageWorld(t)
-	res, err := Stage(context.Background(), StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[1:],
+	res, err := Run(context.Background(), Options{Release: target, Source: src, Nodes: nodes, Addresses: tgts[1:],
 		Connector: &shellNodes{cmds: map[string]int{}, down: map[string]bool{"worker-2": true}}, StageDir: t.TempDir(), CacheDir: t.TempDir()})
 	if !errors.Is(err, ErrStage) || !strings.Contains(err.Error(), "worker-2") || !strings.Contains(err.Error(), "1 of 2 nodes") {
 		t.Fatalf("err %v", err)
@@ -237,7 +261,7 @@ func gzipped(t *testing.T, b []byte) []byte {
 // programs under StageDir/HOP as well; workers only the target's files.
 func TestStageHops(t *testing.T) {
 	target, src, nodes, tgts := stageWorld(t)
-	hop := &Target{Version: catalog.Version{Major: 1, Minor: 30, Patch: 14}, Manifest: &bundle.Manifest{KubernetesVersion: "v1.30.14"}}
+	hop := &release.Release{Version: catalog.Version{Major: 1, Minor: 30, Patch: 14}, Manifest: &bundle.Manifest{KubernetesVersion: "v1.30.14"}}
 	for _, name := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"} {
 		content := bytes.Repeat([]byte(name+" v1.30.14 "), 1000)
 		sum := sha256.Sum256(content)
@@ -245,11 +269,11 @@ func TestStageHops(t *testing.T) {
 		hop.Manifest.Files = append(hop.Manifest.Files, bundle.File{Name: name, Arch: "amd64", Path: p, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(content))})
 		src.content[p] = content
 	}
-	target.Hops = []*Target{hop}
+	target.Hops = []*release.Release{hop}
 	dirs := t.TempDir()
-	opts := StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[:1], Connector: &shellNodes{cmds: map[string]int{}},
+	opts := Options{Release: target, Source: src, Nodes: nodes, Addresses: tgts[:1], Connector: &shellNodes{cmds: map[string]int{}},
 		StageDir: filepath.Join(dirs, "cp-1"), CacheDir: t.TempDir()}
-	res, err := Stage(context.Background(), opts)
+	res, err := Run(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,8 +289,8 @@ func TestStageHops(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dirs, "cp-1", "v1.30.14", "kubelet")); err == nil {
 		t.Error("the hop's kubelet was staged: kubelets go straight to the target")
 	}
-	opts.Targets, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")
-	if res, err = Stage(context.Background(), opts); err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kube-proxy,kubectl,kubelet" {
+	opts.Addresses, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1")
+	if res, err = Run(context.Background(), opts); err != nil || strings.Join(res.Nodes[0].Sent, ",") != "kube-proxy,kubectl,kubelet" {
 		t.Errorf("worker: %+v, %v", res.Nodes[0], err)
 	}
 }
@@ -339,9 +363,9 @@ func TestStageMeasuresTheCodec(t *testing.T) {
 	}
 	src.content["kubelet"] = big
 	conn := &shellNodes{cmds: map[string]int{}}
-	opts := StageOptions{Target: target, Source: src, Nodes: nodes, Targets: tgts[1:2], Connector: conn,
+	opts := Options{Release: target, Source: src, Nodes: nodes, Addresses: tgts[1:2], Connector: conn,
 		StageDir: t.TempDir(), CacheDir: t.TempDir()}
-	res, err := Stage(context.Background(), opts)
+	res, err := Run(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +408,7 @@ func TestStageMeasuresTheCodec(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(vdir, ".kubelet."+kubelet.SHA256+".kubelift-partial"), big[:1000], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err = Stage(context.Background(), opts)
+	res, err = Run(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

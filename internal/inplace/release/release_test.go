@@ -1,4 +1,4 @@
-package inplace
+package release
 
 import (
 	"strings"
@@ -13,8 +13,8 @@ import (
 // credentials), or one that does not parse, is refused, naming the file.
 func TestCheckArtifacts(t *testing.T) {
 	sum := strings.Repeat("ab", 32)
-	target := func(artifact string) *Target {
-		return &Target{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Record: &cluster.Available{Registry: "registry.local:5000",
+	target := func(artifact string) *Release {
+		return &Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Record: &cluster.Available{Registry: "registry.local:5000",
 			Files: []cluster.BinaryRecord{{Path: "bin/linux/amd64/kubelet", Artifact: artifact}}}}
 	}
 	if err := target("registry.local:5000/kubelift/files/kubelet@sha256:" + sum).CheckArtifacts("registry.local:5000"); err != nil {
