@@ -29,6 +29,7 @@ type applyOptions struct {
 	BackupDir      string
 	RestoreLabels  bool
 	Ignore         []string
+	ignore         []inplace.Check // Ignore, parsed
 	Soak           time.Duration
 	Settle         time.Duration
 	ReadyTimeout   time.Duration
@@ -104,6 +105,14 @@ upgrading-kubelets) for a later apply.`,
 			}
 			if opts.LockDuration < upgradelock.MinDuration {
 				return cli.Usagef("--lock-duration %s: at least %s (a lock renewed every third of it)", opts.LockDuration, upgradelock.MinDuration)
+			}
+			opts.ignore = nil
+			for _, name := range opts.Ignore {
+				c, err := inplace.ParseCheck(name)
+				if err != nil {
+					return cli.Usagef("--ignore-preflight: %v", err)
+				}
+				opts.ignore = append(opts.ignore, c)
 			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
@@ -186,7 +195,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
-		Ignore: opts.Ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
+		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,
 	})

@@ -55,6 +55,8 @@ func TestApplyFlags(t *testing.T) {
 		{[]string{"--to", "v1.31.4", "--drain-timeout", "0s"}, "--drain-timeout 0s"},
 		{[]string{"--to", "v1.31.4", "--settle", "-5s"}, "--settle -5s: must not be negative"},
 		{[]string{"--to", "v1.31.4", "--soak", "-1s"}, "--soak -1s"},
+		// A check's name mistyped would ignore nothing, silently.
+		{[]string{"--to", "v1.31.4", "--ignore-preflight", "removed-flags,removed-flag"}, `--ignore-preflight: no check "removed-flag": the plan runs values, path`},
 	} {
 		got = nil
 		err := parse(t, mk, tc.args...)

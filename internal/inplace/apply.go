@@ -47,7 +47,7 @@ type ApplyOptions struct {
 	// RestoreLabels adds back the labels pods' nodeSelectors need.
 	RestoreLabels bool
 	// Ignore lists checks whose blocking findings do not stop apply.
-	Ignore []string
+	Ignore []Check
 	// Soak waits between worker batches.
 	Soak time.Duration
 	// Settle is how long a restarted kubelet runs before its node is
@@ -371,7 +371,7 @@ func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string
 // resolves says apply itself fixes a blocking finding, or it is about a
 // worker this run leaves alone.
 func (r *applyRun) resolves(f Finding) bool {
-	if f.Check == "values" {
+	if f.Check == CheckValues {
 		return false // never ignored, whatever the node: nothing runs on values that did not parse
 	}
 	if f.Node != "" && !r.selected(f.Node) {
@@ -382,10 +382,10 @@ func (r *applyRun) resolves(f Finding) bool {
 			return true
 		}
 	}
-	if f.Check == "restarts" && r.opts.Drain {
+	if f.Check == CheckRestarts && r.opts.Drain {
 		return true // drained first: nothing runs there to restart
 	}
-	if f.Check == "health" && len(r.resumingControlPlane) > 0 &&
+	if f.Check == CheckHealth && len(r.resumingControlPlane) > 0 &&
 		(r.resumingControlPlane[strings.TrimPrefix(f.Object, "apiserver/")] || strings.HasPrefix(f.Object, "lease/")) {
 		// The run this one resumes stopped while kubeadm moved a
 		// control-plane node (it may be restarting that node's API
@@ -396,7 +396,7 @@ func (r *applyRun) resolves(f Finding) bool {
 		r.log.Warn("resuming a control plane upgrade in flight: the control plane step waits for this", "object", f.Object, "finding", f.Message)
 		return true
 	}
-	return f.Check == "readmission" && r.opts.RestoreLabels && strings.Contains(f.Message, "lacks the label")
+	return f.Check == CheckReadmission && f.Code == CodeLabelsMissing && r.opts.RestoreLabels
 }
 
 // selected: the node's kubelet moves in this run (control-plane nodes and

@@ -55,8 +55,9 @@ func (pc *planCheck) index() {
 	}
 }
 
-func (pc *planCheck) add(sev Severity, check, object, msg, fix string) {
+func (pc *planCheck) add(sev Severity, check Check, object, msg, fix string) *Finding {
 	pc.plan.Findings = append(pc.plan.Findings, Finding{Severity: sev, Check: check, Object: object, Node: pc.nodeOf(object), Message: msg, Fix: fix})
+	return &pc.plan.Findings[len(pc.plan.Findings)-1]
 }
 
 // nodeOf is the node a finding's object is on, if any.
@@ -95,7 +96,7 @@ func (pc *planCheck) nodeStates() {
 		pc.plan.Nodes = append(pc.plan.Nodes, s)
 	}
 	for _, b := range bad {
-		pc.plan.Findings = append(pc.plan.Findings, Finding{Severity: Blocking, Check: "values", Object: "node/" + b.Node, Node: b.Node,
+		pc.plan.Findings = append(pc.plan.Findings, Finding{Severity: Blocking, Check: CheckValues, Object: "node/" + b.Node, Node: b.Node,
 			Message: fmt.Sprintf("%s %q is refused: %s; kubelift touches no node while a node reports a value it cannot parse", b.Field, b.Value, b.Reason),
 			Fix:     "find out why the node reports it (a forged status or a tampered binary?) and repair the node"})
 	}
@@ -214,7 +215,7 @@ func (pc *planCheck) path() {
 			case c > 0:
 				rel, err := pc.opts.Catalog.Lookup(from.String())
 				if from.Minor != to.Minor || err != nil || !rel.CanDowngradeTo(to) {
-					pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: %s would be a downgrade the catalog does not allow (patch downgrades within a minor only, listed in downgradeTo)", comp, from, to), "choose a version the catalog allows, or upgrade forward")
+					pc.add(Blocking, CheckPath, obj, fmt.Sprintf("%s runs %s: %s would be a downgrade the catalog does not allow (patch downgrades within a minor only, listed in downgradeTo)", comp, from, to), "choose a version the catalog allows, or upgrade forward")
 				}
 			case next.Version.Minor-from.Minor > 1 || next.Version.Major != from.Major:
 				msg := fmt.Sprintf("%s runs %s: %s skips a minor version (the API server must not skip one)", comp, from, next.Version)
@@ -225,19 +226,19 @@ func (pc *planCheck) path() {
 				if pc.view.kubeadm == nil && to.Major == from.Major && to.Minor-from.Minor <= catalog.MaxKubeletSkew && len(pc.target.Hops) == 0 {
 					fix += fmt.Sprintf(", or make the bundle with bundle create --from v%d.%d", from.Major, from.Minor)
 				}
-				pc.add(Blocking, "path", obj, msg, fix)
+				pc.add(Blocking, CheckPath, obj, msg, fix)
 			case !next.Catalog.CanUpgradeFrom(from):
-				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, next.Version, strings.Join(next.Catalog.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
+				pc.add(Blocking, CheckPath, obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, next.Version, strings.Join(next.Catalog.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
 			case next != pc.target && pc.view.kubeadm != nil:
 				// kubeadm's side of hops is not built: a kubeadm control
 				// plane moves one minor per apply.
-				pc.add(Blocking, "path", obj, fmt.Sprintf("%s runs %s: the way to %s passes through %s, and kubelift moves a kubeadm control plane one minor at a time", comp, from, to, hopList(pc.target)),
+				pc.add(Blocking, CheckPath, obj, fmt.Sprintf("%s runs %s: the way to %s passes through %s, and kubelift moves a kubeadm control plane one minor at a time", comp, from, to, hopList(pc.target)),
 					fmt.Sprintf("import and apply a %s bundle first", next.Version.MinorString()))
 			}
 		}
 	}
 	if len(seen) == 0 {
-		pc.add(Warning, "path", "version/"+to.String(), "no control-plane component version could be read on any node", "check SSH access to the control-plane nodes")
+		pc.add(Warning, CheckPath, "version/"+to.String(), "no control-plane component version could be read on any node", "check SSH access to the control-plane nodes")
 	}
 	// Skew: kubelets never newer than any API server, at most 3 minors older.
 	for _, s := range pc.plan.Nodes {
@@ -246,17 +247,17 @@ func (pc *planCheck) path() {
 			continue
 		}
 		if kv.Compare(to) > 0 {
-			pc.add(Blocking, "skew", "node/"+s.Name, fmt.Sprintf("kubelet %s is newer than %s: a kubelet may never be newer than the API server", kv, to), "")
+			pc.add(Blocking, CheckSkew, "node/"+s.Name, fmt.Sprintf("kubelet %s is newer than %s: a kubelet may never be newer than the API server", kv, to), "")
 		}
 		if to.Minor-kv.Minor > 3 {
-			pc.add(Blocking, "skew", "node/"+s.Name, fmt.Sprintf("kubelet %s is more than 3 minors older than %s", kv, to), "upgrade this node's kubelet in steps first")
+			pc.add(Blocking, CheckSkew, "node/"+s.Name, fmt.Sprintf("kubelet %s is more than 3 minors older than %s", kv, to), "upgrade this node's kubelet in steps first")
 		}
 	}
 }
 
 func (pc *planCheck) imported() {
 	t := pc.target
-	pc.add(Info, "imported", "version/"+t.Version.String(), fmt.Sprintf("imported (record %s), signed bundle.json verified with the given key", t.Record.BundleDigest), "")
+	pc.add(Info, CheckImported, "version/"+t.Version.String(), fmt.Sprintf("imported (record %s), signed bundle.json verified with the given key", t.Record.BundleDigest), "")
 }
 
 // images: every image of the record resolves by digest in the registry.
@@ -275,9 +276,9 @@ func (pc *planCheck) images(ctx context.Context) {
 		got, err := p.ManifestDigest(ctx, ref)
 		switch {
 		case err != nil:
-			pc.add(Blocking, "images", "image/"+im.Target, fmt.Sprintf("cannot check the private registry: %v", err), "pass the registry flags (--username, --ca-file ...) or re-import the bundle")
+			pc.add(Blocking, CheckImages, "image/"+im.Target, fmt.Sprintf("cannot check the private registry: %v", err), "pass the registry flags (--username, --ca-file ...) or re-import the bundle")
 		case got != want:
-			pc.add(Blocking, "images", "image/"+im.Target, fmt.Sprintf("%s is not in the private registry", ref), "re-import the bundle")
+			pc.add(Blocking, CheckImages, "image/"+im.Target, fmt.Sprintf("%s is not in the private registry", ref), "re-import the bundle")
 		}
 	}
 }
@@ -285,7 +286,7 @@ func (pc *planCheck) images(ctx context.Context) {
 func (pc *planCheck) sshReach() {
 	for _, t := range pc.view.tgts {
 		if err := pc.view.ssh[t.Name]; err != nil {
-			pc.add(Blocking, "ssh", "node/"+t.Name, fmt.Sprintf("not reachable over SSH: %v", err), "fix SSH access (--ssh-key, --known-hosts, --inventory) and plan again")
+			pc.add(Blocking, CheckSSH, "node/"+t.Name, fmt.Sprintf("not reachable over SSH: %v", err), "fix SSH access (--ssh-key, --known-hosts, --inventory) and plan again")
 		}
 	}
 }
@@ -337,10 +338,10 @@ func (pc *planCheck) staged() {
 					how = "apply sends them over SSH (" + p[1] + ")"
 				}
 			}
-			pc.add(Info, "staged", "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: %s", strings.Join(missing, ", "), release.StagePath(pc.opts.StageDir, version, ""), how), "upgrade stage --to "+version)
+			pc.add(Info, CheckStaged, "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: %s", strings.Join(missing, ", "), release.StagePath(pc.opts.StageDir, version, ""), how), "upgrade stage --to "+version)
 		}
 		if f.FreeBytes > 0 && f.FreeBytes < need {
-			pc.add(Blocking, "disk", "node/"+s.Name, fmt.Sprintf("%d MiB free below %s, staging and backups need %d MiB", f.FreeBytes>>20, pc.opts.StageDir, need>>20), "free disk space on the node")
+			pc.add(Blocking, CheckDisk, "node/"+s.Name, fmt.Sprintf("%d MiB free below %s, staging and backups need %d MiB", f.FreeBytes>>20, pc.opts.StageDir, need>>20), "free disk space on the node")
 		}
 	}
 }
@@ -362,7 +363,7 @@ func (pc *planCheck) removedFlags() {
 			for _, comp := range slices.Sorted(maps.Keys(removed)) {
 				for _, fl := range removed[comp] {
 					if slices.Contains(f.Flags[comp], fl) {
-						pc.add(Blocking, "removed-flags", "node/"+s.Name, fmt.Sprintf("%s is started with %s (in %s), which %s removed: it would not start", comp, fl, f.FlagSources[comp+" "+fl], rel.Version),
+						pc.add(Blocking, CheckRemovedFlags, "node/"+s.Name, fmt.Sprintf("%s is started with %s (in %s), which %s removed: it would not start", comp, fl, f.FlagSources[comp+" "+fl], rel.Version),
 							"remove "+fl+" from "+f.FlagSources[comp+" "+fl])
 					}
 				}
@@ -400,7 +401,7 @@ func (pc *planCheck) cgroupV1() {
 			// ConfigMap; a flag (kubeadm-flags.env, KUBELET_EXTRA_ARGS)
 			// stays.
 			if (kc.KubeletFailCgroupV1 == nil || *kc.KubeletFailCgroupV1) && !flagFalse {
-				pc.add(Blocking, "cgroup", "node/"+s.Name, msg+", and configmap kube-system/kubelet-config does not set it false (kubeadm upgrade node writes the node's configuration from it)",
+				pc.add(Blocking, CheckCgroup, "node/"+s.Name, msg+", and configmap kube-system/kubelet-config does not set it false (kubeadm upgrade node writes the node's configuration from it)",
 					"set failCgroupV1: false in configmap kube-system/kubelet-config, or move the node to cgroup v2")
 			}
 			continue
@@ -418,7 +419,7 @@ func (pc *planCheck) cgroupV1() {
 		default:
 			msg += ", and " + f.FailCgroupV1Source + " sets it true"
 		}
-		pc.add(Blocking, "cgroup", "node/"+s.Name, msg, "set failCgroupV1: false in "+where+" (and remove --fail-cgroupv1 if given), or move the node to cgroup v2")
+		pc.add(Blocking, CheckCgroup, "node/"+s.Name, msg, "set failCgroupV1: false in "+where+" (and remove --fail-cgroupv1 if given), or move the node to cgroup v2")
 	}
 }
 
@@ -448,7 +449,7 @@ func (pc *planCheck) removedAPI(ctx context.Context, version string, api catalog
 		}
 		obj := "api/" + gvs + "/" + r.Name
 		if pc.opts.Dynamic == nil {
-			pc.add(Warning, "removed-apis", obj, fmt.Sprintf("%s is served now and not from %s", obj[len("api/"):], version), "check that no client uses it")
+			pc.add(Warning, CheckRemovedAPIs, obj, fmt.Sprintf("%s is served now and not from %s", obj[len("api/"):], version), "check that no client uses it")
 			continue
 		}
 		res := pc.opts.Dynamic.Resource(schema.GroupVersionResource{Group: api.Group, Version: api.Version, Resource: r.Name})
@@ -457,7 +458,7 @@ func (pc *planCheck) removedAPI(ctx context.Context, version string, api catalog
 		for n < maxRemovedAPIObjects {
 			l, err := res.List(ctx, opts)
 			if err != nil {
-				pc.add(Warning, "removed-apis", obj, fmt.Sprintf("%s is served now and not from %s; its objects cannot be listed: %v", obj[len("api/"):], version, err), "check that no object or client uses it")
+				pc.add(Warning, CheckRemovedAPIs, obj, fmt.Sprintf("%s is served now and not from %s; its objects cannot be listed: %v", obj[len("api/"):], version, err), "check that no object or client uses it")
 				break
 			}
 			for i := range l.Items {
@@ -472,7 +473,7 @@ func (pc *planCheck) removedAPI(ctx context.Context, version string, api catalog
 				if u.GetNamespace() != "" {
 					name = r.Name + "." + api.Group + "/" + u.GetNamespace() + "/" + u.GetName()
 				}
-				pc.add(Blocking, "removed-apis", name, fmt.Sprintf("was written through %s (by %s), which %s no longer serves: whatever writes it so will fail from then on", gvs, manager, version),
+				pc.add(Blocking, CheckRemovedAPIs, name, fmt.Sprintf("was written through %s (by %s), which %s no longer serves: whatever writes it so will fail from then on", gvs, manager, version),
 					"re-apply it, and change the manifests and clients that write it, through a served version of "+api.Group)
 			}
 			if opts.Continue = l.GetContinue(); opts.Continue == "" {
@@ -480,7 +481,7 @@ func (pc *planCheck) removedAPI(ctx context.Context, version string, api catalog
 			}
 		}
 		if n > 0 && writers == 0 {
-			pc.add(Warning, "removed-apis", obj, fmt.Sprintf("%d %s are served under %s, which %s no longer serves; none was written through it, but clients reading through it will fail", n, r.Name, gvs, version),
+			pc.add(Warning, CheckRemovedAPIs, obj, fmt.Sprintf("%d %s are served under %s, which %s no longer serves; none was written through it, but clients reading through it will fail", n, r.Name, gvs, version),
 				"check that no client uses "+gvs)
 		}
 	}

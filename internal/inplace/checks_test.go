@@ -121,7 +121,7 @@ func (w *world) plan(t *testing.T) *Plan {
 }
 
 // only returns the findings of one check.
-func only(p *Plan, check string) []Finding {
+func only(p *Plan, check Check) []Finding {
 	var out []Finding
 	for _, f := range p.Findings {
 		if f.Check == check {
@@ -205,7 +205,7 @@ func TestPathAndSkew(t *testing.T) {
 			if tc.check == "skew" {
 				obj = "node/worker-1"
 			}
-			want(t, only(p, tc.check), tc.sev, obj, tc.msg)
+			want(t, only(p, Check(tc.check)), tc.sev, obj, tc.msg)
 		})
 	}
 	// A patch downgrade the catalog allows is fine.
@@ -379,6 +379,15 @@ func TestReadmission(t *testing.T) {
 	want(t, fs, Blocking, "pod/shop/affine", "NodeAffinity", "required node affinity no longer matches node worker-2")
 	if len(fs) != 2 {
 		t.Errorf("findings %+v", fs)
+	}
+	// --restore-labels resolves the finding whose labels it puts back, by
+	// its code, and not the other.
+	r := &applyRun{opts: ApplyOptions{RestoreLabels: true}, tgts: map[string]nodeaccess.Target{}}
+	for _, f := range fs {
+		r.tgts[f.Node] = targetOf(f.Node, release.RoleWorker)
+		if got, want := r.resolves(f), f.Object == "pod/shop/pinned"; got != want || (f.Code == CodeLabelsMissing) != want {
+			t.Errorf("%s: code %q, resolved by --restore-labels %v", f.Object, f.Code, got)
+		}
 	}
 }
 

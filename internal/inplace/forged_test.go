@@ -59,7 +59,7 @@ func TestPlanBlocksOnForgedValues(t *testing.T) {
 	if p.Findings[0].Check != "values" {
 		t.Errorf("values findings are not listed first: %+v", p.Findings[0])
 	}
-	r := &applyRun{opts: ApplyOptions{Ignore: []string{"values"}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Target{"worker-2": targetOf("worker-2", release.RoleWorker)}}
+	r := &applyRun{opts: ApplyOptions{Ignore: []Check{CheckValues}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Target{"worker-2": targetOf("worker-2", release.RoleWorker)}}
 	for _, f := range only(p, "values") {
 		if r.resolves(f) {
 			t.Errorf("apply would pass %+v", f)

@@ -29,7 +29,7 @@ import (
 func (pc *planCheck) health(ctx context.Context) {
 	for _, s := range pc.plan.Nodes {
 		if !s.Ready {
-			pc.add(Blocking, "health", "node/"+s.Name, "not Ready", "bring the node back, or remove it from the cluster, before upgrading")
+			pc.add(Blocking, CheckHealth, "node/"+s.Name, "not Ready", "bring the node back, or remove it from the cluster, before upgrading")
 		}
 	}
 	type result struct {
@@ -89,7 +89,7 @@ func (pc *planCheck) health(ctx context.Context) {
 		case apierrors.IsNotFound(err):
 			mustRun = append(mustRun, comp)
 		default:
-			pc.add(Warning, "health", "lease/kube-system/"+comp, fmt.Sprintf("cannot read the lease: %v", err), "")
+			pc.add(Warning, CheckHealth, "lease/kube-system/"+comp, fmt.Sprintf("cannot read the lease: %v", err), "")
 		}
 	}
 	wg.Wait()
@@ -100,13 +100,13 @@ func (pc *planCheck) health(ctx context.Context) {
 	sort.Strings(objects)
 	for _, o := range objects {
 		r := results[o]
-		pc.add(r.sev, "health", r.object, r.msg, r.fix)
+		pc.add(r.sev, CheckHealth, r.object, r.msg, r.fix)
 	}
 	// No leader election: it must run on the control-plane nodes.
 	for _, comp := range mustRun {
 		for _, s := range pc.plan.Nodes {
 			if s.Role == release.RoleControlPlane && pc.view.facts[s.Name] != nil && s.Components[comp] == "" {
-				pc.add(Blocking, "health", "node/"+s.Name, comp+" is not running and holds no lease", "start the "+comp+" unit")
+				pc.add(Blocking, CheckHealth, "node/"+s.Name, comp+" is not running and holds no lease", "start the "+comp+" unit")
 			}
 		}
 	}

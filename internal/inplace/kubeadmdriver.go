@@ -610,7 +610,7 @@ func (pc *planCheck) kubeadmImages(ctx context.Context) {
 	}
 	want, err := kc.Images(pc.target.Catalog)
 	if err != nil {
-		pc.add(Blocking, "kubeadm", "version/"+pc.target.Version.String(), err.Error(), "")
+		pc.add(Blocking, CheckKubeadm, "version/"+pc.target.Version.String(), err.Error(), "")
 		return
 	}
 	imported := map[string]string{} // upstream ref -> digest the bundle holds
@@ -625,23 +625,23 @@ func (pc *planCheck) kubeadmImages(ctx context.Context) {
 	for _, im := range want {
 		ref, err := name.ParseReference(im.Want, name.WeakValidation)
 		if err != nil {
-			pc.add(Blocking, "kubeadm", "image/"+im.Want, fmt.Sprintf("kubeadm would pull %q: not an image reference: %v", im.Want, err), "fix imageRepository in kube-system/kubeadm-config")
+			pc.add(Blocking, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("kubeadm would pull %q: not an image reference: %v", im.Want, err), "fix imageRepository in kube-system/kubeadm-config")
 			continue
 		}
 		if domain != "" && ref.Context().RegistryStr() != domain {
-			pc.add(Warning, "kubeadm", "image/"+im.Want, fmt.Sprintf("kubeadm will pull %s from %s, not the private registry %s the bundle was imported to: not checked", im.Want, ref.Context().RegistryStr(), domain),
+			pc.add(Warning, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("kubeadm will pull %s from %s, not the private registry %s the bundle was imported to: not checked", im.Want, ref.Context().RegistryStr(), domain),
 				"make sure the nodes can pull it (a containerd mirror), or point imageRepository at the private registry")
 			continue
 		}
 		got, err := p.ManifestDigest(ctx, ref)
 		switch {
 		case err != nil:
-			pc.add(Blocking, "kubeadm", "image/"+im.Want, fmt.Sprintf("cannot check the private registry for %s, which kubeadm upgrade pulls: %v", im.Want, err), "pass the registry flags (--username, --ca-file ...)")
+			pc.add(Blocking, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("cannot check the private registry for %s, which kubeadm upgrade pulls: %v", im.Want, err), "pass the registry flags (--username, --ca-file ...)")
 		case got == (v1.Hash{}):
-			pc.add(Blocking, "kubeadm", "image/"+im.Want, fmt.Sprintf("kubeadm upgrade pulls %s (imageRepository %s), which is not in the registry", im.Want, kc.ImageRepository),
+			pc.add(Blocking, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("kubeadm upgrade pulls %s (imageRepository %s), which is not in the registry", im.Want, kc.ImageRepository),
 				fmt.Sprintf("import the bundle so that its images land under %s (upgrade import --domain and --namespace; without --keep-path CoreDNS lands at NAMESPACE/coredns, as kubeadm asks for a custom repository)", kc.ImageRepository))
 		case imported[im.Upstream] != "" && got.String() != imported[im.Upstream]:
-			pc.add(Warning, "kubeadm", "image/"+im.Want, fmt.Sprintf("%s in the registry is %s, not the bundle's %s: kubeadm will run what the registry holds", im.Want, got, imported[im.Upstream]), "re-import the bundle to that place")
+			pc.add(Warning, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("%s in the registry is %s, not the bundle's %s: kubeadm will run what the registry holds", im.Want, got, imported[im.Upstream]), "re-import the bundle to that place")
 		}
 	}
 	// What kubeadm restarts, by design.
@@ -658,7 +658,7 @@ func (pc *planCheck) kubeadmImages(ctx context.Context) {
 			proxies++
 		}
 	}
-	pc.add(Info, "kubeadm", "cluster/kubeadm", fmt.Sprintf("kubeadm %s: `kubeadm upgrade apply %s` on %s, `kubeadm upgrade node` on every other node; by design kubeadm restarts the %d control-plane static pods it changes (etcd too when its manifest changes), rolls the kube-proxy DaemonSet (%d pods, its image names the version) and CoreDNS if its spec changes; no workload pod is restarted by kubeadm",
+	pc.add(Info, CheckKubeadm, "cluster/kubeadm", fmt.Sprintf("kubeadm %s: `kubeadm upgrade apply %s` on %s, `kubeadm upgrade node` on every other node; by design kubeadm restarts the %d control-plane static pods it changes (etcd too when its manifest changes), rolls the kube-proxy DaemonSet (%d pods, its image names the version) and CoreDNS if its spec changes; no workload pod is restarted by kubeadm",
 		kc.KubernetesVersion, pc.target.Version, pc.plan.firstControlPlane(), static, proxies), "")
 }
 

@@ -37,11 +37,64 @@ const (
 	Info     Severity = "info"
 )
 
+// Check names a check the plan runs. A finding is matched by its check
+// (and, where one check finds several kinds of thing, its Code), never by
+// its message.
+type Check string
+
+// The checks, in the order findings are listed.
+const (
+	CheckValues       Check = "values"
+	CheckPath         Check = "path"
+	CheckSkew         Check = "skew"
+	CheckImported     Check = "imported"
+	CheckImages       Check = "images"
+	CheckKubeadm      Check = "kubeadm"
+	CheckSSH          Check = "ssh"
+	CheckHealth       Check = "health"
+	CheckStaged       Check = "staged"
+	CheckDisk         Check = "disk"
+	CheckRemovedFlags Check = "removed-flags"
+	CheckCgroup       Check = "cgroup"
+	CheckRemovedAPIs  Check = "removed-apis"
+	CheckReadmission  Check = "readmission"
+	CheckEviction     Check = "eviction"
+	CheckRestarts     Check = "restarts"
+)
+
+// Checks the plan runs, in the order findings are listed.
+var Checks = []Check{CheckValues, CheckPath, CheckSkew, CheckImported, CheckImages, CheckKubeadm, CheckSSH, CheckHealth, CheckStaged, CheckDisk, CheckRemovedFlags, CheckCgroup, CheckRemovedAPIs, CheckReadmission, CheckEviction, CheckRestarts}
+
+// ParseCheck reads a check's name (as --ignore-preflight takes it).
+func ParseCheck(s string) (Check, error) {
+	for _, c := range Checks {
+		if string(c) == s {
+			return c, nil
+		}
+	}
+	names := make([]string, len(Checks))
+	for i, c := range Checks {
+		names[i] = string(c)
+	}
+	return "", fmt.Errorf("no check %q: the plan runs %s", s, strings.Join(names, ", "))
+}
+
+// Codes of findings one check makes of several kinds, where what apply
+// does depends on the kind.
+const (
+	// CodeLabelsMissing: a readmission finding whose pod's nodeSelector
+	// names labels its node lacks (apply --restore-labels puts them back).
+	CodeLabelsMissing = "labels-missing"
+)
+
 // Finding is one thing the plan found, about one object.
 type Finding struct {
 	Severity Severity `json:"severity"`
 	// Check names the check that found it (see Checks).
-	Check string `json:"check"`
+	Check Check `json:"check"`
+	// Code says which kind of finding of its check it is, where that
+	// check makes several that apply tells apart.
+	Code string `json:"code,omitempty"`
 	// Object is what it is about: node/NAME, pod/NS/NAME, apiserver/NODE,
 	// version/V, image/REF, api/GROUP/VERSION/RESOURCE,
 	// RESOURCE.GROUP/[NAMESPACE/]NAME.
@@ -51,10 +104,6 @@ type Finding struct {
 	Message string `json:"message"`
 	Fix     string `json:"fix,omitempty"`
 }
-
-// Checks the plan runs, in the order findings are listed.
-var Checks = []string{"values", "path", "skew", "imported", "images", "kubeadm", "ssh", "health", "staged", "disk",
-	"removed-flags", "cgroup", "removed-apis", "readmission", "eviction", "restarts"}
 
 // NodeState is a node as the plan found it.
 type NodeState struct {
@@ -292,7 +341,7 @@ func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, err
 	return p, nil
 }
 
-func checkOrder(c string) int {
+func checkOrder(c Check) int {
 	for i, x := range Checks {
 		if x == c {
 			return i

@@ -41,11 +41,13 @@ func (pc *planCheck) readmission() {
 		sort.Strings(missing)
 		why := "its required node affinity no longer matches node " + node.Name + "'s labels"
 		fix := "restore the labels the pod requires on node " + node.Name + " (apply --restore-labels does), or delete the pod"
+		code := ""
 		if len(missing) > 0 {
 			why = fmt.Sprintf("node %s lacks the label %s its nodeSelector requires", node.Name, strings.Join(missing, ", "))
+			code = CodeLabelsMissing
 		}
-		pc.add(Blocking, "readmission", "pod/"+pod.Namespace+"/"+pod.Name,
-			"the restarted kubelet would reject it (reason NodeAffinity, the pod fails): "+why, fix)
+		pc.add(Blocking, CheckReadmission, "pod/"+pod.Namespace+"/"+pod.Name,
+			"the restarted kubelet would reject it (reason NodeAffinity, the pod fails): "+why, fix).Code = code
 	}
 }
 
@@ -64,7 +66,7 @@ func (pc *planCheck) eviction() {
 			}
 		}
 		if len(lack) > 0 {
-			pc.add(Warning, "eviction", "pod/"+pod.Namespace+"/"+pod.Name,
+			pc.add(Warning, CheckEviction, "pod/"+pod.Namespace+"/"+pod.Name,
 				fmt.Sprintf("no NoExecute toleration for %s: evicted at once if node %s turns NotReady while its kubelet restarts", strings.Join(lack, ", "), pod.Spec.NodeName),
 				"apply adds them (tolerationSeconds 300) before any kubelet restarts")
 		}
@@ -78,7 +80,7 @@ func (pc *planCheck) eviction() {
 		}
 		for _, p := range strings.Split(f.Values["kube-apiserver --disable-admission-plugins"], ",") {
 			if p == "DefaultTolerationSeconds" {
-				pc.add(Warning, "eviction", "apiserver/"+s.Name, "the DefaultTolerationSeconds admission plugin is disabled: new pods lack the not-ready/unreachable tolerations too", "enable it (remove it from --disable-admission-plugins)")
+				pc.add(Warning, CheckEviction, "apiserver/"+s.Name, "the DefaultTolerationSeconds admission plugin is disabled: new pods lack the not-ready/unreachable tolerations too", "enable it (remove it from --disable-admission-plugins)")
 			}
 		}
 	}
@@ -119,7 +121,7 @@ func (pc *planCheck) restarts() {
 			continue // a kubelet already at the target is not restarted
 		}
 		if f.ContainersErr != "" {
-			pc.add(Warning, "restarts", "node/"+s.Name, "cannot read the runtime's containers (crictl ps -o json): "+f.ContainersErr, "install crictl on the node")
+			pc.add(Warning, CheckRestarts, "node/"+s.Name, "cannot read the runtime's containers (crictl ps -o json): "+f.ContainersErr, "install crictl on the node")
 			continue
 		}
 		var cache *hashskip.File
@@ -144,7 +146,7 @@ func (pc *planCheck) restarts() {
 		preds, err := kubeletcompat.PredictPods(pc.onNode[s.Name], map[string][]kubeletcompat.RuntimeContainer{s.Name: f.Containers},
 			kubeletcompat.PredictOptions{Target: hasher, Cache: cache, RecreateStatic: recreate})
 		if err != nil {
-			pc.add(Warning, "restarts", "node/"+s.Name, "cannot predict restarts: "+err.Error(), "")
+			pc.add(Warning, CheckRestarts, "node/"+s.Name, "cannot predict restarts: "+err.Error(), "")
 			continue
 		}
 		var static []string
@@ -175,15 +177,15 @@ func (pc *planCheck) restarts() {
 		}
 		if len(unknown) > 0 {
 			sort.Strings(unknown)
-			pc.add(Warning, "restarts", "node/"+s.Name, fmt.Sprintf("%d running containers belong to no pod the API server knows (%s): their restarts cannot be predicted, and apply stops if they go",
+			pc.add(Warning, CheckRestarts, "node/"+s.Name, fmt.Sprintf("%d running containers belong to no pod the API server knows (%s): their restarts cannot be predicted, and apply stops if they go",
 				len(unknown), strings.Join(unknown, ", ")), "a static pod needs its mirror pod (its namespace must exist); otherwise wait for the deleted pod to end")
 		}
 		if len(static) > 0 {
-			pc.add(Warning, "restarts", "node/"+s.Name, fmt.Sprintf("static pods %s (%d containers) will be recreated: the kubelet derives a static pod's UID from its Pod types, which change between minors (%s to %s; kubernetes#116080), and no hash-skip file can keep a pod whose UID changed",
+			pc.add(Warning, CheckRestarts, "node/"+s.Name, fmt.Sprintf("static pods %s (%d containers) will be recreated: the kubelet derives a static pod's UID from its Pod types, which change between minors (%s to %s; kubernetes#116080), and no hash-skip file can keep a pod whose UID changed",
 				strings.Join(static, ", "), s.Recreated, s.Kubelet, t.Version), "expected; apply checks they run again. To keep such a workload running, run it as a DaemonSet")
 		}
 		if f.HashSkipUnread != "" {
-			pc.add(Warning, "restarts", "node/"+s.Name, "the hash-skip file an earlier upgrade left says "+f.HashSkipUnread+": the containers it keeps are predicted as if it were not there",
+			pc.add(Warning, CheckRestarts, "node/"+s.Name, "the hash-skip file an earlier upgrade left says "+f.HashSkipUnread+": the containers it keeps are predicted as if it were not there",
 				"compare it with kubelift's (docs/hash-skip.md); upgrade compat cleanup removes it once no container needs it")
 		}
 		why := fmt.Sprintf("the kubelet's container hash changes (era %s to %s)", era, t.Catalog.KubeletHashEra)
@@ -199,10 +201,10 @@ func (pc *planCheck) restarts() {
 				sev = Warning
 			}
 			fix := "bundle kubelift's hash-skip kubelet (make kubelet; bundle create --kubelet-binary), or pass --allow-restarts, or --drain"
-			pc.add(sev, "restarts", "node/"+s.Name, fmt.Sprintf("%d of %d running containers would restart: %s and the bundled kubelet does not keep them", s.Restarts, s.Containers, why), fix)
+			pc.add(sev, CheckRestarts, "node/"+s.Name, fmt.Sprintf("%d of %d running containers would restart: %s and the bundled kubelet does not keep them", s.Restarts, s.Containers, why), fix)
 		}
 		if s.Protected > 0 {
-			pc.add(Info, "restarts", "node/"+s.Name, fmt.Sprintf("%d of %d running containers kept running by the hash-skip file (%s)", s.Protected, s.Containers, why), "")
+			pc.add(Info, CheckRestarts, "node/"+s.Name, fmt.Sprintf("%d of %d running containers kept running by the hash-skip file (%s)", s.Protected, s.Containers, why), "")
 		}
 	}
 }

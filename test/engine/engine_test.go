@@ -235,7 +235,7 @@ func plan(t *testing.T, version string, extra ...string) (result, *inplace.Plan)
 	return r, parsePlan(t, r)
 }
 
-func findings(p *inplace.Plan, check string, sev inplace.Severity) []inplace.Finding {
+func findings(p *inplace.Plan, check inplace.Check, sev inplace.Severity) []inplace.Finding {
 	var out []inplace.Finding
 	for _, f := range p.Findings {
 		if f.Check == check && f.Severity == sev {
@@ -245,7 +245,7 @@ func findings(p *inplace.Plan, check string, sev inplace.Severity) []inplace.Fin
 	return out
 }
 
-func hasFinding(p *inplace.Plan, check string, sev inplace.Severity, object string, parts ...string) bool {
+func hasFinding(p *inplace.Plan, check inplace.Check, sev inplace.Severity, object string, parts ...string) bool {
 	for _, f := range findings(p, check, sev) {
 		if f.Object != object {
 			continue
