@@ -68,9 +68,7 @@ it does not resolve itself. Then, holding the Lease kube-system/kubelift-upgrade
      run detached on the node and followed; --kubeadm-config gives kubeadm
      an UpgradeConfiguration
   5. kubelets, once every API server runs the target: control-plane nodes one
-     at a time, then workers with at most --max-unavailable in flight (a slot
-     frees as soon as a node is done; --canary grows 1, 2, 4 ...; --soak
-     waits between nodes). Per node: back up the kubelet and its checkpoint
+     at a time, then ` + cli.Wrap(inplace.WindowHelp+" (--soak waits between nodes). Per node:", 21, 78, "     ") + ` back up the kubelet and its checkpoint
      files, record the running containers, write the hash-skip file when the
      hash era changes and the bundled kubelet honours it, swap, restart, wait
      (watching Nodes) for Ready at the target, wait --settle, verify that every
@@ -128,7 +126,7 @@ upgrading-kubelets) for a later apply.`,
 	addStageFlags(cmd, &opts.StageDir, &opts.CacheDir)
 	opts.Path.addFlags(cmd)
 	f.StringVar(&opts.BackupDir, "backup-dir", release.DefaultBackupDir, "where replaced binaries are kept on the nodes (OLDVERSION/NAME below it)")
-	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
+	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers in flight at once: N or P% of the workers")
 	f.BoolVar(&opts.Canary, "canary", false, "grow the window 1, 2, 4 ... up to --max-unavailable while nodes succeed")
 	f.DurationVar(&opts.Soak, "soak", 0, "wait after each worker before the next takes its slot")
 	f.DurationVar(&opts.Settle, "settle", 15*time.Second, "how long a restarted kubelet runs before its containers are verified")

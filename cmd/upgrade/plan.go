@@ -45,9 +45,8 @@ func newCmdPlan(s *cli.IO, runF func(context.Context, *planOptions) error) *cobr
 		Long: `Plan reads the cluster (the API, and every node over SSH) and changes
 nothing. It prints the current state of every node (role, kubelet version,
 and the versions of the control-plane binaries actually running there), the
-ordered plan (control-plane nodes one at a time, the pods' tolerations,
-then kubelets: control-plane nodes one at a time, then workers in batches
-of --max-unavailable, growing 1, 2, 4 ... with --canary), and findings.
+ordered plan (the pods' tolerations, control-plane nodes one at a time,
+then kubelets: control-plane nodes one at a time, then ` + cli.Wrap(inplace.WindowHelp+"; the plan shows the waves in which they start when every node takes as long), and findings.", 54, 75, "") + `
 
 Each finding has a severity (blocking, warning, info), the object it is
 about, why, and the fix. Checks:
@@ -89,8 +88,8 @@ made, 2 bad flags.`,
 	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	f.StringVar(&opts.StageDir, "stage-dir", release.DefaultStageDir, "where binaries are staged on the nodes")
 	opts.Path.addFlags(cmd)
-	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers upgraded at once: N or P% of the workers")
-	f.BoolVar(&opts.Canary, "canary", false, "grow worker batches 1, 2, 4 ... up to --max-unavailable")
+	f.StringVar(&opts.MaxUnavailable, "max-unavailable", "1", "workers in flight at once: N or P% of the workers")
+	f.BoolVar(&opts.Canary, "canary", false, "grow the window 1, 2, 4 ... up to --max-unavailable while nodes succeed")
 	f.BoolVar(&opts.AllowRestarts, "allow-restarts", false, "predicted container restarts are a warning, not blocking")
 	addHealthWindowFlag(f, &opts.HealthWindow)
 	addWorkloadGateFlag(f, &opts.NoWorkloadGate)
@@ -206,6 +205,11 @@ func printPlan(w io.Writer, p *inplace.Plan) {
 			fmt.Fprintf(w, "  %2d. %s on %s\n", i+1, strings.Join(s.Components, " then "), strings.Join(s.Nodes, ", "))
 		}
 	}
+	canary := ""
+	if p.Window.Canary {
+		canary = ", from 1 doubling as nodes succeed"
+	}
+	fmt.Fprintf(w, "  Workers: at most %d in flight%s, a slot freed as soon as a node is done (the waves above are when every node takes as long).\n", p.Window.Limit, canary)
 	if len(p.WorkloadGate) > 0 {
 		fmt.Fprintf(w, "\nWorkload gate: %d workloads are fully available now; after each node, those with a pod on it must be again within the health window:\n  %s\n", len(p.WorkloadGate), strings.Join(p.WorkloadGate, "\n  "))
 	}

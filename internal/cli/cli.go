@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -208,4 +209,23 @@ func DefaultCacheDir() string {
 		return filepath.Join(d, "kubelift")
 	}
 	return filepath.Join(os.TempDir(), "kubelift-cache")
+}
+
+// Wrap breaks text into lines of at most width columns, the first
+// starting after first columns already used, every other after indent.
+func Wrap(text string, first, width int, indent string) string {
+	var b strings.Builder
+	col := first
+	for i, word := range strings.Fields(text) {
+		if i > 0 && col+1+len(word) > width {
+			b.WriteString("\n" + indent)
+			col = len(indent)
+		} else if i > 0 {
+			b.WriteByte(' ')
+			col++
+		}
+		b.WriteString(word)
+		col += len(word)
+	}
+	return b.String()
 }

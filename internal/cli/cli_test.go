@@ -68,3 +68,13 @@ func TestInterrupts(t *testing.T) {
 		t.Errorf("said:\n%s", s)
 	}
 }
+
+func TestWrap(t *testing.T) {
+	got := Wrap("aa bb cc dd", 5, 10, "  ")
+	if want := "aa bb\n  cc dd"; got != want {
+		t.Errorf("Wrap: %q, want %q", got, want)
+	}
+	if got := Wrap("averyveryverylongword x", 0, 5, ""); got != "averyveryverylongword\nx" {
+		t.Errorf("a word longer than the line: %q", got)
+	}
+}

@@ -131,10 +131,10 @@ func nodeReady(n *corev1.Node) bool {
 	return false
 }
 
-// steps orders the upgrade: control-plane nodes one at a time, the pods'
-// tolerations, then kubelets: control-plane nodes one at a time and
-// workers in batches.
-func (pc *planCheck) steps() ([]Step, error) {
+// steps orders the upgrade: the pods' tolerations, control-plane nodes
+// one at a time, then kubelets: control-plane nodes one at a time and
+// workers in the waves of their Window.
+func (pc *planCheck) steps() ([]Step, Window, error) {
 	var cps, workers []string
 	for _, s := range pc.plan.Nodes {
 		if s.Role == release.RoleControlPlane {
@@ -143,9 +143,9 @@ func (pc *planCheck) steps() ([]Step, error) {
 			workers = append(workers, s.Name)
 		}
 	}
-	maxU, err := ParseMaxUnavailable(pc.opts.MaxUnavailable, len(workers))
+	window, err := NewWindow(pc.opts.MaxUnavailable, pc.opts.Canary, len(workers))
 	if err != nil {
-		return nil, err
+		return nil, Window{}, err
 	}
 	// In apply's order: tolerations before any component restarts.
 	steps := []Step{{Phase: PhaseTolerations}}
@@ -166,10 +166,10 @@ func (pc *planCheck) steps() ([]Step, error) {
 	for _, n := range cps {
 		steps = append(steps, Step{Phase: PhaseKubelets, Nodes: []string{n}, Components: nodeComponents([]string{n}, proxies)})
 	}
-	for _, b := range Batches(workers, maxU, pc.opts.Canary) {
+	for _, b := range window.Waves(workers) {
 		steps = append(steps, Step{Phase: PhaseKubelets, Nodes: b, Components: nodeComponents(b, proxies)})
 	}
-	return steps, nil
+	return steps, window, nil
 }
 
 // nodeComponents are what moves on nodes after the control plane: the

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -514,26 +515,34 @@ func TestImagesInRegistry(t *testing.T) {
 	}
 }
 
-func TestBatches(t *testing.T) {
+// The window plan shows (its waves) and the one apply keeps (its width
+// after so many successes) are one description.
+func TestWindow(t *testing.T) {
 	w := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
 	for _, tc := range []struct {
-		max    int
-		canary bool
-		want   string
-	}{{1, false, "1 1 1 1 1 1 1 1 1 1"}, {4, false, "4 4 2"}, {4, true, "1 2 4 3"}, {100, true, "1 2 4 3"}} {
-		var sizes []string
-		for _, b := range Batches(w, tc.max, tc.canary) {
-			sizes = append(sizes, strings.Repeat("x", len(b)))
+		max           int
+		canary        bool
+		waves, widths string
+	}{
+		{1, false, "1 1 1 1 1 1 1 1 1 1", "1 1 1 1 1 1 1 1 1 1"},
+		{4, false, "4 4 2", "4 4 4 4 4 4 4 4 4 4"},
+		{4, true, "1 2 4 3", "1 2 4 4 4 4 4 4 4 4"},
+		{100, true, "1 2 4 3", "1 2 4 4 8 8 8 8 16 16"},
+		{0, false, "1 1 1 1 1 1 1 1 1 1", "1 1 1 1 1 1 1 1 1 1"},
+	} {
+		win := Window{Limit: tc.max, Canary: tc.canary}
+		var waves, widths []string
+		for _, b := range win.Waves(w) {
+			waves = append(waves, strconv.Itoa(len(b)))
 		}
-		got := ""
-		for i, s := range sizes {
-			if i > 0 {
-				got += " "
-			}
-			got += string(rune('0' + len(s)))
+		for done := range w {
+			widths = append(widths, strconv.Itoa(win.Width(done)))
 		}
-		if got != tc.want {
-			t.Errorf("max %d canary %v: %s, want %s", tc.max, tc.canary, got, tc.want)
+		if got := strings.Join(waves, " "); got != tc.waves {
+			t.Errorf("max %d canary %v: waves %s, want %s", tc.max, tc.canary, got, tc.waves)
+		}
+		if got := strings.Join(widths, " "); got != tc.widths {
+			t.Errorf("max %d canary %v: widths after 0, 1, ... done %s, want %s", tc.max, tc.canary, got, tc.widths)
 		}
 	}
 	for s, want := range map[string]int{"1": 1, "5": 5, "10%": 10, "1%": 1, "50%": 50} {

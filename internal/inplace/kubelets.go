@@ -24,8 +24,7 @@ import (
 )
 
 // kubeletsStep moves kubelets once every API server runs the target:
-// control-plane nodes one at a time, then workers in a sliding window of
-// at most MaxUnavailable nodes (growing 1, 2, 4 ... with Canary).
+// control-plane nodes one at a time, then workers in their Window.
 func (r *applyRun) kubeletsStep(ctx context.Context) error {
 	to := r.target.Version.String()
 	for _, n := range r.plan.Nodes {
@@ -78,22 +77,17 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 			return err
 		}
 	}
-	maxU, err := ParseMaxUnavailable(r.opts.Plan.MaxUnavailable, len(workers))
+	window, err := NewWindow(r.opts.Plan.MaxUnavailable, r.opts.Plan.Canary, len(workers))
 	if err != nil {
 		return err
 	}
-	return r.window(ctx, workers, maxU)
+	return r.window(ctx, workers, window)
 }
 
-// window upgrades workers with at most limit in flight: a slot frees as
-// soon as a node is done; with Canary the limit grows 1, 2, 4 ... while
-// nodes succeed. The first failure stops new nodes; those in flight
-// finish.
-func (r *applyRun) window(ctx context.Context, workers []string, limit int) error {
-	width := limit
-	if r.opts.Plan.Canary {
-		width = 1
-	}
+// window upgrades workers as w says: at most w.Width(done) in flight, a
+// slot freed as soon as a node is done. The first failure stops new
+// nodes; those in flight finish.
+func (r *applyRun) window(ctx context.Context, workers []string, w Window) error {
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -105,7 +99,7 @@ func (r *applyRun) window(ctx context.Context, workers []string, limit int) erro
 	for i := 0; i < len(workers); {
 		mu.Lock()
 		stop := firstErr != nil
-		if !stop && inFlight < width {
+		if !stop && inFlight < w.Width(done) {
 			n := workers[i]
 			i++
 			inFlight++
@@ -121,9 +115,6 @@ func (r *applyRun) window(ctx context.Context, workers []string, limit int) erro
 				}
 				if err == nil {
 					done++
-					if r.opts.Plan.Canary && done >= width {
-						width = min(width*2, limit)
-					}
 				}
 				mu.Unlock()
 				freed <- struct{}{}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -159,10 +158,13 @@ type Plan struct {
 	// Hops are the releases the control plane passes through before To
 	// (the bundle's, from bundle create --from); kubelets go straight to
 	// To.
-	Hops     []string    `json:"hops,omitempty"`
-	Nodes    []NodeState `json:"nodes"`
-	Steps    []Step      `json:"steps"`
-	Findings []Finding   `json:"findings"`
+	Hops  []string    `json:"hops,omitempty"`
+	Nodes []NodeState `json:"nodes"`
+	// Steps are the upgrade's order; the workers' kubelet steps are the
+	// waves of Window (when every node takes as long).
+	Steps    []Step    `json:"steps"`
+	Window   Window    `json:"window"`
+	Findings []Finding `json:"findings"`
 	// HashSkipKubelet says the bundled kubelet honours the hash-skip file.
 	HashSkipKubelet bool `json:"hashSkipKubelet"`
 	Blocked         bool `json:"blocked"`
@@ -302,11 +304,11 @@ func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, err
 	pc := &planCheck{opts: opts, view: v, plan: p, target: t, driver: drv}
 	pc.index()
 	pc.nodeStates()
-	steps, err := pc.steps()
+	steps, window, err := pc.steps()
 	if err != nil {
 		return nil, err
 	}
-	p.Steps = steps
+	p.Steps, p.Window = steps, window
 	pc.path()
 	pc.imported()
 	pc.images(ctx)
@@ -430,46 +432,4 @@ func missingFiles(target *release.Release, f *nodefacts.Facts, kind, role, arch 
 		}
 	}
 	return false
-}
-
-// Batches splits workers into the batches apply upgrades at once: at most
-// max nodes each, or, with canary, 1, 2, 4 ... up to max.
-func Batches(workers []string, max int, canary bool) [][]string {
-	if max < 1 {
-		max = 1
-	}
-	var out [][]string
-	size := max
-	if canary {
-		size = 1
-	}
-	for len(workers) > 0 {
-		n := min(size, len(workers))
-		out = append(out, workers[:n])
-		workers = workers[n:]
-		if canary {
-			size = min(size*2, max)
-		}
-	}
-	return out
-}
-
-// ParseMaxUnavailable reads N or P% of total nodes (rounded down, at
-// least 1).
-func ParseMaxUnavailable(s string, total int) (int, error) {
-	if s == "" {
-		return 1, nil
-	}
-	if p, ok := strings.CutSuffix(s, "%"); ok {
-		n, err := strconv.Atoi(p)
-		if err != nil || n <= 0 || n > 100 {
-			return 0, fmt.Errorf("--max-unavailable %q: want N or a percentage from 1%% to 100%%", s)
-		}
-		return max(1, total*n/100), nil
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("--max-unavailable %q: want a positive number N or P%%", s)
-	}
-	return n, nil
 }
