@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
@@ -555,7 +556,7 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 
 // onNode dials a node and runs fn with its operations, from the version
 // its kubelet ran before this upgrade.
-func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Context, *nodeOps) error) error {
+func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Context, *nodeops.Ops) error) error {
 	return r.onNodeFrom(ctx, name, r.onNodeFromVersion(name), fn)
 }
 
@@ -599,12 +600,12 @@ func (r *applyRun) onNodeFromVersion(name string) string {
 }
 
 // onNodeFrom is onNode with the old version given.
-func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(context.Context, *nodeOps) error) error {
+func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(context.Context, *nodeops.Ops) error) error {
 	return r.onNodeTo(ctx, name, from, r.target.Version.String(), fn)
 }
 
 // onNodeTo is onNode moving from one given version to another (a hop).
-func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(context.Context, *nodeOps) error) error {
+func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(context.Context, *nodeops.Ops) error) error {
 	if _, err := catalog.ParseReported(from); err != nil {
 		return fmt.Errorf("node %s: the version it upgrades from: %w", name, err)
 	}
@@ -623,11 +624,11 @@ func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(
 	if f == nil {
 		return fmt.Errorf("node %s: not read by the plan", name)
 	}
-	o := &nodeOps{n: n, name: name, stageDir: r.opts.Plan.StageDir, backupDir: r.opts.BackupDir, from: from, to: to, facts: f}
+	o := &nodeops.Ops{Node: n, Name: name, StageDir: r.opts.Plan.StageDir, BackupDir: r.opts.BackupDir, From: from, To: to, Facts: f}
 	if r.dry {
-		o.dry = func(node, command string) { r.would(node, "", command) }
+		o.Dry = func(node, command string) { r.would(node, "", command) }
 	}
-	o.restarted = func(d time.Duration) {
+	o.Restarted = func(d time.Duration) {
 		r.mu.Lock()
 		r.res.Waiting += d.Seconds()
 		r.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
@@ -36,7 +37,7 @@ type controlPlane interface {
 	Undo(ctx context.Context, r *applyRun, node string) error
 	// BeforeKubelet prepares a node whose kubelet is about to be swapped
 	// (kubeadm: the kubelet's configuration for the target).
-	BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOps) error
+	BeforeKubelet(ctx context.Context, r *applyRun, o *nodeops.Ops) error
 }
 
 // driverFor is the driver for the cluster read: kubeadm's when kubeadm
@@ -57,7 +58,7 @@ type binaryDriver struct{}
 func (binaryDriver) Kind() string { return release.KindBinary }
 
 // BeforeKubelet: nothing to prepare.
-func (binaryDriver) BeforeKubelet(context.Context, *applyRun, *nodeOps) error { return nil }
+func (binaryDriver) BeforeKubelet(context.Context, *applyRun, *nodeops.Ops) error { return nil }
 
 func (binaryDriver) Components(n *NodeState) []string {
 	var out []string
@@ -85,8 +86,8 @@ func (binaryDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, error)
 		for _, flag := range []string{"--etcd-cafile", "--etcd-certfile", "--etcd-keyfile"} {
 			args = append(args, f.Values["kube-apiserver "+flag])
 		}
-		err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
-			_, err := o.run(ctx, "etcd snapshot", nodescript.EtcdSnapshot, args...)
+		err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeops.Ops) error {
+			_, err := o.Run(ctx, "etcd snapshot", nodescript.EtcdSnapshot, args...)
 			return err
 		})
 		if err != nil {
@@ -111,8 +112,8 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 		// hops, the part's own version (backed up under BACKUP/VERSION),
 		// read from its program when it does not run, so that a part
 		// that moved past a hop and then stopped is never moved back.
-		err := r.onNodeTo(ctx, node, r.onNodeFromVersion(node), to, func(ctx context.Context, o *nodeOps) error {
-			running, err := o.running(ctx, comp)
+		err := r.onNodeTo(ctx, node, r.onNodeFromVersion(node), to, func(ctx context.Context, o *nodeops.Ops) error {
+			running, err := o.Running(ctx, comp)
 			if err != nil {
 				return err
 			}
@@ -122,7 +123,7 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 			if len(r.target.Hops) > 0 {
 				cur := running
 				if cur == "" {
-					if cur, err = o.installed(ctx, comp); err != nil {
+					if cur, err = o.Installed(ctx, comp); err != nil {
 						return err
 					}
 				}
@@ -135,18 +136,18 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 				case t != r.target && v.Compare(t.Version) > 0:
 					return nil // past this hop already
 				}
-				o.from = cur
+				o.From = cur
 			}
 			r.setNode(ctx, node, NodeUpgrading, comp+" to "+to, nil)
-			r.event(ctx, node, "UpgradingComponent", fmt.Sprintf("kubelift: %s %s -> %s", comp, o.from, to))
-			if err := o.backup(ctx, comp); err != nil {
+			r.event(ctx, node, "UpgradingComponent", fmt.Sprintf("kubelift: %s %s -> %s", comp, o.From, to))
+			if err := o.Backup(ctx, comp); err != nil {
 				return err
 			}
 			if err := r.fence(ctx); err != nil {
 				return fmt.Errorf("node %s: %s not swapped: %w", node, comp, err)
 			}
 			r.markMoved(node, comp)
-			if err := o.swap(ctx, comp, file.SHA256); err != nil {
+			if err := o.Swap(ctx, comp, file.SHA256); err != nil {
 				return r.rollback(ctx, o, comp, err)
 			}
 			if err := r.waitComponent(ctx, o, comp, to); err != nil {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 )
 
 // AnnotationInFlight marks a Node whose kubelet a run swapped and has not
@@ -49,10 +50,10 @@ type inFlightPod struct {
 	Owner     string          `json:"owner,omitempty"`
 }
 
-func newInFlight(from string, before map[string]container, pods map[types.UID]podInfo) *inFlight {
+func newInFlight(from string, before map[string]nodeops.Container, pods map[types.UID]podInfo) *inFlight {
 	f := &inFlight{From: from, Containers: make(map[string]inFlightCtr, len(before)), Pods: make(map[types.UID]inFlightPod, len(pods))}
 	for id, c := range before {
-		f.Containers[id] = inFlightCtr{What: c.what, PID: c.pid}
+		f.Containers[id] = inFlightCtr{What: c.What, PID: c.PID}
 	}
 	for uid, p := range pods {
 		f.Pods[uid] = inFlightPod{Name: p.name, Phase: p.phase, StaticUID: p.staticUID, Owner: p.owner}
@@ -61,10 +62,10 @@ func newInFlight(from string, before map[string]container, pods map[types.UID]po
 }
 
 // before and pods are verify's inputs again.
-func (f *inFlight) before() map[string]container {
-	out := make(map[string]container, len(f.Containers))
+func (f *inFlight) before() map[string]nodeops.Container {
+	out := make(map[string]nodeops.Container, len(f.Containers))
 	for id, c := range f.Containers {
-		out[id] = container{what: c.What, pid: c.PID}
+		out[id] = nodeops.Container{What: c.What, PID: c.PID}
 	}
 	return out
 }

@@ -10,8 +10,3 @@
 // It never prints: progress goes through an injected logger, and results
 // are values the commands render.
 package inplace
-
-import "time"
-
-// defaultTimeout bounds one command on a node.
-const defaultTimeout = 2 * time.Minute

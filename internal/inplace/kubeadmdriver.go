@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -75,8 +76,8 @@ func (d kubeadmDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, err
 		return "", errors.New("no control-plane node to back etcd up from")
 	}
 	snap := path.Join(r.opts.BackupDir, r.plan.From[0], fmt.Sprintf("etcd-snapshot-%s.db", r.opts.Plan.Now().UTC().Format("20060102T150405Z")))
-	err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
-		_, err := o.run(ctx, "etcd snapshot", nodescript.KubeadmEtcdSnapshot, snap, d.cfg.EtcdDataDir, path.Join(d.cfg.CertificatesDir, "etcd"))
+	err := r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
+		_, err := o.Run(ctx, "etcd snapshot", nodescript.KubeadmEtcdSnapshot, snap, d.cfg.EtcdDataDir, path.Join(d.cfg.CertificatesDir, "etcd"))
 		return err
 	})
 	if err != nil {
@@ -120,12 +121,12 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 		// that nothing else moves while it runs; then Ready there too.
 		// A node moved without a kubeadm run of this upgrade is only
 		// waited for.
-		if err := r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
+		if err := r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
 			if r.dry {
 				return nil
 			}
 			run := r.kubeadmRun(verb)
-			out, err := o.run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
+			out, err := o.Run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
 			if err != nil {
 				return err
 			}
@@ -146,14 +147,14 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 		}
 		return r.waitAddons(ctx)
 	}
-	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
+	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
 		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
 		args, err := r.kubeadmArgs(ctx, o, verb)
 		if err != nil {
 			return err
 		}
 		run := r.kubeadmRun(verb)
-		r.event(ctx, node, "UpgradingControlPlane", fmt.Sprintf("kubelift: kubeadm %s (%s -> %s)", strings.Join(args, " "), o.from, to))
+		r.event(ctx, node, "UpgradingControlPlane", fmt.Sprintf("kubelift: kubeadm %s (%s -> %s)", strings.Join(args, " "), o.From, to))
 		if err := r.waitLeaders(ctx); err != nil {
 			return err
 		}
@@ -167,14 +168,14 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 			}
 			// kubeadm put the old manifests back: wait until the control
 			// plane runs them again (its API server restarts meanwhile).
-			if werr := r.waitStaticAt(ctx, o, o.from); werr != nil {
-				return fmt.Errorf("%w; after it, the control plane is not back at %s: %v", err, o.from, werr)
+			if werr := r.waitStaticAt(ctx, o, o.From); werr != nil {
+				return fmt.Errorf("%w; after it, the control plane is not back at %s: %v", err, o.From, werr)
 			}
 			// ... and leads again (the next run's plan checks the leases).
 			if werr := r.waitLeaders(ctx); werr != nil {
 				return fmt.Errorf("%w; after it, %v", err, werr)
 			}
-			return fmt.Errorf("%w: %w; kubeadm put node %s's control plane back at %s", ErrNodeFailed, err, node, o.from)
+			return fmt.Errorf("%w: %w; kubeadm put node %s's control plane back at %s", ErrNodeFailed, err, node, o.From)
 		}
 		if r.dry {
 			r.would(node, "wait for the control plane's static pods to run "+to+" and be Ready", "")
@@ -200,7 +201,7 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 func (d kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error {
 	from, to := r.plan.From[0], r.target.Version.String()
 	keep := path.Join(kubeadm.TmpDir, fmt.Sprintf("kubelift-rollback-manifests-%d", r.startedUnix()))
-	err := r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeOps) error {
+	err := r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeops.Ops) error {
 		current, backups, err := readManifests(ctx, o)
 		if err != nil {
 			return err
@@ -213,7 +214,7 @@ func (d kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error
 		r.markMoved(node, "")
 		for _, m := range restores {
 			r.log.Info("rolling back", "node", node, "component", m.Component, "to", from, "manifest", m.Backup)
-			if _, err := o.run(ctx, "restore "+m.Component+"'s manifest", nodescript.KubeadmRestoreManifest, m.Backup, m.Current, keep); err != nil {
+			if _, err := o.Run(ctx, "restore "+m.Component+"'s manifest", nodescript.KubeadmRestoreManifest, m.Backup, m.Current, keep); err != nil {
 				return err
 			}
 		}
@@ -265,8 +266,8 @@ func (kubeadmDriver) undoCluster(ctx context.Context, r *applyRun, from, to stri
 // BeforeKubelet runs `kubeadm upgrade node` on a worker (its kubelet's
 // configuration for the target), before its kubelet is swapped; control
 // planes had theirs in the control-plane step.
-func (d kubeadmDriver) BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOps) error {
-	if r.tgts[o.name].Role == release.RoleControlPlane {
+func (d kubeadmDriver) BeforeKubelet(ctx context.Context, r *applyRun, o *nodeops.Ops) error {
+	if r.tgts[o.Name].Role == release.RoleControlPlane {
 		return nil
 	}
 	args, err := r.kubeadmArgs(ctx, o, "node")
@@ -281,8 +282,8 @@ func (d kubeadmDriver) BeforeKubelet(ctx context.Context, r *applyRun, o *nodeOp
 // --kubeadm-config the node's UpgradeConfiguration, put on the node first
 // (it then says the patches directory: kubeadm refuses the flag beside
 // --config).
-func (r *applyRun) kubeadmArgs(ctx context.Context, o *nodeOps, verb string) ([]string, error) {
-	patches, err := o.exists(ctx, kubeadm.PatchesDir)
+func (r *applyRun) kubeadmArgs(ctx context.Context, o *nodeops.Ops, verb string) ([]string, error) {
+	patches, err := o.Exists(ctx, kubeadm.PatchesDir)
 	if err != nil {
 		return nil, err
 	}
@@ -293,8 +294,8 @@ func (r *applyRun) kubeadmArgs(ctx context.Context, o *nodeOps, verb string) ([]
 			return nil, fmt.Errorf("--kubeadm-config: %w", err)
 		}
 		if r.dry {
-			r.would(o.name, "put the UpgradeConfiguration (--kubeadm-config) at "+at, "")
-		} else if _, err := o.n.Upload(ctx, at, 0o600, bytes.NewReader(data)); err != nil {
+			r.would(o.Name, "put the UpgradeConfiguration (--kubeadm-config) at "+at, "")
+		} else if _, err := o.Node.Upload(ctx, at, 0o600, bytes.NewReader(data)); err != nil {
 			return nil, err
 		}
 		config = at
@@ -340,27 +341,27 @@ func (p *Plan) firstControlPlane() string {
 // as run NAME (or follows the one already going), and waits until it
 // ends; an exit other than 0 is the node failed, with kubeadm's last
 // lines for its reason.
-func (r *applyRun) runKubeadm(ctx context.Context, o *nodeOps, run string, args []string) error {
+func (r *applyRun) runKubeadm(ctx context.Context, o *nodeops.Ops, run string, args []string) error {
 	prog := release.StagePath(r.opts.Plan.StageDir, r.target.Version.String(), "kubeadm")
 	start := append([]string{KubeadmRunDir, run, prog}, args...)
 	if r.dry {
-		r.would(o.name, "kubeadm "+strings.Join(args, " "), nodescript.KubeadmStart.Show(start...))
+		r.would(o.Name, "kubeadm "+strings.Join(args, " "), nodescript.KubeadmStart.Show(start...))
 		return nil
 	}
 	// The staged kubeadm runs as root and no swap checks it: its signed
 	// sum is checked on the node first.
-	if _, err := o.run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.fileSHA("kubeadm", archOr(r.nodeState(o.name).Arch))); err != nil {
+	if _, err := o.Run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.fileSHA("kubeadm", archOr(r.nodeState(o.Name).Arch))); err != nil {
 		return err
 	}
-	out, err := o.run(ctx, "start kubeadm", nodescript.KubeadmStart, start...)
+	out, err := o.Run(ctx, "start kubeadm", nodescript.KubeadmStart, start...)
 	if err != nil {
 		return err
 	}
-	r.log.Info("kubeadm", "node", o.name, "run", run, "args", strings.Join(args, " "), "state", strings.TrimSpace(out))
+	r.log.Info("kubeadm", "node", o.Name, "run", run, "args", strings.Join(args, " "), "state", strings.TrimSpace(out))
 	defer r.timed(&r.res.Waiting)()
 	var tail string
 	err = r.wait.Poll(ctx, 2*time.Second, kubeadmTimeout, func(ctx context.Context) error {
-		out, err := o.run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
+		out, err := o.Run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
 		if err != nil {
 			return err // the node may be busy restarting its API server: try again
 		}
@@ -374,15 +375,15 @@ func (r *applyRun) runKubeadm(ctx context.Context, o *nodeOps, run string, args 
 		case strings.HasPrefix(status, "exit "):
 			code, err := strconv.Atoi(strings.TrimPrefix(status, "exit "))
 			if err != nil {
-				return waiter.Stop(fmt.Errorf("node %s: kubeadm status %q: not an exit status", o.name, status))
+				return waiter.Stop(fmt.Errorf("node %s: kubeadm status %q: not an exit status", o.Name, status))
 			}
-			return waiter.Stop(fmt.Errorf("%w: node %s: kubeadm %s exited %d: %s", errKubeadmFailed, o.name, strings.Join(args, " "), code, kubeadmReason(tail)))
+			return waiter.Stop(fmt.Errorf("%w: node %s: kubeadm %s exited %d: %s", errKubeadmFailed, o.Name, strings.Join(args, " "), code, kubeadmReason(tail)))
 		default:
-			return waiter.Stop(fmt.Errorf("node %s: kubeadm %s stopped without an exit status (%q; killed?), what it moved may not be back: %s", o.name, strings.Join(args, " "), status, kubeadmReason(tail)))
+			return waiter.Stop(fmt.Errorf("node %s: kubeadm %s stopped without an exit status (%q; killed?), what it moved may not be back: %s", o.Name, strings.Join(args, " "), status, kubeadmReason(tail)))
 		}
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("node %s: kubeadm %s still running after %s (it goes on; %s/%s.log on the node says how): %s", o.name, strings.Join(args, " "), kubeadmTimeout, KubeadmRunDir, run, kubeadmReason(tail))
+		return fmt.Errorf("node %s: kubeadm %s still running after %s (it goes on; %s/%s.log on the node says how): %s", o.Name, strings.Join(args, " "), kubeadmTimeout, KubeadmRunDir, run, kubeadmReason(tail))
 	}
 	return err
 }
@@ -484,10 +485,10 @@ func allAt(at map[string]string, to string) bool {
 
 // waitStaticAt waits until the node's control-plane static pods run the
 // target and are Ready, and its API server answers /readyz.
-func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeOps, to string) error {
+func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeops.Ops, to string) error {
 	defer r.timed(&r.res.Waiting)()
 	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
-		at, err := r.staticVersions(ctx, o.name)
+		at, err := r.staticVersions(ctx, o.Name)
 		if err != nil {
 			return err
 		}
@@ -497,12 +498,12 @@ func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeOps, to string) erro
 			}
 		}
 		if r.opts.Plan.REST != nil {
-			return readyz(ctx, r.opts.Plan.REST, r.tgts[o.name].Address)
+			return readyz(ctx, r.opts.Plan.REST, r.tgts[o.Name].Address)
 		}
 		return nil
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("node %s: the control plane is not Ready at %s within %s: %w", o.name, to, r.opts.ReadyTimeout, err)
+		return fmt.Errorf("node %s: the control plane is not Ready at %s within %s: %w", o.Name, to, r.opts.ReadyTimeout, err)
 	}
 	return err
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -104,7 +105,7 @@ func TestRunKubeadm(t *testing.T) {
 			v, _ := catalog.ParseVersion("v1.31.4")
 			r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
 				wait: waiter.Waiter{Clock: clk}, log: slog.New(slog.DiscardHandler), plan: &Plan{Nodes: []NodeState{{Name: "cp-1"}}}}
-			o := &nodeOps{n: node, name: "cp-1", facts: &nodefacts.Facts{}}
+			o := &nodeops.Ops{Node: node, Name: "cp-1", Facts: &nodefacts.Facts{}}
 			err := r.runKubeadm(ctx, o, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply", "v1.31.4", "--yes"})
 			if len(checked) != 2 || checked[0] != "/var/lib/kubelift/staged/v1.31.4/kubeadm" || checked[1] != kubeadmSum {
 				t.Errorf("check-file %q: the staged kubeadm's sum is not checked before it runs", checked)
@@ -139,13 +140,13 @@ func TestRunKubeadm(t *testing.T) {
 	v, _ := catalog.ParseVersion("v1.31.4")
 	rs := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
 		log: slog.New(slog.DiscardHandler), plan: &Plan{Nodes: []NodeState{{Name: "cp-1"}}}}
-	if err := rs.runKubeadm(context.Background(), &nodeOps{n: spoilt, name: "cp-1"}, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply"}); err == nil || !strings.Contains(err.Error(), "check the staged kubeadm") {
+	if err := rs.runKubeadm(context.Background(), &nodeops.Ops{Node: spoilt, Name: "cp-1"}, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply"}); err == nil || !strings.Contains(err.Error(), "check the staged kubeadm") {
 		t.Errorf("spoilt kubeadm: %v", err)
 	}
 
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{}}
 	r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: &release.Release{Version: v}, res: &ApplyResult{}, dry: true, log: slog.New(slog.DiscardHandler)}
-	if err := r.runKubeadm(context.Background(), &nodeOps{n: node, name: "worker-1"}, "upgrade-node-v1.31.4-1", []string{"upgrade", "node"}); err != nil {
+	if err := r.runKubeadm(context.Background(), &nodeops.Ops{Node: node, Name: "worker-1"}, "upgrade-node-v1.31.4-1", []string{"upgrade", "node"}); err != nil {
 		t.Fatal(err)
 	}
 	if len(node.Calls()) != 0 || len(r.res.DryRun) != 1 || r.res.DryRun[0].What != "kubeadm upgrade node" ||
@@ -443,7 +444,7 @@ func TestKubeadmArgsWithConfig(t *testing.T) {
 			nodescript.Exists.Name: func([]string) (string, error) { return map[bool]string{true: "yes\n", false: "no\n"}[tc.patches], nil },
 		}}
 		r := &applyRun{opts: ApplyOptions{KubeadmConfig: tc.config}, target: &release.Release{Version: v}, res: &ApplyResult{}, dry: tc.dry, log: slog.New(slog.DiscardHandler)}
-		args, err := r.kubeadmArgs(context.Background(), &nodeOps{n: node, name: "cp-1"}, tc.verb)
+		args, err := r.kubeadmArgs(context.Background(), &nodeops.Ops{Node: node, Name: "cp-1"}, tc.verb)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
@@ -37,12 +38,12 @@ type manifestRestore struct {
 // readManifests reads the node's static pod manifests and kubeadm's
 // backups of them (newest first), each parsed; a file that does not
 // parse, or a path outside kubeadm's, is refused naming the node.
-func readManifests(ctx context.Context, o *nodeOps) (map[string]kubeadm.Manifest, []map[string]kubeadm.Manifest, error) {
-	out, err := o.run(ctx, "read the static pod manifests", nodescript.KubeadmManifests, append([]string{kubeadm.ManifestDir, kubeadm.TmpDir}, kubeadm.StaticPods...)...)
+func readManifests(ctx context.Context, o *nodeops.Ops) (map[string]kubeadm.Manifest, []map[string]kubeadm.Manifest, error) {
+	out, err := o.Run(ctx, "read the static pod manifests", nodescript.KubeadmManifests, append([]string{kubeadm.ManifestDir, kubeadm.TmpDir}, kubeadm.StaticPods...)...)
 	if err != nil {
 		return nil, nil, err
 	}
-	return parseManifests(o.name, out)
+	return parseManifests(o.Name, out)
 }
 
 // parseManifests reads what the node script kubeadm-manifests printed.

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -31,8 +32,8 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 		if n.Role != release.RoleControlPlane || r.dry { // a dry run moved no API server
 			continue
 		}
-		if err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeOps) error {
-			v, err := o.running(ctx, "kube-apiserver")
+		if err := r.onNode(ctx, n.Name, func(ctx context.Context, o *nodeops.Ops) error {
+			v, err := o.Running(ctx, "kube-apiserver")
 			if err != nil {
 				return err
 			}
@@ -203,13 +204,13 @@ func (r *applyRun) eraOf(v string) (string, error) {
 // so starts them anew; each that ran before must run again, recreated
 // (a mirror pod naming a new static UID, Running, with as many containers
 // of new IDs running as before) within the Ready timeout.
-func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]container, podsBefore map[types.UID]podInfo) error {
-	after, err := o.containers(ctx)
+func (r *applyRun) verify(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container, podsBefore map[types.UID]podInfo) error {
+	after, err := o.Containers(ctx)
 	if err != nil {
 		return err
 	}
 	recreate := true
-	if fv, err := catalog.ParseVersion(o.from); err == nil {
+	if fv, err := catalog.ParseVersion(o.From); err == nil {
 		recreate = kubeletcompat.StaticPodsRecreated(fv, r.target.Version)
 	}
 	static := map[string]*staticPod{} // by ns/name
@@ -222,23 +223,23 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 	// place keeps its ID but not its PID).
 	var gone []string
 	for id, b := range before {
-		if sp := static[b.pod()]; sp != nil {
+		if sp := static[b.Pod()]; sp != nil {
 			sp.containers++
 			continue
 		}
 		a, ok := after[id]
 		switch {
 		case !ok:
-			gone = append(gone, b.what)
-		case b.pid != 0 && a.pid != b.pid:
-			gone = append(gone, fmt.Sprintf("%s (process %d, now %d)", b.what, b.pid, a.pid))
+			gone = append(gone, b.What)
+		case b.PID != 0 && a.PID != b.PID:
+			gone = append(gone, fmt.Sprintf("%s (process %d, now %d)", b.What, b.PID, a.PID))
 		}
 	}
 	sort.Strings(gone)
 	if len(gone) > 0 && !r.opts.Plan.AllowRestarts && !r.opts.Drain {
-		return &restartedError{node: o.name, containers: gone}
+		return &restartedError{node: o.Name, containers: gone}
 	}
-	podsAfter, err := r.podsOn(ctx, o.name)
+	podsAfter, err := r.podsOn(ctx, o.Name)
 	if err != nil {
 		return err
 	}
@@ -247,9 +248,9 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 			continue
 		}
 		if q, ok := podsAfter[uid]; !ok {
-			return fmt.Errorf("node %s: pod %s is gone (evicted?)", o.name, p)
+			return fmt.Errorf("node %s: pod %s is gone (evicted?)", o.Name, p)
 		} else if q.phase == corev1.PodFailed {
-			return fmt.Errorf("node %s: pod %s failed", o.name, q)
+			return fmt.Errorf("node %s: pod %s failed", o.Name, q)
 		}
 	}
 	// Only a static pod that ran before must run again (one that was
@@ -263,11 +264,11 @@ func (r *applyRun) verify(ctx context.Context, o *nodeOps, before map[string]con
 		return nil
 	}
 	if err := r.waitStatic(ctx, o, before, static); err != nil {
-		return fmt.Errorf("node %s: static pods not recreated within %s: %w", o.name, r.opts.ReadyTimeout, err)
+		return fmt.Errorf("node %s: static pods not recreated within %s: %w", o.Name, r.opts.ReadyTimeout, err)
 	}
 	names := slices.Sorted(maps.Keys(static))
-	r.log.Info("static pods started anew under new UIDs, as the plan said", "node", o.name, "pods", names)
-	r.event(ctx, o.name, "StaticPodsRecreated", fmt.Sprintf("kubelift: static pods %s recreated by kubelet %s (new UIDs; kubernetes#116080)", strings.Join(names, ", "), r.target.Version))
+	r.log.Info("static pods started anew under new UIDs, as the plan said", "node", o.Name, "pods", names)
+	r.event(ctx, o.Name, "StaticPodsRecreated", fmt.Sprintf("kubelift: static pods %s recreated by kubelet %s (new UIDs; kubernetes#116080)", strings.Join(names, ", "), r.target.Version))
 	return nil
 }
 
@@ -283,9 +284,9 @@ type staticPod struct {
 // mirror pod names a static UID other than before and is Running, and at
 // least as many of its containers run as before, none of them one that
 // ran before.
-func (r *applyRun) waitStatic(ctx context.Context, o *nodeOps, before map[string]container, static map[string]*staticPod) error {
+func (r *applyRun) waitStatic(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container, static map[string]*staticPod) error {
 	return r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
-		pods, err := r.podsOn(ctx, o.name)
+		pods, err := r.podsOn(ctx, o.Name)
 		if err != nil {
 			return err
 		}
@@ -293,14 +294,14 @@ func (r *applyRun) waitStatic(ctx context.Context, o *nodeOps, before map[string
 		for _, p := range pods {
 			now[p.name] = p
 		}
-		cs, err := o.containers(ctx)
+		cs, err := o.Containers(ctx)
 		if err != nil {
 			return err
 		}
 		fresh := map[string]int{}
 		for id, c := range cs {
 			if _, old := before[id]; !old {
-				fresh[c.pod()]++
+				fresh[c.Pod()]++
 			}
 		}
 		var waiting []string

@@ -8,18 +8,20 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 )
 
 // kubeletRun is one node's kubelet upgrade in flight: what its steps
 // share.
 type kubeletRun struct {
-	o        *nodeOps
+	o        *nodeops.Ops
 	name, to string
 	arch     string
 	// before and pods are what ran on the node before the swap (recorded
 	// by this run, or by the run this one resumes); gate the workloads of
 	// those pods fully available then.
-	before map[string]container
+	before map[string]nodeops.Container
 	pods   map[types.UID]podInfo
 	gate   map[string]int64
 	// began, swapped and ready time the node for the log.
@@ -68,7 +70,7 @@ func (r *applyRun) beforeSwapSteps() []nodeStep {
 		// On the Node: a run that resumes this one finishes the node
 		// from it.
 		{name: "record in flight", do: func(ctx context.Context, k *kubeletRun) error {
-			return r.markInFlight(ctx, k.name, newInFlight(k.o.from, k.before, k.pods))
+			return r.markInFlight(ctx, k.name, newInFlight(k.o.From, k.before, k.pods))
 		}},
 		{name: "hash-skip file", do: r.hashSkip},
 		{name: "snapshot workloads", do: func(_ context.Context, k *kubeletRun) (err error) {
@@ -124,7 +126,7 @@ func (r *applyRun) walk(ctx context.Context, k *kubeletRun, steps []nodeStep) er
 // only waited for, its kube-proxy moved, uncordoned and marked done.
 func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 	k := &kubeletRun{name: name, to: r.target.Version.String(), arch: r.nodeState(name).Arch, began: r.wait.Now()}
-	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeOps) (err error) {
+	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeops.Ops) (err error) {
 		k.o = o
 		defer func() {
 			if p := recover(); p != nil {
@@ -134,7 +136,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				}
 			}
 		}()
-		v, err := o.running(ctx, "kubelet")
+		v, err := o.Running(ctx, "kubelet")
 		if err != nil {
 			return err
 		}
@@ -155,7 +157,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		// A run that died after the swap left what verify needs.
 		r.log.Info("finishing a node a run left after its kubelet swap: Ready, verify, hooks, kube-proxy, uncordon", "node", name, "from", rec.From)
 		r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
-		o.from, k.touched, k.resumed = rec.From, true, true
+		o.From, k.touched, k.resumed = rec.From, true, true
 		k.before, k.pods = rec.before(), rec.pods()
 		if k.gate, err = r.gateSnapshot(k.pods); err != nil {
 			return err
@@ -209,7 +211,7 @@ func (r *applyRun) preHook(ctx context.Context, k *kubeletRun) error {
 	if r.opts.Hook == nil {
 		return nil
 	}
-	if err := r.opts.Hook(ctx, "pre", k.name, k.o.from, k.to); err != nil {
+	if err := r.opts.Hook(ctx, "pre", k.name, k.o.From, k.to); err != nil {
 		return fmt.Errorf("node %s: pre-hook: %w", k.name, err)
 	}
 	return nil
@@ -219,7 +221,7 @@ func (r *applyRun) postHook(ctx context.Context, k *kubeletRun) error {
 	if r.opts.Hook == nil {
 		return nil
 	}
-	if err := r.opts.Hook(ctx, "post", k.name, k.o.from, k.to); err != nil {
+	if err := r.opts.Hook(ctx, "post", k.name, k.o.From, k.to); err != nil {
 		return fmt.Errorf("node %s: post-hook: %w", k.name, err)
 	}
 	return nil
@@ -228,7 +230,7 @@ func (r *applyRun) postHook(ctx context.Context, k *kubeletRun) error {
 // announceKubelet records the node upgrading, and says so in an Event.
 func (r *applyRun) announceKubelet(ctx context.Context, k *kubeletRun) error {
 	r.setNode(ctx, k.name, NodeUpgrading, "kubelet", nil)
-	r.event(ctx, k.name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", k.o.from, k.to))
+	r.event(ctx, k.name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", k.o.From, k.to))
 	return nil
 }
 
@@ -257,7 +259,7 @@ func (r *applyRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
 		podsCh <- podsResult{p, err}
 	}()
 	type containersResult struct {
-		containers map[string]container
+		containers map[string]nodeops.Container
 		err        error
 	}
 	containersCh := make(chan containersResult, 1)
@@ -267,10 +269,10 @@ func (r *applyRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
 				containersCh <- containersResult{nil, r.recovered(k.name, p)}
 			}
 		}()
-		c, err := k.o.containers(ctx)
+		c, err := k.o.Containers(ctx)
 		containersCh <- containersResult{c, err}
 	}()
-	if err := k.o.backup(ctx, "kubelet"); err != nil {
+	if err := k.o.Backup(ctx, "kubelet"); err != nil {
 		return err
 	}
 	cr := <-containersCh
@@ -291,14 +293,14 @@ func (r *applyRun) hashSkip(ctx context.Context, k *kubeletRun) error {
 	if !r.target.Manifest.KubeletHashSkip(archOr(k.arch)) {
 		return nil
 	}
-	era, err := r.eraOf(k.o.from)
+	era, err := r.eraOf(k.o.From)
 	if err != nil {
-		return fmt.Errorf("node %s: the hash era of kubelet %s, which the hash-skip file must name: %w", k.name, k.o.from, err)
+		return fmt.Errorf("node %s: the hash era of kubelet %s, which the hash-skip file must name: %w", k.name, k.o.From, err)
 	}
 	if era == r.target.Catalog.KubeletHashEra {
 		return nil
 	}
-	return k.o.writeHashSkip(ctx, era, r.opts.Plan.Now())
+	return k.o.WriteHashSkip(ctx, era, r.opts.Plan.Now())
 }
 
 // swapKubelet puts the staged kubelet in place and restarts it, once the
@@ -308,7 +310,7 @@ func (r *applyRun) swapKubelet(ctx context.Context, k *kubeletRun) error {
 		return fmt.Errorf("node %s: kubelet not swapped: %w", k.name, err)
 	}
 	k.touched = true
-	if err := k.o.swap(ctx, "kubelet", r.fileSHA("kubelet", k.arch)); err != nil {
+	if err := k.o.Swap(ctx, "kubelet", r.fileSHA("kubelet", k.arch)); err != nil {
 		return r.rollback(ctx, k.o, "kubelet", err)
 	}
 	k.swapped = r.wait.Now()

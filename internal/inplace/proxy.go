@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
@@ -19,19 +18,6 @@ const ProxyHealthz = "http://127.0.0.1:10256/healthz"
 // a kubeadm cluster runs it as a DaemonSet, which its driver moves).
 const proxyComponent = "kube-proxy"
 
-// runsProxy: the node has a kube-proxy unit.
-func (o *nodeOps) runsProxy() bool {
-	_, ok := o.facts.Units[proxyComponent]
-	return ok
-}
-
-// healthz is the HTTP status GET url answers on the node ("000" when
-// nothing answers, "none" without curl).
-func (o *nodeOps) healthz(ctx context.Context, url string) (string, error) {
-	out, err := o.run(ctx, "read "+url, nodescript.Healthz, url)
-	return strings.TrimSpace(out), err
-}
-
 // upgradeProxy moves the node's kube-proxy unit to the target, right after
 // its kubelet and in the kubelet's window: back up, swap, wait until it
 // runs the target and, when its health endpoint answered 200 before the
@@ -39,34 +25,34 @@ func (o *nodeOps) healthz(ctx context.Context, url string) (string, error) {
 // keeps the Service rules it programmed (they live in the kernel, not in
 // the process), so Service traffic keeps flowing while it restarts; the
 // sandbox's prober measures that.
-func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeOps) error {
-	if !o.runsProxy() {
+func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
+	if !o.HasUnit(proxyComponent) {
 		return nil
 	}
-	to := o.to
-	arch := archOr(r.nodeState(o.name).Arch)
+	to := o.To
+	arch := archOr(r.nodeState(o.Name).Arch)
 	if _, _, ok := r.target.File(proxyComponent, arch); !ok {
-		r.log.Warn("the bundle carries no kube-proxy: it stays as it is", "node", o.name)
+		r.log.Warn("the bundle carries no kube-proxy: it stays as it is", "node", o.Name)
 		return nil
 	}
-	now, err := o.running(ctx, proxyComponent)
+	now, err := o.Running(ctx, proxyComponent)
 	if err != nil {
 		return err
 	}
 	if now == "" {
 		// Down: what its unit would start says whether a run moved it.
-		if now, err = o.installed(ctx, proxyComponent); err != nil {
+		if now, err = o.Installed(ctx, proxyComponent); err != nil {
 			return err
 		}
 		if now != to {
-			r.log.Warn("kube-proxy has a unit but does not run: left as it is", "node", o.name, "program", o.binary(proxyComponent), "version", now)
+			r.log.Warn("kube-proxy has a unit but does not run: left as it is", "node", o.Name, "program", o.Binary(proxyComponent), "version", now)
 			return nil
 		}
 	}
 	// Its own old version: kube-proxy may lag the kubelet.
 	po := *o
 	if now != to {
-		po.from = now
+		po.From = now
 	}
 	if now == to {
 		// Moved by an earlier run that stopped: healthy, or put back.
@@ -77,30 +63,30 @@ func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeOps) error {
 	}
 	healthy := false
 	if !r.dry {
-		h, err := po.healthz(ctx, ProxyHealthz)
+		h, err := po.Healthz(ctx, ProxyHealthz)
 		if err != nil {
 			return err
 		}
 		healthy = h == "200"
 	}
-	r.setNode(ctx, o.name, NodeUpgrading, proxyComponent, nil)
-	if err := po.backup(ctx, proxyComponent); err != nil {
+	r.setNode(ctx, o.Name, NodeUpgrading, proxyComponent, nil)
+	if err := po.Backup(ctx, proxyComponent); err != nil {
 		return err
 	}
-	if err := po.swap(ctx, proxyComponent, r.fileSHA(proxyComponent, arch)); err != nil {
+	if err := po.Swap(ctx, proxyComponent, r.fileSHA(proxyComponent, arch)); err != nil {
 		return r.rollbackProxy(ctx, &po, err)
 	}
 	if err := r.waitProxy(ctx, &po, healthy); err != nil {
 		return r.rollbackProxy(ctx, &po, err)
 	}
-	r.log.Info("kube-proxy upgraded", "node", o.name, "from", po.from, "to", to)
+	r.log.Info("kube-proxy upgraded", "node", o.Name, "from", po.From, "to", to)
 	return nil
 }
 
 // waitProxy waits for kube-proxy to run the target and, when healthy is
 // set, its health endpoint to answer 200 (rules synced).
-func (r *applyRun) waitProxy(ctx context.Context, o *nodeOps, healthy bool) error {
-	if err := r.waitComponent(ctx, o, proxyComponent, o.to); err != nil {
+func (r *applyRun) waitProxy(ctx context.Context, o *nodeops.Ops, healthy bool) error {
+	if err := r.waitComponent(ctx, o, proxyComponent, o.To); err != nil {
 		return err
 	}
 	if !healthy || r.dry {
@@ -109,7 +95,7 @@ func (r *applyRun) waitProxy(ctx context.Context, o *nodeOps, healthy bool) erro
 	defer r.timed(&r.res.Waiting)()
 	last := ""
 	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
-		h, err := o.healthz(ctx, ProxyHealthz)
+		h, err := o.Healthz(ctx, ProxyHealthz)
 		if err != nil {
 			return err
 		}
@@ -120,13 +106,13 @@ func (r *applyRun) waitProxy(ctx context.Context, o *nodeOps, healthy bool) erro
 		return nil
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("node %s: kube-proxy %s not healthy within %s (%s answered %s before the swap, %s now): %w", o.name, o.to, r.opts.ReadyTimeout, ProxyHealthz, "200", last, err)
+		return fmt.Errorf("node %s: kube-proxy %s not healthy within %s (%s answered %s before the swap, %s now): %w", o.Name, o.To, r.opts.ReadyTimeout, ProxyHealthz, "200", last, err)
 	}
 	return err
 }
 
 // rollbackProxy puts the old kube-proxy back after a failed swap; the
 // kubelet stays at the target (the skew allows it).
-func (r *applyRun) rollbackProxy(ctx context.Context, o *nodeOps, cause error) error {
+func (r *applyRun) rollbackProxy(ctx context.Context, o *nodeops.Ops, cause error) error {
 	return r.rollback(ctx, o, proxyComponent, fmt.Errorf("kube-proxy: %w", cause))
 }

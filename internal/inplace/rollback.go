@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -264,19 +265,19 @@ func (r *applyRun) recordUndo(ctx context.Context) error {
 // annotations.
 func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 	from, to := r.plan.From[0], r.target.Version.String()
-	return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeOps) error {
-		now, err := o.running(ctx, comp)
+	return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeops.Ops) error {
+		now, err := o.Running(ctx, comp)
 		if err != nil {
 			return fmt.Errorf("node %s: cannot tell whether %s moved, so it is not rolled back: %w", node, comp, err)
 		}
 		if now == "" {
 			// Down (crashing on the new version, or between restarts):
 			// what its unit would start says whether it moved.
-			if now, err = o.installed(ctx, comp); err != nil {
+			if now, err = o.Installed(ctx, comp); err != nil {
 				return fmt.Errorf("node %s: %s does not run and its program cannot be read, so it is not rolled back: %w", node, comp, err)
 			}
 			if now != to {
-				r.log.Warn("does not run, and its program is not the target's: left as it is", "node", node, "component", comp, "program", o.binary(comp), "version", now)
+				r.log.Warn("does not run, and its program is not the target's: left as it is", "node", node, "component", comp, "program", o.Binary(comp), "version", now)
 			}
 		}
 		if now != to {
@@ -284,7 +285,7 @@ func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 		}
 		r.log.Info("rolling back", "node", node, "component", comp, "to", from)
 		r.markMoved(node, comp)
-		if err := o.restore(ctx, comp); err != nil {
+		if err := o.Restore(ctx, comp); err != nil {
 			return err
 		}
 		if err := r.waitComponent(ctx, o, comp, from); err != nil {

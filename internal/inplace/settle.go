@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/internal/waiter"
@@ -76,21 +77,21 @@ func (r *applyRun) settleUnits(ctx context.Context, node, version string, atLeas
 		pv, err := catalog.ParseReported(v)
 		return atLeast && err == nil && pv.Compare(want) > 0
 	}
-	return r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
+	return r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
 		deadline := r.wait.Now().Add(r.opts.ReadyTimeout + 2*window)
 		started := map[string]bool{}
 		for {
 			pids := map[string]int{}
 			for _, comp := range parts {
 				err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
-					v, pid, err := o.process(ctx, comp)
+					v, pid, err := o.Process(ctx, comp)
 					switch {
 					case err != nil:
 						return err
 					case pid == 0 && !started[comp]:
 						started[comp] = true
 						r.log.Warn("does not run: starting its unit", "node", node, "component", comp)
-						if err := o.start(ctx, comp); err != nil {
+						if err := o.Start(ctx, comp); err != nil {
 							return waiter.Stop(err)
 						}
 						return fmt.Errorf("%s does not run (its unit was started)", comp)
@@ -116,7 +117,7 @@ func (r *applyRun) settleUnits(ctx context.Context, node, version string, atLeas
 			}
 			var moved []string
 			for _, comp := range parts {
-				v, pid, err := o.process(ctx, comp)
+				v, pid, err := o.Process(ctx, comp)
 				if err != nil {
 					return err
 				}
@@ -140,7 +141,7 @@ func (r *applyRun) settleUnits(ctx context.Context, node, version string, atLeas
 // (waitLeaders), and keep the same containers, none restarted, a window
 // later.
 func (r *applyRun) settleStaticPods(ctx context.Context, node, version string, window time.Duration) error {
-	return r.onNode(ctx, node, func(ctx context.Context, o *nodeOps) error {
+	return r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
 		deadline := r.wait.Now().Add(r.opts.ReadyTimeout + 2*window)
 		for {
 			if err := r.waitStaticAt(ctx, o, version); err != nil {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
@@ -134,14 +135,14 @@ func TestNodeUpdatesAreCoalesced(t *testing.T) {
 // one a Node was given by somebody else is refused, naming node and
 // annotation, rather than verified against.
 func TestInFlightRecord(t *testing.T) {
-	f := newInFlight("v1.30.14", map[string]container{"abc123": {what: "shop/api/app", pid: 42}},
+	f := newInFlight("v1.30.14", map[string]nodeops.Container{"abc123": {What: "shop/api/app", PID: 42}},
 		map[types.UID]podInfo{"0e6f-11": {name: "shop/api", phase: corev1.PodRunning}})
 	v, err := f.encode()
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := decodeInFlight("worker-1", v)
-	if err != nil || got.From != "v1.30.14" || got.before()["abc123"] != (container{what: "shop/api/app", pid: 42}) || got.pods()["0e6f-11"].name != "shop/api" {
+	if err != nil || got.From != "v1.30.14" || got.before()["abc123"] != (nodeops.Container{What: "shop/api/app", PID: 42}) || got.pods()["0e6f-11"].name != "shop/api" {
 		t.Fatalf("read back: %+v, %v", got, err)
 	}
 	forged := func(mutate func(*inFlight)) string {

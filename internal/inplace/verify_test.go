@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -61,9 +62,9 @@ func TestVerifyComparesProcesses(t *testing.T) {
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
 				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
 			}}
-			o := &nodeOps{n: node, name: "worker-1", facts: &nodefacts.Facts{}}
+			o := &nodeops.Ops{Node: node, Name: "worker-1", Facts: &nodefacts.Facts{}}
 			r := &applyRun{res: &ApplyResult{}, client: fake.NewClientset()}
-			before, err := o.containers(ctx)
+			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -89,8 +90,8 @@ func TestContainersRefusesBadTasks(t *testing.T) {
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
 		nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
 	}}
-	o := &nodeOps{n: node, name: "worker-1", facts: &nodefacts.Facts{}}
-	_, err := o.containers(context.Background())
+	o := &nodeops.Ops{Node: node, Name: "worker-1", Facts: &nodefacts.Facts{}}
+	_, err := o.Containers(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "node worker-1") || !strings.Contains(err.Error(), `line 2: PID "$(reboot)"`) {
 		t.Fatalf("containers: %v", err)
 	}
@@ -134,10 +135,10 @@ func TestVerifyStaticPods(t *testing.T) {
 			}
 			client := fake.NewClientset(m, api.DeepCopy())
 			to, _ := catalog.ParseVersion("v1.31.4")
-			o := &nodeOps{n: node, name: "worker-1", from: tc.from, facts: &nodefacts.Facts{}}
+			o := &nodeops.Ops{Node: node, Name: "worker-1", From: tc.from, Facts: &nodefacts.Facts{}}
 			r := &applyRun{res: &ApplyResult{}, client: client, target: &release.Release{Version: to}, log: slog.New(slog.DiscardHandler),
 				opts: ApplyOptions{ReadyTimeout: 10 * time.Millisecond, Plan: PlanOptions{Now: time.Now}}}
-			before, err := o.containers(ctx)
+			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}

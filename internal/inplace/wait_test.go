@@ -8,6 +8,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
@@ -28,7 +29,7 @@ func TestComponentWaitIsOnTheRunsClock(t *testing.T) {
 		nodescript.Running.Name: func([]string) (string, error) { return "Kubernetes v1.30.14\npid 4242\n", nil },
 	}}
 	r := &applyRun{opts: ApplyOptions{ReadyTimeout: 5 * time.Minute}, res: &ApplyResult{}, wait: waiter.Waiter{Clock: clk}}
-	o := &nodeOps{n: node, name: "cp-1", facts: &nodefacts.Facts{}}
+	o := &nodeops.Ops{Node: node, Name: "cp-1", Facts: &nodefacts.Facts{}}
 
 	err := r.waitComponent(ctx, o, "kube-scheduler", "v1.31.4")
 	if err == nil {
