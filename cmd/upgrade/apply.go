@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
@@ -270,7 +271,7 @@ func printApply(w io.Writer, res *inplace.ApplyResult, dry bool, took time.Durat
 	if res.State != nil {
 		printState(w, res.State, nil, "")
 	}
-	if res.State != nil && res.State.State == inplace.StateComplete {
+	if res.State != nil && res.State.State == record.StateComplete {
 		fmt.Fprintf(w, "upgraded to %s in %s\n", res.State.To, took.Round(time.Second))
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/cli"
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 )
 
 type statusOptions struct {
@@ -58,7 +58,7 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 	if err != nil {
 		return err
 	}
-	st, err := inplace.ReadStatus(ctx, client)
+	st, err := record.ReadStatus(ctx, client)
 	if err != nil {
 		return err
 	}
@@ -75,11 +75,11 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 	if st.APIServerErr != "" {
 		apiServer = "unknown (" + st.APIServerErr + ")"
 	}
-	printState(opts.IO.Out, st.UpgradeState, st.Kubelets, apiServer)
+	printState(opts.IO.Out, st.Upgrade, st.Kubelets, apiServer)
 	return nil
 }
 
-func printState(w io.Writer, st *inplace.UpgradeState, live map[string]string, apiServer string) {
+func printState(w io.Writer, st *record.Upgrade, live map[string]string, apiServer string) {
 	kind := ""
 	if st.ControlPlane != "" {
 		kind = " (" + st.ControlPlane + " control plane)"

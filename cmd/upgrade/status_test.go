@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubelift/kubelift/internal/cli"
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 )
 
 // runStatus runs `upgrade status ARGS` against client, as the command
@@ -47,12 +47,12 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("no state recorded: %q, %v", out, err)
 	}
 
-	st := &inplace.UpgradeState{From: "v1.30.14", To: "v1.31.4", State: inplace.StateFailed, LastError: "node worker-1: swap kubelet: exit status 1",
+	st := &record.Upgrade{From: "v1.30.14", To: "v1.31.4", State: record.StateFailed, LastError: "node worker-1: swap kubelet: exit status 1",
 		Updated: time.Date(2026, 11, 25, 3, 0, 0, 0, time.UTC), Backup: "cp-1:/var/lib/kubelift/backup/v1.30.14/etcd-snapshot.db"}
-	st.Node("cp-1", "control-plane").Status = inplace.NodeDone
+	st.Node("cp-1", "control-plane").Status = record.NodeDone
 	w := st.Node("worker-1", "worker")
-	w.Status, w.Step, w.LastError = inplace.NodeRolledBack, "kubelet", "exit status 1"
-	if err := inplace.WriteState(ctx, client, st); err != nil {
+	w.Status, w.Step, w.LastError = record.NodeRolledBack, "kubelet", "exit status 1"
+	if err := record.Write(ctx, client, st); err != nil {
 		t.Fatal(err)
 	}
 	out, err = runStatus(t, client)
@@ -86,17 +86,17 @@ func TestStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got inplace.Status
+	var got record.Status
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("-o json is not JSON: %v\n%s", err, out)
 	}
-	if got.UpgradeState == nil || got.State != inplace.StateFailed || got.Kubelets["worker-1"] != "v1.30.14" || len(got.Nodes) != 2 {
+	if got.Upgrade == nil || got.State != record.StateFailed || got.Kubelets["worker-1"] != "v1.30.14" || len(got.Nodes) != 2 {
 		t.Errorf("-o json = %+v", got)
 	}
 
 	// A run through hops says them, and what the API server runs now.
 	st.Hops, st.To = []string{"v1.31.14", "v1.32.13"}, "v1.33.13"
-	if err := inplace.WriteState(ctx, client, st); err != nil {
+	if err := record.Write(ctx, client, st); err != nil {
 		t.Fatal(err)
 	}
 	client.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: "v1.31.14"}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
@@ -85,11 +86,11 @@ type ApplyOptions struct {
 
 // ApplyResult reports Apply.
 type ApplyResult struct {
-	Plan        *Plan         `json:"plan"`
-	State       *UpgradeState `json:"state,omitempty"`
-	Patched     []string      `json:"tolerationsAdded,omitempty"`
-	Labels      []string      `json:"labelsRestored,omitempty"`
-	NothingToDo bool          `json:"nothingToDo,omitempty"`
+	Plan        *Plan           `json:"plan"`
+	State       *record.Upgrade `json:"state,omitempty"`
+	Patched     []string        `json:"tolerationsAdded,omitempty"`
+	Labels      []string        `json:"labelsRestored,omitempty"`
+	NothingToDo bool            `json:"nothingToDo,omitempty"`
 	// Steps times each step; Waiting is the time spent waiting for
 	// restarted components (their units' restarts, by the node's clock,
 	// and the Ready and /readyz waits),
@@ -157,7 +158,7 @@ type applyRun struct {
 	plan   *Plan
 	view   *clusterView
 	tgts   map[string]nodeaccess.Target
-	state  *UpgradeState
+	state  *record.Upgrade
 	watch  *nodeWatch
 	// driver moves the control plane (the cluster's kind).
 	driver controlPlane
@@ -190,7 +191,7 @@ type applyRun struct {
 	step string
 	// writer stores the state; dirty asks flushLoop for a write.
 	writerOnce sync.Once
-	writer     *stateWriter
+	writer     *record.Writer
 	dirty      chan struct{}
 }
 
@@ -353,13 +354,13 @@ func (r *applyRun) planStep(ctx context.Context) error {
 // still be restarting their components); none for a binary cluster, whose
 // parts move only while kubelift runs.
 func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string) (map[string]bool, error) {
-	s, err := ReadState(ctx, c)
+	s, err := record.Read(ctx, c)
 	if err != nil || s == nil || s.To != to || s.ControlPlane != release.KindKubeadm {
 		return nil, err
 	}
 	var moving map[string]bool
 	for _, n := range s.Nodes {
-		if n.Role == release.RoleControlPlane && n.Status == NodeUpgrading {
+		if n.Role == release.RoleControlPlane && n.Status == record.NodeUpgrading {
 			if moving == nil {
 				moving = map[string]bool{}
 			}
@@ -428,16 +429,16 @@ func (r *applyRun) done(ctx context.Context) (bool, error) {
 			return false, nil
 		}
 	}
-	s, err := ReadState(ctx, r.client)
+	s, err := record.Read(ctx, r.client)
 	if err != nil {
 		return false, err
 	}
-	if s != nil && s.To == to && s.State != StateComplete && s.State != StateRolledBack {
-		if s.State != StateUpgradingKubelets {
+	if s != nil && s.To == to && s.State != record.StateComplete && s.State != record.StateRolledBack {
+		if s.State != record.StateUpgradingKubelets {
 			return false, nil
 		}
 		for _, e := range s.Nodes {
-			if e.Status == NodeUpgrading {
+			if e.Status == record.NodeUpgrading {
 				return false, nil
 			}
 		}
@@ -528,13 +529,13 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 // another version, a completed one and a rolled-back one start afresh (a
 // new etcd snapshot among them).
 func (r *applyRun) recordStep(ctx context.Context) error {
-	s, err := ReadState(ctx, r.client)
+	s, err := record.Read(ctx, r.client)
 	if err != nil {
 		return err
 	}
 	to := r.target.Version.String()
-	if s == nil || s.To != to || s.State == StateComplete || s.State == StateRolledBack {
-		s = &UpgradeState{From: strings.Join(r.plan.From, ","), To: to, State: StateStarted, Started: r.opts.Plan.Now().UTC()}
+	if s == nil || s.To != to || s.State == record.StateComplete || s.State == record.StateRolledBack {
+		s = &record.Upgrade{From: strings.Join(r.plan.From, ","), To: to, State: record.StateStarted, Started: r.opts.Plan.Now().UTC()}
 	}
 	s.Holder, s.Bundle, s.LastError, s.ControlPlane = r.opts.Holder, r.target.Record.BundleDigest, "", r.driver.Kind()
 	s.Hops = r.plan.Hops
@@ -544,8 +545,8 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 		if node := r.view.node(n.Name); node != nil {
 			_, inFlight = node.Annotations[AnnotationInFlight]
 		}
-		if r.nodeAtTarget(n) && e.Status != NodeDone && !inFlight {
-			e.Status = NodeDone
+		if r.nodeAtTarget(n) && e.Status != record.NodeDone && !inFlight {
+			e.Status = record.NodeDone
 		}
 	}
 	r.mu.Lock()

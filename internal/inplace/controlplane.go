@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
@@ -55,7 +56,7 @@ func (r *applyRun) controlPlaneDone() bool {
 // never more than one minor apart), then to the target. The kubelets stay
 // where they are meanwhile, within the skew the bundle was made for.
 func (r *applyRun) controlPlaneStep(ctx context.Context) error {
-	if err := r.setState(ctx, StateUpgradingControlPlane); err != nil {
+	if err := r.setState(ctx, record.StateUpgradingControlPlane); err != nil {
 		return err
 	}
 	for _, t := range r.target.Chain() {
@@ -72,14 +73,14 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 			}
 			if moved := r.takeMoved(n.Name); moved != nil {
 				if err := r.settleControlPlane(ctx, n.Name, to, t != r.target, moved); err != nil {
-					r.setNode(ctx, n.Name, NodeFailed, "control plane at "+to, err)
+					r.setNode(ctx, n.Name, record.NodeFailed, "control plane at "+to, err)
 					return err
 				}
 			}
-			r.setNode(ctx, n.Name, NodePending, "control plane at "+to, nil)
+			r.setNode(ctx, n.Name, record.NodePending, "control plane at "+to, nil)
 		}
 	}
-	return r.setState(ctx, StateUpgradedControlPlane)
+	return r.setState(ctx, record.StateUpgradedControlPlane)
 }
 
 // waitComponent waits for comp to run the version (and the API server to

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
@@ -138,7 +139,7 @@ func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *
 				}
 				o.From = cur
 			}
-			r.setNode(ctx, node, NodeUpgrading, comp+" to "+to, nil)
+			r.setNode(ctx, node, record.NodeUpgrading, comp+" to "+to, nil)
 			r.event(ctx, node, "UpgradingComponent", fmt.Sprintf("kubelift: %s %s -> %s", comp, o.From, to))
 			if err := o.Backup(ctx, comp); err != nil {
 				return err

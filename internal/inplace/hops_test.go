@@ -19,6 +19,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -179,7 +180,7 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 			Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: "/var/lib/kubelift/staged", Now: time.Now}},
 		plan:  &Plan{From: []string{"v1.30.14"}, Nodes: nodes},
 		view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.30.14"}}}},
-		state: &UpgradeState{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
+		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
 	ctx := context.Background()
 	if err := r.controlPlaneStep(ctx); err != nil {
 		t.Fatal(err)
@@ -193,7 +194,7 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 	if strings.Join(log, "\n") != strings.Join(want, "\n") {
 		t.Errorf("ran:\n%s\nwant:\n%s", strings.Join(log, "\n"), strings.Join(want, "\n"))
 	}
-	if r.state.State != StateUpgradedControlPlane || r.state.Nodes[0].Step != "control plane at v1.32.13" {
+	if r.state.State != record.StateUpgradedControlPlane || r.state.Nodes[0].Step != "control plane at v1.32.13" {
 		t.Errorf("state %s, node %+v", r.state.State, r.state.Nodes)
 	}
 	// Again: at the target, nothing moves; past the hop, nothing goes back.
@@ -255,7 +256,7 @@ func TestBinaryDriverPatchDowngrade(t *testing.T) {
 		opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, Now: time.Now}},
 		plan:  &Plan{From: []string{"v1.31.4"}, Nodes: nodes},
 		view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.4"}}}},
-		state: &UpgradeState{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
+		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
 	if err := r.controlPlaneStep(context.Background()); err != nil {
 		t.Fatal(err)
 	}

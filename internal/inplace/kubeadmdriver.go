@@ -20,6 +20,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -148,7 +149,7 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 		return r.waitAddons(ctx)
 	}
 	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
-		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
+		r.setNode(ctx, node, record.NodeUpgrading, "kubeadm", nil)
 		args, err := r.kubeadmArgs(ctx, o, verb)
 		if err != nil {
 			return err
@@ -210,7 +211,7 @@ func (d kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error
 		if err != nil || len(restores) == 0 {
 			return err
 		}
-		r.setNode(ctx, node, NodeUpgrading, "kubeadm", nil)
+		r.setNode(ctx, node, record.NodeUpgrading, "kubeadm", nil)
 		r.markMoved(node, "")
 		for _, m := range restores {
 			r.log.Info("rolling back", "node", node, "component", m.Component, "to", from, "manifest", m.Backup)
@@ -225,11 +226,11 @@ func (d kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error
 		if err := r.waitStaticAt(ctx, o, from); err != nil {
 			return err
 		}
-		r.setNode(ctx, node, NodeRolledBack, "kubeadm", nil)
+		r.setNode(ctx, node, record.NodeRolledBack, "kubeadm", nil)
 		return nil
 	})
 	if err != nil {
-		r.setNode(ctx, node, NodeFailed, "kubeadm", err)
+		r.setNode(ctx, node, record.NodeFailed, "kubeadm", err)
 		return err
 	}
 	if node != r.plan.firstControlPlane() {

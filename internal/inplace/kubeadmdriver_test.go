@@ -22,6 +22,7 @@ import (
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -342,7 +343,7 @@ func TestKubeadmUndo(t *testing.T) {
 				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, Now: func() time.Time { return started }}},
 				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
 				view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {}}},
-				state: &UpgradeState{Started: started}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
+				state: &record.Upgrade{Started: started}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
 			if err := (kubeadmDriver{}).Undo(context.Background(), r, "cp-1"); err != nil {
 				t.Fatal(err)
 			}
@@ -510,7 +511,7 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: release.DefaultStageDir, Now: func() time.Time { return started0 }}},
 				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
 				view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.3"}}}},
-				state: &UpgradeState{Started: started0}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
+				state: &record.Upgrade{Started: started0}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
 			if err := (kubeadmDriver{}).Upgrade(context.Background(), r, "cp-1", target); err != nil {
 				t.Fatal(err)
 			}

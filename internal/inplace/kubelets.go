@@ -18,6 +18,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -45,7 +46,7 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := r.setState(ctx, StateUpgradingKubelets); err != nil {
+	if err := r.setState(ctx, record.StateUpgradingKubelets); err != nil {
 		return err
 	}
 	if !r.dry {
@@ -164,7 +165,7 @@ func (r *applyRun) upgradeKubeletRecovered(ctx context.Context, name string) (er
 	defer func() {
 		if p := recover(); p != nil {
 			err = r.recovered(name, p)
-			r.setNode(context.WithoutCancel(ctx), name, NodeFailed, "kubelet", err)
+			r.setNode(context.WithoutCancel(ctx), name, record.NodeFailed, "kubelet", err)
 		}
 	}()
 	return r.upgradeKubelet(ctx, name)
@@ -174,9 +175,9 @@ func (r *applyRun) upgradeKubeletRecovered(ctx context.Context, name string) (er
 // rolled back when the step undid itself, else failed.
 func failedStatus(err error) string {
 	if errors.Is(err, ErrNodeFailed) {
-		return NodeRolledBack
+		return record.NodeRolledBack
 	}
-	return NodeFailed
+	return record.NodeFailed
 }
 
 // timed adds the time until the returned func is called to *sum.
@@ -401,7 +402,7 @@ func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) erro
 	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("node %s: mark done: %w", name, err)
 	}
-	r.setNode(ctx, name, NodeDone, "", nil)
+	r.setNode(ctx, name, record.NodeDone, "", nil)
 	r.event(ctx, name, "Upgraded", "kubelift: upgraded to "+to)
 	r.log.Info("upgraded", append([]any{"node", name, "version", to}, attrs...)...)
 	return nil
@@ -411,8 +412,8 @@ func (r *applyRun) completeStep(ctx context.Context) error {
 	for _, n := range r.plan.Nodes {
 		if !r.selected(n.Name) && n.Kubelet != r.target.Version.String() {
 			r.log.Info("left for a later apply", "node", n.Name)
-			return r.setState(ctx, StateUpgradingKubelets) // manual mode: some remain
+			return r.setState(ctx, record.StateUpgradingKubelets) // manual mode: some remain
 		}
 	}
-	return r.setState(ctx, StateComplete)
+	return r.setState(ctx, record.StateComplete)
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 )
 
 // kubeletRun is one node's kubelet upgrade in flight: what its steps
@@ -156,7 +157,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		}
 		// A run that died after the swap left what verify needs.
 		r.log.Info("finishing a node a run left after its kubelet swap: Ready, verify, hooks, kube-proxy, uncordon", "node", name, "from", rec.From)
-		r.setNode(ctx, name, NodeUpgrading, "kubelet", nil)
+		r.setNode(ctx, name, record.NodeUpgrading, "kubelet", nil)
 		o.From, k.touched, k.resumed = rec.From, true, true
 		k.before, k.pods = rec.before(), rec.pods()
 		if k.gate, err = r.gateSnapshot(k.pods); err != nil {
@@ -229,7 +230,7 @@ func (r *applyRun) postHook(ctx context.Context, k *kubeletRun) error {
 
 // announceKubelet records the node upgrading, and says so in an Event.
 func (r *applyRun) announceKubelet(ctx context.Context, k *kubeletRun) error {
-	r.setNode(ctx, k.name, NodeUpgrading, "kubelet", nil)
+	r.setNode(ctx, k.name, record.NodeUpgrading, "kubelet", nil)
 	r.event(ctx, k.name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", k.o.From, k.to))
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
@@ -69,7 +70,7 @@ func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
 		}
 		healthy = h == "200"
 	}
-	r.setNode(ctx, o.Name, NodeUpgrading, proxyComponent, nil)
+	r.setNode(ctx, o.Name, record.NodeUpgrading, proxyComponent, nil)
 	if err := po.Backup(ctx, proxyComponent); err != nil {
 		return err
 	}

@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubelift/kubelift/internal/inplace/record"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -19,7 +21,7 @@ func (r *applyRun) fail(ctx context.Context, err error) {
 		return
 	}
 	r.mu.Lock()
-	r.state.State, r.state.LastError = StateFailed, err.Error()
+	r.state.State, r.state.LastError = record.StateFailed, err.Error()
 	r.mu.Unlock()
 	fctx, cancel := finishing(ctx)
 	defer cancel()
@@ -43,8 +45,8 @@ func (r *applyRun) save(ctx context.Context) error {
 	if r.dry {
 		return nil
 	}
-	r.writerOnce.Do(func() { r.writer = &stateWriter{client: r.client, holder: r.opts.Holder, fence: r.fence} })
-	return r.writer.write(ctx, func() ([]byte, error) {
+	r.writerOnce.Do(func() { r.writer = &record.Writer{Client: r.client, Holder: r.opts.Holder, Fence: r.fence} })
+	return r.writer.Write(ctx, func() ([]byte, error) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.state.Updated = r.opts.Plan.Now().UTC()

@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
@@ -20,23 +21,23 @@ func TestResumedControlPlaneHealth(t *testing.T) {
 	apiserver := Finding{Severity: Blocking, Check: "health", Object: "apiserver/cp-1", Message: "/readyz: connection refused"}
 	otherAPIServer := Finding{Severity: Blocking, Check: "health", Object: "apiserver/cp-2", Message: "/readyz: connection refused"}
 	notReady := Finding{Severity: Blocking, Check: "health", Object: "node/worker-1", Node: "worker-1", Message: "not Ready"}
-	moving := []NodeEntry{{Name: "cp-1", Role: release.RoleControlPlane, Status: NodeUpgrading}, {Name: "cp-2", Role: release.RoleControlPlane, Status: NodePending}}
+	moving := []record.Node{{Name: "cp-1", Role: release.RoleControlPlane, Status: record.NodeUpgrading}, {Name: "cp-2", Role: release.RoleControlPlane, Status: record.NodePending}}
 	for _, tc := range []struct {
 		name    string
-		state   *UpgradeState
+		state   *record.Upgrade
 		resumes bool
 	}{
 		{"no record", nil, false},
-		{"kubeadm moving cp-1", &UpgradeState{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: StateUpgradingControlPlane, Nodes: moving}, true},
-		{"kubeadm, between nodes", &UpgradeState{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: StateUpgradingControlPlane}, false},
-		{"a binary control plane", &UpgradeState{To: "v1.31.4", ControlPlane: release.KindBinary, State: StateUpgradingControlPlane, Nodes: moving}, false},
-		{"a worker upgrading", &UpgradeState{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: StateUpgradingKubelets, Nodes: []NodeEntry{{Name: "worker-1", Role: release.RoleWorker, Status: NodeUpgrading}}}, false},
-		{"another target", &UpgradeState{To: "v1.31.3", ControlPlane: release.KindKubeadm, State: StateUpgradingControlPlane, Nodes: moving}, false},
+		{"kubeadm moving cp-1", &record.Upgrade{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: record.StateUpgradingControlPlane, Nodes: moving}, true},
+		{"kubeadm, between nodes", &record.Upgrade{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: record.StateUpgradingControlPlane}, false},
+		{"a binary control plane", &record.Upgrade{To: "v1.31.4", ControlPlane: release.KindBinary, State: record.StateUpgradingControlPlane, Nodes: moving}, false},
+		{"a worker upgrading", &record.Upgrade{To: "v1.31.4", ControlPlane: release.KindKubeadm, State: record.StateUpgradingKubelets, Nodes: []record.Node{{Name: "worker-1", Role: release.RoleWorker, Status: record.NodeUpgrading}}}, false},
+		{"another target", &record.Upgrade{To: "v1.31.3", ControlPlane: release.KindKubeadm, State: record.StateUpgradingControlPlane, Nodes: moving}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientset()
 			if tc.state != nil {
-				if err := WriteState(ctx, c, tc.state); err != nil {
+				if err := record.Write(ctx, c, tc.state); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -13,15 +13,13 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
-
-// StateRolledBack: an upgrade undone by Rollback.
-const StateRolledBack = "upgrade-rolled-back"
 
 // ErrRollbackRefused means the upgrade can only go forward.
 var ErrRollbackRefused = errors.New("rollback refused")
@@ -76,7 +74,7 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, err
 	}
 	p := &opts.Plan
-	st, err := ReadState(ctx, p.Client)
+	st, err := record.Read(ctx, p.Client)
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +243,7 @@ func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
 		}
 		if moved := r.takeMoved(n.Name); moved != nil {
 			if err := r.settleControlPlane(ctx, n.Name, from, false, moved); err != nil {
-				r.setNode(ctx, n.Name, NodeFailed, "control plane at "+from, err)
+				r.setNode(ctx, n.Name, record.NodeFailed, "control plane at "+from, err)
 				return err
 			}
 		}
@@ -255,7 +253,7 @@ func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
 
 // recordUndo records the upgrade as rolled back.
 func (r *applyRun) recordUndo(ctx context.Context) error {
-	return r.setState(ctx, StateRolledBack)
+	return r.setState(ctx, record.StateRolledBack)
 }
 
 // undoComponent puts comp on node back at the version the recorded
@@ -307,7 +305,7 @@ func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 				return fmt.Errorf("node %s: %w", node, err)
 			}
 		}
-		r.setNode(ctx, node, NodeRolledBack, comp, nil)
+		r.setNode(ctx, node, record.NodeRolledBack, comp, nil)
 		return nil
 	})
 }

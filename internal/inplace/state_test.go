@@ -2,7 +2,6 @@ package inplace
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -12,14 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
-	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
 
@@ -31,76 +26,23 @@ func verbs(c *fake.Clientset) []string {
 	return out
 }
 
-func TestStateWriterPutsWithoutReading(t *testing.T) {
-	ctx := context.Background()
-	c := fake.NewSimpleClientset()
-	w := &stateWriter{client: c}
-	for i, status := range []string{NodePending, NodeDone, NodeDone} {
-		s := &UpgradeState{From: "v1.30.14", To: "v1.31.4", State: StateUpgradingKubelets}
-		s.Node("worker-1", release.RoleWorker).Status = status
-		if err := w.write(ctx, func() ([]byte, error) { return json.Marshal(s) }); err != nil {
-			t.Fatalf("write %d: %v", i, err)
-		}
-	}
-	// The first write finds nothing and creates; the others only update.
-	if got, want := verbs(c), []string{"get", "create", "update", "update"}; !equal(got, want) {
-		t.Errorf("requests %v, want %v", got, want)
-	}
-	st, err := ReadState(ctx, c)
-	if err != nil || st == nil || st.Nodes[0].Status != NodeDone {
-		t.Fatalf("read back %+v, %v", st, err)
-	}
-
-	// Someone else wrote in between: one conflict, then a read and a write.
-	c.ClearActions()
-	conflicts := 1
-	c.PrependReactor("update", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if conflicts > 0 {
-			conflicts--
-			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "configmaps"}, StateName, nil)
-		}
-		return false, nil, nil
-	})
-	if err := w.write(ctx, func() ([]byte, error) { return json.Marshal(&UpgradeState{State: StateComplete}) }); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := verbs(c), []string{"update", "get", "update"}; !equal(got, want) {
-		t.Errorf("after a conflict: requests %v, want %v", got, want)
-	}
-	if st, _ := ReadState(ctx, c); st.State != StateComplete {
-		t.Errorf("state %s after the retried write", st.State)
-	}
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // A hundred nodes reporting at once cost a handful of writes, the last
 // word is stored by the time flushing stops, and nothing is written after.
 func TestNodeUpdatesAreCoalesced(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewSimpleClientset()
-	r := &applyRun{client: c, log: slog.New(slog.DiscardHandler), tgts: map[string]nodeaccess.Target{}, state: &UpgradeState{State: StateUpgradingKubelets}}
+	r := &applyRun{client: c, log: slog.New(slog.DiscardHandler), tgts: map[string]nodeaccess.Target{}, state: &record.Upgrade{State: record.StateUpgradingKubelets}}
 	r.opts.Plan.Now = time.Now
 	if err := r.save(ctx); err != nil {
 		t.Fatal(err)
 	}
 	stop := r.startFlushing(ctx)
 	for i := 0; i < 100; i++ {
-		r.setNode(ctx, fmt.Sprintf("worker-%03d", i), NodeDone, "", nil)
+		r.setNode(ctx, fmt.Sprintf("worker-%03d", i), record.NodeDone, "", nil)
 	}
 	// The loop itself stores them (within a flush interval or two).
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if st, _ := ReadState(ctx, c); st != nil && len(st.Nodes) == 100 {
+		if st, _ := record.Read(ctx, c); st != nil && len(st.Nodes) == 100 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -120,12 +62,12 @@ func TestNodeUpdatesAreCoalesced(t *testing.T) {
 	if w := writes(); w > 10 {
 		t.Errorf("%d writes for 100 node updates", w)
 	}
-	st, err := ReadState(ctx, c)
+	st, err := record.Read(ctx, c)
 	if err != nil || len(st.Nodes) != 100 {
 		t.Fatalf("stored %d nodes (%v)", len(st.Nodes), err)
 	}
 	before := writes()
-	r.setNode(ctx, "late", NodeDone, "", nil)
+	r.setNode(ctx, "late", record.NodeDone, "", nil)
 	if w := writes(); w != before {
 		t.Errorf("a write after flushing stopped (%d, was %d)", w, before)
 	}

@@ -11,13 +11,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubelift/kubelift/internal/inplace/record"
 )
 
 // workloadsStep adds the missing not-ready/unreachable tolerations to
 // running pods and, with RestoreLabels, the labels their nodeSelectors
 // need; both only add.
 func (r *applyRun) workloadsStep(ctx context.Context) error {
-	if err := r.setState(ctx, StatePatchingWorkloads); err != nil {
+	if err := r.setState(ctx, record.StatePatchingWorkloads); err != nil {
 		return err
 	}
 	nodes := map[string]*corev1.Node{}

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -288,12 +289,12 @@ func TestApplyKilledMidNode(t *testing.T) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	harness.WaitFor(t, "apply upgrading worker-1's kubelet", func() bool {
-		st, _ := inplace.ReadState(context.Background(), h.Client)
+		st, _ := record.Read(context.Background(), h.Client)
 		if st == nil {
 			return false
 		}
 		for _, n := range st.Nodes {
-			if n.Name == "worker-1" && n.Status == inplace.NodeUpgrading && n.Step == "kubelet" {
+			if n.Name == "worker-1" && n.Status == record.NodeUpgrading && n.Step == "kubelet" {
 				return true
 			}
 		}
@@ -304,7 +305,7 @@ func TestApplyKilledMidNode(t *testing.T) {
 	}
 	<-exited
 	st := h.Status(t)
-	if st.State == inplace.StateComplete {
+	if st.State == record.StateComplete {
 		t.Fatalf("state %s after a kill mid-node", st.State)
 	}
 	harness.WaitFor(t, "the killed run's lease to expire", func() bool {
@@ -342,11 +343,11 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 		}
 	}
 	st := h.Status(t)
-	if st.State != inplace.StateFailed || !strings.Contains(st.LastError, "worker-2") {
+	if st.State != record.StateFailed || !strings.Contains(st.LastError, "worker-2") {
 		t.Errorf("state %s, last error %q", st.State, st.LastError)
 	}
 	for _, n := range st.Nodes {
-		if n.Name == "worker-2" && (n.Status != inplace.NodeRolledBack || !strings.Contains(n.LastError, "not Ready")) {
+		if n.Name == "worker-2" && (n.Status != record.NodeRolledBack || !strings.Contains(n.LastError, "not Ready")) {
 			t.Errorf("worker-2 in status: %+v", n)
 		}
 	}
@@ -361,9 +362,9 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, "apply upgrading worker-2's kubelet", func() bool {
-		st, _ := inplace.ReadState(context.Background(), h.Client)
+		st, _ := record.Read(context.Background(), h.Client)
 		for _, n := range stateNodes(st) {
-			if n.Name == "worker-2" && n.Status == inplace.NodeUpgrading {
+			if n.Name == "worker-2" && n.Status == record.NodeUpgrading {
 				return true
 			}
 		}
@@ -403,7 +404,7 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 			t.Errorf("%s: kubelet %s, ready %v, annotations %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n), n.Annotations)
 		}
 	}
-	if st := h.Status(t); st.State != inplace.StateComplete || st.Backup == "" {
+	if st := h.Status(t); st.State != record.StateComplete || st.Backup == "" {
 		t.Errorf("state %s, etcd backup %q", st.State, st.Backup)
 	}
 	if !strings.Contains(r.Stderr, "static pods started anew") {
@@ -591,7 +592,7 @@ func TestCompatCleanupRemovesTheFileOnceConverged(t *testing.T) {
 	}
 }
 
-func stateNodes(st *inplace.UpgradeState) []inplace.NodeEntry {
+func stateNodes(st *record.Upgrade) []record.Node {
 	if st == nil {
 		return nil
 	}

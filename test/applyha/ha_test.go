@@ -16,7 +16,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
@@ -80,15 +80,15 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 		}
 	}
 	r := h.Upgrade(t, "", "status", "-o", "json")
-	var st inplace.UpgradeState
+	var st record.Upgrade
 	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.State != inplace.StateUpgradingKubelets {
-		t.Errorf("state %s with worker-2 left, want %s", st.State, inplace.StateUpgradingKubelets)
+	if st.State != record.StateUpgradingKubelets {
+		t.Errorf("state %s with worker-2 left, want %s", st.State, record.StateUpgradingKubelets)
 	}
 	for _, n := range st.Nodes {
-		if n.Name == "worker-2" && n.Status != inplace.NodePending {
+		if n.Name == "worker-2" && n.Status != record.NodePending {
 			t.Errorf("worker-2 in status: %+v", n)
 		}
 	}
@@ -138,7 +138,7 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 			}
 		}
 	}
-	if st := h.Status(t); st.State != inplace.StateRolledBack {
+	if st := h.Status(t); st.State != record.StateRolledBack {
 		t.Errorf("status after rollback: %s", st.State)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/test/kube"
@@ -143,7 +144,7 @@ func benchApply(bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin a
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		return err
 	}
-	if res.State == nil || res.State.State != inplace.StateComplete {
+	if res.State == nil || res.State.State != record.StateComplete {
 		return fmt.Errorf("apply did not complete: %s", out)
 	}
 	total := m.wall.Seconds()

@@ -20,10 +20,11 @@ import (
 	"strings"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/prober"
 	"github.com/kubelift/kubelift/test/sandbox"
-	"sigs.k8s.io/yaml"
 )
 
 const version = "v1.31.4"

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
@@ -136,14 +137,14 @@ func TestDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-exited
-	if st := h.Status(t); st.State == inplace.StateComplete {
+	if st := h.Status(t); st.State == record.StateComplete {
 		t.Fatalf("state %s after a kill in the last node's settle", st.State)
 	}
 	r = apply(t)
 	if r.Code != 0 || !strings.Contains(r.Stderr, "finishing a node a run left") {
 		t.Fatalf("apply after the kill: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if st := h.Status(t); st.State != inplace.StateComplete {
+	if st := h.Status(t); st.State != record.StateComplete {
 		t.Errorf("state %s after the resume", st.State)
 	}
 	for name, cordoned := range map[string]bool{refused: false, other: true} {

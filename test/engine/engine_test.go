@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -451,13 +452,13 @@ func TestForgedKubeletVersionIsRefused(t *testing.T) {
 	}
 	// A recorded upgrade for rollback to start from, as a run that
 	// stopped would leave.
-	state, _ := json.Marshal(inplace.UpgradeState{From: sb.OldVersion, To: sb.NewVersion, State: inplace.StateFailed})
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: inplace.StateName, Namespace: "kube-system"}, Data: map[string]string{"state.json": string(state)}}
+	state, _ := json.Marshal(record.Upgrade{From: sb.OldVersion, To: sb.NewVersion, State: record.StateFailed})
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.Name, Namespace: "kube-system"}, Data: map[string]string{"state.json": string(state)}}
 	if _, err := client.CoreV1().ConfigMaps("kube-system").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = client.CoreV1().ConfigMaps("kube-system").Delete(ctx, inplace.StateName, metav1.DeleteOptions{})
+		_ = client.CoreV1().ConfigMaps("kube-system").Delete(ctx, record.Name, metav1.DeleteOptions{})
 	})
 
 	r, p := plan(t, sb.NewVersion)

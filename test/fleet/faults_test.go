@@ -26,6 +26,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 )
@@ -66,9 +67,9 @@ func (r *faultRun) played(node, handler string) int {
 }
 
 // state reads the recorded upgrade.
-func (r *faultRun) state(t *testing.T) *inplace.UpgradeState {
+func (r *faultRun) state(t *testing.T) *record.Upgrade {
 	t.Helper()
-	st, err := inplace.ReadState(context.Background(), r.w.client)
+	st, err := record.Read(context.Background(), r.w.client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,13 +77,13 @@ func (r *faultRun) state(t *testing.T) *inplace.UpgradeState {
 }
 
 // nodeEntry is a node's entry in the recorded state.
-func nodeEntry(st *inplace.UpgradeState, name string) inplace.NodeEntry {
+func nodeEntry(st *record.Upgrade, name string) record.Node {
 	for _, n := range st.Nodes {
 		if n.Name == name {
 			return n
 		}
 	}
-	return inplace.NodeEntry{}
+	return record.Node{}
 }
 
 // noCordonOfOurs: no Node is left cordoned by kubelift.
@@ -150,7 +151,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			name:       "backing up the API server fails: it is not swapped",
 			inject:     func(f *Fleet) { f.Fail("cp-1", "back up", 1, 1) },
 			wantErr:    []string{"node cp-1", "back up kube-apiserver", "injected failure"},
-			failedNode: "cp-1", status: inplace.NodeFailed,
+			failedNode: "cp-1", status: record.NodeFailed,
 			check: func(t *testing.T, r *faultRun) {
 				if n := r.played("cp-1", "swap"); n != 0 {
 					t.Errorf("%d swaps after the backup failed", n)
@@ -164,7 +165,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			name:       "swapping the API server fails: it is restored",
 			inject:     func(f *Fleet) { f.Fail("cp-1", "swap", 1, 1) },
 			wantErr:    []string{"node cp-1", "swap kube-apiserver", "rolled back to " + oldVersion},
-			failedNode: "cp-1", status: inplace.NodeRolledBack,
+			failedNode: "cp-1", status: record.NodeRolledBack,
 			check: func(t *testing.T, r *faultRun) {
 				if n := r.played("cp-1", "restore"); n != 1 {
 					t.Errorf("%d restores on cp-1", n)
@@ -178,7 +179,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			name:       "a node's running version cannot be read: it is not touched",
 			inject:     func(f *Fleet) { f.Fail("worker-2", "running version", 255, -1) },
 			wantErr:    []string{"node worker-2", "read kubelet's version", "injected failure"},
-			failedNode: "worker-2", status: inplace.NodeFailed,
+			failedNode: "worker-2", status: record.NodeFailed,
 			check: func(t *testing.T, r *faultRun) {
 				if n := r.played("worker-2", "back up") + r.played("worker-2", "swap"); n != 0 {
 					t.Errorf("worker-2: %d backups and swaps", n)
@@ -195,7 +196,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			name:       "writing the hash-skip file fails: the kubelet is not swapped",
 			inject:     func(f *Fleet) { f.Fail("worker-1", "write hash-skip", 1, 1) },
 			wantErr:    []string{"node worker-1", "write the hash-skip file"},
-			failedNode: "worker-1", status: inplace.NodeFailed,
+			failedNode: "worker-1", status: record.NodeFailed,
 			check: func(t *testing.T, r *faultRun) {
 				if n := r.played("worker-1", "swap"); n != 0 {
 					t.Errorf("worker-1: %d swaps", n)
@@ -244,7 +245,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 				})
 			},
 			wantErr:    []string{"node worker-1: mark done", "refused by the test"},
-			failedNode: "worker-1", status: inplace.NodeFailed,
+			failedNode: "worker-1", status: record.NodeFailed,
 			check: func(t *testing.T, r *faultRun) {
 				if v := r.w.fleet.Running("worker-1", "kubelet"); v != newVersion {
 					t.Errorf("worker-1 kubelet runs %s", v)
@@ -274,7 +275,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 				})
 			},
 			wantErr:    []string{"node worker-1 not Ready at " + newVersion + " within 5s", "rolled back to " + oldVersion},
-			failedNode: "worker-1", status: inplace.NodeRolledBack,
+			failedNode: "worker-1", status: record.NodeRolledBack,
 			check: func(t *testing.T, r *faultRun) {
 				if n := r.played("worker-1", "restore"); n != 1 {
 					t.Errorf("worker-1: %d restores", n)
@@ -291,7 +292,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 			name:       "containers restarted under the new kubelet: it stays (a rollback would restart them again)",
 			inject:     func(f *Fleet) { f.RestartContainers("worker-1") },
 			wantErr:    []string{"node worker-1", "containers restarted", "stays at " + newVersion},
-			failedNode: "worker-1", status: inplace.NodeFailed,
+			failedNode: "worker-1", status: record.NodeFailed,
 			check: func(t *testing.T, r *faultRun) {
 				if n := r.played("worker-1", "restore"); n != 0 {
 					t.Errorf("worker-1: %d restores: the rollback restarted the containers a second time", n)
@@ -324,7 +325,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 				}
 			}
 			if st := r.state(t); st != nil {
-				if st.State != inplace.StateFailed || st.LastError == "" {
+				if st.State != record.StateFailed || st.LastError == "" {
 					t.Errorf("state %s, last error %q", st.State, st.LastError)
 				}
 				if tc.failedNode != "" {
@@ -482,7 +483,7 @@ func TestApplyStopsOnLostLock(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "lost the upgrade lock") {
 		t.Fatalf("apply: %v", err)
 	}
-	if st := r.state(t); st == nil || st.State == inplace.StateFailed || st.State == inplace.StateComplete || st.LastError != "" {
+	if st := r.state(t); st == nil || st.State == record.StateFailed || st.State == record.StateComplete || st.LastError != "" {
 		t.Errorf("the record was written after the lock was lost: %+v", st)
 	}
 }
@@ -506,13 +507,13 @@ func TestRollbackStopsOnUnreadableNode(t *testing.T) {
 		t.Fatalf("rollback: %v", err)
 	}
 	st := r.state(t)
-	if e := nodeEntry(st, "worker-2"); e.Status == inplace.NodeRolledBack {
+	if e := nodeEntry(st, "worker-2"); e.Status == record.NodeRolledBack {
 		t.Errorf("worker-2, unread, recorded %s", e.Status)
 	}
-	if st.State != inplace.StateFailed || !strings.Contains(st.LastError, "worker-2") {
+	if st.State != record.StateFailed || !strings.Contains(st.LastError, "worker-2") {
 		t.Errorf("state %s (%s)", st.State, st.LastError)
 	}
-	if res == nil || res.State == nil || res.State.State == inplace.StateRolledBack {
+	if res == nil || res.State == nil || res.State.State == record.StateRolledBack {
 		t.Errorf("rollback reported %+v", res)
 	}
 }
@@ -562,7 +563,7 @@ func TestRollbackRestoresAPartThatDoesNotRun(t *testing.T) {
 			t.Errorf("%s after the rollback: unschedulable %v (%v), want %v", node, n.Spec.Unschedulable, err, want)
 		}
 	}
-	if res.State == nil || res.State.State != inplace.StateRolledBack {
+	if res.State == nil || res.State.State != record.StateRolledBack {
 		t.Errorf("rollback reported %+v", res.State)
 	}
 }
@@ -668,7 +669,7 @@ func TestApplyRollsBackKubeProxy(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply again: %v", err)
 	}
-	if res.State == nil || res.State.State != inplace.StateComplete {
+	if res.State == nil || res.State.State != record.StateComplete {
 		t.Errorf("state %+v", res.State)
 	}
 	if v := r.w.fleet.Running("worker-1", "kube-proxy"); v != newVersion {
@@ -770,11 +771,11 @@ func TestLockFencesARunThatCannotRenew(t *testing.T) {
 		}
 	}
 	st := r.state(t)
-	if st.Holder != b.Holder || st.State != inplace.StateComplete || st.LastError != "" {
+	if st.Holder != b.Holder || st.State != record.StateComplete || st.LastError != "" {
 		t.Errorf("the record after both runs: holder %s, state %s, error %q; want B's, complete", st.Holder, st.State, st.LastError)
 	}
 	for _, s := range specs {
-		if e := nodeEntry(st, s.Name); e.Status != inplace.NodeDone {
+		if e := nodeEntry(st, s.Name); e.Status != record.NodeDone {
 			t.Errorf("%s recorded %s", s.Name, e.Status)
 		}
 	}
@@ -805,7 +806,7 @@ func TestApplyRecoversAPanicInANodeStep(t *testing.T) {
 	if v := r.w.fleet.Running("worker-1", "kubelet"); v != oldVersion {
 		t.Errorf("worker-1's kubelet runs %s after the panic, want %s (rolled back)", v, oldVersion)
 	}
-	if e := nodeEntry(r.state(t), "worker-1"); e.Status != inplace.NodeRolledBack || !strings.Contains(e.LastError, "panic") {
+	if e := nodeEntry(r.state(t), "worker-1"); e.Status != record.NodeRolledBack || !strings.Contains(e.LastError, "panic") {
 		t.Errorf("worker-1 recorded %s (%s)", e.Status, e.LastError)
 	}
 	r.noCordonOfOurs(t)
@@ -955,7 +956,7 @@ func TestResumeFinishesANodeLeftAfterItsSwap(t *testing.T) {
 		t.Errorf("worker-2 after the resume: unschedulable %v, annotations %v", n.Spec.Unschedulable, n.Annotations)
 	}
 	st := r.state(t)
-	if st.State != inplace.StateComplete || nodeEntry(st, "worker-2").Status != inplace.NodeDone {
+	if st.State != record.StateComplete || nodeEntry(st, "worker-2").Status != record.NodeDone {
 		t.Errorf("record after the resume: %s, worker-2 %s", st.State, nodeEntry(st, "worker-2").Status)
 	}
 	if r.played("worker-2", "swap") != 1 {
@@ -1084,7 +1085,7 @@ func TestWorkloadGateStopsTheRun(t *testing.T) {
 			if n := r.played("worker-2", "swap"); n != 0 {
 				t.Errorf("worker-2 swapped %d times after the gate stopped the run", n)
 			}
-			if e := nodeEntry(r.state(t), "worker-1"); e.Status != inplace.NodeRolledBack {
+			if e := nodeEntry(r.state(t), "worker-1"); e.Status != record.NodeRolledBack {
 				t.Errorf("worker-1 recorded %s", e.Status)
 			}
 		})

@@ -34,6 +34,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -452,7 +453,7 @@ func TestApply(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply: %v", err)
 	}
-	if res.State == nil || res.State.State != inplace.StateComplete {
+	if res.State == nil || res.State.State != record.StateComplete {
 		t.Fatalf("state %+v", res.State)
 	}
 	s := w.fleet.Stats()

@@ -25,7 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/test/kube"
 	"github.com/kubelift/kubelift/test/prober"
@@ -541,10 +541,10 @@ func (h *Harness) Probe(t *testing.T) *prober.Prober {
 }
 
 // Status is `upgrade status -o json`: the upgrade the cluster records.
-func (h *Harness) Status(t *testing.T) *inplace.UpgradeState {
+func (h *Harness) Status(t *testing.T) *record.Upgrade {
 	t.Helper()
 	r := h.Upgrade(t, "", "status", "-o", "json")
-	var st inplace.UpgradeState
+	var st record.Upgrade
 	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil || r.Code != 0 {
 		t.Fatalf("status: exit %d, %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 	}

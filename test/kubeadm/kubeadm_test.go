@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -189,15 +190,15 @@ func TestStaticPodNeverHealthyRolledBackByKubeadm(t *testing.T) {
 			t.Errorf("apply's error does not say %q:\n%s", s, r.Stderr)
 		}
 	}
-	st, err := inplace.ReadState(context.Background(), h.Client)
+	st, err := record.Read(context.Background(), h.Client)
 	if err != nil || st == nil {
 		t.Fatalf("state: %v", err)
 	}
 	for _, n := range st.Nodes {
-		if n.Name == "cp-1" && (n.Status != inplace.NodeRolledBack || !strings.Contains(n.LastError, "while it moved kube-scheduler")) {
+		if n.Name == "cp-1" && (n.Status != record.NodeRolledBack || !strings.Contains(n.LastError, "while it moved kube-scheduler")) {
 			t.Errorf("status of cp-1: %s, %q", n.Status, n.LastError)
 		}
-		if n.Role == release.RoleWorker && n.Status != inplace.NodePending && n.Status != "" {
+		if n.Role == release.RoleWorker && n.Status != record.NodePending && n.Status != "" {
 			t.Errorf("worker %s touched: %s", n.Name, n.Status)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/test/harness"
@@ -245,11 +245,11 @@ func TestHAPatchUpgradeThenRollback(t *testing.T) {
 	steadyControlPlane(t, from)
 	harness.Eventually(t, 2*time.Minute, everywhere(from))
 	st := h.Status(t)
-	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion || st.ControlPlane != release.KindKubeadm {
+	if st.State != record.StateRolledBack || st.From != from || st.To != h.SB.NewVersion || st.ControlPlane != release.KindKubeadm {
 		t.Errorf("status after rollback: state %s, %s -> %s, control plane %q", st.State, st.From, st.To, st.ControlPlane)
 	}
 	for _, n := range st.Nodes {
-		if n.Status != inplace.NodeRolledBack {
+		if n.Status != record.NodeRolledBack {
 			t.Errorf("status after rollback: %s is %s (%s)", n.Name, n.Status, n.LastError)
 		}
 	}

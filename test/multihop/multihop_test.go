@@ -23,7 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
@@ -273,7 +273,7 @@ func TestOneApplyThroughTheHops(t *testing.T) {
 			}
 		}
 	}
-	if st := h.Status(t); st.State != inplace.StateComplete || st.Backup == "" {
+	if st := h.Status(t); st.State != record.StateComplete || st.Backup == "" {
 		t.Errorf("state %s, etcd backup %q", st.State, st.Backup)
 	}
 	after := h.Shop(t)
@@ -296,7 +296,7 @@ func TestOneApplyThroughTheHops(t *testing.T) {
 	harness.NoDisruption(t, probe.Stop())
 }
 
-func stateNodesOf(st *inplace.UpgradeState) []inplace.NodeEntry {
+func stateNodesOf(st *record.Upgrade) []record.Node {
 	if st == nil {
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
 )
@@ -95,14 +96,14 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 	h.SteadyControlPlane(t, from)
 	expectEverywhere(t, from, before)
 	st := h.Status(t)
-	if st.State != inplace.StateRolledBack || st.From != from || st.To != h.SB.NewVersion {
+	if st.State != record.StateRolledBack || st.From != from || st.To != h.SB.NewVersion {
 		t.Errorf("status after rollback: state %s, %s -> %s", st.State, st.From, st.To)
 	}
 	if len(st.Nodes) != len(h.SB.Nodes()) {
 		t.Errorf("status after rollback lists %d nodes, want %d", len(st.Nodes), len(h.SB.Nodes()))
 	}
 	for _, n := range st.Nodes {
-		if n.Status != inplace.NodeRolledBack {
+		if n.Status != record.NodeRolledBack {
 			t.Errorf("status after rollback: %s is %s", n.Name, n.Status)
 		}
 	}
@@ -123,7 +124,7 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 	}
 	expectEverywhere(t, h.SB.NewVersion, before)
 	second := h.Status(t)
-	if second.State != inplace.StateComplete {
+	if second.State != record.StateComplete {
 		t.Errorf("status after the second apply: %s", second.State)
 	}
 	// A fresh record, with an etcd snapshot of its own.

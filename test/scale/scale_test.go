@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/test/fleet"
 	"github.com/kubelift/kubelift/test/simcluster"
 )
@@ -114,7 +115,7 @@ func TestApplyKeepsWithinMaxUnavailableAndFinishesEveryNode(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
 		t.Fatalf("apply -o json: %v\n%s", err, r.Stdout)
 	}
-	if res.State == nil || res.State.State != inplace.StateComplete {
+	if res.State == nil || res.State.State != record.StateComplete {
 		t.Errorf("apply ended in state %+v", res.State)
 	}
 	u.mu.Lock()

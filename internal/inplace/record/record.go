@@ -1,4 +1,9 @@
-package inplace
+// Package record is the upgrade's record in the cluster: the ConfigMap
+// kube-system/kubelift-upgrade that says where an upgrade is (its state,
+// each node's status and step, the last error), so that any admin machine
+// can show or resume it, written by one run at a time and never over
+// another run's record.
+package record
 
 import (
 	"context"
@@ -18,10 +23,10 @@ import (
 	"github.com/kubelift/kubelift/internal/cluster"
 )
 
-// StateName is the ConfigMap in kube-system holding the upgrade's state,
+// Name is the ConfigMap in kube-system holding the upgrade's state,
 // so that any admin machine can show or resume it (kubectl -n kube-system
 // get configmap kubelift-upgrade -o jsonpath='{.data.state\.json}').
-const StateName = "kubelift-upgrade"
+const Name = "kubelift-upgrade"
 
 // Upgrade states, in the order an upgrade passes them (StarlingX's).
 const (
@@ -32,6 +37,8 @@ const (
 	StateUpgradingKubelets     = "upgrading-kubelets"
 	StateComplete              = "upgrade-complete"
 	StateFailed                = "upgrade-failed"
+	// StateRolledBack: an upgrade undone by rollback.
+	StateRolledBack = "upgrade-rolled-back"
 )
 
 // Node statuses.
@@ -44,8 +51,8 @@ const (
 	NodeSkipped    = "not selected"
 )
 
-// UpgradeState is the record of an upgrade.
-type UpgradeState struct {
+// Upgrade is the record of an upgrade.
+type Upgrade struct {
 	From string `json:"from"`
 	To   string `json:"to"`
 	// ControlPlane is the cluster's kind (release.KindBinary, release.KindKubeadm): how
@@ -53,20 +60,20 @@ type UpgradeState struct {
 	ControlPlane string `json:"controlPlane,omitempty"`
 	// Hops are the releases the control plane passes through before To
 	// (the bundle's), oldest first.
-	Hops      []string    `json:"hops,omitempty"`
-	Bundle    string      `json:"bundle"`
-	State     string      `json:"state"`
-	Holder    string      `json:"holder"`
-	Started   time.Time   `json:"started"`
-	Updated   time.Time   `json:"updated"`
-	LastError string      `json:"lastError,omitempty"`
-	Nodes     []NodeEntry `json:"nodes"`
+	Hops      []string  `json:"hops,omitempty"`
+	Bundle    string    `json:"bundle"`
+	State     string    `json:"state"`
+	Holder    string    `json:"holder"`
+	Started   time.Time `json:"started"`
+	Updated   time.Time `json:"updated"`
+	LastError string    `json:"lastError,omitempty"`
+	Nodes     []Node    `json:"nodes"`
 	// Backup is the etcd snapshot taken before the control plane moved.
 	Backup string `json:"etcdBackup,omitempty"`
 }
 
-// NodeEntry is one node's part of the upgrade.
-type NodeEntry struct {
+// Node is one node's part of the upgrade.
+type Node struct {
 	Name      string    `json:"name"`
 	Role      string    `json:"role"`
 	Status    string    `json:"status"`
@@ -76,45 +83,45 @@ type NodeEntry struct {
 }
 
 // Node returns the entry of a node, adding it when missing.
-func (s *UpgradeState) Node(name, role string) *NodeEntry {
+func (s *Upgrade) Node(name, role string) *Node {
 	for i := range s.Nodes {
 		if s.Nodes[i].Name == name {
 			return &s.Nodes[i]
 		}
 	}
-	s.Nodes = append(s.Nodes, NodeEntry{Name: name, Role: role, Status: NodePending})
+	s.Nodes = append(s.Nodes, Node{Name: name, Role: role, Status: NodePending})
 	return &s.Nodes[len(s.Nodes)-1]
 }
 
-// ReadState reads the upgrade's state; nil when there has been none.
-func ReadState(ctx context.Context, c kubernetes.Interface) (*UpgradeState, error) {
-	cm, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, StateName, metav1.GetOptions{})
+// Read reads the upgrade's state; nil when there has been none.
+func Read(ctx context.Context, c kubernetes.Interface) (*Upgrade, error) {
+	cm, err := c.CoreV1().ConfigMaps("kube-system").Get(ctx, Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+		return nil, fmt.Errorf("configmap kube-system/%s: %w", Name, err)
 	}
-	var s UpgradeState
+	var s Upgrade
 	if err := json.Unmarshal([]byte(cm.Data["state.json"]), &s); err != nil {
-		return nil, fmt.Errorf("configmap kube-system/%s: state.json: %w", StateName, err)
+		return nil, fmt.Errorf("configmap kube-system/%s: state.json: %w", Name, err)
 	}
 	return &s, nil
 }
 
-// WriteState stores the state (create or update) unconditionally: for
-// tools and tests. A run writes through its stateWriter, which writes only
+// Write stores the state (create or update) unconditionally: for
+// tools and tests. A run writes through its Writer, which writes only
 // while the run holds the lock and never over another run's record.
-func WriteState(ctx context.Context, c kubernetes.Interface, s *UpgradeState) error {
-	return (&stateWriter{client: c}).write(ctx, func() ([]byte, error) { return json.Marshal(s) })
+func Write(ctx context.Context, c kubernetes.Interface, s *Upgrade) error {
+	return (&Writer{Client: c}).Write(ctx, func() ([]byte, error) { return json.Marshal(s) })
 }
 
-// ErrRecordTaken means the record was written by another run since this
+// ErrTaken means the record was written by another run since this
 // run's last write: the run has lost the lock, and leaves the record as
 // the other run wrote it.
-var ErrRecordTaken = errors.New("the upgrade record was written by another run")
+var ErrTaken = errors.New("the upgrade record was written by another run")
 
-// stateWriter stores one run's state. Each write is one PUT carrying the
+// Writer stores one run's state. Each write is one PUT carrying the
 // resourceVersion the last one returned (a GET only first and after a
 // conflict), so the cost of a write does not grow with the nodes in
 // flight; applyRun coalesces the per-node updates on top of it.
@@ -123,38 +130,38 @@ var ErrRecordTaken = errors.New("the upgrade record was written by another run")
 // the upgrade lock, and never over a record another holder wrote since
 // its own last write: a conflict is read again, and written over only
 // when the record still names this holder.
-type stateWriter struct {
-	client kubernetes.Interface
-	holder string
-	fence  func(context.Context) error
+type Writer struct {
+	Client kubernetes.Interface
+	Holder string
+	Fence  func(context.Context) error
 	mu     sync.Mutex // serialises writes, so a snapshot never overtakes a newer one
 	cm     *corev1.ConfigMap
 	wrote  bool
 }
 
-// write stores what snapshot returns, taken once the previous write is
+// Write stores what snapshot returns, taken once the previous write is
 // done.
-func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)) error {
+func (w *Writer) Write(ctx context.Context, snapshot func() ([]byte, error)) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.fence != nil {
-		if err := w.fence(ctx); err != nil {
-			return fmt.Errorf("configmap kube-system/%s: not written: %w", StateName, err)
+	if w.Fence != nil {
+		if err := w.Fence(ctx); err != nil {
+			return fmt.Errorf("configmap kube-system/%s: not written: %w", Name, err)
 		}
 	}
 	data, err := snapshot()
 	if err != nil {
 		return err
 	}
-	cms := w.client.CoreV1().ConfigMaps("kube-system")
+	cms := w.Client.CoreV1().ConfigMaps("kube-system")
 	// A conflict (another writer, or a cached copy gone stale) or a
 	// ConfigMap deleted under us: read it again and write once more.
 	gone := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsNotFound(err) }
 	err = retry.OnError(wait.Backoff{Steps: 2}, gone, func() error {
 		if w.cm == nil {
-			cm, err := cms.Get(ctx, StateName, metav1.GetOptions{})
+			cm, err := cms.Get(ctx, Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
-				cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: StateName, Namespace: "kube-system",
+				cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: Name, Namespace: "kube-system",
 					Labels: map[string]string{"app.kubernetes.io/managed-by": "kubelift"}}, Data: map[string]string{"state.json": string(data)}}
 				created, err := cms.Create(ctx, cm, metav1.CreateOptions{})
 				if err != nil {
@@ -166,8 +173,8 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 			if err != nil {
 				return err
 			}
-			if h := recordHolder(cm); w.wrote && w.holder != "" && h != w.holder {
-				return fmt.Errorf("%w (%s) since this run's last write: left as it is", ErrRecordTaken, h)
+			if h := recordHolder(cm); w.wrote && w.Holder != "" && h != w.Holder {
+				return fmt.Errorf("%w (%s) since this run's last write: left as it is", ErrTaken, h)
 			}
 			w.cm = cm
 		}
@@ -182,7 +189,7 @@ func (w *stateWriter) write(ctx context.Context, snapshot func() ([]byte, error)
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("configmap kube-system/%s: %w", StateName, err)
+		return fmt.Errorf("configmap kube-system/%s: %w", Name, err)
 	}
 	return nil
 }
@@ -200,7 +207,7 @@ func recordHolder(cm *corev1.ConfigMap) string {
 // Status is the recorded upgrade with each node's kubelet version read
 // live from its Node.
 type Status struct {
-	*UpgradeState
+	*Upgrade
 	Kubelets map[string]string `json:"kubelets"`
 	// APIServer is the version the API server answering says it runs;
 	// APIServerErr why it could not be read (status goes on without it).
@@ -211,7 +218,7 @@ type Status struct {
 // ReadStatus reads the recorded upgrade and the kubelet version each
 // Node reports now; nil when no upgrade has run in the cluster.
 func ReadStatus(ctx context.Context, c kubernetes.Interface) (*Status, error) {
-	st, err := ReadState(ctx, c)
+	st, err := Read(ctx, c)
 	if err != nil || st == nil {
 		return nil, err
 	}
@@ -223,7 +230,7 @@ func ReadStatus(ctx context.Context, c kubernetes.Interface) (*Status, error) {
 	for _, n := range nodes {
 		live[n.Name] = n.Status.NodeInfo.KubeletVersion
 	}
-	out := &Status{UpgradeState: st, Kubelets: live}
+	out := &Status{Upgrade: st, Kubelets: live}
 	if v, err := c.Discovery().ServerVersion(); err != nil {
 		out.APIServerErr = err.Error()
 	} else {
