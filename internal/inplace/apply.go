@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/drain"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
@@ -177,8 +178,10 @@ type applyRun struct {
 	res  *ApplyResult
 	// events posts Events in the background (nil: at once).
 	events *eventQueue
-	// cordoned holds the nodes this run cordoned.
-	cordoned sync.Map
+	// drainerOnce builds drainer: it cordons, drains and uncordons, and
+	// holds the nodes this run cordoned.
+	drainerOnce sync.Once
+	drainer     *drain.Drainer
 	// resumingControlPlane: the control-plane nodes kubeadm was moving
 	// when the run this one resumes stopped.
 	resumingControlPlane map[string]bool
@@ -232,7 +235,7 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 			}
 			r.events.close(wait)
 		}()
-		defer r.uncordonLeftovers(ctx)
+		defer r.nodes().UncordonLeftovers(ctx)
 	}
 
 	for _, s := range r.runbook() {
@@ -425,7 +428,7 @@ func (r *applyRun) done(ctx context.Context) (bool, error) {
 	to := r.target.Version.String()
 	for i := range r.view.nodes {
 		a := r.view.nodes[i].Annotations
-		if _, ok := a[AnnotationInFlight]; (ok || a[AnnotationCordoned] == "true") && r.selected(r.view.nodes[i].Name) {
+		if _, ok := a[AnnotationInFlight]; (ok || a[drain.AnnotationCordoned] == "true") && r.selected(r.view.nodes[i].Name) {
 			return false, nil
 		}
 	}

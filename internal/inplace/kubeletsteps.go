@@ -169,7 +169,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 	if err != nil {
 		// Whatever failed, a cordon of this run's is undone now, not at
 		// the run's end.
-		if _, mine := r.cordoned.Load(name); mine {
+		if r.nodes().Mine(name) {
 			if uerr := r.uncordon(context.WithoutCancel(ctx), name); uerr != nil {
 				err = fmt.Errorf("%w; %w", err, uerr)
 			}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/drain"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/test/harness"
 	"github.com/kubelift/kubelift/test/sandbox"
@@ -97,7 +98,7 @@ func TestDrain(t *testing.T) {
 	if r.Code != 1 || !strings.Contains(r.Stderr, "PodDisruptionBudget") || !strings.Contains(r.Stderr, refused) {
 		t.Fatalf("drain blocked by a budget: exit %d\n%s", r.Code, r.Stderr)
 	}
-	if n := h.Node(t, refused); n.Spec.Unschedulable || n.Annotations[inplace.AnnotationCordoned] != "" || n.Status.NodeInfo.KubeletVersion != h.SB.OldVersion {
+	if n := h.Node(t, refused); n.Spec.Unschedulable || n.Annotations[drain.AnnotationCordoned] != "" || n.Status.NodeInfo.KubeletVersion != h.SB.OldVersion {
 		t.Errorf("%s after a blocked drain: unschedulable %v, annotations %v, kubelet %s", refused, n.Spec.Unschedulable, n.Annotations, n.Status.NodeInfo.KubeletVersion)
 	}
 
@@ -150,7 +151,7 @@ func TestDrain(t *testing.T) {
 	for name, cordoned := range map[string]bool{refused: false, other: true} {
 		n := h.Node(t, name)
 		_, inFlight := n.Annotations[inplace.AnnotationInFlight]
-		if n.Spec.Unschedulable != cordoned || n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || n.Annotations[inplace.AnnotationCordoned] != "" || inFlight ||
+		if n.Spec.Unschedulable != cordoned || n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || n.Annotations[drain.AnnotationCordoned] != "" || inFlight ||
 			n.Annotations[inplace.AnnotationUpgradedTo] != h.SB.NewVersion {
 			t.Errorf("%s: unschedulable %v (want %v), kubelet %s, annotations %v", name, n.Spec.Unschedulable, cordoned, n.Status.NodeInfo.KubeletVersion, n.Annotations)
 		}

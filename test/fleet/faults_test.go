@@ -26,6 +26,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/drain"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -94,7 +95,7 @@ func (r *faultRun) noCordonOfOurs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n.Annotations[inplace.AnnotationCordoned] != "" {
+		if n.Annotations[drain.AnnotationCordoned] != "" {
 			t.Errorf("%s left cordoned by the run (unschedulable %v)", s.Name, n.Spec.Unschedulable)
 		}
 	}
@@ -434,7 +435,7 @@ func TestApplyCancelledWhileSettlingUncordons(t *testing.T) {
 		}
 		for ctx.Err() == nil {
 			n, err := r.w.client.CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{})
-			if err == nil && n.Spec.Unschedulable && n.Annotations[inplace.AnnotationCordoned] == "true" {
+			if err == nil && n.Spec.Unschedulable && n.Annotations[drain.AnnotationCordoned] == "true" {
 				time.Sleep(200 * time.Millisecond) // into the settle pause
 				cancel()
 				return
@@ -540,7 +541,7 @@ func TestRollbackRestoresAPartThatDoesNotRun(t *testing.T) {
 	// worker-1 as a run killed after its drain leaves it; worker-2
 	// cordoned by hand.
 	for node, patch := range map[string]string{
-		"worker-1": `{"spec":{"unschedulable":true},"metadata":{"annotations":{"` + inplace.AnnotationCordoned + `":"true"}}}`,
+		"worker-1": `{"spec":{"unschedulable":true},"metadata":{"annotations":{"` + drain.AnnotationCordoned + `":"true"}}}`,
 		"worker-2": `{"spec":{"unschedulable":true}}`,
 	} {
 		if _, err := r.w.client.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
@@ -860,7 +861,7 @@ func TestCordonByHandMeanwhileStaysTheOperators(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !n.Spec.Unschedulable || n.Annotations[inplace.AnnotationCordoned] != "" {
+	if !n.Spec.Unschedulable || n.Annotations[drain.AnnotationCordoned] != "" {
 		t.Errorf("worker-1 after the run: unschedulable %v, annotations %v; want the operator's cordon, unmarked", n.Spec.Unschedulable, n.Annotations)
 	}
 }

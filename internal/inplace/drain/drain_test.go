@@ -1,4 +1,4 @@
-package inplace
+package drain
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 
 // drainWorld is a fake API server holding node n1 and pods on it; an
 // eviction deletes the pod unless refuse says a budget refuses it.
-func drainWorld(t *testing.T, pods []corev1.Pod, refuse func(name string) bool) (*applyRun, *fake.Clientset) {
+func drainWorld(t *testing.T, pods []corev1.Pod, refuse func(name string) bool) (*Drainer, *fake.Clientset) {
 	t.Helper()
 	objs := []runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}}
 	for i := range pods {
@@ -46,9 +46,7 @@ func drainWorld(t *testing.T, pods []corev1.Pod, refuse func(name string) bool) 
 		}
 		return true, nil, c.Tracker().Delete(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, ev.Namespace, ev.Name)
 	})
-	r := &applyRun{client: c, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
-		opts: ApplyOptions{DrainTimeout: 3 * time.Second, Plan: PlanOptions{Now: time.Now}}}
-	return r, c
+	return &Drainer{Client: c, Log: slog.New(slog.DiscardHandler), Timeout: 3 * time.Second}, c
 }
 
 func owned(name string) corev1.Pod {
@@ -77,7 +75,7 @@ func TestDrainEvictsAndKeepsDaemonSetAndMirrorPods(t *testing.T) {
 	if _, err := c.AppsV1().DaemonSets("default").Create(context.Background(), &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "ds", Namespace: "default"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.drain(context.Background(), "n1"); err != nil {
+	if err := r.Drain(context.Background(), "n1"); err != nil {
 		t.Fatal(err)
 	}
 	left, err := c.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{})
@@ -99,7 +97,7 @@ func TestDrainEvictsAndKeepsDaemonSetAndMirrorPods(t *testing.T) {
 func TestDrainRefusesBarePodsBeforeCordoning(t *testing.T) {
 	bare := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare"}}
 	r, c := drainWorld(t, []corev1.Pod{owned("web"), bare}, nil)
-	err := r.drain(context.Background(), "n1")
+	err := r.Drain(context.Background(), "n1")
 	if !errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "node n1") || !strings.Contains(err.Error(), "no controller would recreate") || !strings.Contains(err.Error(), "default/bare") {
 		t.Fatalf("drain with a bare pod: %v", err)
 	}
@@ -113,7 +111,7 @@ func TestDrainRefusesBarePodsBeforeCordoning(t *testing.T) {
 
 func TestDrainBlockedByBudgetUncordons(t *testing.T) {
 	r, c := drainWorld(t, []corev1.Pod{owned("web"), owned("blocker")}, func(name string) bool { return name == "blocker" })
-	err := r.drain(context.Background(), "n1")
+	err := r.Drain(context.Background(), "n1")
 	if !errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "PodDisruptionBudget") || !strings.Contains(err.Error(), "default/blocker") || strings.Contains(err.Error(), "default/web") {
 		t.Fatalf("drain refused by a budget: %v", err)
 	}
@@ -129,7 +127,7 @@ func TestDrainLeavesAnOperatorsCordon(t *testing.T) {
 	if _, err := c.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.drain(context.Background(), "n1"); !errors.Is(err, ErrDrainBlocked) {
+	if err := r.Drain(context.Background(), "n1"); !errors.Is(err, ErrDrainBlocked) {
 		t.Fatalf("drain: %v", err)
 	}
 	if n := drainedNode(t, c); !n.Spec.Unschedulable {
@@ -141,7 +139,7 @@ func TestDrainRefusesPodsOfADaemonSetThatIsGone(t *testing.T) {
 	yes := true
 	orphan := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "agent", OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "gone", UID: "gone", Controller: &yes}}}}
 	r, c := drainWorld(t, []corev1.Pod{owned("web"), orphan}, nil)
-	err := r.drain(context.Background(), "n1")
+	err := r.Drain(context.Background(), "n1")
 	if !errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "DaemonSet that is gone") || !strings.Contains(err.Error(), "default/agent") {
 		t.Fatalf("drain with a gone DaemonSet's pod: %v", err)
 	}
@@ -166,7 +164,7 @@ func TestDrainNamesPodsStillTerminating(t *testing.T) {
 		pod.DeletionTimestamp = &now
 		return true, nil, c.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, pod, "default")
 	})
-	err := r.drain(context.Background(), "n1")
+	err := r.Drain(context.Background(), "n1")
 	if err == nil || errors.Is(err, ErrDrainBlocked) || !strings.Contains(err.Error(), "default/slow still terminating") {
 		t.Fatalf("drain of a pod that does not go: %v", err)
 	}
@@ -179,7 +177,7 @@ func TestDrainCancelledSaysSo(t *testing.T) {
 	r, _ := drainWorld(t, []corev1.Pod{owned("blocker")}, func(string) bool { return true })
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
-	if err := r.drain(ctx, "n1"); !errors.Is(err, context.Canceled) {
+	if err := r.Drain(ctx, "n1"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled drain: %v", err)
 	}
 }

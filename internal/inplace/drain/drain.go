@@ -1,4 +1,8 @@
-package inplace
+// Package drain cordons and drains a node for its upgrade as kubectl
+// drain does (the Eviction API, so PodDisruptionBudgets hold), refuses
+// to lose a pod no controller would recreate, and undoes only the cordons
+// it made (marked on the Node), never one an operator made by hand.
+package drain
 
 import (
 	"context"
@@ -8,32 +12,70 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
-	"k8s.io/kubectl/pkg/drain"
+	kubectldrain "k8s.io/kubectl/pkg/drain"
 )
 
 // AnnotationCordoned marks a Node this tool cordoned, so that only those
 // are uncordoned (never one an operator cordoned by hand).
 const AnnotationCordoned = "kubelift.dev/cordoned"
 
+// Drainer cordons, drains and uncordons the nodes of one run, and
+// remembers which it cordoned.
+type Drainer struct {
+	Client kubernetes.Interface
+	Log    *slog.Logger
+	// Timeout bounds how long an eviction a budget keeps refusing is
+	// retried.
+	Timeout time.Duration
+	// Event records an Event on a Node (nil: none).
+	Event func(ctx context.Context, node, reason, msg string)
+	// Lost says why the run lost the upgrade lock for good (nil while it
+	// holds it): the run that holds it then may have cordoned a node
+	// itself, so nothing is uncordoned.
+	Lost func() error
+	// Cached reads a Node from the run's informer (nil, or an error: read
+	// from the API).
+	Cached func(name string) (*corev1.Node, error)
+	// Dry: a dry run cordons nothing, so uncordons nothing.
+	Dry bool
+
+	cordoned sync.Map
+}
+
+func (d *Drainer) lost() error {
+	if d.Lost == nil {
+		return nil
+	}
+	return d.Lost()
+}
+
+// Mine says this run cordoned the node and has not uncordoned it.
+func (d *Drainer) Mine(name string) bool {
+	_, ok := d.cordoned.Load(name)
+	return ok
+}
+
 // ErrDrainBlocked means a PodDisruptionBudget (or a pod nobody would
 // recreate) keeps a node from being drained.
 var ErrDrainBlocked = errors.New("drain blocked")
 
-// cordon marks the node unschedulable, remembering that it did; a node
+// Cordon marks the node unschedulable, remembering that it did; a node
 // already unschedulable is left as the operator made it.
-func (r *applyRun) cordon(ctx context.Context, name string) error {
+func (d *Drainer) Cordon(ctx context.Context, name string) error {
 	// Conditional on the Node as read: a cordon made by hand between the
 	// read and the patch is a conflict, read again (and then left alone),
 	// never marked as kubelift's.
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		n, err := d.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -45,13 +87,13 @@ func (r *applyRun) cordon(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
-		r.cordoned.Store(name, true) // before the patch: a failed one is undone too
-		_, err = r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+		d.cordoned.Store(name, true) // before the patch: a failed one is undone too
+		_, err = d.Client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 		if apierrors.IsConflict(err) {
-			r.cordoned.Delete(name) // not applied
+			d.cordoned.Delete(name) // not applied
 		}
-		if err == nil {
-			r.event(ctx, name, "Cordoned", "kubelift: cordoned to drain it")
+		if err == nil && d.Event != nil {
+			d.Event(ctx, name, "Cordoned", "kubelift: cordoned to drain it")
 		}
 		return err
 	})
@@ -61,28 +103,28 @@ func (r *applyRun) cordon(ctx context.Context, name string) error {
 	return nil
 }
 
-// uncordon undoes cordon, only where this tool cordoned. For a node this
+// Uncordon undoes Cordon, only where this tool cordoned. For a node this
 // run did not cordon, the run's Node informer answers (a cordon by an
 // earlier run was seen there long before), so it costs no request; one
 // this run cordoned is always read from the API, which may be ahead of
 // the informer.
-func (r *applyRun) uncordon(ctx context.Context, name string) error {
-	if r.dry {
+func (d *Drainer) Uncordon(ctx context.Context, name string) error {
+	if d.Dry {
 		return nil // a dry run cordoned nothing
 	}
-	if lost := r.lostForGood(); lost != nil {
+	if lost := d.lost(); lost != nil {
 		// The run that holds the lock now may have cordoned it itself.
-		r.log.Warn("not uncordoned: another run holds the upgrade lock now", "node", name, "err", lost)
+		d.Log.Warn("not uncordoned: another run holds the upgrade lock now", "node", name, "err", lost)
 		return nil
 	}
-	if _, mine := r.cordoned.Load(name); !mine && r.watch != nil {
-		if n, err := r.watch.lister(name); err == nil && n.Annotations[AnnotationCordoned] != "true" {
+	if _, mine := d.cordoned.Load(name); !mine && d.Cached != nil {
+		if n, err := d.Cached(name); err == nil && n.Annotations[AnnotationCordoned] != "true" {
 			return nil
 		}
 	}
 	// Conditional on the Node as read, as cordon is.
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := r.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		n, err := d.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -94,53 +136,53 @@ func (r *applyRun) uncordon(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
-		_, err = r.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+		_, err = d.Client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: uncordon: %w", name, err)
 	}
-	r.cordoned.Delete(name)
+	d.cordoned.Delete(name)
 	return nil
 }
 
-// uncordonLeftovers uncordons every node this run cordoned and has not
+// UncordonLeftovers uncordons every node this run cordoned and has not
 // uncordoned yet, whatever ended the run (an error, a cancel, a lost
 // lock): a run never leaves its own cordon behind. Nodes an operator
 // cordoned were never this run's.
-func (r *applyRun) uncordonLeftovers(ctx context.Context) {
+func (d *Drainer) UncordonLeftovers(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
-	r.cordoned.Range(func(k, _ any) bool {
+	d.cordoned.Range(func(k, _ any) bool {
 		name := k.(string)
-		if err := r.uncordon(ctx, name); err != nil {
-			r.log.Error("cannot uncordon a node this run cordoned: uncordon it by hand (kubectl uncordon)", "node", name, "err", err)
+		if err := d.Uncordon(ctx, name); err != nil {
+			d.Log.Error("cannot uncordon a node this run cordoned: uncordon it by hand (kubectl uncordon)", "node", name, "err", err)
 		}
 		return true
 	})
 }
 
-// drain cordons the node and evicts its pods as `kubectl drain
+// Drain cordons the node and evicts its pods as `kubectl drain
 // --ignore-daemonsets --delete-emptydir-data` does (k8s.io/kubectl's
-// drain.Helper: the Eviction API, so PodDisruptionBudgets hold; DaemonSet
+// kubectldrain.Helper: the Eviction API, so PodDisruptionBudgets hold; DaemonSet
 // and mirror pods stay; the evicted pods waited for until gone). On top of
 // it, kubelift's own rules: a pod no controller would recreate is not
 // evicted, the drain is refused before the node is cordoned; the cordon is
 // kubelift's, marked so that only it is undone; and an eviction a budget
 // keeps refusing past DrainTimeout stops the drain with the node
 // uncordoned: no half state.
-func (r *applyRun) drain(ctx context.Context, name string) error {
-	h := &drain.Helper{
+func (d *Drainer) Drain(ctx context.Context, name string) error {
+	h := &kubectldrain.Helper{
 		Ctx:                  ctx,
-		Client:               r.client,
+		Client:               d.Client,
 		Force:                true, // unreplicated pods are refused by kubelift's filter below, with its message
 		GracePeriodSeconds:   -1,   // each pod's own terminationGracePeriodSeconds
 		IgnoreAllDaemonSets:  true,
 		DeleteEmptyDirData:   true,
-		Timeout:              r.opts.DrainTimeout,
+		Timeout:              d.Timeout,
 		EvictErrorRetryDelay: 2 * time.Second,
-		AdditionalFilters:    []drain.PodFilter{refuseUnreplicated},
-		Out:                  logWriter{r.log, name},
-		ErrOut:               logWriter{r.log, name},
+		AdditionalFilters:    []kubectldrain.PodFilter{refuseUnreplicated},
+		Out:                  logWriter{d.Log, name},
+		ErrOut:               logWriter{d.Log, name},
 	}
 	list, errs := h.GetPodsForDeletion(name)
 	if list == nil {
@@ -155,9 +197,9 @@ func (r *applyRun) drain(ctx context.Context, name string) error {
 		return fmt.Errorf("node %s: %w: %s", name, ErrDrainBlocked, strings.Join(msgs, "; "))
 	}
 	if w := list.Warnings(); w != "" {
-		r.log.Info("drain: "+w, "node", name)
+		d.Log.Info("drain: "+w, "node", name)
 	}
-	if err := r.cordon(ctx, name); err != nil {
+	if err := d.Cordon(ctx, name); err != nil {
 		return err
 	}
 	pods := list.Pods()
@@ -165,14 +207,14 @@ func (r *applyRun) drain(ctx context.Context, name string) error {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("node %s: drain: %w", name, context.Cause(ctx))
 		} else {
-			err = fmt.Errorf("node %s: %w; the node is uncordoned again", name, r.drainLeft(ctx, pods, err))
+			err = fmt.Errorf("node %s: %w; the node is uncordoned again", name, d.drainLeft(ctx, pods, err))
 		}
-		if uerr := r.uncordon(context.WithoutCancel(ctx), name); uerr != nil {
+		if uerr := d.Uncordon(context.WithoutCancel(ctx), name); uerr != nil {
 			return fmt.Errorf("%w; %w", err, uerr)
 		}
 		return err
 	}
-	r.log.Info("drained", "node", name, "evicted", len(pods))
+	d.Log.Info("drained", "node", name, "evicted", len(pods))
 	return nil
 }
 
@@ -180,10 +222,10 @@ func (r *applyRun) drain(ctx context.Context, name string) error {
 // from what is left of pods: those still there, not being deleted, were
 // refused (a PodDisruptionBudget: ErrDrainBlocked); those being deleted
 // are still terminating.
-func (r *applyRun) drainLeft(ctx context.Context, pods []corev1.Pod, err error) error {
+func (d *Drainer) drainLeft(ctx context.Context, pods []corev1.Pod, err error) error {
 	var refused, terminating []string
 	for _, p := range pods {
-		q, gerr := r.client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		q, gerr := d.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
 		switch {
 		case gerr != nil || q.UID != p.UID:
 			continue // gone (or not known: kubectl's error says it)
@@ -197,9 +239,9 @@ func (r *applyRun) drainLeft(ctx context.Context, pods []corev1.Pod, err error) 
 	sort.Strings(terminating)
 	switch {
 	case len(refused) > 0:
-		return fmt.Errorf("%w: evicting %s is refused by a PodDisruptionBudget for %s (%w)", ErrDrainBlocked, strings.Join(refused, ", "), r.opts.DrainTimeout, err)
+		return fmt.Errorf("%w: evicting %s is refused by a PodDisruptionBudget for %s (%w)", ErrDrainBlocked, strings.Join(refused, ", "), d.Timeout, err)
 	case len(terminating) > 0:
-		return fmt.Errorf("pods %s still terminating after %s (%w)", strings.Join(terminating, ", "), r.opts.DrainTimeout, err)
+		return fmt.Errorf("pods %s still terminating after %s (%w)", strings.Join(terminating, ", "), d.Timeout, err)
 	}
 	return err
 }
@@ -208,19 +250,19 @@ func (r *applyRun) drainLeft(ctx context.Context, pods []corev1.Pod, err error) 
 // running pod that no controller would recreate would be lost, so the
 // drain is refused (kubectl drain without --force refuses it too, but
 // says to use --force).
-func refuseUnreplicated(p corev1.Pod) drain.PodDeleteStatus {
+func refuseUnreplicated(p corev1.Pod) kubectldrain.PodDeleteStatus {
 	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-		return drain.MakePodDeleteStatusOkay()
+		return kubectldrain.MakePodDeleteStatusOkay()
 	}
 	switch c := metav1.GetControllerOf(&p); {
 	case c == nil:
-		return drain.MakePodDeleteStatusWithError("pods no controller would recreate (they would be lost: delete or move them, or upgrade without --drain)")
+		return kubectldrain.MakePodDeleteStatusWithError("pods no controller would recreate (they would be lost: delete or move them, or upgrade without --drain)")
 	case c.Kind == "DaemonSet":
 		// kubectl lets through (under Force) only the pods of a DaemonSet
 		// that is gone: nothing would recreate them either.
-		return drain.MakePodDeleteStatusWithError("pods of a DaemonSet that is gone, which no controller would recreate (delete them, or upgrade without --drain)")
+		return kubectldrain.MakePodDeleteStatusWithError("pods of a DaemonSet that is gone, which no controller would recreate (delete them, or upgrade without --drain)")
 	}
-	return drain.MakePodDeleteStatusOkay()
+	return kubectldrain.MakePodDeleteStatusOkay()
 }
 
 // logWriter turns what kubectl's drain helper writes (one line per
