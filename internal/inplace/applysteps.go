@@ -1,0 +1,281 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/inplace/drain"
+	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/kubeadm"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
+)
+
+// planStep builds the plan and refuses on blocking findings apply does
+// not resolve itself.
+func (r *applyRun) planStep(ctx context.Context) error {
+	v, err := readCluster(ctx, r.opts.Plan)
+	if err != nil {
+		return err
+	}
+	p, err := evaluate(ctx, r.opts.Plan, v)
+	if err != nil && !errors.Is(err, ErrBlocked) {
+		return err
+	}
+	r.plan, r.view, r.res.Plan = p, v, p
+	r.driver = driverFor(v)
+	r.tgts = map[string]nodeaccess.Target{}
+	for _, t := range v.tgts {
+		r.tgts[t.Name] = t
+	}
+	for _, n := range r.opts.Nodes {
+		if _, ok := r.tgts[n]; !ok {
+			return fmt.Errorf("--nodes: node %s is not in the cluster", n)
+		}
+	}
+	if r.opts.KubeadmConfig != nil {
+		switch {
+		case v.kubeadm == nil:
+			return fmt.Errorf("--kubeadm-config: the cluster was not built by kubeadm (no configmap %s/%s): there is no kubeadm to give it to", kubeadm.ConfigNamespace, kubeadm.ConfigMapName)
+		case r.target.Version.Minor < 31:
+			return fmt.Errorf("--kubeadm-config: kubeadm %s has no UpgradeConfiguration (kubeadm v1.31 and later do)", r.target.Version)
+		}
+	}
+	if r.resumingControlPlane, err = controlPlaneInFlight(ctx, r.client, r.target.Version.String()); err != nil {
+		return err
+	}
+	var blocking []string
+	for _, f := range p.Findings {
+		if f.Severity != Blocking || r.resolves(f) {
+			continue
+		}
+		blocking = append(blocking, fmt.Sprintf("%s %s: %s", f.Check, f.Object, f.Message))
+	}
+	if len(blocking) > 0 {
+		return fmt.Errorf("%w by %d findings (upgrade plan shows them):\n  %s", ErrBlocked, len(blocking), strings.Join(blocking, "\n  "))
+	}
+	done, err := r.done(ctx)
+	if err != nil {
+		return err
+	}
+	if done {
+		r.res.NothingToDo = true
+		r.log.Info("every node already runs the target: nothing to do", "version", r.target.Version.String())
+	}
+	return nil
+}
+
+// controlPlaneInFlight returns the control-plane nodes a recorded kubeadm
+// upgrade to to was moving when its run stopped (kubeadm, detached, may
+// still be restarting their components); none for a binary cluster, whose
+// parts move only while kubelift runs.
+func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string) (map[string]bool, error) {
+	s, err := record.Read(ctx, c)
+	if err != nil || s == nil || s.To != to || s.ControlPlane != release.KindKubeadm {
+		return nil, err
+	}
+	var moving map[string]bool
+	for _, n := range s.Nodes {
+		if n.Role == release.RoleControlPlane && n.Status == record.NodeUpgrading {
+			if moving == nil {
+				moving = map[string]bool{}
+			}
+			moving[n.Name] = true
+		}
+	}
+	return moving, nil
+}
+
+// resolves says apply itself fixes a blocking finding, or it is about a
+// worker this run leaves alone.
+func (r *applyRun) resolves(f Finding) bool {
+	if f.Check == CheckValues {
+		return false // never ignored, whatever the node: nothing runs on values that did not parse
+	}
+	if f.Node != "" && !r.selected(f.Node) {
+		return true
+	}
+	for _, c := range r.opts.Ignore {
+		if c == f.Check {
+			return true
+		}
+	}
+	if f.Check == CheckRestarts && r.opts.Drain {
+		return true // drained first: nothing runs there to restart
+	}
+	if f.Check == CheckHealth && len(r.resumingControlPlane) > 0 &&
+		(r.resumingControlPlane[strings.TrimPrefix(f.Object, "apiserver/")] || strings.HasPrefix(f.Object, "lease/")) {
+		// The run this one resumes stopped while kubeadm moved a
+		// control-plane node (it may be restarting that node's API
+		// server, or the leaders, right now): the control plane step
+		// follows that kubeadm run, waits for the node's static pods to
+		// be Ready at the target, and for the leases before the next
+		// node.
+		r.log.Warn("resuming a control plane upgrade in flight: the control plane step waits for this", "object", f.Object, "finding", f.Message)
+		return true
+	}
+	return f.Check == CheckReadmission && f.Code == CodeLabelsMissing && r.opts.RestoreLabels
+}
+
+// selected: the node's kubelet moves in this run (control-plane nodes and
+// the chosen workers).
+func (r *applyRun) selected(name string) bool {
+	if len(r.opts.Nodes) == 0 && r.opts.Selector == nil {
+		return true
+	}
+	if r.tgts[name].Role == release.RoleControlPlane || slices.Contains(r.opts.Nodes, name) {
+		return true
+	}
+	if n := r.view.node(name); n != nil && r.opts.Selector != nil {
+		return r.opts.Selector.Matches(labels.Set(n.Labels))
+	}
+	return false
+}
+
+// done: every selected node's kubelet and every control-plane component
+// run the target, and nothing a run left is unfinished: no Node carries
+// kubelift's in-flight record or cordon, and the record of an upgrade to
+// the target says it completed (a run that died after the last swap, or
+// before its last step, is finished, not taken for done).
+func (r *applyRun) done(ctx context.Context) (bool, error) {
+	to := r.target.Version.String()
+	for i := range r.view.nodes {
+		a := r.view.nodes[i].Annotations
+		if _, ok := a[AnnotationInFlight]; (ok || a[drain.AnnotationCordoned] == "true") && r.selected(r.view.nodes[i].Name) {
+			return false, nil
+		}
+	}
+	s, err := record.Read(ctx, r.client)
+	if err != nil {
+		return false, err
+	}
+	if s != nil && s.To == to && s.State != record.StateComplete && s.State != record.StateRolledBack {
+		if s.State != record.StateUpgradingKubelets {
+			return false, nil
+		}
+		for _, e := range s.Nodes {
+			if e.Status == record.NodeUpgrading {
+				return false, nil
+			}
+		}
+		// Manual mode leaves workers for a later apply; with none left,
+		// the run that stopped never said complete.
+		every := true
+		for _, n := range r.plan.Nodes {
+			every = every && r.nodeAtTarget(n)
+		}
+		if every {
+			return false, nil
+		}
+	}
+	return r.allAtTarget(), nil
+}
+
+// allAtTarget: every selected node's kubelet and every control-plane
+// component run the target.
+func (r *applyRun) allAtTarget() bool {
+	to := r.target.Version.String()
+	for _, n := range r.plan.Nodes {
+		if !r.nodeAtTarget(n) && r.selected(n.Name) {
+			return false
+		}
+		for _, c := range release.ControlPlaneFiles {
+			if v, ok := n.Components[c]; ok && v != to {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// nodeAtTarget: the node's kubelet runs the target, and so does its
+// kube-proxy unit when it has one and the bundle carries kube-proxy.
+func (r *applyRun) nodeAtTarget(n NodeState) bool {
+	to := r.target.Version.String()
+	if n.Kubelet != to {
+		return false
+	}
+	v, runs := n.Components[proxyComponent]
+	if _, _, inBundle := r.target.File(proxyComponent, archOr(n.Arch)); runs && inBundle && v != to {
+		return false
+	}
+	return true
+}
+
+func (r *applyRun) stageStep(ctx context.Context) error {
+	var missing []nodeaccess.Target
+	for _, n := range r.plan.Nodes {
+		// The plan reads what is staged of the target only: with hops, a
+		// control-plane node is always passed to Stage, which sends only
+		// what is not there.
+		if !n.Staged || (len(r.target.Hops) > 0 && n.Role == release.RoleControlPlane) {
+			missing = append(missing, r.tgts[n.Name])
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if r.dry {
+		for _, t := range missing {
+			arch := archOr(r.nodeState(t.Name).Arch)
+			would := func(rel *release.Release, names []string, label string) {
+				for _, name := range names {
+					if f, _, ok := rel.File(name, arch); ok {
+						r.would(t.Name, "stage "+label+name+" (pulled from the registry where the node reaches it, else sent over SSH)",
+							nodescript.StageFile.Show(release.StagePath(r.opts.Plan.StageDir, rel.Version.String(), ""), f.Name, f.SHA256, strconv.FormatInt(f.Size, 10), "zstd", "0"))
+					}
+				}
+			}
+			for _, h := range r.target.Hops {
+				would(h, release.HopFilesForKind(r.driver.Kind(), t.Role), h.Version.String()+"/")
+			}
+			if !r.nodeState(t.Name).Staged {
+				would(r.target, release.FilesForKind(r.driver.Kind(), t.Role), "")
+			}
+		}
+		return nil
+	}
+	_, err := stage.Run(ctx, stage.Options{Release: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Addresses: missing,
+		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Kind: r.driver.Kind(),
+		Via: r.opts.Plan.StageVia, Codec: r.opts.Plan.StageCodec, NodeCredentials: r.opts.Plan.NodeCredentials, Log: r.log})
+	return err
+}
+
+// recordStep starts (or continues) the state record: an upgrade to
+// another version, a completed one and a rolled-back one start afresh (a
+// new etcd snapshot among them).
+func (r *applyRun) recordStep(ctx context.Context) error {
+	s, err := record.Read(ctx, r.client)
+	if err != nil {
+		return err
+	}
+	to := r.target.Version.String()
+	if s == nil || s.To != to || s.State == record.StateComplete || s.State == record.StateRolledBack {
+		s = &record.Upgrade{From: strings.Join(r.plan.From, ","), To: to, State: record.StateStarted, Started: r.opts.Plan.Now().UTC()}
+	}
+	s.Holder, s.Bundle, s.LastError, s.ControlPlane = r.opts.Holder, r.target.Record.BundleDigest, "", r.driver.Kind()
+	s.Hops = r.plan.Hops
+	for _, n := range r.plan.Nodes {
+		e := s.Node(n.Name, n.Role)
+		inFlight := false
+		if node := r.view.node(n.Name); node != nil {
+			_, inFlight = node.Annotations[AnnotationInFlight]
+		}
+		if r.nodeAtTarget(n) && e.Status != record.NodeDone && !inFlight {
+			e.Status = record.NodeDone
+		}
+	}
+	r.mu.Lock()
+	r.state = s
+	r.mu.Unlock()
+	return r.save(ctx)
+}

@@ -1,0 +1,91 @@
+package inplace
+
+import (
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// rooms are the engine's packages below internal/inplace and the rooms
+// each may import (docs/development.md, "The engine's rooms"): only
+// downward, never the facade. A room not listed here fails the test, so
+// a new one says where it stands.
+var rooms = map[string][]string{
+	"release": nil,
+	"record":  nil,
+	"drain":   nil,
+	"nodeops": {"release"},
+	"stage":   {"release"},
+}
+
+const module = "github.com/kubelift/kubelift/internal/inplace"
+
+// The rooms import only downward, and no engine file outgrows 500 lines.
+func TestRoomsImportOnlyDownward(t *testing.T) {
+	dirs, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, d := range dirs {
+		if !d.IsDir() {
+			continue
+		}
+		allowed, ok := rooms[d.Name()]
+		if !ok {
+			t.Errorf("internal/inplace/%s is not among the rooms this test knows: add it with what it may import", d.Name())
+			continue
+		}
+		seen++
+		files, err := filepath.Glob(filepath.Join(d.Name(), "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			parsed, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range parsed.Imports {
+				p, _ := strconv.Unquote(imp.Path.Value)
+				switch room, below := strings.CutPrefix(p, module+"/"); {
+				case p == module:
+					t.Errorf("%s imports the facade, internal/inplace", f)
+				case below && !slices.Contains(allowed, room):
+					t.Errorf("%s imports internal/inplace/%s; room %s may import only %v", f, room, d.Name(), allowed)
+				}
+			}
+		}
+	}
+	if seen != len(rooms) {
+		t.Errorf("found %d of the %d rooms", seen, len(rooms))
+	}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, err := filepath.Glob("*/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range append(files, more...) {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(string(b), "\n"); n > 500 {
+			t.Errorf("%s has %d lines: split it (at most 500)", f, n)
+		}
+	}
+}
