@@ -48,6 +48,7 @@ type applyOptions struct {
 
 func newCmdApply(s *cli.IO, runF func(context.Context, *applyOptions) error) *cobra.Command {
 	opts := &applyOptions{planOptions: planOptions{IO: s}}
+	opts.Engine = opts.engine
 	cmd := &cobra.Command{
 		Use:   "apply --to VERSION --key PUB [flags]",
 		Short: "Upgrade the cluster in place, node by node, keeping every container running",
@@ -177,7 +178,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 		}
 		selector = sel
 	}
-	po, err := opts.engine(ctx)
+	po, err := opts.Engine(ctx)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -35,10 +34,14 @@ type planOptions struct {
 	NoWorkloadGate bool
 	Output         string
 	Quiet          bool
+	// Engine builds what the engine reads the cluster with (engine,
+	// unless a test sets it).
+	Engine func(context.Context) (*inplace.PlanOptions, error)
 }
 
 func newCmdPlan(s *cli.IO, runF func(context.Context, *planOptions) error) *cobra.Command {
 	opts := &planOptions{IO: s}
+	opts.Engine = opts.engine
 	cmd := &cobra.Command{
 		Use:   "plan --to VERSION --key PUB [flags]",
 		Short: "Say exactly what an in-place upgrade would do, and what stands in its way; change nothing",
@@ -139,23 +142,12 @@ func (opts *planOptions) engine(ctx context.Context) (*inplace.PlanOptions, erro
 		NoWorkloadGate: opts.NoWorkloadGate, Log: opts.IO.Logger(opts.Quiet)}, nil
 }
 
-// addHealthWindowFlag adds --health-window: a health probe is judged over
-// it, not on one answer.
-func addHealthWindowFlag(f *pflag.FlagSet, d *time.Duration) {
-	f.DurationVar(d, "health-window", 30*time.Second, "how long an API server's /readyz or a leader's lease may fail, probed with backoff, before the plan calls it unhealthy; how long each control-plane part must keep its process after a step; how long the workload gate waits after each node")
-}
-
-// addWorkloadGateFlag adds --no-workload-gate.
-func addWorkloadGateFlag(f *pflag.FlagSet, off *bool) {
-	f.BoolVar(off, "no-workload-gate", false, "do not hold each node to the workloads (Deployments, StatefulSets, DaemonSets) fully available before its swap being fully available again within --health-window")
-}
-
 func planRun(ctx context.Context, opts *planOptions) error {
 	asJSON, err := cli.OutputFlag(opts.Output)
 	if err != nil {
 		return err
 	}
-	po, err := opts.engine(ctx)
+	po, err := opts.Engine(ctx)
 	if err != nil {
 		return err
 	}

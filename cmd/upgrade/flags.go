@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
+
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// The flags several commands share: the cluster and its API server, the
+// version and the key that verifies it, how nodes are staged, the health
+// window and the workload gate.
+
+// kubeFlags reach the API server, at a bounded request rate.
+type kubeFlags struct {
+	Kubeconfig string
+	QPS        float32
+	Burst      int
+}
+
+func (f *kubeFlags) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.Kubeconfig, "kubeconfig", "", "the cluster (default: KUBECONFIG, or in-cluster)")
+	cmd.Flags().Float32Var(&f.QPS, "kube-qps", 50, "API requests per second at most (client-go's default is 5)")
+	cmd.Flags().IntVar(&f.Burst, "kube-burst", 100, "API requests in a burst at most")
+}
+
+// config is the REST config with kubelift's user agent and rate.
+func (f *kubeFlags) config() (*rest.Config, error) {
+	cfg, err := cluster.Config(f.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.UserAgent, cfg.QPS, cfg.Burst = "kubelift", f.QPS, f.Burst
+	// One limiter for every client made from this configuration (the
+	// typed and dynamic clients, /readyz probes), so --kube-qps bounds
+	// them all.
+	cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(f.QPS, f.Burst)
+	return cfg, nil
+}
+
+func (f *kubeFlags) client() (kubernetes.Interface, error) {
+	cfg, err := f.config()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// clusterFlags name the cluster and the version to work on.
+type clusterFlags struct {
+	kubeFlags
+	To    string
+	Trust cli.TrustOptions
+}
+
+func (f *clusterFlags) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.To, "to", "", "the Kubernetes version to upgrade to (imported with --upgrade / import)")
+	f.Trust.AddFlags(cmd)
+	f.kubeFlags.addFlags(cmd)
+}
+
+// target loads the version's cluster record, verified with --key.
+func (f *clusterFlags) target(ctx context.Context, c kubernetes.Interface) (*release.Release, error) {
+	if f.To == "" {
+		return nil, cli.Usagef("--to VERSION is required")
+	}
+	trust, err := f.Trust.Trust()
+	if err != nil {
+		return nil, err
+	}
+	return release.Load(ctx, c, f.To, trust)
+}
+
+// registryAccess reaches the record's registry unless --domain names
+// another; every artifact the record names must be in it.
+func registryAccess(in io.Reader, rf *cli.RegistryFlags, t *release.Release) (registry.Access, error) {
+	if rf.Domain == "" && t.Record != nil {
+		rf.Domain = t.Record.Registry
+	}
+	if rf.Domain == "" {
+		return registry.Access{}, nil
+	}
+	if err := t.CheckArtifacts(rf.Domain); err != nil {
+		return registry.Access{}, err
+	}
+	return rf.Access(in)
+}
+
+// stagePath is how nodes get their files: --via, --codec and
+// --node-credentials.
+type stagePath struct{ Via, Codec, NodeCredentials string }
+
+func (p *stagePath) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&p.Via, "via", stage.ViaAuto, "how nodes get their files: auto (nodes that reach the private registry pull from it, the others are sent them over SSH), registry, or ssh")
+	cmd.Flags().StringVar(&p.NodeCredentials, "node-credentials", stage.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
+	cmd.Flags().StringVar(&p.Codec, "codec", stage.CodecAuto, "how files sent over SSH are encoded: auto (the registry's zstd copies where the node has zstd, else zstd or gzip or none, whichever the first megabytes measure faster), zstd, gzip, or none")
+}
+
+func (p *stagePath) check() error {
+	if err := stage.CheckChoice(p.Via, p.Codec, p.NodeCredentials); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	return nil
+}
+
+func addStageFlags(cmd *cobra.Command, stageDir, cacheDir *string) {
+	cmd.Flags().StringVar(stageDir, "stage-dir", release.DefaultStageDir, "where binaries are staged on the nodes (VERSION/NAME below it)")
+	cmd.Flags().StringVar(cacheDir, "cache-dir", cli.DefaultCacheDir(), "where fetched and compressed files are kept on this machine")
+}
+
+// addHealthWindowFlag adds --health-window: a health probe is judged over
+// it, not on one answer.
+func addHealthWindowFlag(f *pflag.FlagSet, d *time.Duration) {
+	f.DurationVar(d, "health-window", 30*time.Second, "how long an API server's /readyz or a leader's lease may fail, probed with backoff, before the plan calls it unhealthy; how long each control-plane part must keep its process after a step; how long the workload gate waits after each node")
+}
+
+// addWorkloadGateFlag adds --no-workload-gate.
+func addWorkloadGateFlag(f *pflag.FlagSet, off *bool) {
+	f.BoolVar(off, "no-workload-gate", false, "do not hold each node to the workloads (Deployments, StatefulSets, DaemonSets) fully available before its swap being fully available again within --health-window")
+}
