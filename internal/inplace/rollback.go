@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
@@ -74,20 +75,11 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, err
 	}
 	p := &opts.Plan
-	st, err := record.Read(ctx, p.Client)
+	st, err := recordedUpgrade(ctx, p.Client)
 	if err != nil {
 		return nil, err
 	}
-	if st == nil {
-		return nil, fmt.Errorf("%w: no upgrade is recorded in this cluster", ErrRollbackRefused)
-	}
 	to, from := st.To, st.From
-	if fv, err := catalog.ParseVersion(from); err != nil || fv.String() != from {
-		return nil, fmt.Errorf("%w: the recorded upgrade started from %q, not one version", ErrRollbackRefused, from)
-	}
-	if tv, err := catalog.ParseVersion(to); err != nil || tv.String() != to {
-		return nil, fmt.Errorf("%w: the recorded upgrade went to %q, not a version", ErrRollbackRefused, to)
-	}
 	var lock *upgradelock.Lock
 	if !opts.DryRun {
 		lock, err = upgradelock.Acquire(ctx, p.Client, opts.Holder, opts.LockDuration, opts.Clock, p.Log)
@@ -104,46 +96,13 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, err
 	}
 	p.Target = &release.Release{Version: tv}
-	v, err := readCluster(ctx, *p)
+	v, err := readForRollback(ctx, *p)
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range v.tgts {
-		if e := v.ssh[t.Name]; e != nil {
-			return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, e)
-		}
-	}
-	// Nothing is rolled back on values a node reported that do not parse.
-	_, bad := nodefacts.KubeletVersions(v.nodes)
-	for _, t := range v.tgts {
-		if f := v.facts[t.Name]; f != nil {
-			bad = append(bad, f.Bad...)
-		}
-	}
-	if len(bad) > 0 {
-		return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, nodefacts.Refused(bad))
-	}
-	apiservers := map[string]string{}
-	for _, t := range v.tgts {
-		if f := v.facts[t.Name]; f != nil && f.Components["kube-apiserver"] != "" {
-			apiservers[t.Name] = f.Components["kube-apiserver"]
-		}
-	}
-	// On a kubeadm cluster the API servers are static pods: their
-	// versions are their mirror pods' images.
-	if v.kubeadm != nil {
-		for i := range v.pods {
-			if v.pods[i].Namespace != metav1.NamespaceSystem {
-				continue
-			}
-			comp, ver, err := staticComponent(&v.pods[i])
-			if err != nil {
-				return nil, fmt.Errorf("%w: node %s: %w", ErrRollbackRefused, v.pods[i].Spec.NodeName, err)
-			}
-			if comp == "kube-apiserver" {
-				apiservers[v.pods[i].Spec.NodeName] = ver
-			}
-		}
+	apiservers, err := runningAPIServers(v)
+	if err != nil {
+		return nil, err
 	}
 	if err := RollbackAllowed(p.Catalog, from, to, apiservers); err != nil {
 		return nil, err
@@ -166,23 +125,7 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		r.watch = w
 	}
 	r.driver = driverFor(v)
-	// The nodes as they are now, for the driver: the parts each runs, and
-	// those it has a unit for but does not run (a part the run moved may
-	// be down: undoComponent reads its program).
-	for _, t := range v.tgts {
-		ns := NodeState{Name: t.Name, Role: t.Role, Components: map[string]string{}}
-		if f := v.facts[t.Name]; f != nil {
-			for c := range f.Units {
-				ns.Components[c] = ""
-			}
-			for c, ver := range f.Components {
-				if ver != "" {
-					ns.Components[c] = ver
-				}
-			}
-		}
-		r.plan.Nodes = append(r.plan.Nodes, ns)
-	}
+	r.plan.Nodes = nodesAsTheyAre(v)
 	// The runbook backward: each step that changed something undone.
 	steps := r.runbook()
 	for i := len(steps) - 1; i >= 0; i-- {
@@ -198,6 +141,100 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		}
 	}
 	return r.res, nil
+}
+
+// recordedUpgrade is the upgrade the cluster's record names, refused
+// when there is none or its versions are not one version each.
+func recordedUpgrade(ctx context.Context, c kubernetes.Interface) (*record.Upgrade, error) {
+	st, err := record.Read(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, fmt.Errorf("%w: no upgrade is recorded in this cluster", ErrRollbackRefused)
+	}
+	if fv, err := catalog.ParseVersion(st.From); err != nil || fv.String() != st.From {
+		return nil, fmt.Errorf("%w: the recorded upgrade started from %q, not one version", ErrRollbackRefused, st.From)
+	}
+	if tv, err := catalog.ParseVersion(st.To); err != nil || tv.String() != st.To {
+		return nil, fmt.Errorf("%w: the recorded upgrade went to %q, not a version", ErrRollbackRefused, st.To)
+	}
+	return st, nil
+}
+
+// readForRollback reads the cluster as plan does, refusing a node it
+// cannot reach or one that reported values that do not parse: nothing is
+// rolled back on those.
+func readForRollback(ctx context.Context, p PlanOptions) (*clusterView, error) {
+	v, err := readCluster(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range v.tgts {
+		if e := v.ssh[t.Name]; e != nil {
+			return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, e)
+		}
+	}
+	_, bad := nodefacts.KubeletVersions(v.nodes)
+	for _, t := range v.tgts {
+		if f := v.facts[t.Name]; f != nil {
+			bad = append(bad, f.Bad...)
+		}
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, nodefacts.Refused(bad))
+	}
+	return v, nil
+}
+
+// runningAPIServers is the version each node's API server runs: its
+// unit's program, or on a kubeadm cluster (static pods) its mirror pod's
+// image.
+func runningAPIServers(v *clusterView) (map[string]string, error) {
+	apiservers := map[string]string{}
+	for _, t := range v.tgts {
+		if f := v.facts[t.Name]; f != nil && f.Components["kube-apiserver"] != "" {
+			apiservers[t.Name] = f.Components["kube-apiserver"]
+		}
+	}
+	if v.kubeadm == nil {
+		return apiservers, nil
+	}
+	for i := range v.pods {
+		if v.pods[i].Namespace != metav1.NamespaceSystem {
+			continue
+		}
+		comp, ver, err := staticComponent(&v.pods[i])
+		if err != nil {
+			return nil, fmt.Errorf("%w: node %s: %w", ErrRollbackRefused, v.pods[i].Spec.NodeName, err)
+		}
+		if comp == "kube-apiserver" {
+			apiservers[v.pods[i].Spec.NodeName] = ver
+		}
+	}
+	return apiservers, nil
+}
+
+// nodesAsTheyAre are the nodes now, for the driver: the parts each runs,
+// and those it has a unit for but does not run (a part the run moved may
+// be down: undoComponent reads its program).
+func nodesAsTheyAre(v *clusterView) []NodeState {
+	var out []NodeState
+	for _, t := range v.tgts {
+		ns := NodeState{Name: t.Name, Role: t.Role, Components: map[string]string{}}
+		if f := v.facts[t.Name]; f != nil {
+			for c := range f.Units {
+				ns.Components[c] = ""
+			}
+			for c, ver := range f.Components {
+				if ver != "" {
+					ns.Components[c] = ver
+				}
+			}
+		}
+		out = append(out, ns)
+	}
+	return out
 }
 
 // kubeletsUndo puts every kube-proxy unit and kubelet back, workers,
