@@ -188,24 +188,11 @@ func (s *nodeStager) stage(ctx context.Context, target *release.Release, names [
 	if len(names) == 0 {
 		return nil
 	}
-	version := target.Version.String()
-	var files []bundle.File
-	var artifacts []string
-	for _, name := range names {
-		f, artifact, ok := target.File(name, s.arch)
-		if !ok {
-			if name == "kube-proxy" || name == "kubectl" {
-				continue // optional: not every bundle carries them
-			}
-			return fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", s.t.Name, version, name, s.arch)
-		}
-		if _, ok := nodefacts.Under("/", f.Name); !ok {
-			return fmt.Errorf("file %s: name %q is not a file name", f.Path, f.Name)
-		}
-		files = append(files, f)
-		artifacts = append(artifacts, artifact)
+	files, artifacts, err := s.filesOf(target, names)
+	if err != nil {
+		return err
 	}
-	vdir := release.StagePath(s.dir, version, "")
+	vdir := release.StagePath(s.dir, target.Version.String(), "")
 	st, err := s.list(ctx, vdir)
 	if err != nil {
 		return err
@@ -254,46 +241,17 @@ func (s *nodeStager) stage(ctx context.Context, target *release.Release, names [
 		// Nothing is encoded ahead before the codec is known.
 		if s.ns.Path == ViaSSH && !warming && !s.measure {
 			warming = true
-			sums, partial, enc := st.sums, st.partial, s.ns.Codec
 			ahead.Add(1)
-			go func() {
-				defer ahead.Done()
-				for j := i + 1; j < len(files); j++ {
-					f := files[j]
-					if sums[f.Name] == f.SHA256 || partial[f.Name+"."+f.SHA256] > 0 {
-						continue // there, or gone on from as it is sent
-					}
-					// Errors are the sender's to meet and report.
-					if _, _, err := s.cache.ready(aheadCtx, f, artifacts[j], enc); err != nil {
-						return
-					}
-				}
-			}()
+			go s.encodeAhead(aheadCtx, &ahead, files[i+1:], artifacts[i+1:], st, s.ns.Codec)
 		}
 		progress.OrNop(s.opts.Progress).Expect(f.Size)
 		if s.ns.Path == ViaRegistry && artifacts[i] != "" {
-			err := s.pull(ctx, vdir, f, artifacts[i], puller, have)
-			var ee *nodeaccess.ExitError
-			switch {
-			case err == nil:
-				s.ns.Sent = append(s.ns.Sent, prefix+f.Name)
-				progress.OrNop(s.opts.Progress).Done(f.Size)
+			pulled, err := s.pullOrFallBack(ctx, vdir, f, artifacts[i], puller, &have, &st, prefix)
+			if err != nil {
+				return err
+			}
+			if pulled {
 				continue
-			case errors.As(err, &ee) && (ee.Code == nodescript.ExitUnavailable || ee.Code == nodescript.ExitNoInput):
-				// The node cannot pull after all: this machine sends the
-				// rest. A cut-off pull's bytes are gone on from.
-				s.ns.Path, s.ns.PathReason = ViaSSH, nodeReason(ee)
-				if st, err = s.list(ctx, vdir); err != nil {
-					return err
-				}
-				if err := s.pickCodec(st); err != nil {
-					return err
-				}
-				if have = st.partial[f.Name+"."+f.SHA256]; have >= f.Size {
-					have = 0
-				}
-			default:
-				return fmt.Errorf("node %s: pull %s: %w", s.t.Name, prefix+f.Name, err)
 			}
 		}
 		sent, err := s.send(ctx, vdir, f, artifacts[i], have)
@@ -305,6 +263,71 @@ func (s *nodeStager) stage(ctx context.Context, target *release.Release, names [
 		progress.OrNop(s.opts.Progress).Done(f.Size)
 	}
 	return nil
+}
+
+// filesOf are the release's files names says this node gets, for its
+// architecture, and each one's artifact in the registry.
+func (s *nodeStager) filesOf(target *release.Release, names []string) ([]bundle.File, []string, error) {
+	var files []bundle.File
+	var artifacts []string
+	for _, name := range names {
+		f, artifact, ok := target.File(name, s.arch)
+		if !ok {
+			if name == "kube-proxy" || name == "kubectl" {
+				continue // optional: not every bundle carries them
+			}
+			return nil, nil, fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", s.t.Name, target.Version, name, s.arch)
+		}
+		if _, ok := nodefacts.Under("/", f.Name); !ok {
+			return nil, nil, fmt.Errorf("file %s: name %q is not a file name", f.Path, f.Name)
+		}
+		files = append(files, f)
+		artifacts = append(artifacts, artifact)
+	}
+	return files, artifacts, nil
+}
+
+// encodeAhead fetches and encodes in enc (or fetches the copies of) the
+// files still to be sent while the one before them goes over the link,
+// so that this machine's work overlaps the link's; st is what the node
+// had, read before. Errors are the sender's to meet and report.
+func (s *nodeStager) encodeAhead(ctx context.Context, wg *sync.WaitGroup, files []bundle.File, artifacts []string, st *staged, enc string) {
+	defer wg.Done()
+	for j, f := range files {
+		if st.sums[f.Name] == f.SHA256 || st.partial[f.Name+"."+f.SHA256] > 0 {
+			continue // there, or gone on from as it is sent
+		}
+		if _, _, err := s.cache.ready(ctx, f, artifacts[j], enc); err != nil {
+			return
+		}
+	}
+}
+
+// pullOrFallBack has the node pull f; a node that cannot reach the
+// registry, or is refused by it, turns to SSH for the rest (pulled
+// false), going on from what a cut-off pull left (have, st updated).
+func (s *nodeStager) pullOrFallBack(ctx context.Context, vdir string, f bundle.File, artifact string, puller NodePuller, have *int64, st **staged, prefix string) (pulled bool, err error) {
+	err = s.pull(ctx, vdir, f, artifact, puller, *have)
+	var ee *nodeaccess.ExitError
+	switch {
+	case err == nil:
+		s.ns.Sent = append(s.ns.Sent, prefix+f.Name)
+		progress.OrNop(s.opts.Progress).Done(f.Size)
+		return true, nil
+	case errors.As(err, &ee) && (ee.Code == nodescript.ExitUnavailable || ee.Code == nodescript.ExitNoInput):
+		s.ns.Path, s.ns.PathReason = ViaSSH, nodeReason(ee)
+		if *st, err = s.list(ctx, vdir); err != nil {
+			return false, err
+		}
+		if err := s.pickCodec(*st); err != nil {
+			return false, err
+		}
+		if *have = (*st).partial[f.Name+"."+f.SHA256]; *have >= f.Size {
+			*have = 0
+		}
+		return false, nil
+	}
+	return false, fmt.Errorf("node %s: pull %s: %w", s.t.Name, prefix+f.Name, err)
 }
 
 // nodeReason says why a pull failed on the node: its exit code's meaning
