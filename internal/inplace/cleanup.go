@@ -116,36 +116,45 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 		sort.Slice(bad, func(i, j int) bool { return bad[i].Node < bad[j].Node })
 		return nil, nodefacts.Refused(bad)
 	}
-	if opts.DryRun {
-		for _, t := range tgts {
-			if nc := res[t.Name]; nc != nil && failed[t.Name] == nil && nc.File && nc.converged {
+	var remove []nodeaccess.Target
+	for _, t := range tgts {
+		if nc := res[t.Name]; nc != nil && failed[t.Name] == nil && nc.File && nc.converged {
+			remove = append(remove, t)
+			if opts.DryRun {
 				nc.DryRun = nodescript.Remove.Show(files[t.Name])
 			}
 		}
-	} else {
-		var remove []nodeaccess.Target
-		for _, t := range tgts {
-			if nc := res[t.Name]; nc != nil && failed[t.Name] == nil && nc.File && nc.converged {
-				remove = append(remove, t)
-			}
-		}
-		removeFailed := nodeaccess.ForEach(ctx, opts.Connector, remove, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
-			if err := lock.Fence(ctx, opts.LockDuration); err != nil {
-				return fmt.Errorf("node %s: not removed: %w", t.Name, err)
-			}
-			if _, err := n.Run(ctx, nodescript.Remove.Command(files[t.Name]), nil); err != nil {
-				return fmt.Errorf("node %s: remove %s: %w", t.Name, files[t.Name], err)
-			}
-			mu.Lock()
-			res[t.Name].Removed = true
-			mu.Unlock()
-			log.Info("hash-skip file removed", "node", t.Name)
-			return nil
-		})
-		for k, v := range removeFailed {
+	}
+	if !opts.DryRun {
+		for k, v := range removeFiles(ctx, opts, lock, remove, files, res, log) {
 			failed[k] = v
 		}
 	}
+	return cleanupResults(tgts, res, failed)
+}
+
+// removeFiles removes the hash-skip file of each node in remove, each
+// while the run still holds the lock; the nodes it could not, with why.
+func removeFiles(ctx context.Context, opts CleanupOptions, lock *upgradelock.Lock, remove []nodeaccess.Target, files map[string]string, res map[string]*NodeCleanup, log *slog.Logger) map[string]error {
+	var mu sync.Mutex
+	return nodeaccess.ForEach(ctx, opts.Connector, remove, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+		if err := lock.Fence(ctx, opts.LockDuration); err != nil {
+			return fmt.Errorf("node %s: not removed: %w", t.Name, err)
+		}
+		if _, err := n.Run(ctx, nodescript.Remove.Command(files[t.Name]), nil); err != nil {
+			return fmt.Errorf("node %s: remove %s: %w", t.Name, files[t.Name], err)
+		}
+		mu.Lock()
+		res[t.Name].Removed = true
+		mu.Unlock()
+		log.Info("hash-skip file removed", "node", t.Name)
+		return nil
+	})
+}
+
+// cleanupResults is every node's result, by name, with its error; an
+// error says how many nodes failed.
+func cleanupResults(tgts []nodeaccess.Target, res map[string]*NodeCleanup, failed map[string]error) ([]NodeCleanup, error) {
 	var out []NodeCleanup
 	for _, t := range tgts {
 		nc := res[t.Name]
