@@ -4,7 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,10 +23,22 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 	if err := r.setState(ctx, record.StatePatchingWorkloads); err != nil {
 		return err
 	}
-	nodes := map[string]*corev1.Node{}
-	for i := range r.view.nodes {
-		nodes[r.view.nodes[i].Name] = &r.view.nodes[i]
+	if err := r.addTolerations(ctx); err != nil {
+		return err
 	}
+	if !r.opts.RestoreLabels {
+		return nil
+	}
+	want, err := r.labelsWanted()
+	if err != nil {
+		return err
+	}
+	return r.restoreLabels(ctx, want)
+}
+
+// addTolerations adds the missing not-ready and unreachable tolerations
+// to every running pod but a DaemonSet's.
+func (r *applyRun) addTolerations(ctx context.Context) error {
 	for i := range r.view.pods {
 		pod := &r.view.pods[i]
 		if pod.Spec.NodeName == "" || isDaemonSetPod(pod) {
@@ -56,8 +69,15 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 	if len(r.res.Patched) > 0 {
 		r.log.Info("tolerations added", "pods", len(r.res.Patched))
 	}
-	if !r.opts.RestoreLabels {
-		return nil
+	return nil
+}
+
+// labelsWanted are, per node, the labels its pods' nodeSelectors need
+// and it lacks; two pods needing one label with two values are refused.
+func (r *applyRun) labelsWanted() (map[string]map[string]string, error) {
+	nodes := map[string]*corev1.Node{}
+	for i := range r.view.nodes {
+		nodes[r.view.nodes[i].Name] = &r.view.nodes[i]
 	}
 	want := map[string]map[string]string{}
 	for i := range r.view.pods {
@@ -72,25 +92,20 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 					want[node.Name] = map[string]string{}
 				}
 				if prev, clash := want[node.Name][k]; clash && prev != v {
-					return fmt.Errorf("node %s: pods need label %s both as %q and %q", node.Name, k, prev, v)
+					return nil, fmt.Errorf("node %s: pods need label %s both as %q and %q", node.Name, k, prev, v)
 				}
 				want[node.Name][k] = v
 			}
 		}
 	}
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		keys := make([]string, 0, len(want[n]))
-		for k := range want[n] {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
+	return want, nil
+}
+
+// restoreLabels adds want's labels to each node, in name order.
+func (r *applyRun) restoreLabels(ctx context.Context, want map[string]map[string]string) error {
+	for _, n := range slices.Sorted(maps.Keys(want)) {
 		var kv []string
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(want[n])) {
 			kv = append(kv, k+"="+want[n][k])
 			r.res.Labels = append(r.res.Labels, n+": "+k+"="+want[n][k])
 		}
