@@ -5,9 +5,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -73,18 +74,7 @@ func (pc *planCheck) health(ctx context.Context) {
 		switch {
 		case err == nil:
 			probe("lease/kube-system/"+comp, Blocking, "check the "+comp+" units on the control-plane nodes", func(ctx context.Context) error {
-				l, err := pc.opts.Client.CoordinationV1().Leases("kube-system").Get(ctx, comp, metav1.GetOptions{})
-				if err != nil {
-					return fmt.Errorf("cannot read the lease: %w", err)
-				}
-				d := 15 * time.Second
-				if l.Spec.LeaseDurationSeconds != nil {
-					d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
-				}
-				if l.Spec.RenewTime == nil || pc.opts.Now().Sub(l.Spec.RenewTime.Time) > 2*d {
-					return fmt.Errorf("%s holds no live lease (last renewed %v)", comp, l.Spec.RenewTime)
-				}
-				return nil
+				return pc.liveLease(ctx, comp)
 			})
 		case apierrors.IsNotFound(err):
 			mustRun = append(mustRun, comp)
@@ -93,12 +83,7 @@ func (pc *planCheck) health(ctx context.Context) {
 		}
 	}
 	wg.Wait()
-	objects := make([]string, 0, len(results))
-	for o := range results {
-		objects = append(objects, o)
-	}
-	sort.Strings(objects)
-	for _, o := range objects {
+	for _, o := range slices.Sorted(maps.Keys(results)) {
 		r := results[o]
 		pc.add(r.sev, CheckHealth, r.object, r.msg, r.fix)
 	}
@@ -110,6 +95,23 @@ func (pc *planCheck) health(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// liveLease: comp's leader election Lease was renewed within twice its
+// duration (as the plan's clock reads it).
+func (pc *planCheck) liveLease(ctx context.Context, comp string) error {
+	l, err := pc.opts.Client.CoordinationV1().Leases("kube-system").Get(ctx, comp, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("cannot read the lease: %w", err)
+	}
+	d := 15 * time.Second
+	if l.Spec.LeaseDurationSeconds != nil {
+		d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	}
+	if l.Spec.RenewTime == nil || pc.opts.Now().Sub(l.Spec.RenewTime.Time) > 2*d {
+		return fmt.Errorf("%s holds no live lease (last renewed %v)", comp, l.Spec.RenewTime)
+	}
+	return nil
 }
 
 // probe runs check until it passes or HealthWindow has passed, backing
