@@ -103,75 +103,13 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 		verb = "apply"
 	}
 	if allAt(at, to) {
-		// Moved already, by a run this one resumes: kubeadm may still be
-		// going past the static pods (its config, kubelet and addon
-		// phases), or have stopped there. Follow it to its end (re-run
-		// when it failed or was killed, as kubeadm's own advice is), so
-		// that nothing else moves while it runs; then Ready there too.
-		// A node moved without a kubeadm run of this upgrade is only
-		// waited for.
-		if err := r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
-			if r.dry {
-				return nil
-			}
-			run := r.kubeadmRun(verb)
-			out, err := o.Run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
-			if err != nil {
-				return err
-			}
-			if status, rest, _ := strings.Cut(out, "\n"); strings.TrimSpace(status) != "lost" || strings.TrimSpace(rest) != "" {
-				args, err := r.kubeadmArgs(ctx, o, verb)
-				if err != nil {
-					return err
-				}
-				r.markMoved(node, "")
-				if err := r.runKubeadm(ctx, o, run, args); err != nil {
-					return err
-				}
-			}
-			return r.waitStaticAt(ctx, o, to)
-		}); err != nil {
+		if err := r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error { return d.follow(ctx, r, o, verb, to) }); err != nil {
 			r.setNode(ctx, node, failedStatus(err), "kubeadm", err)
 			return err
 		}
 		return r.waitAddons(ctx)
 	}
-	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
-		r.setNode(ctx, node, record.NodeUpgrading, "kubeadm", nil)
-		args, err := r.kubeadmArgs(ctx, o, verb)
-		if err != nil {
-			return err
-		}
-		run := r.kubeadmRun(verb)
-		r.event(ctx, node, "UpgradingControlPlane", fmt.Sprintf("kubelift: kubeadm %s (%s -> %s)", strings.Join(args, " "), o.From, to))
-		if err := r.waitLeaders(ctx); err != nil {
-			return err
-		}
-		if err := r.fence(ctx); err != nil {
-			return fmt.Errorf("node %s: kubeadm not started: %w", node, err)
-		}
-		r.markMoved(node, "")
-		if err := r.runKubeadm(ctx, o, run, args); err != nil {
-			if !errors.Is(err, errKubeadmFailed) {
-				return err
-			}
-			// kubeadm put the old manifests back: wait until the control
-			// plane runs them again (its API server restarts meanwhile).
-			if werr := r.waitStaticAt(ctx, o, o.From); werr != nil {
-				return fmt.Errorf("%w; after it, the control plane is not back at %s: %v", err, o.From, werr)
-			}
-			// ... and leads again (the next run's plan checks the leases).
-			if werr := r.waitLeaders(ctx); werr != nil {
-				return fmt.Errorf("%w; after it, %v", err, werr)
-			}
-			return fmt.Errorf("%w: %w; kubeadm put node %s's control plane back at %s", ErrNodeFailed, err, node, o.From)
-		}
-		if r.dry {
-			r.would(node, "wait for the control plane's static pods to run "+to+" and be Ready", "")
-			return nil
-		}
-		return r.waitStaticAt(ctx, o, to)
-	})
+	err = r.onNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error { return d.move(ctx, r, o, verb, to) })
 	if err != nil {
 		r.setNode(ctx, node, failedStatus(err), "kubeadm", err)
 		return err
@@ -180,6 +118,77 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 		r.log.Info("upgraded", "node", node, "control plane", "kubeadm", "version", to)
 	}
 	return r.waitAddons(ctx)
+}
+
+// follow finishes a node moved already, by a run this one resumes:
+// kubeadm may still be going past the static pods (its config, kubelet
+// and addon phases), or have stopped there. Follow it to its end (re-run
+// when it failed or was killed, as kubeadm's own advice is), so that
+// nothing else moves while it runs; then Ready there too. A node moved
+// without a kubeadm run of this upgrade is only waited for.
+func (kubeadmDriver) follow(ctx context.Context, r *applyRun, o *nodeops.Ops, verb, to string) error {
+	if r.dry {
+		return nil
+	}
+	run := r.kubeadmRun(verb)
+	out, err := o.Run(ctx, "kubeadm status", nodescript.KubeadmStatus, KubeadmRunDir, run)
+	if err != nil {
+		return err
+	}
+	if status, rest, _ := strings.Cut(out, "\n"); strings.TrimSpace(status) != "lost" || strings.TrimSpace(rest) != "" {
+		args, err := r.kubeadmArgs(ctx, o, verb)
+		if err != nil {
+			return err
+		}
+		r.markMoved(o.Name, "")
+		if err := r.runKubeadm(ctx, o, run, args); err != nil {
+			return err
+		}
+	}
+	return r.waitStaticAt(ctx, o, to)
+}
+
+// move runs `kubeadm upgrade VERB` on the node once the leaders lead and
+// the run holds the lock, and waits for the static pods at to. A kubeadm
+// that fails puts the old manifests back itself: then the control plane
+// is waited for at the old version and leading again, and the error wraps
+// ErrNodeFailed.
+func (kubeadmDriver) move(ctx context.Context, r *applyRun, o *nodeops.Ops, verb, to string) error {
+	node := o.Name
+	r.setNode(ctx, node, record.NodeUpgrading, "kubeadm", nil)
+	args, err := r.kubeadmArgs(ctx, o, verb)
+	if err != nil {
+		return err
+	}
+	run := r.kubeadmRun(verb)
+	r.event(ctx, node, "UpgradingControlPlane", fmt.Sprintf("kubelift: kubeadm %s (%s -> %s)", strings.Join(args, " "), o.From, to))
+	if err := r.waitLeaders(ctx); err != nil {
+		return err
+	}
+	if err := r.fence(ctx); err != nil {
+		return fmt.Errorf("node %s: kubeadm not started: %w", node, err)
+	}
+	r.markMoved(node, "")
+	if err := r.runKubeadm(ctx, o, run, args); err != nil {
+		if !errors.Is(err, errKubeadmFailed) {
+			return err
+		}
+		// kubeadm put the old manifests back: wait until the control
+		// plane runs them again (its API server restarts meanwhile).
+		if werr := r.waitStaticAt(ctx, o, o.From); werr != nil {
+			return fmt.Errorf("%w; after it, the control plane is not back at %s: %v", err, o.From, werr)
+		}
+		// ... and leads again (the next run's plan checks the leases).
+		if werr := r.waitLeaders(ctx); werr != nil {
+			return fmt.Errorf("%w; after it, %v", err, werr)
+		}
+		return fmt.Errorf("%w: %w; kubeadm put node %s's control plane back at %s", ErrNodeFailed, err, node, o.From)
+	}
+	if r.dry {
+		r.would(node, "wait for the control plane's static pods to run "+to+" and be Ready", "")
+		return nil
+	}
+	return r.waitStaticAt(ctx, o, to)
 }
 
 // Undo puts node's control plane back at the version the run started

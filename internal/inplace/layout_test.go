@@ -1,6 +1,7 @@
 package inplace
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
@@ -25,7 +26,8 @@ var rooms = map[string][]string{
 
 const module = "github.com/kubelift/kubelift/internal/inplace"
 
-// The rooms import only downward, and no engine file outgrows 500 lines.
+// The rooms import only downward, no engine file outgrows 500 lines,
+// and no function 80.
 func TestRoomsImportOnlyDownward(t *testing.T) {
 	dirs, err := os.ReadDir(".")
 	if err != nil {
@@ -86,6 +88,18 @@ func TestRoomsImportOnlyDownward(t *testing.T) {
 		}
 		if n := strings.Count(string(b), "\n"); n > 500 {
 			t.Errorf("%s has %d lines: split it (at most 500)", f, n)
+		}
+		fset := token.NewFileSet()
+		parsed, err := parser.ParseFile(fset, f, b, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range parsed.Decls {
+			if fd, ok := d.(*ast.FuncDecl); ok {
+				if n := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1; n > 80 {
+					t.Errorf("%s: func %s has %d lines: name its steps (at most 80)", f, fd.Name.Name, n)
+				}
+			}
 		}
 	}
 }
