@@ -75,12 +75,12 @@ demo-kubeadm: deps build bin/kubelift-sandbox
 	$(SUDO) bin/kubelift-sandbox up --dir $(KUBEADM_SANDBOX_DIR) --kubeadm --name kk --subnet 10.79.0
 	$(GO) run ./test/demo --sandbox $(KUBEADM_SANDBOX_DIR)
 
-# The sandbox cluster (test/sandbox): state in $(SANDBOX_DIR); flags via
+# The sandbox cluster (test/env/sandbox): state in $(SANDBOX_DIR); flags via
 # SANDBOX_FLAGS, e.g. SANDBOX_FLAGS="--control-planes 3 --workers 2".
 SANDBOX_DIR   ?= $(CURDIR)/.sandbox
 SANDBOX_FLAGS ?=
 bin/kubelift-sandbox: FORCE
-	$(GO) build -o $@ ./test/sandbox/cmd/kubelift-sandbox
+	$(GO) build -o $@ ./test/env/sandbox/cmd/kubelift-sandbox
 FORCE:
 
 sandbox-up: deps bin/kubelift-sandbox
@@ -95,7 +95,7 @@ sandbox-status: bin/kubelift-sandbox
 bench: deps build tools
 	$(GO) run ./test/bench $(BENCH_FLAGS)
 
-# The scale simulation (test/scale: a real API server and controller
+# The scale simulation (test/stories/scale: a real API server and controller
 # manager, KWOK's Nodes, an SSH fleet on 127.x addresses): 1000 workers
 # upgraded with --max-unavailable 50 and then 100, each against the ideal
 # schedule. SCALE_FLAGS, e.g. SCALE_FLAGS="-nodes 5000 -batches 100".

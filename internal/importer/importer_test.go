@@ -361,7 +361,7 @@ func TestImportPushesBinariesAsArtifacts(t *testing.T) {
 	}
 	// With a cache directory, an artifact also holds the file's zstd copy
 	// when it saves a tenth or more: not these test files of 20 bytes
-	// (test/engine's import of real binaries pushes them, and its nodes
+	// (test/stories/engine's import of real binaries pushes them, and its nodes
 	// pull them).
 	cache := t.TempDir()
 	if res, err = e.imp(t, file, func(o *Options) { o.CacheDir = cache }); err != nil {

@@ -15,9 +15,9 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
-	"github.com/kubelift/kubelift/test/kube"
-	"github.com/kubelift/kubelift/test/prober"
-	"github.com/kubelift/kubelift/test/sandbox"
+	"github.com/kubelift/kubelift/test/env/kube"
+	"github.com/kubelift/kubelift/test/env/prober"
+	"github.com/kubelift/kubelift/test/env/sandbox"
 )
 
 // benchEngine measures staging and planning on a sandbox of its own (1
@@ -27,7 +27,7 @@ import (
 func benchEngine(ctx context.Context, work, bin, key string) error {
 	cfg := sandbox.Config{Dir: filepath.Join(work, "sandbox"), Name: fmt.Sprintf("klb%d", os.Getpid()%1000), Subnet: "10.83.0",
 		Workers: 3, Tool: filepath.Join(work, "kubelift-sandbox"), Workloads: true}
-	if out, err := exec.Command("go", "build", "-o", cfg.Tool, "./test/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", cfg.Tool, "./test/env/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
 		return fmt.Errorf("build kubelift-sandbox: %v\n%s", err, out)
 	}
 	cfg.Defaults()

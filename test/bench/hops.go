@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubelift/kubelift/test/kube"
-	"github.com/kubelift/kubelift/test/prober"
-	"github.com/kubelift/kubelift/test/sandbox"
+	"github.com/kubelift/kubelift/test/env/kube"
+	"github.com/kubelift/kubelift/test/env/prober"
+	"github.com/kubelift/kubelift/test/env/sandbox"
 )
 
 var (
@@ -30,7 +30,7 @@ var (
 func benchHops(ctx context.Context, work, bin, key string) error {
 	cfg := sandbox.Config{Dir: filepath.Join(work, "hops-sandbox"), Name: fmt.Sprintf("kbh%d", os.Getpid()%1000), Subnet: "10.91.0",
 		Workers: 2, Tool: filepath.Join(work, "kubelift-sandbox"), Workloads: true, OldVersion: *hopsFrom, NewVersion: *hopsTarget, FullHops: true}
-	if out, err := exec.Command("go", "build", "-o", cfg.Tool, "./test/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", cfg.Tool, "./test/env/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
 		return fmt.Errorf("build kubelift-sandbox: %v\n%s", err, out)
 	}
 	cfg.Defaults()

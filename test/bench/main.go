@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubelift/kubelift/test/internet"
+	"github.com/kubelift/kubelift/test/env/internet"
 )
 
 var (

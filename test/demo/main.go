@@ -22,9 +22,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/kubelift/kubelift/test/kube"
-	"github.com/kubelift/kubelift/test/prober"
-	"github.com/kubelift/kubelift/test/sandbox"
+	"github.com/kubelift/kubelift/test/env/kube"
+	"github.com/kubelift/kubelift/test/env/prober"
+	"github.com/kubelift/kubelift/test/env/sandbox"
 )
 
 const version = "v1.31.4"

@@ -1,7 +1,7 @@
 // Package fakenode is an in-memory node for unit tests: it answers each
 // node script (internal/nodescript) by name, with the script's arguments
 // as data, and records what ran. A command that is not exactly one of the
-// scripts is refused, as test/fleet's SSH nodes refuse it.
+// scripts is refused, as test/env/fleet's SSH nodes refuse it.
 package fakenode
 
 import (

@@ -1,0 +1,599 @@
+// Package harness runs the built kubelift programs on a sandbox of their
+// own, as an operator inside the air gap would: the engine's end-to-end
+// tests (test/stories/engine, test/stories/apply) share it.
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
+	"github.com/kubelift/kubelift/test/env/kube"
+	"github.com/kubelift/kubelift/test/env/prober"
+	"github.com/kubelift/kubelift/test/env/sandbox"
+)
+
+// Harness is a sandbox with the programs built from this tree, a team key,
+// and two bundles of the new version.
+type Harness struct {
+	SB     *sandbox.State
+	Client kubernetes.Interface
+	// Bin holds bundle, upgrade and kubelift-sandbox; Work the keys and bundles.
+	Bin, Work string
+	// HashSkipBundle carries kubelift's hash-skip kubelet; UpstreamBundle,
+	// made a second later, upstream's.
+	HashSkipBundle, UpstreamBundle string
+	tmp                            string
+	cfg                            sandbox.Config
+}
+
+// Option changes the sandbox Setup brings up.
+type Option func(*sandbox.Config)
+
+// From starts the sandbox's nodes at version instead of the sandbox's
+// default old version (the bundles stay at its new version).
+func From(version string) Option { return func(c *sandbox.Config) { c.OldVersion = version } }
+
+// StandIn runs the nodes on the CRI stand-in (containers as records, no
+// processes, no pod network) instead of containerd; why says what the
+// package needs it for.
+func StandIn(why string) Option {
+	return func(c *sandbox.Config) {
+		c.Runtime = sandbox.RuntimeStandIn
+		fmt.Fprintf(os.Stderr, "harness: nodes on the CRI stand-in: %s\n", why)
+	}
+}
+
+// Target makes the bundles (and the sandbox's new version) version; more
+// than one minor ahead of the nodes, the bundles carry the hops in between
+// (bundle create --from).
+func Target(version string) Option { return func(c *sandbox.Config) { c.NewVersion = version } }
+
+// Kubeadm builds the sandbox with kubeadm (sandbox.Config.Kubeadm).
+func Kubeadm() Option { return func(c *sandbox.Config) { c.Kubeadm = true } }
+
+// StaticPod runs a static pod on the last worker (sandbox.Config.StaticPod).
+func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
+
+// Setup builds the programs, brings up a sandbox (controlPlanes, workers)
+// named name on subnet, and makes the bundles. Close takes it all down.
+func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Harness, error) {
+	ctx := context.Background()
+	tmp, err := os.MkdirTemp("", "kubelift-"+name+"-")
+	if err != nil {
+		return nil, err
+	}
+	h := &Harness{tmp: tmp, Bin: filepath.Join(tmp, "bin"), Work: filepath.Join(tmp, "work")}
+	for pkg, out := range map[string]string{"cmd/bundle": "bundle", "cmd/upgrade": "upgrade", "test/env/sandbox/cmd/kubelift-sandbox": "kubelift-sandbox"} {
+		if b, err := exec.Command("go", "build", "-o", filepath.Join(h.Bin, out), "github.com/kubelift/kubelift/"+pkg).CombinedOutput(); err != nil {
+			os.RemoveAll(tmp)
+			return nil, fmt.Errorf("build %s: %v\n%s", pkg, err, b)
+		}
+	}
+	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
+		ControlPlanes: controlPlanes, Workers: workers, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
+		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
+	for _, o := range opts {
+		o(&h.cfg)
+	}
+	h.cfg.Defaults()
+	_, file, _, _ := runtime.Caller(0)
+	hashSkipKubelet, err := exec.Command(filepath.Join(filepath.Dir(file), "..", "..", "..", "hack", "build-kubelet.sh"), h.cfg.NewVersion).Output()
+	if err != nil {
+		os.RemoveAll(tmp)
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("hack/build-kubelet.sh %s: %w\n%s", h.cfg.NewVersion, err, ee.Stderr)
+		}
+		return nil, fmt.Errorf("hack/build-kubelet.sh %s: %w", h.cfg.NewVersion, err)
+	}
+	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
+		h.Close()
+		return nil, err
+	}
+	if h.Client, err = h.SB.Client(); err != nil {
+		h.Close()
+		return nil, err
+	}
+	if err := h.makeBundles(strings.TrimSpace(string(hashSkipKubelet))); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// Main is a test package's TestMain: it sets up a harness (as Setup),
+// hands it to use, runs the tests, takes it all down and exits.
+func Main(m *testing.M, name, subnet string, controlPlanes, workers int, use func(*Harness), opts ...Option) {
+	h, err := Setup(name, subnet, controlPlanes, workers, opts...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	use(h)
+	code := m.Run()
+	h.Close()
+	os.Exit(code)
+}
+
+// Close takes the sandbox down and removes every file.
+func (h *Harness) Close() {
+	_ = sandbox.Down(context.Background(), h.cfg.Dir, h.cfg.Log)
+	os.RemoveAll(h.tmp)
+}
+
+// makeBundles makes the bundles outside the air gap, on the stand-in
+// internet. The upstream bundle is made a second later: of two imported
+// bundles of a version, the engine takes the most recently made.
+func (h *Harness) makeBundles(hashSkipKubelet string) error {
+	if err := os.MkdirAll(h.Work, 0o755); err != nil {
+		return err
+	}
+	if _, err := ProgramOut(nil, "", filepath.Join(h.Bin, "bundle"), "keygen", "--out", filepath.Join(h.Work, "team")); err != nil {
+		return err
+	}
+	h.HashSkipBundle, h.UpstreamBundle = filepath.Join(h.Work, "hashskip.tar"), filepath.Join(h.Work, "upstream.tar")
+	for i, b := range []struct {
+		out   string
+		extra []string
+	}{{h.HashSkipBundle, []string{"--kubelet-binary", hashSkipKubelet}}, {h.UpstreamBundle, nil}} {
+		if i > 0 {
+			time.Sleep(1100 * time.Millisecond)
+		}
+		args := append([]string{"create", "--kubernetes-version", h.SB.NewVersion, "--sign-key", filepath.Join(h.Work, "team.key"), "-o", b.out,
+			"--cache-dir", filepath.Join(h.Work, "cache"), "-q"}, h.SB.Internet.BundleFlags...)
+		if len(h.SB.Binaries.Hops) > 0 {
+			args = append(args, "--from", h.SB.OldVersion)
+		}
+		for _, img := range h.SB.Internet.UserImages {
+			args = append(args, "--image", img) // the team's own, as a user bundles them
+		}
+		if _, err := ProgramOut(&kube.NetNS{Name: h.SB.Internet.NetNS}, "", filepath.Join(h.Bin, "bundle"), append(args, b.extra...)...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Key is the team's public key file.
+func (h *Harness) Key() string { return filepath.Join(h.Work, "team.pub") }
+
+// ProgramOut runs a program (in a namespace, if given) with a time limit.
+func ProgramOut(ns *kube.NetNS, stdin, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var cmd *exec.Cmd
+	if ns != nil {
+		cmd = ns.Command(name, args...)
+	} else {
+		cmd = exec.Command(name, args...)
+	}
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return out.String(), fmt.Errorf("%s %s: %w\nstdout: %s\nstderr: %s", filepath.Base(name), strings.Join(args, " "), err, out.String(), errb.String())
+		}
+		return out.String(), nil
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		return out.String(), fmt.Errorf("%s: timed out", name)
+	}
+}
+
+// Result is a finished run of the upgrade program on the admin machine.
+type Result struct {
+	Stdout, Stderr string
+	Code           int
+}
+
+// Upgrade runs the upgrade program on the admin machine, as an operator
+// inside the air gap would, with the cluster's kubeconfig.
+func (h *Harness) Upgrade(t *testing.T, stdin string, args ...string) Result {
+	t.Helper()
+	return h.UpgradeWithin(t, 5*time.Minute, stdin, args...)
+}
+
+// UpgradeWithin is Upgrade with another time limit (kubeadm waits up to
+// 5 minutes for a static pod before it rolls back).
+func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string, args ...string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(t.TempDir(), "cache"))
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		t.Fatalf("upgrade %s: timed out", strings.Join(args, " "))
+	}
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return Result{out.String(), errb.String(), code}
+}
+
+// Start starts the upgrade program on the admin machine without waiting
+// for it (the caller kills it, by pid, or waits); its standard error
+// collects in the buffer.
+func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, *bytes.Buffer, error) {
+	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(h.tmp, "cache"))
+	cmd.Stdin = strings.NewReader(stdin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	return cmd, &stderr, cmd.Start()
+}
+
+// StartLines starts the upgrade program as Start does; its standard error
+// comes line by line on the channel, which is closed once the program has
+// closed it (read it to the end before cmd.Wait).
+func (h *Harness) StartLines(stdin string, args ...string) (*exec.Cmd, <-chan string, error) {
+	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(h.tmp, "cache"))
+	cmd.Stdin = strings.NewReader(stdin)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(pipe)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		if err := sc.Err(); err != nil { // a line past 1 MiB: say so, and keep the program from blocking on its pipe
+			lines <- "harness: reading standard error: " + err.Error()
+			_, _ = io.Copy(io.Discard, pipe)
+		}
+	}()
+	return cmd, lines, nil
+}
+
+// RegistryFlags reach the sandbox's private registry (the password on stdin).
+func (h *Harness) RegistryFlags() ([]string, string) {
+	pw, _ := os.ReadFile(filepath.Join(h.SB.Dir, "registry", "password"))
+	return []string{"--username", h.SB.Registry.User, "--password-stdin", "--ca-file", h.SB.Registry.CAFile}, strings.TrimSpace(string(pw)) + "\n"
+}
+
+// SSHFlags reach the nodes with the sandbox's key and known_hosts.
+func (h *Harness) SSHFlags() []string {
+	return []string{"--ssh-key", filepath.Join(h.SB.Dir, "ssh", "id_ed25519"), "--known-hosts", filepath.Join(h.SB.Dir, "ssh", "known_hosts")}
+}
+
+// Import imports file into the sandbox's registry and cluster.
+func (h *Harness) Import(t *testing.T, file string, extra ...string) Result {
+	t.Helper()
+	reg, pw := h.RegistryFlags()
+	args := append([]string{"import", file, "--key", h.Key(), "--domain", h.SB.Registry.Address, "--namespace", "library", "-q"}, reg...)
+	r := h.Upgrade(t, pw, append(args, extra...)...)
+	if r.Code != 0 {
+		t.Fatalf("import %s: exit %d\n%s%s", filepath.Base(file), r.Code, r.Stdout, r.Stderr)
+	}
+	return r
+}
+
+// SSH runs a command on a node over SSH, as kubelift does.
+func (h *Harness) SSH(t *testing.T, node, command string) string {
+	t.Helper()
+	out, err := h.TrySSH(node, command)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TrySSH is SSH for a command that may fail (a check repeated until a
+// process has settled): the error says the node, command and output.
+func (h *Harness) TrySSH(node, command string) (string, error) {
+	c, err := h.SB.SSH(context.Background(), node)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	s, err := c.NewSession()
+	if err != nil {
+		return "", err
+	}
+	defer s.Close()
+	var out, errb bytes.Buffer
+	s.Stdout, s.Stderr = &out, &errb
+	if err := s.Run(command); err != nil {
+		return out.String(), fmt.Errorf("ssh %s %q: %v\n%s%s", node, command, err, out.String(), errb.String())
+	}
+	return out.String(), nil
+}
+
+// Eventually checks cond until it holds, at most within, and says what it
+// last saw when it never did: for a state a process reaches after a
+// restart (a unit's MainPID is 0 while it restarts). No test asserts on
+// how long that takes.
+func Eventually(t *testing.T, within time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("not within %s: %s", within, last)
+			return
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// Running lists a node's running containers (ID -> namespace/pod/name),
+// read over SSH.
+func (h *Harness) Running(t *testing.T, node string) map[string]string {
+	t.Helper()
+	cs, err := kubeletcompat.ParseCrictl([]byte(h.SSH(t, node, "crictl ps -o json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, c := range cs {
+		if c.Running {
+			out[c.ID] = c.Namespace + "/" + c.Pod + "/" + c.Name
+		}
+	}
+	return out
+}
+
+// RunningVersion reads the version of comp's running process on node of a
+// binary sandbox, over SSH ("" and the error while it is not running, e.g.
+// restarting).
+func (h *Harness) RunningVersion(node, comp string) (string, error) {
+	out, err := h.TrySSH(node, fmt.Sprintf("pid=$(systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version", comp))
+	return strings.TrimPrefix(strings.TrimSpace(out), "Kubernetes "), err
+}
+
+// MainPID reads the pid of comp's main process on node, over SSH (0 when
+// it does not run).
+func (h *Harness) MainPID(t *testing.T, node, comp string) int {
+	t.Helper()
+	out := h.SSH(t, node, fmt.Sprintf("systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'", comp))
+	var pid int
+	if _, err := fmt.Sscan(strings.TrimSpace(out), &pid); err != nil {
+		t.Fatalf("%s: %s's MainPID %q: %v", node, comp, out, err)
+	}
+	return pid
+}
+
+// SteadyControlPlane checks on a binary sandbox, as soon as a command said
+// it was done, that every control-plane part runs version, and that each
+// is still the same process a minute later (an API server's restart makes
+// a leading controller manager or scheduler exit a few seconds on).
+func (h *Harness) SteadyControlPlane(t *testing.T, version string) {
+	t.Helper()
+	pids := map[string]int{}
+	for _, m := range h.SB.Nodes() {
+		if m.Role != "control-plane" {
+			continue
+		}
+		for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			got, err := h.RunningVersion(m.Name, c)
+			if err != nil || got != version {
+				t.Errorf("%s: %s runs %q (%v) when the command returned, want %s", m.Name, c, got, err, version)
+			}
+			pids[m.Name+"/"+c] = h.MainPID(t, m.Name, c)
+		}
+	}
+	time.Sleep(time.Minute)
+	for key, pid := range pids {
+		node, c, _ := strings.Cut(key, "/")
+		if now := h.MainPID(t, node, c); now != pid || pid == 0 {
+			t.Errorf("%s: %s was process %d when the command returned, a minute later %d", node, c, pid, now)
+		}
+	}
+}
+
+// Shop lists the running shop containers on every node of the sandbox
+// (ID -> "NODE namespace/pod/name").
+func (h *Harness) Shop(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, m := range h.SB.Nodes() {
+		for id, what := range h.Running(t, m.Name) {
+			if strings.HasPrefix(what, sandbox.WorkloadNamespace+"/") {
+				out[id] = m.Name + " " + what
+			}
+		}
+	}
+	return out
+}
+
+// HashSkipShopPod returns the first running shop pod that ok accepts,
+// after checking over SSH that the hash-skip file is on its node (an
+// image set in place is judged while it is there).
+func (h *Harness) HashSkipShopPod(t *testing.T, ok func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Status.Phase != corev1.PodRunning || !ok(p) {
+			continue
+		}
+		if out := h.SSH(t, p.Spec.NodeName, "test -e /var/lib/kubelet/kubelift-hash-skip.json && echo present || echo absent"); out != "present\n" {
+			t.Fatalf("%s's hash-skip file: %s", p.Spec.NodeName, out)
+		}
+		return p
+	}
+	t.Fatal("no running shop pod of the kind wanted")
+	return nil
+}
+
+// SetProxyImage sets the image of shop pod pod's proxy container in place
+// (a Pod's image is mutable: OpenKruise and `kubectl set image pod/...` do
+// it) to the app's image, the same program under another name, and waits
+// up to 2 minutes for the kubelet to act on it: that container restarted
+// once more, under a new ID, Ready. It returns the container's old ID.
+func (h *Harness) SetProxyImage(t *testing.T, pod *corev1.Pod) string {
+	t.Helper()
+	ctx := context.Background()
+	idx := slices.IndexFunc(pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == "proxy" })
+	if idx < 0 {
+		t.Fatalf("pod %s has no proxy container", pod.Name)
+	}
+	var oldID string
+	var restarts int32
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == "proxy" {
+			oldID, restarts = strings.TrimPrefix(cs.ContainerID, "containerd://"), cs.RestartCount
+		}
+	}
+	if _, ok := h.Running(t, pod.Spec.NodeName)[oldID]; oldID == "" || !ok {
+		t.Fatalf("%s's proxy container %q is not running on %s", pod.Name, oldID, pod.Spec.NodeName)
+	}
+	image := h.SB.Registry.Address + "/" + sandbox.ShopAppImage
+	at := fmt.Sprintf("/spec/containers/%d", idx)
+	patch, err := json.Marshal([]map[string]string{{"op": "test", "path": at + "/name", "value": "proxy"}, {"op": "replace", "path": at + "/image", "value": image}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 2*time.Minute, func() (bool, string) {
+		p, err := h.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		// (The runtime may name the image by another tag of the same
+		// digest: the restart and the new container say it.)
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.Name == "proxy" {
+				id := strings.TrimPrefix(cs.ContainerID, "containerd://")
+				return cs.Ready && cs.RestartCount == restarts+1 && id != oldID && p.Spec.Containers[idx].Image == image,
+					fmt.Sprintf("proxy: restarts %d, container %s, ready %v", cs.RestartCount, id, cs.Ready)
+			}
+		}
+		return false, "no proxy container status"
+	})
+	return oldID
+}
+
+// Probe starts the prober on what a user judges the sandbox's
+// availability by (sandbox.ProbeTargets: the shop Service from every
+// worker, every shop pod), 10 requests a second each and one held stream;
+// it is stopped when the test ends, if not before (Stop gives the verdict).
+func (h *Harness) Probe(t *testing.T) *prober.Prober {
+	t.Helper()
+	targets, err := h.SB.ProbeTargets(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := prober.Start(context.Background(), prober.Config{Targets: targets, Rate: 10, Streams: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop() })
+	return p
+}
+
+// Status is `upgrade status -o json`: the upgrade the cluster records.
+func (h *Harness) Status(t *testing.T) *record.Upgrade {
+	t.Helper()
+	r := h.Upgrade(t, "", "status", "-o", "json")
+	var st record.Upgrade
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil || r.Code != 0 {
+		t.Fatalf("status: exit %d, %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
+	}
+	return &st
+}
+
+// Node reads a Node.
+func (h *Harness) Node(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := h.Client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// WaitFor polls cond, bounded by 3 minutes.
+func WaitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// NoDisruption judges availability as a user does: it logs the prober's
+// table and fails t for every request that failed and every held
+// connection that broke (the first 20 named), or when the prober measured
+// nothing (fewer than 4 targets, or no request).
+func NoDisruption(t *testing.T, res *prober.Result) {
+	t.Helper()
+	var table strings.Builder
+	_ = res.WriteTable(&table)
+	t.Logf("availability over %s:\n%s", res.Ended.Sub(res.Started).Round(time.Second), table.String())
+	for i, f := range res.Failures {
+		if i == 20 {
+			t.Errorf("... %d failures in all", len(res.Failures))
+			break
+		}
+		t.Errorf("%s %s at %s: %s", f.Target, f.Kind, f.At.Format("15:04:05.000"), f.Error)
+	}
+	requests := 0
+	for _, tr := range res.Targets {
+		requests += tr.Requests
+	}
+	if len(res.Targets) < 4 || requests == 0 {
+		t.Errorf("the prober probed %d targets with %d requests: it measured nothing", len(res.Targets), requests)
+	}
+}

@@ -1,0 +1,248 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/test/env/images"
+	"github.com/kubelift/kubelift/test/env/internet"
+)
+
+// Where the stand-in internet serves, inside its own namespace.
+const (
+	internetRegistry = "127.0.0.1:5000"
+	internetFiles    = "127.0.0.1:8080"
+)
+
+const filesUnit = `[Unit]
+Description=HTTP file server playing dl.k8s.io and github.com (each file with its .sha256)
+
+[Service]
+ExecStart=` + toolPath + ` serve-files --dir /srv/files --listen ` + internetFiles + `
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// internetFiles writes the stand-in internet's tree: the source registry,
+// and every file of the new version's catalog entry for amd64 at its
+// upstream path (/srv/files/HOST/PATH, with PATH.sha256). The kubelet and
+// kubectl are the real builds; the other files are labelled stand-ins.
+func (s *State) internetFiles(m *Machine) error {
+	for _, d := range []string{"etc/docker/registry", "var/lib/docker-registry", "srv/files"} {
+		if err := os.MkdirAll(m.fsPath(d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(m.fsPath("etc/docker/registry/config.yml"), []byte(registryConfig(internetRegistry, "kubelift-sandbox-internet", false)), 0o644); err != nil {
+		return err
+	}
+	cat, err := catalog.Default()
+	if err != nil {
+		return err
+	}
+	rel, err := cat.Lookup(s.NewVersion)
+	if err != nil {
+		return fmt.Errorf("stand-in internet: %w", err)
+	}
+	hops, err := s.Hops()
+	if err != nil {
+		return fmt.Errorf("stand-in internet: %w", err)
+	}
+	hosts := map[string]bool{}
+	serve := func(rel *catalog.Release, built string) error {
+		for _, f := range rel.Files {
+			u, err := url.Parse(f.URLFor("amd64"))
+			if err != nil {
+				return err
+			}
+			hosts[u.Host] = true
+			dst := m.fsPath(filepath.Join("srv/files", u.Host, u.Path))
+			// The programs the sandbox builds are served for real; the
+			// rest (kubeadm, kube-proxy, crictl and CNI archives; at a hop,
+			// all but the control plane) are stand-ins.
+			content, err := os.ReadFile(filepath.Join(built, f.Name))
+			if errors.Is(err, fs.ErrNotExist) {
+				content, err = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, rel.Version, u)), nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(dst, content, 0o644); err != nil {
+				return err
+			}
+			if err := os.WriteFile(dst+".sha256", []byte(fmt.Sprintf("%x\n", sha256.Sum256(content))), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := serve(rel, s.Binaries.New); err != nil {
+		return err
+	}
+	for _, h := range hops {
+		dir, ok := s.Binaries.Hops[h.Version]
+		if !ok {
+			return fmt.Errorf("stand-in internet: hop %s was not built", h.Version)
+		}
+		if err := serve(h, dir); err != nil {
+			return err
+		}
+	}
+	s.Internet = Internet{NetNS: m.NetNS, Registry: internetRegistry, Files: "http://" + internetFiles,
+		BundleFlags: []string{"--registry-mirror", "registry.k8s.io=" + internetRegistry, "--insecure-registry", internetRegistry}}
+	var hs []string
+	for h := range hosts {
+		hs = append(hs, h)
+	}
+	sort.Strings(hs)
+	for _, h := range hs {
+		s.Internet.BundleFlags = append(s.Internet.BundleFlags, "--url-mirror", "https://"+h+"=http://"+internetFiles+"/"+h)
+	}
+	if err := writeUnit(m, "source-registry.service", fmt.Sprintf(registryUnit, "playing registry.k8s.io"), true); err != nil {
+		return err
+	}
+	return writeUnit(m, "files.service", filesUnit, true)
+}
+
+// seedInternet pushes an image for every image of the new version's
+// catalog entry (amd64 and arm64, as multi-arch indexes) into the source
+// registry, from inside the internet's namespace. With built (the real
+// runtime), pause is the real one (amd64): a bundle carries it, import
+// pushes it where the nodes pull pause from, and a pod sandbox started
+// after that must still start.
+func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
+	m, err := s.Machine("internet")
+	if err != nil {
+		return err
+	}
+	ns := m.Net()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: ns.DialContext}}
+	for _, u := range []string{"http://" + internetRegistry + "/v2/", "http://" + internetFiles + "/"} {
+		if err := poll(ctx, time.Minute, func() (bool, error) {
+			resp, err := hc.Get(u)
+			if err != nil {
+				return false, nil
+			}
+			resp.Body.Close()
+			return resp.StatusCode < 500, nil
+		}); err != nil {
+			return fmt.Errorf("stand-in internet %s: %w\n%s", u, err, s.UnitLog(*m, "source-registry", 2000))
+		}
+	}
+	cat, err := catalog.Default()
+	if err != nil {
+		return err
+	}
+	rel, err := cat.Lookup(s.NewVersion)
+	if err != nil {
+		return err
+	}
+	tr := remote.WithTransport(&http.Transport{DialContext: ns.DialContext})
+	repos := internet.ReleaseRepos(rel)
+	hops, err := s.Hops()
+	if err != nil {
+		return err
+	}
+	seed := slices.Clone(repos)
+	for _, h := range hops { // a hop's images are stand-ins: the binary control plane runs none
+		for _, r := range internet.ReleaseRepos(h) {
+			if !slices.Contains(seed, r) { // pause, etcd or CoreDNS may be the target's too
+				seed = append(seed, r)
+			}
+		}
+	}
+	if _, err = internet.Seed(ctx, internetRegistry, seed,
+		internet.ImageShape{Arches: []string{"amd64", "arm64"}, BaseBytes: 8 << 20, UniqueBytes: 2 << 20}, tr); err != nil {
+		return err
+	}
+	if built == nil {
+		return nil
+	}
+	pause := "pause:" + images.PauseTag
+	if !slices.Contains(repos, pause) {
+		return fmt.Errorf("stand-in internet: %s's catalog entry has no %s (the pause image the sandbox builds)", s.NewVersion, pause)
+	}
+	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index,
+		mutate.IndexAddendum{Add: built.Pause, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}}), types.DockerManifestList)
+	ref, err := name.ParseReference(internetRegistry+"/"+pause, name.Insecure)
+	if err != nil {
+		return err
+	}
+	if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
+		return fmt.Errorf("stand-in internet: push the real %s: %w", pause, err)
+	}
+	if s.Kubeadm {
+		// What kubeadm runs at the new version, for real (amd64): a bundle
+		// carries these, and `kubeadm upgrade` runs them.
+		set, err := kubeadmImages(ctx, s.Binaries.New, s.NewVersion, built.Pause)
+		if err != nil {
+			return err
+		}
+		for repoTag, img := range set {
+			if !slices.Contains(repos, repoTag) {
+				return fmt.Errorf("stand-in internet: %s's catalog entry has no %s (an image kubeadm runs)", s.NewVersion, repoTag)
+			}
+			idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index,
+				mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}}), types.OCIImageIndex)
+			ref, err := name.ParseReference(internetRegistry+"/"+repoTag, name.Insecure)
+			if err != nil {
+				return err
+			}
+			if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
+				return fmt.Errorf("stand-in internet: push the real %s: %w", repoTag, err)
+			}
+		}
+	}
+	// The team's images, where its CI publishes them (team/NAME:TAG).
+	for _, img := range []string{ShopAppImage, ShopSidecarImage} {
+		r := internetRegistry + "/team/" + path.Base(img)
+		ref, err := name.ParseReference(r, name.Insecure)
+		if err != nil {
+			return err
+		}
+		if err := remote.Write(ref, built.Shop, remote.WithContext(ctx), tr); err != nil {
+			return fmt.Errorf("stand-in internet: push %s: %w", r, err)
+		}
+		s.Internet.UserImages = append(s.Internet.UserImages, r)
+	}
+	return nil
+}
+
+// ServeFiles serves dir over HTTP on addr until ctx ends (the stand-in
+// for dl.k8s.io and github.com releases).
+func ServeFiles(ctx context.Context, dir, addr string) error {
+	srv := &http.Server{Addr: addr, Handler: http.FileServer(http.Dir(dir)), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.ListenAndServe(); err != nil && !strings.Contains(err.Error(), "Server closed") {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,144 @@
+// Package applyha tests upgrade apply on a highly available control plane
+// of binaries (3 control planes, 2 workers, leader election on), a patch
+// upgrade from v1.31.3 to v1.31.4: every API server runs the target before
+// any kubelet restarts; manual mode moves the chosen workers only; then
+// rollback puts every node back, and each control-plane part is the same
+// process a minute after it returned. (test/stories/apply moves a minor; rollback
+// needs a patch downgrade.)
+package applyha
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/test/env/harness"
+	"github.com/kubelift/kubelift/test/env/sandbox"
+)
+
+var h *harness.Harness
+
+func TestMain(m *testing.M) {
+	harness.Main(m, "klh", "10.85.0", 3, 2, func(x *harness.Harness) {
+		h = x
+	}, harness.From("v1.31.3"))
+}
+
+// started reads when comp's running process started, in clock ticks since
+// boot (/proc/PID/stat field 22): every node shares this machine's kernel,
+// so the times compare across nodes.
+func started(t *testing.T, node, comp string) int64 {
+	t.Helper()
+	out := h.SSH(t, node, fmt.Sprintf(`pid=$(systemctl show %s -p MainPID | sed -n 's/^MainPID=//p'); cut -d ')' -f 2 /proc/$pid/stat | awk '{print $20}'`, comp))
+	n, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		t.Fatalf("%s on %s: start time %q: %v", comp, node, out, err)
+	}
+	return n
+}
+
+func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
+	h.Import(t, h.HashSkipBundle)
+	before := map[string]map[string]string{}
+	for _, m := range h.SB.Nodes() {
+		before[m.Name] = h.Running(t, m.Name)
+	}
+	reg, pw := h.RegistryFlags()
+	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels", "--max-unavailable", "2"}, reg...), h.SSHFlags()...)
+	// A failing pre-hook stops the run before the first kubelet moves.
+	if r := h.Upgrade(t, pw, append(args, "--pre-hook", "exit 3")...); r.Code != 1 || !strings.Contains(r.Stderr, "pre-hook") {
+		t.Fatalf("apply with a failing pre-hook: exit %d\n%s", r.Code, r.Stderr)
+	}
+	for _, m := range h.SB.Nodes() {
+		if v := h.Node(t, m.Name).Status.NodeInfo.KubeletVersion; v != h.SB.OldVersion {
+			t.Errorf("%s runs kubelet %s after a failing pre-hook", m.Name, v)
+		}
+	}
+	// Manual mode: the control plane and worker-1 only, with hooks around
+	// each kubelet.
+	hooked := filepath.Join(t.TempDir(), "hooks")
+	hookArgs := []string{"--pre-hook", `echo pre $KUBELIFT_NODE $KUBELIFT_FROM $KUBELIFT_TO >> ` + hooked, "--post-hook", `echo post $KUBELIFT_NODE >> ` + hooked}
+	if r := h.Upgrade(t, pw, append(append(args, "--nodes", "worker-1"), hookArgs...)...); r.Code != 0 {
+		t.Fatalf("apply --nodes worker-1: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	lines, _ := os.ReadFile(hooked)
+	var want []string
+	for _, n := range []string{"cp-1", "cp-2", "cp-3", "worker-1"} {
+		want = append(want, "pre "+n+" "+h.SB.OldVersion+" "+h.SB.NewVersion, "post "+n)
+	}
+	if got := strings.TrimSpace(string(lines)); got != strings.Join(want, "\n") {
+		t.Errorf("hooks ran:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+	for name, want := range map[string]string{"cp-1": h.SB.NewVersion, "cp-3": h.SB.NewVersion, "worker-1": h.SB.NewVersion, "worker-2": h.SB.OldVersion} {
+		if got := h.Node(t, name).Status.NodeInfo.KubeletVersion; got != want {
+			t.Errorf("after apply --nodes worker-1: %s runs %s, want %s", name, got, want)
+		}
+	}
+	r := h.Upgrade(t, "", "status", "-o", "json")
+	var st record.Upgrade
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.State != record.StateUpgradingKubelets {
+		t.Errorf("state %s with worker-2 left, want %s", st.State, record.StateUpgradingKubelets)
+	}
+	for _, n := range st.Nodes {
+		if n.Name == "worker-2" && n.Status != record.NodePending {
+			t.Errorf("worker-2 in status: %+v", n)
+		}
+	}
+	// Then the rest.
+	if r := h.Upgrade(t, pw, args...); r.Code != 0 {
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	var lastAPIServer, firstKubelet int64 = 0, 1 << 62
+	for _, m := range h.SB.Nodes() {
+		if m.Role == "control-plane" {
+			if v := strings.TrimSpace(h.SSH(t, m.Name, "pid=$(systemctl show kube-apiserver -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version")); v != "Kubernetes "+h.SB.NewVersion {
+				t.Errorf("%s: kube-apiserver runs %q", m.Name, v)
+			}
+			lastAPIServer = max(lastAPIServer, started(t, m.Name, "kube-apiserver"))
+		}
+		firstKubelet = min(firstKubelet, started(t, m.Name, "kubelet"))
+		n := h.Node(t, m.Name)
+		if n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || !sandbox.NodeReady(n) {
+			t.Errorf("%s: kubelet %s ready %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n))
+		}
+		now := h.Running(t, m.Name)
+		for id, what := range before[m.Name] {
+			if _, ok := now[id]; !ok {
+				t.Errorf("%s: container %s restarted", m.Name, what)
+			}
+		}
+	}
+	if firstKubelet <= lastAPIServer {
+		t.Errorf("a kubelet started (tick %d) before the last API server did (tick %d)", firstKubelet, lastAPIServer)
+	}
+
+	// Back: every API server's restart makes the controller managers and
+	// schedulers re-elect; rollback returns only on a settled control plane.
+	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 0 {
+		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	h.SteadyControlPlane(t, h.SB.OldVersion)
+	for _, m := range h.SB.Nodes() {
+		n := h.Node(t, m.Name)
+		if n.Status.NodeInfo.KubeletVersion != h.SB.OldVersion || !sandbox.NodeReady(n) {
+			t.Errorf("after rollback %s: kubelet %s ready %v", m.Name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n))
+		}
+		now := h.Running(t, m.Name)
+		for id, what := range before[m.Name] {
+			if _, ok := now[id]; !ok {
+				t.Errorf("after rollback %s: container %s restarted", m.Name, what)
+			}
+		}
+	}
+	if st := h.Status(t); st.State != record.StateRolledBack {
+		t.Errorf("status after rollback: %s", st.State)
+	}
+}

@@ -1,0 +1,45 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPatchedKubelet builds the real v1.31.4 kubelet with kubelift's
+// hash-skip patch from the module proxy and runs upstream's own
+// pkg/kubelet/kuberuntime tests, and kubelift's, on the patched copy.
+func TestPatchedKubelet(t *testing.T) {
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(root, "hack", "build-kubelet.sh"), "v1.31.4", "--test").CombinedOutput()
+	log := string(out)
+	if err != nil {
+		t.Fatalf("build-kubelet.sh: %v\n%s", err, log)
+	}
+	for _, want := range []string{
+		"ok  \tk8s.io/kubernetes/pkg/kubelet/kuberuntime", // upstream's whole package
+		"--- PASS: TestKubeliftHashSkip",
+		"--- PASS: TestComputePodActions ",
+		"--- PASS: TestComputePodActionsWithRestartableInitContainers",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("missing %q in:\n%s", want, log)
+		}
+	}
+	if strings.Contains(log, "FAIL") {
+		t.Errorf("a test failed:\n%s", log)
+	}
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	kubelet := lines[len(lines)-1]
+	v := mustRun(t, kubelet, "--version")
+	if strings.TrimSpace(v.stdout) != "Kubernetes v1.31.4" {
+		t.Errorf("%s --version: %q", kubelet, v.stdout)
+	}
+}
