@@ -15,7 +15,6 @@ import (
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/importer"
-	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 )
 
@@ -168,23 +167,11 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		return err
 	}
 	defer v.Close()
-	target, err := release.FromBundle(v.Manifest)
-	if err != nil {
-		return err
-	}
 	// The nodes may pull what was just pushed; what this machine sends
 	// comes from the file.
-	var source stage.Source = stage.BundleSource{Bundle: v}
-	if len(res.Files) > 0 {
-		target.Record = &cluster.Available{KubernetesVersion: res.KubernetesVersion}
-		for _, f := range res.Files {
-			target.Record.Files = append(target.Record.Files, cluster.BinaryRecord{Name: f.Name, Arch: f.Arch, SHA256: f.SHA256, Size: f.Size,
-				Path: filePath(v.Manifest, f.SHA256), Artifact: f.Artifact})
-		}
-		for _, h := range target.Hops {
-			h.Record = target.Record
-		}
-		source = pushedSource{BundleSource: stage.BundleSource{Bundle: v}, RegistrySource: stage.RegistrySource{Access: access}}
+	target, source, err := stage.Imported(v, res.KubernetesVersion, res.Files, access)
+	if err != nil {
+		return err
 	}
 	sres, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
 	if sres != nil && !asJSON {
@@ -240,35 +227,4 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 	case !res.DryRun:
 		fmt.Fprintln(w, "not recorded in a cluster (no --kubeconfig, KUBECONFIG or in-cluster config)")
 	}
-}
-
-// pushedSource is a bundle file whose binaries import has just pushed:
-// this machine reads them from the file, nodes pull them from the
-// registry.
-type pushedSource struct {
-	stage.BundleSource
-	stage.RegistrySource
-}
-
-// Open reads the file from the bundle.
-func (s pushedSource) Open(ctx context.Context, f bundle.File, artifact string) (io.ReadCloser, error) {
-	return s.BundleSource.Open(ctx, f, artifact)
-}
-
-// filePath is the bundle path of the target's or a hop's file with
-// sha256 sum.
-func filePath(m *bundle.Manifest, sum string) string {
-	for _, f := range m.Files {
-		if f.SHA256 == sum {
-			return f.Path
-		}
-	}
-	for _, h := range m.Hops {
-		for _, f := range h.Files {
-			if f.SHA256 == sum {
-				return f.Path
-			}
-		}
-	}
-	return ""
 }
