@@ -220,34 +220,50 @@ func (r *applyRun) gate(ctx context.Context, node string, before map[string]int6
 // planGate lists, for the plan, the workloads the gate would hold each
 // node to now: those fully available.
 func planGate(ctx context.Context, c kubernetes.Interface) ([]string, error) {
+	// The workloads as the API lists them now, judged as the gate judges
+	// them (available).
+	w := &workloadWatch{
+		deps: func() ([]*appsv1.Deployment, error) {
+			l, err := c.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("list deployments: %w", err)
+			}
+			return pointers(l.Items), nil
+		},
+		sts: func() ([]*appsv1.StatefulSet, error) {
+			l, err := c.AppsV1().StatefulSets("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("list statefulsets: %w", err)
+			}
+			return pointers(l.Items), nil
+		},
+		dss: func() ([]*appsv1.DaemonSet, error) {
+			l, err := c.AppsV1().DaemonSets("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("list daemonsets: %w", err)
+			}
+			return pointers(l.Items), nil
+		},
+	}
+	states, err := w.available()
+	if err != nil {
+		return nil, err
+	}
 	var out []string
-	deps, err := c.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list deployments: %w", err)
-	}
-	for i := range deps.Items {
-		if deploymentShort(&deps.Items[i]) == "" {
-			out = append(out, "deployment/"+deps.Items[i].Namespace+"/"+deps.Items[i].Name)
-		}
-	}
-	sts, err := c.AppsV1().StatefulSets("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list statefulsets: %w", err)
-	}
-	for i := range sts.Items {
-		if statefulSetShort(&sts.Items[i]) == "" {
-			out = append(out, "statefulset/"+sts.Items[i].Namespace+"/"+sts.Items[i].Name)
-		}
-	}
-	dss, err := c.AppsV1().DaemonSets("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list daemonsets: %w", err)
-	}
-	for i := range dss.Items {
-		if daemonSetShort(&dss.Items[i]) == "" {
-			out = append(out, "daemonset/"+dss.Items[i].Namespace+"/"+dss.Items[i].Name)
+	for name, st := range states {
+		if st.short == "" {
+			out = append(out, name)
 		}
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// pointers points at each of items.
+func pointers[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
 }
