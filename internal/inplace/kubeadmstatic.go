@@ -29,21 +29,30 @@ import (
 // run, read from their mirror pods (component=NAME, the image's tag), for
 // those Running and Ready only; a tag that does not parse is refused.
 func (r *applyRun) staticVersions(ctx context.Context, node string) (map[string]string, error) {
-	pods, err := r.client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, LabelSelector: "tier=control-plane"})
+	pods, err := r.controlPlanePods(ctx, node)
 	if err != nil {
-		return nil, fmt.Errorf("node %s: list its control-plane pods: %w", node, err)
+		return nil, err
 	}
 	out := map[string]string{}
-	for i := range pods.Items {
-		comp, v, err := staticComponent(&pods.Items[i])
+	for i := range pods {
+		comp, v, err := staticComponent(&pods[i])
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", node, err)
 		}
-		if comp != "" && podReady(&pods.Items[i]) {
+		if comp != "" && podReady(&pods[i]) {
 			out[comp] = v
 		}
 	}
 	return out, nil
+}
+
+// controlPlanePods lists the mirror pods of node's static control plane.
+func (r *applyRun) controlPlanePods(ctx context.Context, node string) ([]corev1.Pod, error) {
+	pods, err := r.client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, LabelSelector: "tier=control-plane"})
+	if err != nil {
+		return nil, fmt.Errorf("node %s: list its control-plane pods: %w", node, err)
+	}
+	return pods.Items, nil
 }
 
 // staticComponent is the control-plane component a mirror pod runs and

@@ -182,13 +182,13 @@ func (r *applyRun) settleStaticPods(ctx context.Context, node, version string, w
 // staticContainers maps each control-plane static pod on node to its
 // container's ID and restart count, as the API says them.
 func (r *applyRun) staticContainers(ctx context.Context, node string) (map[string]string, error) {
-	pods, err := r.client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, LabelSelector: "tier=control-plane"})
+	pods, err := r.controlPlanePods(ctx, node)
 	if err != nil {
-		return nil, fmt.Errorf("node %s: list its control-plane pods: %w", node, err)
+		return nil, err
 	}
 	out := map[string]string{}
-	for i := range pods.Items {
-		p := &pods.Items[i]
+	for i := range pods {
+		p := &pods[i]
 		comp, _, err := staticComponent(p)
 		if err != nil || comp == "" {
 			continue
