@@ -41,6 +41,16 @@ type faultRun struct {
 	opts   inplace.ApplyOptions
 }
 
+// newKwokRun is a fault run whose Nodes KWOK plays (a kubelet restart
+// comes back at the new version), until the test ends or cancel.
+func newKwokRun(t *testing.T) (*faultRun, context.Context, context.CancelFunc) {
+	r := newFaultRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	kwok(ctx, t, r.w.client)
+	return r, ctx, cancel
+}
+
 func newFaultRun(t *testing.T) *faultRun {
 	t.Helper()
 	target, src, bins := newTarget(t, mustCatalog(t))
@@ -308,10 +318,7 @@ func TestApplyFaultAtEachStep(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newFaultRun(t)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			kwok(ctx, t, r.w.client)
+			r, ctx, _ := newKwokRun(t)
 			tc.inject(r.w.fleet)
 			if tc.api != nil {
 				tc.api(r.w.client)
@@ -412,10 +419,7 @@ func refuse(k8stesting.Action) (bool, runtime.Object, error) {
 // its kubelet settles, leaves no cordon of the run behind; a node the
 // operator cordoned stays cordoned.
 func TestApplyCancelledWhileSettlingUncordons(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, cancel := newKwokRun(t)
 	r.opts.Drain, r.opts.Settle = true, time.Minute
 	r.drainable(ctx, t)
 	// worker-2 cordoned by its operator, before the run.
@@ -462,10 +466,7 @@ func TestApplyCancelledWhileSettlingUncordons(t *testing.T) {
 // Losing the upgrade lock to another holder stops the run, saying so;
 // the run writes no record after that (the record is the new holder's).
 func TestApplyStopsOnLostLock(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, _ := newKwokRun(t)
 	r.opts.Settle = 30 * time.Second
 	go func() {
 		for ctx.Err() == nil && r.played("cp-1", "swap") < 4 {
@@ -494,10 +495,7 @@ func TestApplyStopsOnLostLock(t *testing.T) {
 // before it failed at the API server's swap and restored it: no API
 // server moved, so a rollback is allowed.)
 func TestRollbackStopsOnUnreadableNode(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, _ := newKwokRun(t)
 	r.w.fleet.Fail("cp-1", "swap", 1, 1)
 	if _, err := r.apply(ctx); !errors.Is(err, inplace.ErrNodeFailed) {
 		t.Fatalf("apply: %v", err)
@@ -525,10 +523,7 @@ func TestRollbackStopsOnUnreadableNode(t *testing.T) {
 // restore of it failed (as when a run is killed right after the swap).
 // The rollback says rolled back only once the old version runs again.
 func TestRollbackRestoresAPartThatDoesNotRun(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, _ := newKwokRun(t)
 	r.opts.ReadyTimeout = time.Second
 	r.w.fleet.CrashAt("cp-1", "kube-apiserver", newVersion)
 	r.w.fleet.Fail("cp-1", "restore", 1, 1)
@@ -633,10 +628,7 @@ func nodeReady(n *corev1.Node) bool {
 // the node failed. Once kube-proxy is fixed, apply again moves it and
 // leaves the kubelet alone.
 func TestApplyRollsBackKubeProxy(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, _ := newKwokRun(t)
 	r.opts.ReadyTimeout = time.Second
 	r.w.fleet.CrashAt("worker-1", "kube-proxy", newVersion)
 	_, err := r.apply(ctx)
@@ -712,10 +704,7 @@ func throughOwnAPIServer(c *fake.Clientset) (*fake.Clientset, *atomic.Bool) {
 // step it was in, then stops before its next one, saying it lost the
 // lock, and leaves the record as B wrote it.
 func TestLockFencesARunThatCannotRenew(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, _ := newKwokRun(t)
 	clientA, down := throughOwnAPIServer(r.w.client)
 	a := r.opts
 	a.Holder, a.Plan.Client = "admin-a_0001", clientA
@@ -787,10 +776,7 @@ func TestLockFencesARunThatCannotRenew(t *testing.T) {
 // with the panic, its cordon undone, and the lock released; the process
 // lives on to say so.
 func TestApplyRecoversAPanicInANodeStep(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, _ := newKwokRun(t)
 	r.opts.Drain = true
 	r.drainable(ctx, t)
 	r.opts.Hook = func(_ context.Context, phase, node, _, _ string) error {
@@ -824,10 +810,7 @@ func TestApplyRecoversAPanicInANodeStep(t *testing.T) {
 // resourceVersions: the reactor plays the real one's answer to a patch
 // carrying a stale one.)
 func TestCordonByHandMeanwhileStaysTheOperators(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, _ := newKwokRun(t)
 	r.opts.Drain = true
 	r.drainable(ctx, t)
 	var raced atomic.Bool
@@ -873,10 +856,7 @@ func TestCordonByHandMeanwhileStaysTheOperators(t *testing.T) {
 // them again and waits, instead of saying "rolled back" over parts that
 // do not run.
 func TestRollbackEndsWithEveryPartRunning(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, _ := newKwokRun(t)
 	r.opts.ReadyTimeout = time.Second
 	r.w.fleet.CrashAt("cp-1", "kube-apiserver", newVersion)
 	r.w.fleet.Fail("cp-1", "restore", 1, 1)
@@ -909,10 +889,7 @@ func TestRollbackEndsWithEveryPartRunning(t *testing.T) {
 // steps (Ready, verify against the containers recorded before the swap,
 // uncordon, mark done) and completes the record.
 func TestResumeFinishesANodeLeftAfterItsSwap(t *testing.T) {
-	r := newFaultRun(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	kwok(ctx, t, r.w.client)
+	r, ctx, cancel := newKwokRun(t)
 	r.opts.Drain, r.opts.Settle = true, 3*time.Second
 	r.drainable(ctx, t)
 	go func() {
@@ -1009,10 +986,7 @@ func TestInterruptedReadyWaitRollsBackOnLiveState(t *testing.T) {
 func TestWorkloadGateStopsTheRun(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		t.Run(fmt.Sprintf("gate off %v", off), func(t *testing.T) {
-			r := newFaultRun(t)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			kwok(ctx, t, r.w.client)
+			r, ctx, _ := newKwokRun(t)
 			r.opts.Plan.NoWorkloadGate = off
 			// Deployment default/web, whose pod runs on worker-1 (through its
 			// ReplicaSet), and default/other, with no pod on any node here.
