@@ -384,8 +384,9 @@ func (r *faultRun) drainable(ctx context.Context, t *testing.T) {
 func (r *faultRun) leaders(ctx context.Context, t *testing.T, node string) {
 	t.Helper()
 	leases := r.w.client.CoordinationV1().Leases("kube-system")
-	done := make(chan struct{})
-	t.Cleanup(func() { <-done })
+	done, stop := make(chan struct{}), make(chan struct{})
+	// Stopped and waited for when the test ends, whatever ctx is then.
+	t.Cleanup(func() { close(stop); <-done })
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
@@ -405,6 +406,8 @@ func (r *faultRun) leaders(ctx context.Context, t *testing.T, node string) {
 			}
 			select {
 			case <-ctx.Done():
+			case <-stop:
+				return
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
