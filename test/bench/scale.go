@@ -21,8 +21,8 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
-	"github.com/kubelift/kubelift/test/stories/scale"
 	"github.com/kubelift/kubelift/test/env/simcluster"
+	"github.com/kubelift/kubelift/test/stories/scale"
 )
 
 var (
