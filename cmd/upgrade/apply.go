@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
@@ -30,7 +31,7 @@ type applyOptions struct {
 	BackupDir      string
 	RestoreLabels  bool
 	Ignore         []string
-	ignore         []inplace.Check // Ignore, parsed
+	ignore         []preflight.Check // Ignore, parsed
 	Soak           time.Duration
 	Settle         time.Duration
 	ReadyTimeout   time.Duration
@@ -70,7 +71,7 @@ it does not resolve itself. Then, holding the Lease kube-system/kubelift-upgrade
      run detached on the node and followed; --kubeadm-config gives kubeadm
      an UpgradeConfiguration
   5. kubelets, once every API server runs the target: control-plane nodes one
-     at a time, then ` + cli.Wrap(inplace.WindowHelp+" (--soak waits between nodes). Per node:", 21, 78, "     ") + ` back up the kubelet and its checkpoint
+     at a time, then ` + cli.Wrap(preflight.WindowHelp+" (--soak waits between nodes). Per node:", 21, 78, "     ") + ` back up the kubelet and its checkpoint
      files, record the running containers, write the hash-skip file when the
      hash era changes and the bundled kubelet honours it, swap, restart, wait
      (watching Nodes) for Ready at the target, wait --settle, verify that every
@@ -108,7 +109,7 @@ upgrading-kubelets) for a later apply.`,
 			}
 			opts.ignore = nil
 			for _, name := range opts.Ignore {
-				c, err := inplace.ParseCheck(name)
+				c, err := preflight.ParseCheck(name)
 				if err != nil {
 					return cli.Usagef("--ignore-preflight: %v", err)
 				}
@@ -207,7 +208,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	case res != nil:
 		printApply(opts.IO.Out, res, opts.DryRun, time.Since(start))
 	}
-	if errors.Is(err, inplace.ErrBlocked) {
+	if errors.Is(err, preflight.ErrBlocked) {
 		return &cli.CodeError{Code: cli.ExitBlocked, Err: err}
 	}
 	return err

@@ -16,6 +16,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
@@ -36,7 +37,7 @@ type planOptions struct {
 	Quiet          bool
 	// Engine builds what the engine reads the cluster with (engine,
 	// unless a test sets it).
-	Engine func(context.Context) (*inplace.PlanOptions, error)
+	Engine func(context.Context) (*preflight.PlanOptions, error)
 }
 
 func newCmdPlan(s *cli.IO, runF func(context.Context, *planOptions) error) *cobra.Command {
@@ -49,7 +50,7 @@ func newCmdPlan(s *cli.IO, runF func(context.Context, *planOptions) error) *cobr
 nothing. It prints the current state of every node (role, kubelet version,
 and the versions of the control-plane binaries actually running there), the
 ordered plan (the pods' tolerations, control-plane nodes one at a time,
-then kubelets: control-plane nodes one at a time, then ` + cli.Wrap(inplace.WindowHelp+"; the plan shows the waves in which they start when every node takes as long), and findings.", 54, 75, "") + `
+then kubelets: control-plane nodes one at a time, then ` + cli.Wrap(preflight.WindowHelp+"; the plan shows the waves in which they start when every node takes as long), and findings.", 54, 75, "") + `
 
 Each finding has a severity (blocking, warning, info), the object it is
 about, why, and the fix. Checks:
@@ -103,8 +104,8 @@ made, 2 bad flags.`,
 
 // engine builds what the engine reads the cluster with, from the flags:
 // the API clients, the verified target, the registry, the nodes.
-func (opts *planOptions) engine(ctx context.Context) (*inplace.PlanOptions, error) {
-	if _, err := inplace.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
+func (opts *planOptions) engine(ctx context.Context) (*preflight.PlanOptions, error) {
+	if _, err := preflight.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
 		return nil, cli.Usagef("%v", err)
 	}
 	cat, err := catalog.Load(opts.CatalogFile)
@@ -135,7 +136,7 @@ func (opts *planOptions) engine(ctx context.Context) (*inplace.PlanOptions, erro
 	if err != nil {
 		return nil, err
 	}
-	return &inplace.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat,
+	return &preflight.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat,
 		Access: access, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
 		StageVia: opts.Path.Via, StageCodec: opts.Path.Codec, NodeCredentials: opts.Path.NodeCredentials,
 		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, HealthWindow: opts.HealthWindow,
@@ -161,10 +162,10 @@ func planRun(ctx context.Context, opts *planOptions) error {
 			printPlan(opts.IO.Out, plan)
 		}
 	}
-	if errors.Is(err, inplace.ErrBlocked) {
+	if errors.Is(err, preflight.ErrBlocked) {
 		n := 0
 		for _, f := range plan.Findings {
-			if f.Severity == inplace.Blocking {
+			if f.Severity == preflight.Blocking {
 				n++
 			}
 		}
@@ -173,7 +174,7 @@ func planRun(ctx context.Context, opts *planOptions) error {
 	return err
 }
 
-func printPlan(w io.Writer, p *inplace.Plan) {
+func printPlan(w io.Writer, p *preflight.Plan) {
 	fmt.Fprintf(w, "Upgrade to %s (from %s), control plane: %s\n", p.To, strings.Join(p.From, ", "), p.ControlPlane)
 	if len(p.Hops) > 0 {
 		fmt.Fprintf(w, "The control plane passes through %s; kubelets go straight to %s.\n", strings.Join(p.Hops, ", "), p.To)
@@ -189,9 +190,9 @@ func printPlan(w io.Writer, p *inplace.Plan) {
 	fmt.Fprintln(w, "\nPlan:")
 	for i, s := range p.Steps {
 		switch s.Phase {
-		case inplace.PhaseControlPlane:
+		case preflight.PhaseControlPlane:
 			fmt.Fprintf(w, "  %2d. control plane on %s to %s: %s\n", i+1, strings.Join(s.Nodes, ", "), s.Version, strings.Join(s.Components, ", "))
-		case inplace.PhaseTolerations:
+		case preflight.PhaseTolerations:
 			fmt.Fprintf(w, "  %2d. add the missing not-ready/unreachable tolerations to running pods\n", i+1)
 		default:
 			fmt.Fprintf(w, "  %2d. %s on %s\n", i+1, strings.Join(s.Components, " then "), strings.Join(s.Nodes, ", "))

@@ -19,7 +19,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
-	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
@@ -45,8 +45,8 @@ func TestPlanRun(t *testing.T) {
 	old.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}
 	var out, errOut bytes.Buffer
 	opts := &planOptions{IO: &cli.IO{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}, Quiet: true,
-		Engine: func(context.Context) (*inplace.PlanOptions, error) {
-			return &inplace.PlanOptions{Client: fake.NewClientset(old), Target: target, Catalog: cat, Connector: unreachable{}}, nil
+		Engine: func(context.Context) (*preflight.PlanOptions, error) {
+			return &preflight.PlanOptions{Client: fake.NewClientset(old), Target: target, Catalog: cat, Connector: unreachable{}}, nil
 		}}
 	err = planRun(context.Background(), opts)
 	var ce *cli.CodeError
@@ -63,11 +63,11 @@ func TestPlanRun(t *testing.T) {
 	if err := planRun(context.Background(), opts); !errors.As(err, &ce) {
 		t.Fatalf("-o json: %v", err)
 	}
-	var p inplace.Plan
+	var p preflight.Plan
 	if err := json.Unmarshal(out.Bytes(), &p); err != nil || !p.Blocked || p.Window.Limit != 1 || len(p.Nodes) != 1 {
 		t.Errorf("-o json: %v, %+v", err, p)
 	}
-	opts.Engine = func(context.Context) (*inplace.PlanOptions, error) { return nil, errors.New("no kubeconfig") }
+	opts.Engine = func(context.Context) (*preflight.PlanOptions, error) { return nil, errors.New("no kubeconfig") }
 	if err := planRun(context.Background(), opts); err == nil || err.Error() != "no kubeconfig" {
 		t.Errorf("an engine that cannot be built: %v", err)
 	}

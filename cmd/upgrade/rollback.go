@@ -10,6 +10,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
@@ -82,7 +83,7 @@ func rollbackRun(ctx context.Context, opts *rollbackOptions) error {
 		return err
 	}
 	res, err := inplace.Rollback(ctx, inplace.ApplyOptions{
-		Plan: inplace.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel,
+		Plan: preflight.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel,
 			HealthWindow: opts.HealthWindow, Log: opts.IO.Logger(opts.Quiet)},
 		BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun})
 	switch {

@@ -51,3 +51,13 @@ func ListPods(ctx context.Context, c kubernetes.Interface) ([]corev1.Pod, error)
 	}
 	return out, nil
 }
+
+// NodeReady says the Node's Ready condition is True.
+func NodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kubelift/kubelift/internal/inplace/drain"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
@@ -31,7 +32,7 @@ const (
 
 // ApplyOptions configure Apply. The plan's options say what to read.
 type ApplyOptions struct {
-	Plan PlanOptions
+	Plan preflight.PlanOptions
 	// Source supplies files missing on the nodes (staged first).
 	Source   stage.Source
 	CacheDir string
@@ -44,7 +45,7 @@ type ApplyOptions struct {
 	// RestoreLabels adds back the labels pods' nodeSelectors need.
 	RestoreLabels bool
 	// Ignore lists checks whose blocking findings do not stop apply.
-	Ignore []Check
+	Ignore []preflight.Check
 	// Soak waits between worker batches.
 	Soak time.Duration
 	// Settle is how long a restarted kubelet runs before its node is
@@ -81,7 +82,7 @@ type ApplyOptions struct {
 
 // ApplyResult reports Apply.
 type ApplyResult struct {
-	Plan        *Plan           `json:"plan"`
+	Plan        *preflight.Plan `json:"plan"`
 	State       *record.Upgrade `json:"state,omitempty"`
 	Patched     []string        `json:"tolerationsAdded,omitempty"`
 	Labels      []string        `json:"labelsRestored,omitempty"`
@@ -120,7 +121,7 @@ var ErrNodeFailed = errors.New("node upgrade failed")
 
 // defaults fills in what Apply and Rollback use and the caller left out.
 func (opts *ApplyOptions) defaults() error {
-	if err := opts.Plan.defaults(); err != nil {
+	if err := opts.Plan.Defaults(); err != nil {
 		return err
 	}
 	if opts.BackupDir == "" {
@@ -150,8 +151,8 @@ type applyRun struct {
 	client kubernetes.Interface
 	log    *slog.Logger
 	target *release.Release
-	plan   *Plan
-	view   *clusterView
+	plan   *preflight.Plan
+	view   *preflight.View
 	tgts   map[string]nodeaccess.Target
 	state  *record.Upgrade
 	watch  *nodeWatch

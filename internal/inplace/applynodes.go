@@ -7,6 +7,8 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 // onNode dials a node and runs fn with its operations, from the version
@@ -42,7 +44,7 @@ func (r *applyRun) lostForGood() error {
 // before this upgrade.
 func (r *applyRun) onNodeFromVersion(name string) string {
 	from := ""
-	if f := r.view.facts[name]; f != nil {
+	if f := r.view.Facts[name]; f != nil {
 		from = f.Components["kubelet"]
 	}
 	if s := r.nodeState(name); s != nil && s.Kubelet != "" {
@@ -75,7 +77,7 @@ func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(
 	defer n.Close()
 	// The plan read the node's units, programs and flags; they do not
 	// change while it is upgraded (only what runs does, read live).
-	f := r.view.facts[name]
+	f := r.view.Facts[name]
 	if f == nil {
 		return fmt.Errorf("node %s: not read by the plan", name)
 	}
@@ -91,7 +93,7 @@ func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(
 	return fn(ctx, o)
 }
 
-func (r *applyRun) nodeState(name string) *NodeState {
+func (r *applyRun) nodeState(name string) *preflight.NodeState {
 	r.indexOnce.Do(func() {
 		r.stateIdx = make(map[string]int, len(r.plan.Nodes))
 		for i := range r.plan.Nodes {
@@ -105,6 +107,6 @@ func (r *applyRun) nodeState(name string) *NodeState {
 }
 
 func (r *applyRun) fileSHA(name, arch string) string {
-	f, _, _ := r.target.File(name, archOr(arch))
+	f, _, _ := r.target.File(name, release.ArchOr(arch))
 	return f.SHA256
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/inplace/drain"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
@@ -23,18 +24,18 @@ import (
 // planStep builds the plan and refuses on blocking findings apply does
 // not resolve itself.
 func (r *applyRun) planStep(ctx context.Context) error {
-	v, err := readCluster(ctx, r.opts.Plan)
+	v, err := preflight.Read(ctx, r.opts.Plan)
 	if err != nil {
 		return err
 	}
-	p, err := evaluate(ctx, r.opts.Plan, v)
-	if err != nil && !errors.Is(err, ErrBlocked) {
+	p, err := preflight.Evaluate(ctx, r.opts.Plan, v)
+	if err != nil && !errors.Is(err, preflight.ErrBlocked) {
 		return err
 	}
 	r.plan, r.view, r.res.Plan = p, v, p
 	r.driver = driverFor(v)
 	r.tgts = map[string]nodeaccess.Target{}
-	for _, t := range v.tgts {
+	for _, t := range v.Addresses {
 		r.tgts[t.Name] = t
 	}
 	for _, n := range r.opts.Nodes {
@@ -44,7 +45,7 @@ func (r *applyRun) planStep(ctx context.Context) error {
 	}
 	if r.opts.KubeadmConfig != nil {
 		switch {
-		case v.kubeadm == nil:
+		case v.Kubeadm == nil:
 			return fmt.Errorf("--kubeadm-config: the cluster was not built by kubeadm (no configmap %s/%s): there is no kubeadm to give it to", kubeadm.ConfigNamespace, kubeadm.ConfigMapName)
 		case r.target.Version.Minor < 31:
 			return fmt.Errorf("--kubeadm-config: kubeadm %s has no UpgradeConfiguration (kubeadm v1.31 and later do)", r.target.Version)
@@ -55,13 +56,13 @@ func (r *applyRun) planStep(ctx context.Context) error {
 	}
 	var blocking []string
 	for _, f := range p.Findings {
-		if f.Severity != Blocking || r.resolves(f) {
+		if f.Severity != preflight.Blocking || r.resolves(f) {
 			continue
 		}
 		blocking = append(blocking, fmt.Sprintf("%s %s: %s", f.Check, f.Object, f.Message))
 	}
 	if len(blocking) > 0 {
-		return fmt.Errorf("%w by %d findings (upgrade plan shows them):\n  %s", ErrBlocked, len(blocking), strings.Join(blocking, "\n  "))
+		return fmt.Errorf("%w by %d findings (upgrade plan shows them):\n  %s", preflight.ErrBlocked, len(blocking), strings.Join(blocking, "\n  "))
 	}
 	done, err := r.done(ctx)
 	if err != nil {
@@ -97,8 +98,8 @@ func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string
 
 // resolves says apply itself fixes a blocking finding, or it is about a
 // worker this run leaves alone.
-func (r *applyRun) resolves(f Finding) bool {
-	if f.Check == CheckValues {
+func (r *applyRun) resolves(f preflight.Finding) bool {
+	if f.Check == preflight.CheckValues {
 		return false // never ignored, whatever the node: nothing runs on values that did not parse
 	}
 	if f.Node != "" && !r.selected(f.Node) {
@@ -109,10 +110,10 @@ func (r *applyRun) resolves(f Finding) bool {
 			return true
 		}
 	}
-	if f.Check == CheckRestarts && r.opts.Drain {
+	if f.Check == preflight.CheckRestarts && r.opts.Drain {
 		return true // drained first: nothing runs there to restart
 	}
-	if f.Check == CheckHealth && len(r.resumingControlPlane) > 0 &&
+	if f.Check == preflight.CheckHealth && len(r.resumingControlPlane) > 0 &&
 		(r.resumingControlPlane[strings.TrimPrefix(f.Object, "apiserver/")] || strings.HasPrefix(f.Object, "lease/")) {
 		// The run this one resumes stopped while kubeadm moved a
 		// control-plane node (it may be restarting that node's API
@@ -123,7 +124,7 @@ func (r *applyRun) resolves(f Finding) bool {
 		r.log.Warn("resuming a control plane upgrade in flight: the control plane step waits for this", "object", f.Object, "finding", f.Message)
 		return true
 	}
-	return f.Check == CheckReadmission && f.Code == CodeLabelsMissing && r.opts.RestoreLabels
+	return f.Check == preflight.CheckReadmission && f.Code == preflight.CodeLabelsMissing && r.opts.RestoreLabels
 }
 
 // selected: the node's kubelet moves in this run (control-plane nodes and
@@ -135,7 +136,7 @@ func (r *applyRun) selected(name string) bool {
 	if r.tgts[name].Role == release.RoleControlPlane || slices.Contains(r.opts.Nodes, name) {
 		return true
 	}
-	if n := r.view.node(name); n != nil && r.opts.Selector != nil {
+	if n := r.view.Node(name); n != nil && r.opts.Selector != nil {
 		return r.opts.Selector.Matches(labels.Set(n.Labels))
 	}
 	return false
@@ -148,9 +149,9 @@ func (r *applyRun) selected(name string) bool {
 // before its last step, is finished, not taken for done).
 func (r *applyRun) done(ctx context.Context) (bool, error) {
 	to := r.target.Version.String()
-	for i := range r.view.nodes {
-		a := r.view.nodes[i].Annotations
-		if _, ok := a[AnnotationInFlight]; (ok || a[drain.AnnotationCordoned] == "true") && r.selected(r.view.nodes[i].Name) {
+	for i := range r.view.Nodes {
+		a := r.view.Nodes[i].Annotations
+		if _, ok := a[AnnotationInFlight]; (ok || a[drain.AnnotationCordoned] == "true") && r.selected(r.view.Nodes[i].Name) {
 			return false, nil
 		}
 	}
@@ -199,13 +200,13 @@ func (r *applyRun) allAtTarget() bool {
 
 // nodeAtTarget: the node's kubelet runs the target, and so does its
 // kube-proxy unit when it has one and the bundle carries kube-proxy.
-func (r *applyRun) nodeAtTarget(n NodeState) bool {
+func (r *applyRun) nodeAtTarget(n preflight.NodeState) bool {
 	to := r.target.Version.String()
 	if n.Kubelet != to {
 		return false
 	}
-	v, runs := n.Components[proxyComponent]
-	if _, _, inBundle := r.target.File(proxyComponent, archOr(n.Arch)); runs && inBundle && v != to {
+	v, runs := n.Components[release.KubeProxy]
+	if _, _, inBundle := r.target.File(release.KubeProxy, release.ArchOr(n.Arch)); runs && inBundle && v != to {
 		return false
 	}
 	return true
@@ -226,7 +227,7 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 	}
 	if r.dry {
 		for _, t := range missing {
-			arch := archOr(r.nodeState(t.Name).Arch)
+			arch := release.ArchOr(r.nodeState(t.Name).Arch)
 			would := func(rel *release.Release, names []string, label string) {
 				for _, name := range names {
 					if f, _, ok := rel.File(name, arch); ok {
@@ -244,7 +245,7 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 		}
 		return nil
 	}
-	_, err := stage.Run(ctx, stage.Options{Release: r.target, Source: r.opts.Source, Nodes: r.view.nodes, Addresses: missing,
+	_, err := stage.Run(ctx, stage.Options{Release: r.target, Source: r.opts.Source, Nodes: r.view.Nodes, Addresses: missing,
 		Connector: r.opts.Plan.Connector, Parallel: r.opts.Plan.Parallel, StageDir: r.opts.Plan.StageDir, CacheDir: r.opts.CacheDir, Kind: r.driver.Kind(),
 		Via: r.opts.Plan.StageVia, Codec: r.opts.Plan.StageCodec, NodeCredentials: r.opts.Plan.NodeCredentials, Log: r.log})
 	return err
@@ -267,7 +268,7 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 	for _, n := range r.plan.Nodes {
 		e := s.Node(n.Name, n.Role)
 		inFlight := false
-		if node := r.view.node(n.Name); node != nil {
+		if node := r.view.Node(n.Name); node != nil {
 			_, inFlight = node.Annotations[AnnotationInFlight]
 		}
 		if r.nodeAtTarget(n) && e.Status != record.NodeDone && !inFlight {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -82,7 +83,7 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 		ctx, stop = upgradelock.Hold(ctx, lock, log)
 		defer stop()
 	}
-	nodes, pods, tgts, err := listCluster(ctx, opts.Client, opts.Inventory)
+	nodes, pods, tgts, err := preflight.ListCluster(ctx, opts.Client, opts.Inventory)
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/waiter"
@@ -99,7 +101,7 @@ func (r *applyRun) waitComponent(ctx context.Context, o *nodeops.Ops, comp, vers
 		case v != version:
 			return fmt.Errorf("%s runs %q, want %s", comp, v, version)
 		case comp == "kube-apiserver" && r.opts.Plan.REST != nil:
-			return readyz(ctx, r.opts.Plan.REST, r.tgts[o.Name].Address)
+			return preflight.Readyz(ctx, r.opts.Plan.REST, r.tgts[o.Name].Address)
 		}
 		return nil
 	})
@@ -127,7 +129,7 @@ func (r *applyRun) rollback(ctx context.Context, o *nodeops.Ops, comp string, ca
 	}
 	if comp == "kubelet" && r.watch != nil {
 		if err := r.watch.until(ctx, o.Name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-			return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == o.From
+			return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == o.From
 		}); err != nil {
 			return fmt.Errorf("%w; after rollback node %s not Ready at %s: %w", cause, o.Name, o.From, err)
 		}

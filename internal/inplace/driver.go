@@ -9,6 +9,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -24,7 +25,7 @@ type controlPlane interface {
 	Kind() string
 	// Components lists the parts the driver moves on node n, in the order
 	// it moves them.
-	Components(n *NodeState) []string
+	Components(n *preflight.NodeState) []string
 	// BackupEtcd snapshots etcd from the first control-plane node that
 	// can, and returns "NODE:PATH".
 	BackupEtcd(ctx context.Context, r *applyRun) (string, error)
@@ -44,9 +45,9 @@ type controlPlane interface {
 // driverFor is the driver for the cluster read: kubeadm's when kubeadm
 // built it (its kubeadm-config ConfigMap), else the binary one (each part
 // a systemd unit whose program is swapped).
-func driverFor(v *clusterView) controlPlane {
-	if v.kubeadm != nil {
-		return kubeadmDriver{cfg: v.kubeadm}
+func driverFor(v *preflight.View) controlPlane {
+	if v.Kubeadm != nil {
+		return kubeadmDriver{cfg: v.Kubeadm}
 	}
 	return binaryDriver{}
 }
@@ -61,7 +62,7 @@ func (binaryDriver) Kind() string { return release.KindBinary }
 // BeforeKubelet: nothing to prepare.
 func (binaryDriver) BeforeKubelet(context.Context, *applyRun, *nodeops.Ops) error { return nil }
 
-func (binaryDriver) Components(n *NodeState) []string {
+func (binaryDriver) Components(n *preflight.NodeState) []string {
 	var out []string
 	for _, c := range release.ControlPlaneFiles {
 		if _, ok := n.Components[c]; ok {
@@ -75,7 +76,7 @@ func (binaryDriver) Components(n *NodeState) []string {
 // endpoints and client certificates.
 func (binaryDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, error) {
 	for _, n := range r.plan.Nodes {
-		f := r.view.facts[n.Name]
+		f := r.view.Facts[n.Name]
 		if n.Role != release.RoleControlPlane || f == nil || f.Values["kube-apiserver --etcd-servers"] == "" {
 			continue
 		}
@@ -104,9 +105,9 @@ func (binaryDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, error)
 func (d binaryDriver) Upgrade(ctx context.Context, r *applyRun, node string, t *release.Release) error {
 	to := t.Version.String()
 	for _, comp := range d.Components(r.nodeState(node)) {
-		file, _, ok := t.File(comp, archOr(r.nodeState(node).Arch))
+		file, _, ok := t.File(comp, release.ArchOr(r.nodeState(node).Arch))
 		if !ok {
-			return fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", node, to, comp, archOr(r.nodeState(node).Arch))
+			return fmt.Errorf("node %s: the %s bundle has no %s for linux/%s", node, to, comp, release.ArchOr(r.nodeState(node).Arch))
 		}
 		// What runs now is what a failure goes back to: in one minor, the
 		// version the node upgrades from, where Rollback looks; through

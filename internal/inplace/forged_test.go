@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
+	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -44,23 +46,23 @@ func TestPatchesAreJSON(t *testing.T) {
 // says the cluster runs; apply's preflight never lets them pass, even
 // told to ignore the check.
 func TestPlanBlocksOnForgedValues(t *testing.T) {
-	w := newWorld(t)
-	w.view.nodes[2].Status.NodeInfo.KubeletVersion = forged
-	w.view.facts["worker-1"].Bad = []nodefacts.BadValue{{Node: "worker-1", Field: "kubelet --root-dir", Value: "/x/../y", Reason: "want an absolute, clean path"}}
-	p := w.plan(t)
+	w := preflighttest.New(t)
+	w.View.Nodes[2].Status.NodeInfo.KubeletVersion = forged
+	w.View.Facts["worker-1"].Bad = []nodefacts.BadValue{{Node: "worker-1", Field: "kubelet --root-dir", Value: "/x/../y", Reason: "want an absolute, clean path"}}
+	p := w.Plan(t)
 	if !p.Blocked {
 		t.Fatal("not blocked")
 	}
-	want(t, only(p, "values"), Blocking, "node/worker-2", "status.nodeInfo.kubeletVersion", forged)
-	want(t, only(p, "values"), Blocking, "node/worker-1", "kubelet --root-dir", "/x/../y")
+	preflighttest.Want(t, preflighttest.Only(p, "values"), preflight.Blocking, "node/worker-2", "status.nodeInfo.kubeletVersion", forged)
+	preflighttest.Want(t, preflighttest.Only(p, "values"), preflight.Blocking, "node/worker-1", "kubelet --root-dir", "/x/../y")
 	if strings.Join(p.From, ",") != "v1.30.14" {
 		t.Errorf("from %v", p.From)
 	}
 	if p.Findings[0].Check != "values" {
 		t.Errorf("values findings are not listed first: %+v", p.Findings[0])
 	}
-	r := &applyRun{opts: ApplyOptions{Ignore: []Check{CheckValues}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Target{"worker-2": targetOf("worker-2", release.RoleWorker)}}
-	for _, f := range only(p, "values") {
+	r := &applyRun{opts: ApplyOptions{Ignore: []preflight.Check{preflight.CheckValues}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Target{"worker-2": preflighttest.Address("worker-2", release.RoleWorker)}}
+	for _, f := range preflighttest.Only(p, "values") {
 		if r.resolves(f) {
 			t.Errorf("apply would pass %+v", f)
 		}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
@@ -34,11 +35,9 @@ import (
 
 // workloadWatch serves the gate from one informer per kind.
 type workloadWatch struct {
+	preflight.Workloads
 	// rsOwner maps a ReplicaSet (NS/NAME) to its Deployment's name.
 	rsOwner func(ns, name string) string
-	deps    func() ([]*appsv1.Deployment, error)
-	sts     func() ([]*appsv1.StatefulSet, error)
-	dss     func() ([]*appsv1.DaemonSet, error)
 	stop    context.CancelFunc
 }
 
@@ -64,50 +63,18 @@ func watchWorkloads(ctx context.Context, c kubernetes.Interface) (*workloadWatch
 			}
 			return ""
 		},
-		deps: func() ([]*appsv1.Deployment, error) { return d.Lister().List(all) },
-		sts:  func() ([]*appsv1.StatefulSet, error) { return s.Lister().List(all) },
-		dss:  func() ([]*appsv1.DaemonSet, error) { return ds.Lister().List(all) },
+		Workloads: preflight.Workloads{
+			Deployments:  func() ([]*appsv1.Deployment, error) { return d.Lister().List(all) },
+			StatefulSets: func() ([]*appsv1.StatefulSet, error) { return s.Lister().List(all) },
+			DaemonSets:   func() ([]*appsv1.DaemonSet, error) { return ds.Lister().List(all) },
+		},
 	}, nil
 }
 
 func (w *workloadWatch) close() { w.stop() }
 
-// workloadState is a workload as the gate reads it: why it is not fully
-// available ("" when it is), and its spec's generation.
-type workloadState struct {
-	short      string
-	generation int64
-}
-
-// available maps each workload ("deployment/NS/NAME") to its state.
-func (w *workloadWatch) available() (map[string]workloadState, error) {
-	out := map[string]workloadState{}
-	deps, err := w.deps()
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range deps {
-		out["deployment/"+d.Namespace+"/"+d.Name] = workloadState{deploymentShort(d), d.Generation}
-	}
-	sts, err := w.sts()
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range sts {
-		out["statefulset/"+s.Namespace+"/"+s.Name] = workloadState{statefulSetShort(s), s.Generation}
-	}
-	dss, err := w.dss()
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range dss {
-		out["daemonset/"+d.Namespace+"/"+d.Name] = workloadState{daemonSetShort(d), d.Generation}
-	}
-	return out, nil
-}
-
 // workloadOf is the workload a pod's controller (KIND/NS/NAME) belongs
-// to, as available names it ("" for none the gate watches).
+// to, as Available names it ("" for none the gate watches).
 func (w *workloadWatch) workloadOf(owner string) string {
 	kind, rest, _ := strings.Cut(owner, "/")
 	ns, name, _ := strings.Cut(rest, "/")
@@ -124,40 +91,10 @@ func (w *workloadWatch) workloadOf(owner string) string {
 	return ""
 }
 
-func replicas(p *int32) int32 {
-	if p == nil {
-		return 1
-	}
-	return *p
-}
-
-func deploymentShort(d *appsv1.Deployment) string {
-	want := replicas(d.Spec.Replicas)
-	if s := d.Status; s.AvailableReplicas < want || s.UnavailableReplicas > 0 {
-		return fmt.Sprintf("%d of %d replicas available", s.AvailableReplicas, want)
-	}
-	return ""
-}
-
-func statefulSetShort(s *appsv1.StatefulSet) string {
-	want := replicas(s.Spec.Replicas)
-	if s.Status.ReadyReplicas < want || s.Status.AvailableReplicas < want {
-		return fmt.Sprintf("%d of %d replicas available", s.Status.AvailableReplicas, want)
-	}
-	return ""
-}
-
-func daemonSetShort(d *appsv1.DaemonSet) string {
-	if s := d.Status; s.NumberAvailable < s.DesiredNumberScheduled || s.NumberUnavailable > 0 {
-		return fmt.Sprintf("%d of %d pods available", s.NumberAvailable, s.DesiredNumberScheduled)
-	}
-	return ""
-}
-
 // fullyAvailable maps the workloads of pods (a node's) fully available
 // now to their generations: what the gate holds the node to.
 func (w *workloadWatch) fullyAvailable(pods map[types.UID]podInfo) (map[string]int64, error) {
-	all, err := w.available()
+	all, err := w.Available()
 	if err != nil {
 		return nil, err
 	}
@@ -167,8 +104,8 @@ func (w *workloadWatch) fullyAvailable(pods map[types.UID]podInfo) (map[string]i
 			continue
 		}
 		k := w.workloadOf(p.owner)
-		if st, ok := all[k]; ok && k != "" && st.short == "" {
-			out[k] = st.generation
+		if st, ok := all[k]; ok && k != "" && st.Short == "" {
+			out[k] = st.Generation
 		}
 	}
 	return out, nil
@@ -196,14 +133,14 @@ func (r *applyRun) gate(ctx context.Context, node string, before map[string]int6
 	window := r.opts.Plan.HealthWindow
 	defer r.timed(&r.res.Waiting)()
 	err := r.wait.Poll(ctx, time.Second, window, func(context.Context) error {
-		now, err := r.workloads.available()
+		now, err := r.workloads.Available()
 		if err != nil {
 			return err
 		}
 		var short []string
 		for _, k := range slices.Sorted(maps.Keys(before)) {
-			if st, ok := now[k]; ok && st.short != "" && st.generation == before[k] {
-				short = append(short, k+" ("+st.short+")")
+			if st, ok := now[k]; ok && st.Short != "" && st.Generation == before[k] {
+				short = append(short, k+" ("+st.Short+")")
 			}
 		}
 		if len(short) > 0 {
@@ -215,55 +152,4 @@ func (r *applyRun) gate(ctx context.Context, node string, before map[string]int6
 		return fmt.Errorf("node %s: %w within %s (--health-window; --no-workload-gate turns the gate off): %w", node, ErrWorkloadsUnavailable, window, err)
 	}
 	return err
-}
-
-// planGate lists, for the plan, the workloads the gate would hold each
-// node to now: those fully available.
-func planGate(ctx context.Context, c kubernetes.Interface) ([]string, error) {
-	// The workloads as the API lists them now, judged as the gate judges
-	// them (available).
-	w := &workloadWatch{
-		deps: func() ([]*appsv1.Deployment, error) {
-			l, err := c.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, fmt.Errorf("list deployments: %w", err)
-			}
-			return pointers(l.Items), nil
-		},
-		sts: func() ([]*appsv1.StatefulSet, error) {
-			l, err := c.AppsV1().StatefulSets("").List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, fmt.Errorf("list statefulsets: %w", err)
-			}
-			return pointers(l.Items), nil
-		},
-		dss: func() ([]*appsv1.DaemonSet, error) {
-			l, err := c.AppsV1().DaemonSets("").List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, fmt.Errorf("list daemonsets: %w", err)
-			}
-			return pointers(l.Items), nil
-		},
-	}
-	states, err := w.available()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for name, st := range states {
-		if st.short == "" {
-			out = append(out, name)
-		}
-	}
-	slices.Sort(out)
-	return out, nil
-}
-
-// pointers points at each of items.
-func pointers[T any](items []T) []*T {
-	out := make([]*T, len(items))
-	for i := range items {
-		out[i] = &items[i]
-	}
-	return out
 }

@@ -19,6 +19,8 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
+	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
@@ -30,16 +32,16 @@ import (
 
 // hopWorld is newWorld's cluster at v1.30.14 with a target of v1.33.13,
 // through v1.31.14 and v1.32.13 when hops is set.
-func hopWorld(t *testing.T, hops bool) *world {
+func hopWorld(t *testing.T, hops bool) *preflighttest.World {
 	t.Helper()
-	w := newWorld(t)
-	to := lookup(t, w.cat, "v1.33.13")
-	tgt := w.opts.Target
+	w := preflighttest.New(t)
+	to := lookup(t, w.Catalog, "v1.33.13")
+	tgt := w.Opts.Target
 	tgt.Version, tgt.Catalog = to.Parsed(), to
 	tgt.Manifest.KubernetesVersion, tgt.Manifest.Release = to.Version, *to
 	if hops {
 		for _, v := range []string{"v1.31.14", "v1.32.13"} {
-			rel := lookup(t, w.cat, v)
+			rel := lookup(t, w.Catalog, v)
 			tgt.Hops = append(tgt.Hops, &release.Release{Version: rel.Parsed(), Catalog: rel, Manifest: &bundle.Manifest{KubernetesVersion: v, Release: *rel}})
 		}
 	}
@@ -59,20 +61,20 @@ func lookup(t *testing.T, c *catalog.Catalog, v string) *catalog.Release {
 func TestPathThroughHops(t *testing.T) {
 	// Without hops, v1.30 to v1.33 skips two minors.
 	w := hopWorld(t, false)
-	fs := only(w.plan(t), "path")
-	want(t, fs, Blocking, "node/cp-1", "kube-apiserver runs v1.30.14: v1.33.13 skips a minor version")
+	fs := preflighttest.Only(w.Plan(t), "path")
+	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "kube-apiserver runs v1.30.14: v1.33.13 skips a minor version")
 	// With them, the next release on the way is v1.31.14, which takes
 	// v1.30, and kubelets three minors back are within the skew.
 	w = hopWorld(t, true)
-	p := w.plan(t)
-	if fs := append(only(p, "path"), only(p, "skew")...); len(fs) != 0 {
+	p := w.Plan(t)
+	if fs := append(preflighttest.Only(p, "path"), preflighttest.Only(p, "skew")...); len(fs) != 0 {
 		t.Errorf("findings %+v, want none", fs)
 	}
 	// The control plane's steps go through each hop, every control-plane
 	// node at one before the next.
 	var cp []string
 	for _, s := range p.Steps {
-		if s.Phase == PhaseControlPlane {
+		if s.Phase == preflight.PhaseControlPlane {
 			cp = append(cp, s.Version+":"+strings.Join(s.Nodes, ","))
 		}
 	}
@@ -81,42 +83,42 @@ func TestPathThroughHops(t *testing.T) {
 	}
 	// A control plane resumed after the first hop goes on from there.
 	for _, c := range release.ControlPlaneFiles {
-		w.view.facts["cp-1"].Components[c] = "v1.31.14"
+		w.View.Facts["cp-1"].Components[c] = "v1.31.14"
 	}
-	if fs := only(w.plan(t), "path"); len(fs) != 0 {
+	if fs := preflighttest.Only(w.Plan(t), "path"); len(fs) != 0 {
 		t.Errorf("at the first hop: findings %+v, want none", fs)
 	}
 	// A kubeadm control plane moves one minor per apply.
-	w.view.kubeadm = &kubeadm.Config{}
-	fs = only(w.plan(t), "path")
-	want(t, fs, Blocking, "node/cp-1", "kube-apiserver runs v1.31.14: the way to v1.33.13 passes through v1.31.14, v1.32.13, and kubelift moves a kubeadm control plane one minor at a time")
-	w.view.kubeadm = nil
+	w.View.Kubeadm = &kubeadm.Config{}
+	fs = preflighttest.Only(w.Plan(t), "path")
+	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "kube-apiserver runs v1.31.14: the way to v1.33.13 passes through v1.31.14, v1.32.13, and kubelift moves a kubeadm control plane one minor at a time")
+	w.View.Kubeadm = nil
 	// One that jumped past a hop is refused.
-	w.view.facts["cp-1"].Components["kube-apiserver"] = "v1.29.15"
-	fs = only(w.plan(t), "path")
-	want(t, fs, Blocking, "node/cp-1", "kube-apiserver runs v1.29.15: v1.31.14 skips a minor version", "the bundle passes through v1.31.14, v1.32.13")
+	w.View.Facts["cp-1"].Components["kube-apiserver"] = "v1.29.15"
+	fs = preflighttest.Only(w.Plan(t), "path")
+	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "kube-apiserver runs v1.29.15: v1.31.14 skips a minor version", "the bundle passes through v1.31.14, v1.32.13")
 }
 
 func TestRemovedOnTheWay(t *testing.T) {
 	w := hopWorld(t, true)
 	// --keep-terminated-pod-volumes went in v1.31: the first hop.
-	w.view.facts["worker-1"].AddFlags("kubelet", "/etc/systemd/system/kubelet.service", []string{"--keep-terminated-pod-volumes=false"})
-	fs := only(w.plan(t), "removed-flags")
-	want(t, fs, Blocking, "node/worker-1", "kubelet is started with --keep-terminated-pod-volumes", "which v1.31.14 removed")
+	w.View.Facts["worker-1"].AddFlags("kubelet", "/etc/systemd/system/kubelet.service", []string{"--keep-terminated-pod-volumes=false"})
+	fs := preflighttest.Only(w.Plan(t), "removed-flags")
+	preflighttest.Want(t, fs, preflight.Blocking, "node/worker-1", "kubelet is started with --keep-terminated-pod-volumes", "which v1.31.14 removed")
 
 	// flowcontrol v1beta3 went in v1.32: the second hop.
 	c := fake.NewClientset()
 	c.Resources = []*metav1.APIResourceList{{GroupVersion: "flowcontrol.apiserver.k8s.io/v1beta3", APIResources: []metav1.APIResource{
 		{Name: "flowschemas", Kind: "FlowSchema", Verbs: []string{"list"}}}}}
-	w.opts.Client = c
+	w.Opts.Client = c
 	gvr := schema.GroupVersionResource{Group: "flowcontrol.apiserver.k8s.io", Version: "v1beta3", Resource: "flowschemas"}
 	fsObj := &unstructured.Unstructured{}
 	fsObj.SetAPIVersion(gvr.GroupVersion().String())
 	fsObj.SetKind("FlowSchema")
 	fsObj.SetName("mine")
 	fsObj.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "helm", APIVersion: "flowcontrol.apiserver.k8s.io/v1beta3"}})
-	w.opts.Dynamic = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "FlowSchemaList"}, fsObj)
-	want(t, only(w.plan(t), "removed-apis"), Blocking, "flowschemas.flowcontrol.apiserver.k8s.io/mine", "which v1.32 no longer serves")
+	w.Opts.Dynamic = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "FlowSchemaList"}, fsObj)
+	preflighttest.Want(t, preflighttest.Only(w.Plan(t), "removed-apis"), preflight.Blocking, "flowschemas.flowcontrol.apiserver.k8s.io/mine", "which v1.32 no longer serves")
 }
 
 // The binary driver moves a control-plane node through a hop and on to
@@ -125,7 +127,7 @@ func TestRemovedOnTheWay(t *testing.T) {
 // what is there already, and a part past a hop is not moved back to it.
 func TestBinaryDriverThroughHops(t *testing.T) {
 	w := hopWorld(t, false)
-	hop := lookup(t, w.cat, "v1.31.14")
+	hop := lookup(t, w.Catalog, "v1.31.14")
 	sum := func(name, v string) string { return fmt.Sprintf("%064x", len(name)+len(v)) }
 	hopT := &release.Release{Version: hop.Parsed(), Catalog: hop, Manifest: &bundle.Manifest{KubernetesVersion: hop.Version}}
 	target := &release.Release{Version: catalog.Version{Major: 1, Minor: 32, Patch: 13}, Manifest: &bundle.Manifest{KubernetesVersion: "v1.32.13"}, Hops: []*release.Release{hopT}}
@@ -171,15 +173,15 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 			return "", nil
 		},
 	}}
-	nodes := []NodeState{{Name: "cp-1", Role: release.RoleControlPlane, Arch: "amd64", Kubelet: "v1.30.14", Components: map[string]string{}}}
+	nodes := []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane, Arch: "amd64", Kubelet: "v1.30.14", Components: map[string]string{}}}
 	for _, c := range release.ControlPlaneFiles {
 		nodes[0].Components[c] = "v1.30.14"
 	}
 	r := &applyRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
 		opts: ApplyOptions{ReadyTimeout: time.Minute, BackupDir: "/var/lib/kubelift/backup",
-			Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: "/var/lib/kubelift/staged", Now: time.Now}},
-		plan:  &Plan{From: []string{"v1.30.14"}, Nodes: nodes},
-		view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.30.14"}}}},
+			Plan: preflight.PlanOptions{Connector: fakeConnector{node}, StageDir: "/var/lib/kubelift/staged", Now: time.Now}},
+		plan:  &preflight.Plan{From: []string{"v1.30.14"}, Nodes: nodes},
+		view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.30.14"}}}},
 		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
 	ctx := context.Background()
 	if err := r.controlPlaneStep(ctx); err != nil {
@@ -225,8 +227,8 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 // allows the patch downgrade (plan checks that): the driver does not take
 // "newer" for "done".
 func TestBinaryDriverPatchDowngrade(t *testing.T) {
-	w := newWorld(t)
-	to := lookup(t, w.cat, "v1.31.4")
+	w := preflighttest.New(t)
+	to := lookup(t, w.Catalog, "v1.31.4")
 	to.Version = "v1.31.3" // a target older than what runs
 	target := &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 3}, Catalog: to, Manifest: &bundle.Manifest{KubernetesVersion: "v1.31.3"}}
 	for _, c := range release.ControlPlaneFiles {
@@ -248,14 +250,14 @@ func TestBinaryDriverPatchDowngrade(t *testing.T) {
 			return "", nil
 		},
 	}}
-	nodes := []NodeState{{Name: "cp-1", Role: release.RoleControlPlane, Arch: "amd64", Kubelet: "v1.31.4", Components: map[string]string{}}}
+	nodes := []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane, Arch: "amd64", Kubelet: "v1.31.4", Components: map[string]string{}}}
 	for _, c := range release.ControlPlaneFiles {
 		nodes[0].Components[c] = "v1.31.4"
 	}
 	r := &applyRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
-		opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, Now: time.Now}},
-		plan:  &Plan{From: []string{"v1.31.4"}, Nodes: nodes},
-		view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.4"}}}},
+		opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, Now: time.Now}},
+		plan:  &preflight.Plan{From: []string{"v1.31.4"}, Nodes: nodes},
+		view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.4"}}}},
 		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
 	if err := r.controlPlaneStep(context.Background()); err != nil {
 		t.Fatal(err)

@@ -176,7 +176,7 @@ func (r *applyRun) clearInFlight(ctx context.Context, node string) error {
 // inFlightOf is the record a run left on node, as the plan read the Node
 // (nil when there is none).
 func (r *applyRun) inFlightOf(node string) (*inFlight, error) {
-	n := r.view.node(node)
+	n := r.view.Node(node)
 	if n == nil {
 		return nil, nil
 	}

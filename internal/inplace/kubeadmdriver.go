@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
@@ -47,7 +48,7 @@ type kubeadmDriver struct {
 func (kubeadmDriver) Kind() string { return release.KindKubeadm }
 
 // Components: every control-plane node runs all three as static pods.
-func (kubeadmDriver) Components(n *NodeState) []string {
+func (kubeadmDriver) Components(n *preflight.NodeState) []string {
 	if n.Role != release.RoleControlPlane {
 		return nil
 	}
@@ -60,7 +61,7 @@ func (d kubeadmDriver) BackupEtcd(ctx context.Context, r *applyRun) (string, err
 	if !d.cfg.LocalEtcd {
 		return "", errors.New("the cluster's etcd is external (kubeadm-config etcd.external): back it up where it runs")
 	}
-	node := r.plan.firstControlPlane()
+	node := r.plan.FirstControlPlane()
 	if node == "" {
 		return "", errors.New("no control-plane node to back etcd up from")
 	}
@@ -99,7 +100,7 @@ func (d kubeadmDriver) Upgrade(ctx context.Context, r *applyRun, node string, t 
 		return err
 	}
 	verb := "node" // kubeadm upgrade apply on the first, upgrade node on the others
-	if node == r.plan.firstControlPlane() {
+	if node == r.plan.FirstControlPlane() {
 		verb = "apply"
 	}
 	if allAt(at, to) {
@@ -230,7 +231,7 @@ func (d kubeadmDriver) Undo(ctx context.Context, r *applyRun, node string) error
 		r.setNode(ctx, node, record.NodeFailed, "kubeadm", err)
 		return err
 	}
-	if node != r.plan.firstControlPlane() {
+	if node != r.plan.FirstControlPlane() {
 		return nil
 	}
 	return d.undoCluster(ctx, r, from, to)
@@ -324,17 +325,6 @@ func (r *applyRun) startedUnix() int64 {
 	return 0
 }
 
-// firstControlPlane is the control-plane node `kubeadm upgrade apply`
-// runs on: the first in the plan's order ("" when none).
-func (p *Plan) firstControlPlane() string {
-	for _, n := range p.Nodes {
-		if n.Role == release.RoleControlPlane {
-			return n.Name
-		}
-	}
-	return ""
-}
-
 // runKubeadm starts the staged kubeadm on the node with args, detached,
 // as run NAME (or follows the one already going), and waits until it
 // ends; an exit other than 0 is the node failed, with kubeadm's last
@@ -348,7 +338,7 @@ func (r *applyRun) runKubeadm(ctx context.Context, o *nodeops.Ops, run string, a
 	}
 	// The staged kubeadm runs as root and no swap checks it: its signed
 	// sum is checked on the node first.
-	if _, err := o.Run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.fileSHA("kubeadm", archOr(r.nodeState(o.Name).Arch))); err != nil {
+	if _, err := o.Run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.fileSHA("kubeadm", release.ArchOr(r.nodeState(o.Name).Arch))); err != nil {
 		return err
 	}
 	out, err := o.Run(ctx, "start kubeadm", nodescript.KubeadmStart, start...)

@@ -22,6 +22,7 @@ import (
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
@@ -57,7 +58,7 @@ func TestStaticComponent(t *testing.T) {
 		{"etcd", pod("etcd", "r/etcd:3.5.15-0", true), "", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			comp, v, err := staticComponent(tc.pod)
+			comp, v, err := preflight.StaticComponent(tc.pod)
 			if tc.fail != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.fail) || !strings.Contains(err.Error(), "kube-system/"+tc.pod.Name) {
 					t.Fatalf("err = %v, want one naming the pod and %q", err, tc.fail)
@@ -104,8 +105,8 @@ func TestRunKubeadm(t *testing.T) {
 				},
 			}}
 			v, _ := catalog.ParseVersion("v1.31.4")
-			r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
-				wait: waiter.Waiter{Clock: clk}, log: slog.New(slog.DiscardHandler), plan: &Plan{Nodes: []NodeState{{Name: "cp-1"}}}}
+			r := &applyRun{opts: ApplyOptions{Plan: preflight.PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
+				wait: waiter.Waiter{Clock: clk}, log: slog.New(slog.DiscardHandler), plan: &preflight.Plan{Nodes: []preflight.NodeState{{Name: "cp-1"}}}}
 			o := &nodeops.Ops{Node: node, Name: "cp-1", Facts: &nodefacts.Facts{}}
 			err := r.runKubeadm(ctx, o, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply", "v1.31.4", "--yes"})
 			if len(checked) != 2 || checked[0] != "/var/lib/kubelift/staged/v1.31.4/kubeadm" || checked[1] != kubeadmSum {
@@ -139,14 +140,14 @@ func TestRunKubeadm(t *testing.T) {
 		},
 	}}
 	v, _ := catalog.ParseVersion("v1.31.4")
-	rs := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
-		log: slog.New(slog.DiscardHandler), plan: &Plan{Nodes: []NodeState{{Name: "cp-1"}}}}
+	rs := &applyRun{opts: ApplyOptions{Plan: preflight.PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
+		log: slog.New(slog.DiscardHandler), plan: &preflight.Plan{Nodes: []preflight.NodeState{{Name: "cp-1"}}}}
 	if err := rs.runKubeadm(context.Background(), &nodeops.Ops{Node: spoilt, Name: "cp-1"}, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply"}); err == nil || !strings.Contains(err.Error(), "check the staged kubeadm") {
 		t.Errorf("spoilt kubeadm: %v", err)
 	}
 
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{}}
-	r := &applyRun{opts: ApplyOptions{Plan: PlanOptions{StageDir: release.DefaultStageDir}}, target: &release.Release{Version: v}, res: &ApplyResult{}, dry: true, log: slog.New(slog.DiscardHandler)}
+	r := &applyRun{opts: ApplyOptions{Plan: preflight.PlanOptions{StageDir: release.DefaultStageDir}}, target: &release.Release{Version: v}, res: &ApplyResult{}, dry: true, log: slog.New(slog.DiscardHandler)}
 	if err := r.runKubeadm(context.Background(), &nodeops.Ops{Node: node, Name: "worker-1"}, "upgrade-node-v1.31.4-1", []string{"upgrade", "node"}); err != nil {
 		t.Fatal(err)
 	}
@@ -340,9 +341,9 @@ func TestKubeadmUndo(t *testing.T) {
 			}}
 			started := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 			r := &applyRun{client: client, target: &release.Release{Version: v}, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
-				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, Now: func() time.Time { return started }}},
-				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
-				view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {}}},
+				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, Now: func() time.Time { return started }}},
+				plan:  &preflight.Plan{From: []string{"v1.31.3"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
+				view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {}}},
 				state: &record.Upgrade{Started: started}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
 			if err := (kubeadmDriver{}).Undo(context.Background(), r, "cp-1"); err != nil {
 				t.Fatal(err)
@@ -508,9 +509,9 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 			target := kubeadmTarget(v)
 			r := &applyRun{client: fake.NewClientset(objs...), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
 				wait:  waiter.Waiter{Clock: steppingClock(t, 2*time.Second)},
-				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: PlanOptions{Connector: fakeConnector{node}, StageDir: release.DefaultStageDir, Now: func() time.Time { return started0 }}},
-				plan:  &Plan{From: []string{"v1.31.3"}, Nodes: []NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
-				view:  &clusterView{facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.3"}}}},
+				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, StageDir: release.DefaultStageDir, Now: func() time.Time { return started0 }}},
+				plan:  &preflight.Plan{From: []string{"v1.31.3"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
+				view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.3"}}}},
 				state: &record.Upgrade{Started: started0}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
 			if err := (kubeadmDriver{}).Upgrade(context.Background(), r, "cp-1", target); err != nil {
 				t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -79,7 +80,7 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 			return err
 		}
 	}
-	window, err := NewWindow(r.opts.Plan.MaxUnavailable, r.opts.Plan.Canary, len(workers))
+	window, err := preflight.NewWindow(r.opts.Plan.MaxUnavailable, r.opts.Plan.Canary, len(workers))
 	if err != nil {
 		return err
 	}
@@ -89,7 +90,7 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 // window upgrades workers as w says: at most w.Width(done) in flight, a
 // slot freed as soon as a node is done. The first failure stops new
 // nodes; those in flight finish.
-func (r *applyRun) window(ctx context.Context, workers []string, w Window) error {
+func (r *applyRun) window(ctx context.Context, workers []string, w preflight.Window) error {
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex

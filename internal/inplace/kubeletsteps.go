@@ -9,8 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 // kubeletRun is one node's kubelet upgrade in flight: what its steps
@@ -186,7 +188,7 @@ func (r *applyRun) alreadyThereSteps() []nodeStep {
 	return []nodeStep{
 		{name: "wait Ready", do: func(ctx context.Context, k *kubeletRun) error {
 			if err := r.watch.until(ctx, k.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == k.to
+				return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == k.to
 			}); err != nil {
 				return fmt.Errorf("node %s: kubelet %s already, but not Ready: %w", k.name, k.to, err)
 			}
@@ -291,7 +293,7 @@ func (r *applyRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
 // hashSkip writes the hash-skip file when the hash era changes and the
 // bundled kubelet reads it.
 func (r *applyRun) hashSkip(ctx context.Context, k *kubeletRun) error {
-	if !r.target.Manifest.KubeletHashSkip(archOr(k.arch)) {
+	if !r.target.Manifest.KubeletHashSkip(release.ArchOr(k.arch)) {
 		return nil
 	}
 	era, err := r.eraOf(k.o.From)
@@ -321,7 +323,7 @@ func (r *applyRun) swapKubelet(ctx context.Context, k *kubeletRun) error {
 func (r *applyRun) waitKubeletReady(ctx context.Context, k *kubeletRun) error {
 	stopWait := r.timed(&r.res.Waiting)
 	err := r.watch.until(ctx, k.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-		return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == k.to
+		return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == k.to
 	})
 	stopWait()
 	k.ready = r.wait.Now()

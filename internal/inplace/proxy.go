@@ -8,16 +8,13 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // ProxyHealthz is kube-proxy's health endpoint at its default address,
 // read on the node itself.
 const ProxyHealthz = "http://127.0.0.1:10256/healthz"
-
-// proxyComponent is kube-proxy as a host unit (binary-deployed clusters;
-// a kubeadm cluster runs it as a DaemonSet, which its driver moves).
-const proxyComponent = "kube-proxy"
 
 // upgradeProxy moves the node's kube-proxy unit to the target, right after
 // its kubelet and in the kubelet's window: back up, swap, wait until it
@@ -27,26 +24,26 @@ const proxyComponent = "kube-proxy"
 // the process), so Service traffic keeps flowing while it restarts; the
 // sandbox's prober measures that.
 func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
-	if !o.HasUnit(proxyComponent) {
+	if !o.HasUnit(release.KubeProxy) {
 		return nil
 	}
 	to := o.To
-	arch := archOr(r.nodeState(o.Name).Arch)
-	if _, _, ok := r.target.File(proxyComponent, arch); !ok {
+	arch := release.ArchOr(r.nodeState(o.Name).Arch)
+	if _, _, ok := r.target.File(release.KubeProxy, arch); !ok {
 		r.log.Warn("the bundle carries no kube-proxy: it stays as it is", "node", o.Name)
 		return nil
 	}
-	now, err := o.Running(ctx, proxyComponent)
+	now, err := o.Running(ctx, release.KubeProxy)
 	if err != nil {
 		return err
 	}
 	if now == "" {
 		// Down: what its unit would start says whether a run moved it.
-		if now, err = o.Installed(ctx, proxyComponent); err != nil {
+		if now, err = o.Installed(ctx, release.KubeProxy); err != nil {
 			return err
 		}
 		if now != to {
-			r.log.Warn("kube-proxy has a unit but does not run: left as it is", "node", o.Name, "program", o.Binary(proxyComponent), "version", now)
+			r.log.Warn("kube-proxy has a unit but does not run: left as it is", "node", o.Name, "program", o.Binary(release.KubeProxy), "version", now)
 			return nil
 		}
 	}
@@ -70,11 +67,11 @@ func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
 		}
 		healthy = h == "200"
 	}
-	r.setNode(ctx, o.Name, record.NodeUpgrading, proxyComponent, nil)
-	if err := po.Backup(ctx, proxyComponent); err != nil {
+	r.setNode(ctx, o.Name, record.NodeUpgrading, release.KubeProxy, nil)
+	if err := po.Backup(ctx, release.KubeProxy); err != nil {
 		return err
 	}
-	if err := po.Swap(ctx, proxyComponent, r.fileSHA(proxyComponent, arch)); err != nil {
+	if err := po.Swap(ctx, release.KubeProxy, r.fileSHA(release.KubeProxy, arch)); err != nil {
 		return r.rollbackProxy(ctx, &po, err)
 	}
 	if err := r.waitProxy(ctx, &po, healthy); err != nil {
@@ -87,7 +84,7 @@ func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
 // waitProxy waits for kube-proxy to run the target and, when healthy is
 // set, its health endpoint to answer 200 (rules synced).
 func (r *applyRun) waitProxy(ctx context.Context, o *nodeops.Ops, healthy bool) error {
-	if err := r.waitComponent(ctx, o, proxyComponent, o.To); err != nil {
+	if err := r.waitComponent(ctx, o, release.KubeProxy, o.To); err != nil {
 		return err
 	}
 	if !healthy || r.dry {
@@ -115,5 +112,5 @@ func (r *applyRun) waitProxy(ctx context.Context, o *nodeops.Ops, healthy bool) 
 // rollbackProxy puts the old kube-proxy back after a failed swap; the
 // kubelet stays at the target (the skew allows it).
 func (r *applyRun) rollbackProxy(ctx context.Context, o *nodeops.Ops, cause error) error {
-	return r.rollback(ctx, o, proxyComponent, fmt.Errorf("kube-proxy: %w", cause))
+	return r.rollback(ctx, o, release.KubeProxy, fmt.Errorf("kube-proxy: %w", cause))
 }

@@ -7,8 +7,10 @@ import (
 
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
 
 // A run that resumes one stopped while kubeadm moved a control-plane node
@@ -17,10 +19,10 @@ import (
 // or any other health finding, is blocked.
 func TestResumedControlPlaneHealth(t *testing.T) {
 	ctx := context.Background()
-	lease := Finding{Severity: Blocking, Check: "health", Object: "lease/kube-system/kube-scheduler", Message: "kube-scheduler holds no live lease"}
-	apiserver := Finding{Severity: Blocking, Check: "health", Object: "apiserver/cp-1", Message: "/readyz: connection refused"}
-	otherAPIServer := Finding{Severity: Blocking, Check: "health", Object: "apiserver/cp-2", Message: "/readyz: connection refused"}
-	notReady := Finding{Severity: Blocking, Check: "health", Object: "node/worker-1", Node: "worker-1", Message: "not Ready"}
+	lease := preflight.Finding{Severity: preflight.Blocking, Check: "health", Object: "lease/kube-system/kube-scheduler", Message: "kube-scheduler holds no live lease"}
+	apiserver := preflight.Finding{Severity: preflight.Blocking, Check: "health", Object: "apiserver/cp-1", Message: "/readyz: connection refused"}
+	otherAPIServer := preflight.Finding{Severity: preflight.Blocking, Check: "health", Object: "apiserver/cp-2", Message: "/readyz: connection refused"}
+	notReady := preflight.Finding{Severity: preflight.Blocking, Check: "health", Object: "node/worker-1", Node: "worker-1", Message: "not Ready"}
 	moving := []record.Node{{Name: "cp-1", Role: release.RoleControlPlane, Status: record.NodeUpgrading}, {Name: "cp-2", Role: release.RoleControlPlane, Status: record.NodePending}}
 	for _, tc := range []struct {
 		name    string
@@ -46,16 +48,36 @@ func TestResumedControlPlaneHealth(t *testing.T) {
 				t.Fatalf("controlPlaneInFlight = %v, %v; want resuming %v", in, err, tc.resumes)
 			}
 			r := &applyRun{log: slog.New(slog.DiscardHandler), resumingControlPlane: in}
-			for _, f := range []Finding{lease, apiserver} {
+			for _, f := range []preflight.Finding{lease, apiserver} {
 				if r.resolves(f) != tc.resumes {
 					t.Errorf("%s resolved: %v, want %v", f.Object, !tc.resumes, tc.resumes)
 				}
 			}
-			for _, f := range []Finding{otherAPIServer, notReady} {
+			for _, f := range []preflight.Finding{otherAPIServer, notReady} {
 				if r.resolves(f) {
 					t.Errorf("%s is passed over: only the moving node's API server is", f.Object)
 				}
 			}
 		})
+	}
+}
+
+// --restore-labels resolves a readmission finding by its code (labels
+// its node lacks, which it puts back), never one of another kind.
+func TestRestoreLabelsResolvesByCode(t *testing.T) {
+	r := &applyRun{opts: ApplyOptions{RestoreLabels: true}, tgts: map[string]nodeaccess.Target{"worker-1": {Name: "worker-1", Role: release.RoleWorker, Address: "10.0.0.1"}}}
+	missing := preflight.Finding{Severity: preflight.Blocking, Check: preflight.CheckReadmission, Code: preflight.CodeLabelsMissing, Object: "pod/shop/pinned", Node: "worker-1",
+		Message: "the restarted kubelet would reject it (reason NodeAffinity, the pod fails): node worker-1 lacks the label zone=a its nodeSelector requires"}
+	affinity := preflight.Finding{Severity: preflight.Blocking, Check: preflight.CheckReadmission, Object: "pod/shop/affine", Node: "worker-1",
+		Message: "the restarted kubelet would reject it (reason NodeAffinity, the pod fails): its required node affinity no longer matches node worker-1's labels"}
+	if !r.resolves(missing) {
+		t.Error("--restore-labels does not resolve the labels it puts back")
+	}
+	if r.resolves(affinity) {
+		t.Error("--restore-labels resolves a node affinity it cannot mend")
+	}
+	r.opts.RestoreLabels = false
+	if r.resolves(missing) {
+		t.Error("without --restore-labels, a missing label is resolved")
 	}
 }

@@ -13,7 +13,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -111,8 +113,8 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		st.Holder = opts.Holder // the record is this run's now
 	}
 	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{State: st},
-		plan: &Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}, lock: lock}
-	for _, t := range v.tgts {
+		plan: &preflight.Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}, lock: lock}
+	for _, t := range v.Addresses {
 		r.tgts[t.Name] = t
 	}
 	if !r.dry {
@@ -165,19 +167,19 @@ func recordedUpgrade(ctx context.Context, c kubernetes.Interface) (*record.Upgra
 // readForRollback reads the cluster as plan does, refusing a node it
 // cannot reach or one that reported values that do not parse: nothing is
 // rolled back on those.
-func readForRollback(ctx context.Context, p PlanOptions) (*clusterView, error) {
-	v, err := readCluster(ctx, p)
+func readForRollback(ctx context.Context, p preflight.PlanOptions) (*preflight.View, error) {
+	v, err := preflight.Read(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range v.tgts {
-		if e := v.ssh[t.Name]; e != nil {
+	for _, t := range v.Addresses {
+		if e := v.SSH[t.Name]; e != nil {
 			return nil, fmt.Errorf("%w: %w", ErrRollbackRefused, e)
 		}
 	}
-	_, bad := nodefacts.KubeletVersions(v.nodes)
-	for _, t := range v.tgts {
-		if f := v.facts[t.Name]; f != nil {
+	_, bad := nodefacts.KubeletVersions(v.Nodes)
+	for _, t := range v.Addresses {
+		if f := v.Facts[t.Name]; f != nil {
 			bad = append(bad, f.Bad...)
 		}
 	}
@@ -190,26 +192,26 @@ func readForRollback(ctx context.Context, p PlanOptions) (*clusterView, error) {
 // runningAPIServers is the version each node's API server runs: its
 // unit's program, or on a kubeadm cluster (static pods) its mirror pod's
 // image.
-func runningAPIServers(v *clusterView) (map[string]string, error) {
+func runningAPIServers(v *preflight.View) (map[string]string, error) {
 	apiservers := map[string]string{}
-	for _, t := range v.tgts {
-		if f := v.facts[t.Name]; f != nil && f.Components["kube-apiserver"] != "" {
+	for _, t := range v.Addresses {
+		if f := v.Facts[t.Name]; f != nil && f.Components["kube-apiserver"] != "" {
 			apiservers[t.Name] = f.Components["kube-apiserver"]
 		}
 	}
-	if v.kubeadm == nil {
+	if v.Kubeadm == nil {
 		return apiservers, nil
 	}
-	for i := range v.pods {
-		if v.pods[i].Namespace != metav1.NamespaceSystem {
+	for i := range v.Pods {
+		if v.Pods[i].Namespace != metav1.NamespaceSystem {
 			continue
 		}
-		comp, ver, err := staticComponent(&v.pods[i])
+		comp, ver, err := preflight.StaticComponent(&v.Pods[i])
 		if err != nil {
-			return nil, fmt.Errorf("%w: node %s: %w", ErrRollbackRefused, v.pods[i].Spec.NodeName, err)
+			return nil, fmt.Errorf("%w: node %s: %w", ErrRollbackRefused, v.Pods[i].Spec.NodeName, err)
 		}
 		if comp == "kube-apiserver" {
-			apiservers[v.pods[i].Spec.NodeName] = ver
+			apiservers[v.Pods[i].Spec.NodeName] = ver
 		}
 	}
 	return apiservers, nil
@@ -218,11 +220,11 @@ func runningAPIServers(v *clusterView) (map[string]string, error) {
 // nodesAsTheyAre are the nodes now, for the driver: the parts each runs,
 // and those it has a unit for but does not run (a part the run moved may
 // be down: undoComponent reads its program).
-func nodesAsTheyAre(v *clusterView) []NodeState {
-	var out []NodeState
-	for _, t := range v.tgts {
-		ns := NodeState{Name: t.Name, Role: t.Role, Components: map[string]string{}}
-		if f := v.facts[t.Name]; f != nil {
+func nodesAsTheyAre(v *preflight.View) []preflight.NodeState {
+	var out []preflight.NodeState
+	for _, t := range v.Addresses {
+		ns := preflight.NodeState{Name: t.Name, Role: t.Role, Components: map[string]string{}}
+		if f := v.Facts[t.Name]; f != nil {
 			for c := range f.Units {
 				ns.Components[c] = ""
 			}
@@ -246,8 +248,8 @@ func (r *applyRun) kubeletsUndo(ctx context.Context) error {
 				continue
 			}
 			// kube-proxy moved after the kubelet: back first.
-			if _, ok := n.Components[proxyComponent]; ok {
-				if err := r.undoComponent(ctx, n.Name, proxyComponent); err != nil {
+			if _, ok := n.Components[release.KubeProxy]; ok {
+				if err := r.undoComponent(ctx, n.Name, release.KubeProxy); err != nil {
 					return err
 				}
 			}
@@ -330,7 +332,7 @@ func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 			r.would(node, "wait for the node Ready at "+from+"; remove kubelift's annotations", "")
 		} else if comp == "kubelet" {
 			if err := r.watch.until(ctx, node, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-				return nodeReady(n) && n.Status.NodeInfo.KubeletVersion == from
+				return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == from
 			}); err != nil {
 				return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/internal/waiter"
@@ -189,7 +190,7 @@ func (r *applyRun) staticContainers(ctx context.Context, node string) (map[strin
 	out := map[string]string{}
 	for i := range pods {
 		p := &pods[i]
-		comp, _, err := staticComponent(p)
+		comp, _, err := preflight.StaticComponent(p)
 		if err != nil || comp == "" {
 			continue
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -137,7 +138,7 @@ func TestVerifyStaticPods(t *testing.T) {
 			to, _ := catalog.ParseVersion("v1.31.4")
 			o := &nodeops.Ops{Node: node, Name: "worker-1", From: tc.from, Facts: &nodefacts.Facts{}}
 			r := &applyRun{res: &ApplyResult{}, client: client, target: &release.Release{Version: to}, log: slog.New(slog.DiscardHandler),
-				opts: ApplyOptions{ReadyTimeout: 10 * time.Millisecond, Plan: PlanOptions{Now: time.Now}}}
+				opts: ApplyOptions{ReadyTimeout: 10 * time.Millisecond, Plan: preflight.PlanOptions{Now: time.Now}}}
 			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)

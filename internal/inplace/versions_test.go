@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
 )
 
 func TestVersions(t *testing.T) {
@@ -19,7 +20,7 @@ func TestVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	n1, n2 := node("cp-1", "control-plane"), node("worker-1", "worker")
+	n1, n2 := preflighttest.Node("cp-1", "control-plane"), preflighttest.Node("worker-1", "worker")
 	c := fake.NewClientset(&n1, &n2)
 	c.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: "v1.30.14"}
 	for _, v := range []string{"v1.31.4", "v1.32.4", "v1.30.2"} {

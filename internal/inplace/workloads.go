@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 )
 
@@ -39,9 +40,9 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 // addTolerations adds the missing not-ready and unreachable tolerations
 // to every running pod but a DaemonSet's.
 func (r *applyRun) addTolerations(ctx context.Context) error {
-	for i := range r.view.pods {
-		pod := &r.view.pods[i]
-		if pod.Spec.NodeName == "" || isDaemonSetPod(pod) {
+	for i := range r.view.Pods {
+		pod := &r.view.Pods[i]
+		if pod.Spec.NodeName == "" || preflight.IsDaemonSetPod(pod) {
 			continue
 		}
 		patch, err := tolerationsPatch(pod.Spec.Tolerations)
@@ -76,12 +77,12 @@ func (r *applyRun) addTolerations(ctx context.Context) error {
 // and it lacks; two pods needing one label with two values are refused.
 func (r *applyRun) labelsWanted() (map[string]map[string]string, error) {
 	nodes := map[string]*corev1.Node{}
-	for i := range r.view.nodes {
-		nodes[r.view.nodes[i].Name] = &r.view.nodes[i]
+	for i := range r.view.Nodes {
+		nodes[r.view.Nodes[i].Name] = &r.view.Nodes[i]
 	}
 	want := map[string]map[string]string{}
-	for i := range r.view.pods {
-		pod := &r.view.pods[i]
+	for i := range r.view.Pods {
+		pod := &r.view.Pods[i]
 		node := nodes[pod.Spec.NodeName]
 		if node == nil {
 			continue
@@ -141,7 +142,7 @@ func tolerationsPatch(have []corev1.Toleration) ([]byte, error) {
 	}
 	seconds := int64(300)
 	for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
-		if !tolerates(have, key) {
+		if !preflight.Tolerates(have, key) {
 			ops = append(ops, op{Op: "add", Path: "/spec/tolerations/-", Value: corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,
 				Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &seconds}})
 		}

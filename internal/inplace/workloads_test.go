@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
@@ -30,7 +31,7 @@ func TestWorkloadsPassOverAPodGone(t *testing.T) {
 	here := pod("here")
 	client := fake.NewClientset(&here)
 	r := &applyRun{client: client, log: slog.New(slog.DiscardHandler), res: &ApplyResult{}, state: &record.Upgrade{},
-		opts: ApplyOptions{Plan: PlanOptions{Now: time.Now}}, view: &clusterView{pods: []corev1.Pod{pod("gone"), here}}}
+		opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}, view: &preflight.View{Pods: []corev1.Pod{pod("gone"), here}}}
 	if err := r.workloadsStep(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -350,11 +350,11 @@ func meanSeconds(ds []time.Duration) float64 {
 }
 
 // benchPlanChecks times the plan's checks over 500 and 5000 workers with
-// 30 pods each (internal/inplace's BenchmarkPlan: every check, restart
+// 30 pods each (internal/inplace/preflight's BenchmarkPlan: every check, restart
 // prediction included, over what the SSH reads returned) and prints the
 // 5000-node time and its ratio to linear growth from 500 (1.00x: linear).
 func benchPlanChecks(ctx context.Context) error {
-	out, err := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", "^BenchmarkPlan$", "-benchtime", "3x", "./internal/inplace").CombinedOutput()
+	out, err := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", "^BenchmarkPlan$", "-benchtime", "3x", "./internal/inplace/preflight").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go test -bench BenchmarkPlan: %v\n%s", err, out)
 	}

@@ -21,6 +21,10 @@ const (
 // StagePath is where a file of a version is staged below dir.
 func StagePath(dir, version, file string) string { return path.Join(dir, version, file) }
 
+// KubeProxy is kube-proxy's component: a unit on nodes that run it as
+// one, moved right after the node's kubelet.
+const KubeProxy = "kube-proxy"
+
 // Roles of nodes, from node-role.kubernetes.io labels.
 const (
 	RoleControlPlane = "control-plane"
@@ -94,4 +98,12 @@ func ClusterKind(ctx context.Context, c kubernetes.Interface) (string, error) {
 		return KindKubeadm, nil
 	}
 	return KindBinary, nil
+}
+
+// ArchOr is a node's architecture, amd64 when it reports none.
+func ArchOr(a string) string {
+	if a == "" {
+		return "amd64"
+	}
+	return a
 }

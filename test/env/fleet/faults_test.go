@@ -27,6 +27,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/inplace/drain"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -56,7 +57,7 @@ func newFaultRun(t *testing.T) *faultRun {
 	target, src, bins := newTarget(t, mustCatalog(t))
 	w := newWorld(t, bins)
 	return &faultRun{w: w, target: target, src: src, opts: inplace.ApplyOptions{
-		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
+		Plan: preflight.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
 			MaxUnavailable: "1", Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))},
 		Source: src, CacheDir: t.TempDir(), Settle: time.Millisecond, ReadyTimeout: 5 * time.Second, LockDuration: 3 * time.Second,
 	}}
@@ -1015,7 +1016,7 @@ func TestWorkloadGateStopsTheRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			p, err := inplace.BuildPlan(ctx, r.opts.Plan)
-			if err != nil && !errors.Is(err, inplace.ErrBlocked) {
+			if err != nil && !errors.Is(err, preflight.ErrBlocked) {
 				t.Fatal(err)
 			}
 			if want := !off; slices.Contains(p.WorkloadGate, "deployment/default/web") != want {

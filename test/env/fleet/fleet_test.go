@@ -34,6 +34,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
@@ -446,7 +447,7 @@ func TestApply(t *testing.T) {
 
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
+		Plan: preflight.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
 			MaxUnavailable: "1", Log: log},
 		Source: src, CacheDir: t.TempDir(), Settle: time.Millisecond, ReadyTimeout: 30 * time.Second,
 	})
@@ -568,7 +569,7 @@ func TestApplyRollsBack(t *testing.T) {
 	defer cancel()
 	restarting := kwok(ctx, t, w.client)
 	_, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: inplace.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
+		Plan: preflight.PlanOptions{Client: w.client, Target: target, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3, HealthWindow: 200 * time.Millisecond,
 			MaxUnavailable: "1", Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))},
 		Source: src, CacheDir: t.TempDir(), Settle: time.Millisecond, ReadyTimeout: 2 * time.Second,
 	})

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -216,7 +217,7 @@ func TestApplyRefusesABlockedPlan(t *testing.T) {
 	// another minor; every other container is kept by the hash-skip file.
 	reg, pw := h.RegistryFlags()
 	r = h.Upgrade(t, pw, append(append([]string{"plan", "--to", h.SB.NewVersion, "--key", h.Key(), "-o", "json", "-q"}, reg...), h.SSHFlags()...)...)
-	var p inplace.Plan
+	var p preflight.Plan
 	if err := json.Unmarshal([]byte(r.Stdout), &p); err != nil {
 		t.Fatalf("plan -o json: exit %d %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 	}

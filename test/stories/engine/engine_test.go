@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
@@ -219,16 +220,16 @@ func TestStageRefusesWrongHostKeyAndNamesUnreachableNode(t *testing.T) {
 	}
 }
 
-func parsePlan(t *testing.T, r result) *inplace.Plan {
+func parsePlan(t *testing.T, r result) *preflight.Plan {
 	t.Helper()
-	var p inplace.Plan
+	var p preflight.Plan
 	if err := json.Unmarshal([]byte(r.Stdout), &p); err != nil {
 		t.Fatalf("plan -o json: %v\n%s\n%s", err, r.Stdout, r.Stderr)
 	}
 	return &p
 }
 
-func plan(t *testing.T, version string, extra ...string) (result, *inplace.Plan) {
+func plan(t *testing.T, version string, extra ...string) (result, *preflight.Plan) {
 	t.Helper()
 	reg, pw := registryFlags()
 	args := append(append([]string{"plan", "--to", version, "--key", filepath.Join(work, "team.pub"), "-o", "json", "-q"}, reg...), sshFlags()...)
@@ -236,8 +237,8 @@ func plan(t *testing.T, version string, extra ...string) (result, *inplace.Plan)
 	return r, parsePlan(t, r)
 }
 
-func findings(p *inplace.Plan, check inplace.Check, sev inplace.Severity) []inplace.Finding {
-	var out []inplace.Finding
+func findings(p *preflight.Plan, check preflight.Check, sev preflight.Severity) []preflight.Finding {
+	var out []preflight.Finding
 	for _, f := range p.Findings {
 		if f.Check == check && f.Severity == sev {
 			out = append(out, f)
@@ -246,7 +247,7 @@ func findings(p *inplace.Plan, check inplace.Check, sev inplace.Severity) []inpl
 	return out
 }
 
-func hasFinding(p *inplace.Plan, check inplace.Check, sev inplace.Severity, object string, parts ...string) bool {
+func hasFinding(p *preflight.Plan, check preflight.Check, sev preflight.Severity, object string, parts ...string) bool {
 	for _, f := range findings(p, check, sev) {
 		if f.Object != object {
 			continue
@@ -272,14 +273,14 @@ func TestPlanHashSkipKubelet(t *testing.T) {
 	if r.Code != 4 || !p.Blocked {
 		t.Fatalf("plan: exit %d (blocked %v), want 4\n%s", r.Code, p.Blocked, r.Stderr)
 	}
-	if !hasFinding(p, "readmission", inplace.Blocking, "pod/"+sandbox.WorkloadNamespace+"/pinned-ssd", "NodeAffinity", sandbox.PinnedLabel+"=ssd") {
-		t.Errorf("no blocking NodeAffinity finding naming pinned-ssd and %s: %+v", sandbox.PinnedLabel, findings(p, "readmission", inplace.Blocking))
+	if !hasFinding(p, "readmission", preflight.Blocking, "pod/"+sandbox.WorkloadNamespace+"/pinned-ssd", "NodeAffinity", sandbox.PinnedLabel+"=ssd") {
+		t.Errorf("no blocking NodeAffinity finding naming pinned-ssd and %s: %+v", sandbox.PinnedLabel, findings(p, "readmission", preflight.Blocking))
 	}
-	if n := len(findings(p, "readmission", inplace.Blocking)); n != 1 {
+	if n := len(findings(p, "readmission", preflight.Blocking)); n != 1 {
 		t.Errorf("%d re-admission findings, want 1 (pinned-ssd)", n)
 	}
 	evict := map[string]bool{}
-	for _, f := range findings(p, "eviction", inplace.Warning) {
+	for _, f := range findings(p, "eviction", preflight.Warning) {
 		evict[f.Object] = true
 	}
 	pods, err := client.CoreV1().Pods(sandbox.WorkloadNamespace).List(context.Background(), metav1.ListOptions{})
@@ -306,8 +307,8 @@ func TestPlanHashSkipKubelet(t *testing.T) {
 			t.Errorf("%s: kubelet %s, components %v; want %s, read from the node", n.Name, n.Kubelet, n.Components, sb.OldVersion)
 		}
 	}
-	if len(findings(p, "restarts", inplace.Blocking)) != 0 {
-		t.Errorf("restarts blocking with the hash-skip kubelet: %+v", findings(p, "restarts", inplace.Blocking))
+	if len(findings(p, "restarts", preflight.Blocking)) != 0 {
+		t.Errorf("restarts blocking with the hash-skip kubelet: %+v", findings(p, "restarts", preflight.Blocking))
 	}
 	// The order: control plane first, tolerations, then kubelets, workers
 	// in canary batches 1, 2.
@@ -357,10 +358,10 @@ func TestPlanBlocksRemovedKubeletFlag(t *testing.T) {
 	if r.Code != 4 {
 		t.Fatalf("exit %d, want 4", r.Code)
 	}
-	if !hasFinding(p, "removed-flags", inplace.Blocking, "node/worker-1", "kubelet", "--keep-terminated-pod-volumes", env) {
-		t.Errorf("no blocking removed-flags finding for worker-1: %+v", findings(p, "removed-flags", inplace.Blocking))
+	if !hasFinding(p, "removed-flags", preflight.Blocking, "node/worker-1", "kubelet", "--keep-terminated-pod-volumes", env) {
+		t.Errorf("no blocking removed-flags finding for worker-1: %+v", findings(p, "removed-flags", preflight.Blocking))
 	}
-	if n := len(findings(p, "removed-flags", inplace.Blocking)); n != 1 {
+	if n := len(findings(p, "removed-flags", preflight.Blocking)); n != 1 {
 		t.Errorf("%d removed-flags findings, want 1", n)
 	}
 }
@@ -396,8 +397,8 @@ versions:
 	if r.Code != 4 {
 		t.Fatalf("exit %d, want 4\n%s", r.Code, r.Stderr)
 	}
-	if !hasFinding(p, "path", inplace.Blocking, "node/cp-1", "kube-apiserver runs "+sb.OldVersion, "skips a minor") {
-		t.Errorf("no blocking path finding: %+v", findings(p, "path", inplace.Blocking))
+	if !hasFinding(p, "path", preflight.Blocking, "node/cp-1", "kube-apiserver runs "+sb.OldVersion, "skips a minor") {
+		t.Errorf("no blocking path finding: %+v", findings(p, "path", preflight.Blocking))
 	}
 }
 
@@ -465,7 +466,7 @@ func TestForgedKubeletVersionIsRefused(t *testing.T) {
 	if r.Code != 4 {
 		t.Errorf("plan: exit %d, want 4", r.Code)
 	}
-	if !hasFinding(p, "values", inplace.Blocking, "node/worker-3", "status.nodeInfo.kubeletVersion", forged) {
+	if !hasFinding(p, "values", preflight.Blocking, "node/worker-3", "status.nodeInfo.kubeletVersion", forged) {
 		t.Errorf("no blocking values finding naming worker-3 and the value: %+v", p.Findings)
 	}
 	for _, v := range p.From {
@@ -513,13 +514,13 @@ func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	if p.HashSkipKubelet {
 		t.Fatal("the plan says upstream's kubelet honours the hash-skip file")
 	}
-	predicted := map[string]inplace.NodeState{}
+	predicted := map[string]preflight.NodeState{}
 	for _, n := range p.Nodes {
 		predicted[n.Name] = n
 		if n.Role == release.RoleWorker && (n.Containers == 0 || n.Restarts != n.Containers || n.Protected != 0) {
 			t.Errorf("%s: %d containers, %d restarts, %d kept; want every one restarted", n.Name, n.Containers, n.Restarts, n.Protected)
 		}
-		if n.Role == release.RoleWorker && !hasFinding(p, "restarts", inplace.Blocking, "node/"+n.Name, fmt.Sprintf("%d of %d running containers would restart", n.Restarts, n.Containers)) {
+		if n.Role == release.RoleWorker && !hasFinding(p, "restarts", preflight.Blocking, "node/"+n.Name, fmt.Sprintf("%d of %d running containers would restart", n.Restarts, n.Containers)) {
 			t.Errorf("%s: no blocking restarts finding", n.Name)
 		}
 	}
@@ -585,7 +586,7 @@ func TestPlanPredictionMatchesASwapByHand(t *testing.T) {
 	// replacements may land on worker-1): the prediction compared is one
 	// made of worker-1 as it is now, with the containers counted by that
 	// plan also the ones running when apply starts.
-	var fresh inplace.NodeState
+	var fresh preflight.NodeState
 	waitFor(t, "a plan of worker-1 that counts the containers running on it", func() bool {
 		_, p := plan(t, sb.NewVersion)
 		for _, n := range p.Nodes {

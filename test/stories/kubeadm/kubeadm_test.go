@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
@@ -132,10 +133,10 @@ func TestPlanRefusesAMissingControlPlaneImage(t *testing.T) {
 	if err := remote.Delete(tag.Context().Digest(desc.Digest.String()), opts...); err != nil {
 		t.Fatalf("delete %s from the registry: %v", want, err)
 	}
-	plan := func() inplace.Plan {
+	plan := func() preflight.Plan {
 		args, pw := flags("plan", "-o", "json", "-q")
 		r := h.Upgrade(t, pw, args...)
-		var p inplace.Plan
+		var p preflight.Plan
 		if err := json.Unmarshal([]byte(r.Stdout), &p); err != nil {
 			t.Fatalf("plan: exit %d: %v\n%s", r.Code, err, r.Stderr)
 		}
@@ -144,9 +145,9 @@ func TestPlanRefusesAMissingControlPlaneImage(t *testing.T) {
 		}
 		return p
 	}
-	missing := func(p inplace.Plan) bool {
+	missing := func(p preflight.Plan) bool {
 		for _, f := range p.Findings {
-			if f.Check == "kubeadm" && f.Severity == inplace.Blocking && f.Object == "image/"+want {
+			if f.Check == "kubeadm" && f.Severity == preflight.Blocking && f.Object == "image/"+want {
 				return true
 			}
 		}

@@ -1,4 +1,4 @@
-package inplace
+package preflight
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -20,11 +21,11 @@ import (
 // planCheck runs the checks over what BuildPlan read.
 type planCheck struct {
 	opts   PlanOptions
-	view   *clusterView
+	view   *View
 	plan   *Plan
 	target *release.Release
-	// driver is the cluster's kind of control plane.
-	driver controlPlane
+	// kind is the cluster's kind (release.KindBinary, KindKubeadm).
+	kind string
 	// Indexes of the view, built once: a plan of 5000 nodes and 150,000
 	// pods stays linear.
 	podNode map[string]string        // "ns/name" -> node
@@ -34,17 +35,17 @@ type planCheck struct {
 
 // index builds the indexes of the view.
 func (pc *planCheck) index() {
-	pc.podNode = make(map[string]string, len(pc.view.pods))
+	pc.podNode = make(map[string]string, len(pc.view.Pods))
 	pc.onNode = map[string][]*corev1.Pod{}
-	for i := range pc.view.pods {
-		p := &pc.view.pods[i]
+	for i := range pc.view.Pods {
+		p := &pc.view.Pods[i]
 		pc.podNode[p.Namespace+"/"+p.Name] = p.Spec.NodeName
 		if p.Spec.NodeName != "" {
 			pc.onNode[p.Spec.NodeName] = append(pc.onNode[p.Spec.NodeName], p)
 		}
 	}
-	pc.roles = make(map[string]string, len(pc.view.tgts))
-	for _, t := range pc.view.tgts {
+	pc.roles = make(map[string]string, len(pc.view.Addresses))
+	for _, t := range pc.view.Addresses {
 		pc.roles[t.Name] = t.Role
 	}
 }
@@ -76,15 +77,15 @@ func (pc *planCheck) role(node string) string {
 func (pc *planCheck) nodeStates() {
 	// Only versions that parsed are kept; each refused value is a
 	// blocking finding (values), and none of them reaches a script.
-	versions, bad := nodefacts.KubeletVersions(pc.view.nodes)
-	for _, n := range pc.view.nodes {
-		s := NodeState{Name: n.Name, Role: pc.role(n.Name), Ready: nodeReady(&n), Arch: n.Status.NodeInfo.Architecture,
+	versions, bad := nodefacts.KubeletVersions(pc.view.Nodes)
+	for _, n := range pc.view.Nodes {
+		s := NodeState{Name: n.Name, Role: pc.role(n.Name), Ready: cluster.NodeReady(&n), Arch: n.Status.NodeInfo.Architecture,
 			Kubelet: versions[n.Name]}
-		if f := pc.view.facts[n.Name]; f != nil {
+		if f := pc.view.Facts[n.Name]; f != nil {
 			s.Components = f.Components
 			bad = append(bad, f.Bad...)
 		}
-		if pc.view.kubeadm != nil && s.Role == release.RoleControlPlane {
+		if pc.view.Kubeadm != nil && s.Role == release.RoleControlPlane {
 			s.Components, bad = pc.staticComponents(n.Name, s.Components, bad)
 		}
 		pc.plan.Nodes = append(pc.plan.Nodes, s)
@@ -116,15 +117,6 @@ func (pc *planCheck) nodeStates() {
 	})
 }
 
-func nodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 // steps orders the upgrade: the pods' tolerations, control-plane nodes
 // one at a time, then kubelets: control-plane nodes one at a time and
 // workers in the waves of their Window.
@@ -146,15 +138,15 @@ func (pc *planCheck) steps() ([]Step, Window, error) {
 	for _, t := range pc.target.Chain() {
 		for i := range pc.plan.Nodes {
 			if n := &pc.plan.Nodes[i]; n.Role == release.RoleControlPlane {
-				steps = append(steps, Step{Phase: PhaseControlPlane, Version: t.Version.String(), Nodes: []string{n.Name}, Components: pc.driver.Components(n)})
+				steps = append(steps, Step{Phase: PhaseControlPlane, Version: t.Version.String(), Nodes: []string{n.Name}, Components: Components(pc.kind, n)})
 			}
 		}
 	}
 	proxies := map[string]bool{}
 	for i := range pc.plan.Nodes {
 		n := &pc.plan.Nodes[i]
-		if _, runs := n.Components[proxyComponent]; runs {
-			_, _, proxies[n.Name] = pc.target.File(proxyComponent, archOr(n.Arch))
+		if _, runs := n.Components[release.KubeProxy]; runs {
+			_, _, proxies[n.Name] = pc.target.File(release.KubeProxy, release.ArchOr(n.Arch))
 		}
 	}
 	for _, n := range cps {
@@ -172,7 +164,7 @@ func (pc *planCheck) steps() ([]Step, Window, error) {
 func nodeComponents(nodes []string, proxies map[string]bool) []string {
 	for _, n := range nodes {
 		if proxies[n] {
-			return []string{"kubelet", proxyComponent}
+			return []string{"kubelet", release.KubeProxy}
 		}
 	}
 	return []string{"kubelet"}
@@ -217,13 +209,13 @@ func (pc *planCheck) path() {
 					msg += fmt.Sprintf("; the bundle passes through %s", hopList(pc.target))
 				}
 				fix := fmt.Sprintf("upgrade to a %d.%d release first", to.Major, from.Minor+1)
-				if pc.view.kubeadm == nil && to.Major == from.Major && to.Minor-from.Minor <= catalog.MaxKubeletSkew && len(pc.target.Hops) == 0 {
+				if pc.view.Kubeadm == nil && to.Major == from.Major && to.Minor-from.Minor <= catalog.MaxKubeletSkew && len(pc.target.Hops) == 0 {
 					fix += fmt.Sprintf(", or make the bundle with bundle create --from v%d.%d", from.Major, from.Minor)
 				}
 				pc.add(Blocking, CheckPath, obj, msg, fix)
 			case !next.Catalog.CanUpgradeFrom(from):
 				pc.add(Blocking, CheckPath, obj, fmt.Sprintf("%s runs %s: the catalog does not list it among %s's upgrade sources (%s)", comp, from, next.Version, strings.Join(next.Catalog.UpgradeFrom, ", ")), "upgrade to an allowed intermediate version first")
-			case next != pc.target && pc.view.kubeadm != nil:
+			case next != pc.target && pc.view.Kubeadm != nil:
 				// kubeadm's side of hops is not built: a kubeadm control
 				// plane moves one minor per apply.
 				pc.add(Blocking, CheckPath, obj, fmt.Sprintf("%s runs %s: the way to %s passes through %s, and kubelift moves a kubeadm control plane one minor at a time", comp, from, to, hopList(pc.target)),
@@ -278,8 +270,8 @@ func (pc *planCheck) images(ctx context.Context) {
 }
 
 func (pc *planCheck) sshReach() {
-	for _, t := range pc.view.tgts {
-		if err := pc.view.ssh[t.Name]; err != nil {
+	for _, t := range pc.view.Addresses {
+		if err := pc.view.SSH[t.Name]; err != nil {
 			pc.add(Blocking, CheckSSH, "node/"+t.Name, fmt.Sprintf("not reachable over SSH: %v", err), "fix SSH access (--ssh-key, --known-hosts, --inventory) and plan again")
 		}
 	}
@@ -291,7 +283,7 @@ func (pc *planCheck) staged() {
 	version := pc.target.Version.String()
 	for i := range pc.plan.Nodes {
 		s := &pc.plan.Nodes[i]
-		f := pc.view.facts[s.Name]
+		f := pc.view.Facts[s.Name]
 		if f == nil {
 			continue
 		}
@@ -301,7 +293,7 @@ func (pc *planCheck) staged() {
 		}
 		var missing []string
 		var need int64
-		for _, name := range release.FilesForKind(pc.driver.Kind(), s.Role) {
+		for _, name := range release.FilesForKind(pc.kind, s.Role) {
 			bf, _, ok := pc.target.File(name, arch)
 			if !ok {
 				continue
@@ -316,7 +308,7 @@ func (pc *planCheck) staged() {
 		// them, sending only what is missing): counted at full size, with
 		// their backups.
 		for _, h := range pc.target.Hops {
-			for _, name := range release.HopFilesForKind(pc.driver.Kind(), s.Role) {
+			for _, name := range release.HopFilesForKind(pc.kind, s.Role) {
 				if bf, _, ok := h.File(name, arch); ok {
 					need += 2 * bf.Size
 				}
@@ -325,7 +317,7 @@ func (pc *planCheck) staged() {
 		s.Staged = len(missing) == 0
 		if len(missing) > 0 {
 			how := "apply stages them"
-			if p, ok := pc.view.paths[s.Name]; ok {
+			if p, ok := pc.view.Paths[s.Name]; ok {
 				s.StagePath, s.StagePathReason = p[0], p[1]
 				how = "apply has the node pull them from the private registry"
 				if p[0] == stage.ViaSSH {
@@ -338,4 +330,25 @@ func (pc *planCheck) staged() {
 			pc.add(Blocking, CheckDisk, "node/"+s.Name, fmt.Sprintf("%d MiB free below %s, staging and backups need %d MiB", f.FreeBytes>>20, pc.opts.StageDir, need>>20), "free disk space on the node")
 		}
 	}
+}
+
+// Components are the control-plane parts a cluster of kind moves on
+// node n, in the order it moves them: on a binary cluster those of the
+// API server, controller manager and scheduler the node has units for;
+// on a kubeadm cluster all three on every control-plane node (static
+// pods).
+func Components(kind string, n *NodeState) []string {
+	if kind == release.KindKubeadm {
+		if n.Role != release.RoleControlPlane {
+			return nil
+		}
+		return append([]string{}, release.ControlPlaneFiles...)
+	}
+	var out []string
+	for _, c := range release.ControlPlaneFiles {
+		if _, ok := n.Components[c]; ok {
+			out = append(out, c)
+		}
+	}
+	return out
 }

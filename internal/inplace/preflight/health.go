@@ -1,4 +1,4 @@
-package inplace
+package preflight
 
 import (
 	"context"
@@ -55,13 +55,13 @@ func (pc *planCheck) health(ctx context.Context) {
 		}()
 	}
 	if pc.opts.REST != nil {
-		for _, t := range pc.view.tgts {
+		for _, t := range pc.view.Addresses {
 			if t.Role != release.RoleControlPlane {
 				continue
 			}
 			addr := t.Address
 			probe("apiserver/"+t.Name, Blocking, "", func(ctx context.Context) error {
-				if err := readyz(ctx, pc.opts.REST, addr); err != nil {
+				if err := Readyz(ctx, pc.opts.REST, addr); err != nil {
 					return fmt.Errorf("/readyz: %w", err)
 				}
 				return nil
@@ -90,7 +90,7 @@ func (pc *planCheck) health(ctx context.Context) {
 	// No leader election: it must run on the control-plane nodes.
 	for _, comp := range mustRun {
 		for _, s := range pc.plan.Nodes {
-			if s.Role == release.RoleControlPlane && pc.view.facts[s.Name] != nil && s.Components[comp] == "" {
+			if s.Role == release.RoleControlPlane && pc.view.Facts[s.Name] != nil && s.Components[comp] == "" {
 				pc.add(Blocking, CheckHealth, "node/"+s.Name, comp+" is not running and holds no lease", "start the "+comp+" unit")
 			}
 		}
@@ -115,15 +115,15 @@ func (pc *planCheck) liveLease(ctx context.Context, comp string) error {
 }
 
 // probe runs check until it passes or HealthWindow has passed, backing
-// off between tries (from healthBackoff, doubling, at most
-// healthBackoffCap, the last wait cut to the window's end). It returns
+// off between tries (from HealthBackoff, doubling, at most
+// HealthBackoffCap, the last wait cut to the window's end). It returns
 // nil, or the last failure with how long and how many probes it failed
 // for. (wait.Backoff's Cap ends the steps once reached: with it, the
 // window was never used past 7.5 s.)
 func (pc *planCheck) probe(ctx context.Context, check func(context.Context) error) error {
 	began := time.Now()
 	end := began.Add(pc.opts.HealthWindow)
-	backoff := max(pc.opts.healthBackoff, time.Millisecond)
+	backoff := max(pc.opts.HealthBackoff, time.Millisecond)
 	tries := 0
 	for {
 		tries++
@@ -141,7 +141,7 @@ func (pc *planCheck) probe(ctx context.Context, check func(context.Context) erro
 			t.Stop()
 		case <-t.C:
 		}
-		backoff = min(2*backoff, max(pc.opts.healthBackoffCap, time.Millisecond))
+		backoff = min(2*backoff, max(pc.opts.HealthBackoffCap, time.Millisecond))
 	}
 }
 
@@ -151,7 +151,7 @@ func (pc *planCheck) probe(ctx context.Context, check func(context.Context) erro
 // cluster's endpoint) or, when it does not name that, for addr itself
 // (an API server's certificate names its own address; a kubeconfig that
 // names one API server directly does not match the others).
-func readyz(ctx context.Context, cfg *rest.Config, addr string) error {
+func Readyz(ctx context.Context, cfg *rest.Config, addr string) error {
 	err := readyzAs(ctx, cfg, addr, "")
 	var hostErr x509.HostnameError
 	if errors.As(err, &hostErr) {

@@ -1,4 +1,4 @@
-package inplace
+package preflight
 
 import (
 	"context"
@@ -28,7 +28,7 @@ func (pc *planCheck) removedFlags() {
 			removed[c] = fl
 		}
 		for _, s := range pc.plan.Nodes {
-			f := pc.view.facts[s.Name]
+			f := pc.view.Facts[s.Name]
 			if f == nil {
 				continue
 			}
@@ -62,13 +62,13 @@ func (pc *planCheck) cgroupV1() {
 		return
 	}
 	for _, s := range pc.plan.Nodes {
-		f := pc.view.facts[s.Name]
+		f := pc.view.Facts[s.Name]
 		if f == nil || f.Cgroup != 1 {
 			continue
 		}
 		msg := fmt.Sprintf("the node runs cgroup v1: kubelet %s will refuse to start on it unless failCgroupV1 is false", pc.target.Version)
 		flagFalse := f.FailCgroupV1 != nil && !*f.FailCgroupV1 && f.FailCgroupV1Source == "kubelet --fail-cgroupv1"
-		if kc := pc.view.kubeadm; kc != nil {
+		if kc := pc.view.Kubeadm; kc != nil {
 			// kubeadm upgrade node rewrites the node's file from the
 			// ConfigMap; a flag (kubeadm-flags.env, KUBELET_EXTRA_ARGS)
 			// stays.

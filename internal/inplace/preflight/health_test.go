@@ -1,4 +1,4 @@
-package inplace
+package preflight
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // its component restarts) passes. (wait.Backoff stopped at its cap, after
 // 7.5 s of a 30 s window.)
 func TestProbeUsesTheWholeWindow(t *testing.T) {
-	pc := &planCheck{opts: PlanOptions{HealthWindow: 10 * time.Second, healthBackoff: time.Millisecond, healthBackoffCap: 4 * time.Millisecond}}
+	pc := &planCheck{opts: PlanOptions{HealthWindow: 10 * time.Second, HealthBackoff: time.Millisecond, HealthBackoffCap: 4 * time.Millisecond}}
 	calls := 0
 	err := pc.probe(context.Background(), func(context.Context) error {
 		calls++
@@ -62,7 +62,7 @@ func TestReadyzVerifiesForTheNameOrTheAddress(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := &rest.Config{Host: "https://" + tc.host + ":" + port, TLSClientConfig: rest.TLSClientConfig{CAData: tc.ca}}
-			err := readyz(context.Background(), cfg, "127.0.0.1")
+			err := Readyz(context.Background(), cfg, "127.0.0.1")
 			if (err == nil) != tc.ok {
 				t.Fatalf("readyz: %v, want ok %v", err, tc.ok)
 			}

@@ -1,4 +1,4 @@
-package inplace
+package preflight
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/pkg/hashskip"
@@ -20,11 +21,11 @@ import (
 // node's labels fails with NodeAffinity.
 func (pc *planCheck) readmission() {
 	nodes := map[string]*corev1.Node{}
-	for i := range pc.view.nodes {
-		nodes[pc.view.nodes[i].Name] = &pc.view.nodes[i]
+	for i := range pc.view.Nodes {
+		nodes[pc.view.Nodes[i].Name] = &pc.view.Nodes[i]
 	}
-	for i := range pc.view.pods {
-		pod := &pc.view.pods[i]
+	for i := range pc.view.Pods {
+		pod := &pc.view.Pods[i]
 		node := nodes[pod.Spec.NodeName]
 		if node == nil {
 			continue
@@ -55,14 +56,14 @@ func (pc *planCheck) readmission() {
 // eviction: pods without not-ready/unreachable NoExecute tolerations are
 // evicted at once if their node is NotReady while its kubelet restarts.
 func (pc *planCheck) eviction() {
-	for i := range pc.view.pods {
-		pod := &pc.view.pods[i]
-		if pod.Spec.NodeName == "" || isDaemonSetPod(pod) {
+	for i := range pc.view.Pods {
+		pod := &pc.view.Pods[i]
+		if pod.Spec.NodeName == "" || IsDaemonSetPod(pod) {
 			continue
 		}
 		var lack []string
 		for _, key := range []string{"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"} {
-			if !tolerates(pod.Spec.Tolerations, key) {
+			if !Tolerates(pod.Spec.Tolerations, key) {
 				lack = append(lack, key)
 			}
 		}
@@ -75,7 +76,7 @@ func (pc *planCheck) eviction() {
 	// DefaultTolerationSeconds adds them to new pods; if it is off, they
 	// will keep arriving without.
 	for _, s := range pc.plan.Nodes {
-		f := pc.view.facts[s.Name]
+		f := pc.view.Facts[s.Name]
 		if f == nil || s.Components["kube-apiserver"] == "" {
 			continue
 		}
@@ -87,7 +88,7 @@ func (pc *planCheck) eviction() {
 	}
 }
 
-func isDaemonSetPod(p *corev1.Pod) bool {
+func IsDaemonSetPod(p *corev1.Pod) bool {
 	for _, o := range p.OwnerReferences {
 		if o.Kind == "DaemonSet" {
 			return true
@@ -98,7 +99,7 @@ func isDaemonSetPod(p *corev1.Pod) bool {
 
 // tolerates reports whether tolerations cover key:NoExecute for good (or
 // for a while: tolerationSeconds is what DefaultTolerationSeconds gives).
-func tolerates(ts []corev1.Toleration, key string) bool {
+func Tolerates(ts []corev1.Toleration, key string) bool {
 	for _, t := range ts {
 		if t.Effect != "" && t.Effect != corev1.TaintEffectNoExecute {
 			continue
@@ -117,7 +118,7 @@ func (pc *planCheck) restarts() {
 	hasher := &kubeletcompat.Hasher{Version: t.Version, Era: t.Catalog.KubeletHashEra}
 	for i := range pc.plan.Nodes {
 		s := &pc.plan.Nodes[i]
-		f := pc.view.facts[s.Name]
+		f := pc.view.Facts[s.Name]
 		if f == nil || s.Kubelet == t.Version.String() {
 			continue // a kubelet already at the target is not restarted
 		}
@@ -143,7 +144,7 @@ func (pc *planCheck) restartsOn(s *NodeState, f *nodefacts.Facts, hasher *kubele
 		recreate = kubeletcompat.StaticPodsRecreated(kv, t.Version)
 	}
 	switch {
-	case !t.Manifest.KubeletHashSkip(archOr(s.Arch)):
+	case !t.Manifest.KubeletHashSkip(release.ArchOr(s.Arch)):
 	case era != "unknown" && era != t.Catalog.KubeletHashEra: // apply writes the file
 		cache = &hashskip.File{SchemaVersion: hashskip.SchemaVersion, OldKubeletVersion: s.Kubelet, OldHashEra: era, NewKubeletVersion: t.Version.String(), UpgradedAt: pc.opts.Now()}
 	case era == t.Catalog.KubeletHashEra && f.HashSkipEra != "" && f.HashSkipEra != era:
@@ -223,11 +224,4 @@ func (pc *planCheck) restartFindings(s *NodeState, f *nodefacts.Facts, era strin
 	if s.Protected > 0 {
 		pc.add(Info, CheckRestarts, "node/"+s.Name, fmt.Sprintf("%d of %d running containers kept running by the hash-skip file (%s)", s.Protected, s.Containers, why), "")
 	}
-}
-
-func archOr(a string) string {
-	if a == "" {
-		return "amd64"
-	}
-	return a
 }

@@ -1,4 +1,4 @@
-package inplace
+package preflight
 
 import (
 	"context"
@@ -210,41 +210,44 @@ type PlanOptions struct {
 	// NoWorkloadGate turns the workload gate off (gate.go).
 	NoWorkloadGate bool
 	HealthWindow   time.Duration
-	// healthBackoff is the first pause between probes (500ms) and
-	// healthBackoffCap the longest (5s); tests shorten them.
-	healthBackoff, healthBackoffCap time.Duration
+	// HealthBackoff is the first pause between probes (500ms) and
+	// HealthBackoffCap the longest (5s).
+	HealthBackoff, HealthBackoffCap time.Duration
 	Now                             func() time.Time
 	Log                             *slog.Logger
 }
 
-// cluster is what BuildPlan read.
-type clusterView struct {
-	nodes []corev1.Node
-	pods  []corev1.Pod
-	facts map[string]*nodefacts.Facts
-	// paths says, for nodes that lack files, how staging would get them
+// View is the cluster as the plan read it: its Nodes and running Pods,
+// what each node said of itself (Facts), how staging would reach the
+// nodes that lack files (Paths), which nodes SSH could not reach, where
+// each node is reached, and kubeadm's configuration.
+type View struct {
+	Nodes []corev1.Node
+	Pods  []corev1.Pod
+	Facts map[string]*nodefacts.Facts
+	// Paths says, for nodes that lack files, how staging would get them
 	// there (stage.Path): the path and the reason.
-	paths map[string][2]string
-	ssh   map[string]error
-	tgts  []nodeaccess.Target
-	// kubeadm is the cluster's kubeadm configuration (nil: kubeadm did
+	Paths     map[string][2]string
+	SSH       map[string]error
+	Addresses []nodeaccess.Target
+	// Kubeadm is the cluster's kubeadm configuration (nil: kubeadm did
 	// not build it).
-	kubeadm *kubeadm.Config
+	Kubeadm *kubeadm.Config
 	// nodeIdx indexes nodes by name (built once, by node).
 	indexOnce sync.Once
 	nodeIdx   map[string]int
 }
 
 // node is the Node named name, or nil.
-func (v *clusterView) node(name string) *corev1.Node {
+func (v *View) Node(name string) *corev1.Node {
 	v.indexOnce.Do(func() {
-		v.nodeIdx = make(map[string]int, len(v.nodes))
-		for i := range v.nodes {
-			v.nodeIdx[v.nodes[i].Name] = i
+		v.nodeIdx = make(map[string]int, len(v.Nodes))
+		for i := range v.Nodes {
+			v.nodeIdx[v.Nodes[i].Name] = i
 		}
 	})
 	if i, ok := v.nodeIdx[name]; ok {
-		return &v.nodes[i]
+		return &v.Nodes[i]
 	}
 	return nil
 }
@@ -253,18 +256,18 @@ func (v *clusterView) node(name string) *corev1.Node {
 // changes nothing. A plan with blocking findings is returned with
 // ErrBlocked.
 func BuildPlan(ctx context.Context, opts PlanOptions) (*Plan, error) {
-	if err := opts.defaults(); err != nil {
+	if err := opts.Defaults(); err != nil {
 		return nil, err
 	}
-	v, err := readCluster(ctx, opts)
+	v, err := Read(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
-	return evaluate(ctx, opts, v)
+	return Evaluate(ctx, opts, v)
 }
 
-// defaults fills what was left unset.
-func (opts *PlanOptions) defaults() error {
+// Defaults fills what was left unset.
+func (opts *PlanOptions) Defaults() error {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -277,11 +280,11 @@ func (opts *PlanOptions) defaults() error {
 	if opts.HealthWindow == 0 {
 		opts.HealthWindow = 30 * time.Second
 	}
-	if opts.healthBackoff == 0 {
-		opts.healthBackoff = 500 * time.Millisecond
+	if opts.HealthBackoff == 0 {
+		opts.HealthBackoff = 500 * time.Millisecond
 	}
-	if opts.healthBackoffCap == 0 {
-		opts.healthBackoffCap = 5 * time.Second
+	if opts.HealthBackoffCap == 0 {
+		opts.HealthBackoffCap = 5 * time.Second
 	}
 	if opts.Catalog == nil {
 		c, err := catalog.Default()
@@ -293,15 +296,18 @@ func (opts *PlanOptions) defaults() error {
 	return nil
 }
 
-// evaluate runs every check over what was read.
-func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, error) {
+// Evaluate runs every check over what was read.
+func Evaluate(ctx context.Context, opts PlanOptions, v *View) (*Plan, error) {
 	t := opts.Target
-	drv := driverFor(v)
-	p := &Plan{To: t.Version.String(), ControlPlane: drv.Kind(), HashSkipKubelet: t.Manifest.KubeletHashSkip("amd64")}
+	kind := release.KindBinary
+	if v.Kubeadm != nil {
+		kind = release.KindKubeadm
+	}
+	p := &Plan{To: t.Version.String(), ControlPlane: kind, HashSkipKubelet: t.Manifest.KubeletHashSkip("amd64")}
 	for _, h := range t.Hops {
 		p.Hops = append(p.Hops, h.Version.String())
 	}
-	pc := &planCheck{opts: opts, view: v, plan: p, target: t, driver: drv}
+	pc := &planCheck{opts: opts, view: v, plan: p, target: t, kind: kind}
 	pc.index()
 	pc.nodeStates()
 	steps, window, err := pc.steps()
@@ -323,7 +329,7 @@ func evaluate(ctx context.Context, opts PlanOptions, v *clusterView) (*Plan, err
 	pc.eviction()
 	pc.restarts()
 	if !opts.NoWorkloadGate {
-		gate, err := planGate(ctx, opts.Client)
+		gate, err := WorkloadGate(ctx, opts.Client)
 		if err != nil {
 			return nil, err
 		}
@@ -354,7 +360,7 @@ func checkOrder(c Check) int {
 
 // listCluster lists nodes and running pods (paged), and where to reach
 // each node.
-func listCluster(ctx context.Context, c kubernetes.Interface, inv *nodeaccess.Inventory) ([]corev1.Node, []corev1.Pod, []nodeaccess.Target, error) {
+func ListCluster(ctx context.Context, c kubernetes.Interface, inv *nodeaccess.Inventory) ([]corev1.Node, []corev1.Pod, []nodeaccess.Target, error) {
 	nodes, err := cluster.ListNodes(ctx, c)
 	if err != nil {
 		return nil, nil, nil, err
@@ -372,8 +378,8 @@ func listCluster(ctx context.Context, c kubernetes.Interface, inv *nodeaccess.In
 
 // readCluster lists the cluster and reads every node over SSH, a bounded
 // number at once.
-func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
-	nodes, pods, tgts, err := listCluster(ctx, opts.Client, opts.Inventory)
+func Read(ctx context.Context, opts PlanOptions) (*View, error) {
+	nodes, pods, tgts, err := ListCluster(ctx, opts.Client, opts.Inventory)
 	if err != nil {
 		return nil, err
 	}
@@ -381,7 +387,7 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &clusterView{nodes: nodes, pods: pods, facts: map[string]*nodefacts.Facts{}, paths: map[string][2]string{}, tgts: tgts, kubeadm: kc}
+	v := &View{Nodes: nodes, Pods: pods, Facts: map[string]*nodefacts.Facts{}, Paths: map[string][2]string{}, Addresses: tgts, Kubeadm: kc}
 	kind := release.KindBinary
 	if kc != nil {
 		kind = release.KindKubeadm
@@ -392,7 +398,7 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 	}
 	var mu sync.Mutex
 	opts.Log.Info("reading nodes over SSH", "nodes", len(tgts))
-	v.ssh = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+	v.SSH = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
 		f, err := nodefacts.Read(ctx, n, t.Name, opts.StageDir, opts.Target.Version.String())
 		if err != nil {
 			return err
@@ -408,9 +414,9 @@ func readCluster(ctx context.Context, opts PlanOptions) (*clusterView, error) {
 			path = [2]string{p, why}
 		}
 		mu.Lock()
-		v.facts[t.Name] = f
+		v.Facts[t.Name] = f
 		if path[0] != "" {
-			v.paths[t.Name] = path
+			v.Paths[t.Name] = path
 		}
 		mu.Unlock()
 		return nil

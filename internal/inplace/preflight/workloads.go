@@ -1,0 +1,134 @@
+package preflight
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Workloads lists the workloads the workload gate judges, of each kind
+// (from the API, or from a run's informers).
+type Workloads struct {
+	Deployments  func() ([]*appsv1.Deployment, error)
+	StatefulSets func() ([]*appsv1.StatefulSet, error)
+	DaemonSets   func() ([]*appsv1.DaemonSet, error)
+}
+
+// WorkloadState is a workload as the gate reads it: why it is not fully
+// available ("" when it is), and its spec's generation.
+type WorkloadState struct {
+	Short      string
+	Generation int64
+}
+
+// Available maps each workload ("deployment/NS/NAME") to its state.
+func (w Workloads) Available() (map[string]WorkloadState, error) {
+	out := map[string]WorkloadState{}
+	deps, err := w.Deployments()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range deps {
+		out["deployment/"+d.Namespace+"/"+d.Name] = WorkloadState{deploymentShort(d), d.Generation}
+	}
+	sts, err := w.StatefulSets()
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range sts {
+		out["statefulset/"+s.Namespace+"/"+s.Name] = WorkloadState{statefulSetShort(s), s.Generation}
+	}
+	dss, err := w.DaemonSets()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range dss {
+		out["daemonset/"+d.Namespace+"/"+d.Name] = WorkloadState{daemonSetShort(d), d.Generation}
+	}
+	return out, nil
+}
+
+func replicas(p *int32) int32 {
+	if p == nil {
+		return 1
+	}
+	return *p
+}
+
+func deploymentShort(d *appsv1.Deployment) string {
+	want := replicas(d.Spec.Replicas)
+	if s := d.Status; s.AvailableReplicas < want || s.UnavailableReplicas > 0 {
+		return fmt.Sprintf("%d of %d replicas available", s.AvailableReplicas, want)
+	}
+	return ""
+}
+
+func statefulSetShort(s *appsv1.StatefulSet) string {
+	want := replicas(s.Spec.Replicas)
+	if s.Status.ReadyReplicas < want || s.Status.AvailableReplicas < want {
+		return fmt.Sprintf("%d of %d replicas available", s.Status.AvailableReplicas, want)
+	}
+	return ""
+}
+
+func daemonSetShort(d *appsv1.DaemonSet) string {
+	if s := d.Status; s.NumberAvailable < s.DesiredNumberScheduled || s.NumberUnavailable > 0 {
+		return fmt.Sprintf("%d of %d pods available", s.NumberAvailable, s.DesiredNumberScheduled)
+	}
+	return ""
+}
+
+// WorkloadGate lists, for the plan, the workloads the gate would hold each
+// node to now: those fully available.
+func WorkloadGate(ctx context.Context, c kubernetes.Interface) ([]string, error) {
+	// The workloads as the API lists them now, judged as the gate judges
+	// them (available).
+	w := Workloads{
+		Deployments: func() ([]*appsv1.Deployment, error) {
+			l, err := c.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("list deployments: %w", err)
+			}
+			return pointers(l.Items), nil
+		},
+		StatefulSets: func() ([]*appsv1.StatefulSet, error) {
+			l, err := c.AppsV1().StatefulSets("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("list statefulsets: %w", err)
+			}
+			return pointers(l.Items), nil
+		},
+		DaemonSets: func() ([]*appsv1.DaemonSet, error) {
+			l, err := c.AppsV1().DaemonSets("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("list daemonsets: %w", err)
+			}
+			return pointers(l.Items), nil
+		},
+	}
+	states, err := w.Available()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for name, st := range states {
+		if st.Short == "" {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// pointers points at each of items.
+func pointers[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}
