@@ -10,6 +10,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/compat"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
@@ -71,7 +72,7 @@ func cleanupRun(ctx context.Context, opts *cleanupOptions) error {
 	if err != nil {
 		return err
 	}
-	res, err := inplace.Cleanup(ctx, inplace.CleanupOptions{Client: client, Catalog: cat, Connector: dialer, Inventory: inv,
+	res, err := inplace.Cleanup(ctx, compat.CleanupOptions{Client: client, Catalog: cat, Connector: dialer, Inventory: inv,
 		Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir, DryRun: opts.DryRun})
 	if asJSON {
 		if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {

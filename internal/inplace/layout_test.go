@@ -23,6 +23,7 @@ var rooms = map[string][]string{
 	"nodeops":   {"release"},
 	"stage":     {"release"},
 	"preflight": {"release", "stage"},
+	"compat":    {"preflight", "release"},
 }
 
 const module = "github.com/kubelift/kubelift/internal/inplace"

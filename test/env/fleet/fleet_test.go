@@ -34,6 +34,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/compat"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
@@ -518,13 +519,13 @@ func TestApply(t *testing.T) {
 	// Cleanup removes a hash-skip file once every container's hash is the
 	// new kubelet's: at once on cp-1 (no pods), on worker-1 once its old
 	// pod is replaced by one the new kubelet created.
-	cleanup := func() map[string]inplace.NodeCleanup {
+	cleanup := func() map[string]compat.NodeCleanup {
 		t.Helper()
-		out, err := inplace.Cleanup(ctx, inplace.CleanupOptions{Client: w.client, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3})
+		out, err := inplace.Cleanup(ctx, compat.CleanupOptions{Client: w.client, Catalog: w.cat, Connector: w.dialer, Inventory: w.inv, Parallel: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
-		by := map[string]inplace.NodeCleanup{}
+		by := map[string]compat.NodeCleanup{}
 		for _, c := range out {
 			by[c.Node] = c
 		}

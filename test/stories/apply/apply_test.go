@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace"
+	"github.com/kubelift/kubelift/internal/inplace/compat"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -535,14 +536,14 @@ func TestImageSetInPlaceIsRestartedWhileTheFileExists(t *testing.T) {
 	}
 }
 
-func cleanup(t *testing.T) map[string]inplace.NodeCleanup {
+func cleanup(t *testing.T) map[string]compat.NodeCleanup {
 	t.Helper()
 	r := h.Upgrade(t, "", append([]string{"compat", "cleanup", "-o", "json"}, h.SSHFlags()...)...)
-	var list []inplace.NodeCleanup
+	var list []compat.NodeCleanup
 	if err := json.Unmarshal([]byte(r.Stdout), &list); err != nil || r.Code != 0 {
 		t.Fatalf("compat cleanup: exit %d %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 	}
-	out := map[string]inplace.NodeCleanup{}
+	out := map[string]compat.NodeCleanup{}
 	for _, n := range list {
 		out[n.Node] = n
 	}

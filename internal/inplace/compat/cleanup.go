@@ -1,4 +1,8 @@
-package inplace
+// Package compat removes what kubelift's kubelet compatibility left on
+// the nodes once nothing needs it: the hash-skip file, from every node
+// where each running container's recorded hash is what its kubelet
+// computes (upgrade compat cleanup).
+package compat
 
 import (
 	"context"
