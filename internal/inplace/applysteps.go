@@ -151,7 +151,7 @@ func (r *applyRun) done(ctx context.Context) (bool, error) {
 	to := r.target.Version.String()
 	for i := range r.view.Nodes {
 		a := r.view.Nodes[i].Annotations
-		if _, ok := a[AnnotationInFlight]; (ok || a[drain.AnnotationCordoned] == "true") && r.selected(r.view.Nodes[i].Name) {
+		if _, ok := a[record.AnnotationInFlight]; (ok || a[drain.AnnotationCordoned] == "true") && r.selected(r.view.Nodes[i].Name) {
 			return false, nil
 		}
 	}
@@ -269,7 +269,7 @@ func (r *applyRun) recordStep(ctx context.Context) error {
 		e := s.Node(n.Name, n.Role)
 		inFlight := false
 		if node := r.view.Node(n.Name); node != nil {
-			_, inFlight = node.Annotations[AnnotationInFlight]
+			_, inFlight = node.Annotations[record.AnnotationInFlight]
 		}
 		if r.nodeAtTarget(n) && e.Status != record.NodeDone && !inFlight {
 			e.Status = record.NodeDone

@@ -392,7 +392,7 @@ func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]podIn
 // to, and records it done.
 func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) error {
 	to := r.target.Version.String()
-	patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: to, AnnotationBundle: r.target.Record.BundleDigest, AnnotationInFlight: nil})
+	patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: to, AnnotationBundle: r.target.Record.BundleDigest, record.AnnotationInFlight: nil})
 	if err != nil {
 		return err
 	}

@@ -161,7 +161,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 		r.log.Info("finishing a node a run left after its kubelet swap: Ready, verify, hooks, kube-proxy, uncordon", "node", name, "from", rec.From)
 		r.setNode(ctx, name, record.NodeUpgrading, "kubelet", nil)
 		o.From, k.touched, k.resumed = rec.From, true, true
-		k.before, k.pods = rec.before(), rec.pods()
+		k.before, k.pods = inFlightBefore(rec), inFlightPods(rec)
 		if k.gate, err = r.gateSnapshot(k.pods); err != nil {
 			return err
 		}

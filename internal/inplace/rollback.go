@@ -336,7 +336,7 @@ func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 			}); err != nil {
 				return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
 			}
-			patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil, AnnotationInFlight: nil})
+			patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil, record.AnnotationInFlight: nil})
 			if err != nil {
 				return err
 			}

@@ -79,19 +79,19 @@ func TestNodeUpdatesAreCoalesced(t *testing.T) {
 func TestInFlightRecord(t *testing.T) {
 	f := newInFlight("v1.30.14", map[string]nodeops.Container{"abc123": {What: "shop/api/app", PID: 42}},
 		map[types.UID]podInfo{"0e6f-11": {name: "shop/api", phase: corev1.PodRunning}})
-	v, err := f.encode()
+	v, err := f.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := decodeInFlight("worker-1", v)
-	if err != nil || got.From != "v1.30.14" || got.before()["abc123"] != (nodeops.Container{What: "shop/api/app", PID: 42}) || got.pods()["0e6f-11"].name != "shop/api" {
+	got, err := record.DecodeInFlight("worker-1", v)
+	if err != nil || got.From != "v1.30.14" || inFlightBefore(got)["abc123"] != (nodeops.Container{What: "shop/api/app", PID: 42}) || inFlightPods(got)["0e6f-11"].name != "shop/api" {
 		t.Fatalf("read back: %+v, %v", got, err)
 	}
-	forged := func(mutate func(*inFlight)) string {
+	forged := func(mutate func(*record.InFlight)) string {
 		g := *f
-		g.Containers = map[string]inFlightCtr{"abc123": {What: "x"}}
+		g.Containers = map[string]record.InFlightContainer{"abc123": {What: "x"}}
 		mutate(&g)
-		s, err := g.encode()
+		s, err := g.Encode()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,11 +100,11 @@ func TestInFlightRecord(t *testing.T) {
 	for name, value := range map[string]string{
 		"not base64":         "%%%",
 		"not gzip":           "aGVsbG8=",
-		"a from not version": forged(func(g *inFlight) { g.From = "$(reboot)" }),
-		"a container id":     forged(func(g *inFlight) { g.Containers = map[string]inFlightCtr{"../../x": {}} }),
-		"a pod uid":          forged(func(g *inFlight) { g.Pods = map[types.UID]inFlightPod{"a b": {}} }),
+		"a from not version": forged(func(g *record.InFlight) { g.From = "$(reboot)" }),
+		"a container id":     forged(func(g *record.InFlight) { g.Containers = map[string]record.InFlightContainer{"../../x": {}} }),
+		"a pod uid":          forged(func(g *record.InFlight) { g.Pods = map[types.UID]record.InFlightPod{"a b": {}} }),
 	} {
-		if _, err := decodeInFlight("worker-1", value); err == nil || !strings.Contains(err.Error(), "node worker-1: annotation "+AnnotationInFlight) {
+		if _, err := record.DecodeInFlight("worker-1", value); err == nil || !strings.Contains(err.Error(), "node worker-1: annotation "+record.AnnotationInFlight) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -915,7 +915,7 @@ func TestResumeFinishesANodeLeftAfterItsSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := n.Annotations[inplace.AnnotationInFlight]; !ok || r.w.fleet.Running("worker-2", "kubelet") != newVersion {
+	if _, ok := n.Annotations[record.AnnotationInFlight]; !ok || r.w.fleet.Running("worker-2", "kubelet") != newVersion {
 		t.Fatalf("after the stop, worker-2 runs kubelet %s, annotations %v: not the state this test is about", r.w.fleet.Running("worker-2", "kubelet"), n.Annotations)
 	}
 	verifies := r.played("worker-2", "crictl ps")
@@ -934,7 +934,7 @@ func TestResumeFinishesANodeLeftAfterItsSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := n.Annotations[inplace.AnnotationInFlight]; ok || n.Annotations[inplace.AnnotationUpgradedTo] != newVersion || n.Spec.Unschedulable {
+	if _, ok := n.Annotations[record.AnnotationInFlight]; ok || n.Annotations[inplace.AnnotationUpgradedTo] != newVersion || n.Spec.Unschedulable {
 		t.Errorf("worker-2 after the resume: unschedulable %v, annotations %v", n.Spec.Unschedulable, n.Annotations)
 	}
 	st := r.state(t)

@@ -131,7 +131,7 @@ func TestDrain(t *testing.T) {
 		default:
 		}
 		n := h.Node(t, "worker-2")
-		_, inFlight := n.Annotations[inplace.AnnotationInFlight]
+		_, inFlight := n.Annotations[record.AnnotationInFlight]
 		return inFlight && n.Status.NodeInfo.KubeletVersion == h.SB.NewVersion && sandbox.NodeReady(n)
 	})
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -150,7 +150,7 @@ func TestDrain(t *testing.T) {
 	}
 	for name, cordoned := range map[string]bool{refused: false, other: true} {
 		n := h.Node(t, name)
-		_, inFlight := n.Annotations[inplace.AnnotationInFlight]
+		_, inFlight := n.Annotations[record.AnnotationInFlight]
 		if n.Spec.Unschedulable != cordoned || n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || n.Annotations[drain.AnnotationCordoned] != "" || inFlight ||
 			n.Annotations[inplace.AnnotationUpgradedTo] != h.SB.NewVersion {
 			t.Errorf("%s: unschedulable %v (want %v), kubelet %s, annotations %v", name, n.Spec.Unschedulable, cordoned, n.Status.NodeInfo.KubeletVersion, n.Annotations)

@@ -1,0 +1,113 @@
+package record
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"regexp"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+)
+
+// AnnotationInFlight marks a Node whose kubelet a run swapped and has not
+// yet verified and marked done: what verify compares (the containers and
+// pods that ran before the swap), written before the swap and removed by
+// markDone. The cluster itself says what was left, so a run that resumes
+// one that died in the node's settle (the admin machine lost) finishes
+// the node's steps (Ready, verify, post-hook, kube-proxy, uncordon) from
+// it instead of taking the node for done.
+const AnnotationInFlight = "kubelift.dev/in-flight"
+
+// maxInFlight bounds the annotation read back (a Node's annotations are
+// at most 256 KiB together).
+const maxInFlight = 256 << 10
+
+// InFlight is what verify needs of a node whose kubelet moved from From:
+// the containers that ran (by ID) and the pods (by UID) before the swap.
+type InFlight struct {
+	From       string                       `json:"from"`
+	Containers map[string]InFlightContainer `json:"containers"`
+	Pods       map[types.UID]InFlightPod    `json:"pods"`
+}
+
+// InFlightContainer is a container as the runtime listed it.
+type InFlightContainer struct {
+	What string `json:"what"`
+	PID  int    `json:"pid,omitempty"`
+}
+
+// InFlightPod is a pod as the API listed it: its controller is Owner
+// (KIND/NS/NAME), StaticUID a static pod's.
+type InFlightPod struct {
+	Name      string          `json:"name"`
+	Phase     corev1.PodPhase `json:"phase"`
+	StaticUID string          `json:"staticUID,omitempty"`
+	Owner     string          `json:"owner,omitempty"`
+}
+
+// Encode is the annotation's value: gzip'd JSON in base64 (container IDs
+// and names repeat little, but compress to about half).
+func (f *InFlight) Encode() (string, error) {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if err := json.NewEncoder(zw).Encode(f); err != nil {
+		return "", err
+	}
+	if err := zw.Close(); err != nil {
+		return "", err
+	}
+	return base64.StdEncoding.EncodeToString(b.Bytes()), nil
+}
+
+var (
+	containerIDRE = regexp.MustCompile(`^[0-9a-f]{1,128}$`)
+	uidRE         = regexp.MustCompile(`^[0-9a-zA-Z-]{1,64}$`)
+)
+
+// DecodeInFlight reads the annotation of node back. The Node is not
+// trusted: what does not parse is refused naming node, annotation and
+// what was wrong.
+func DecodeInFlight(node, value string) (*InFlight, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("node %s: annotation %s: %s", node, AnnotationInFlight, fmt.Sprintf(format, a...))
+	}
+	raw, err := base64.StdEncoding.DecodeString(value)
+	if err != nil {
+		return nil, bad("not base64: %v", err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return nil, bad("not gzip: %v", err)
+	}
+	data, err := io.ReadAll(io.LimitReader(zr, maxInFlight+1))
+	if err != nil {
+		return nil, bad("not gzip: %v", err)
+	}
+	if len(data) > maxInFlight {
+		return nil, bad("more than %d bytes", maxInFlight)
+	}
+	var f InFlight
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, bad("%v", err)
+	}
+	if v, err := catalog.ParseReported(f.From); err != nil || v.String() != f.From {
+		return nil, bad("from %q is not a version", f.From)
+	}
+	for id, c := range f.Containers {
+		if !containerIDRE.MatchString(id) || c.PID < 0 || len(c.What) > 512 {
+			return nil, bad("container %q (%q, pid %d) does not parse", id, c.What, c.PID)
+		}
+	}
+	for uid, p := range f.Pods {
+		if !uidRE.MatchString(string(uid)) || len(p.Name) > 512 || len(p.Owner) > 512 || (p.StaticUID != "" && !uidRE.MatchString(p.StaticUID)) {
+			return nil, bad("pod %q (%q) does not parse", uid, p.Name)
+		}
+	}
+	return &f, nil
+}
