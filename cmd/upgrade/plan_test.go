@@ -76,6 +76,6 @@ func TestPlanRun(t *testing.T) {
 // unreachable is a Connector that reaches no node.
 type unreachable struct{}
 
-func (unreachable) Dial(_ context.Context, t nodeaccess.Target) (nodeaccess.Node, error) {
+func (unreachable) Dial(_ context.Context, t nodeaccess.Address) (nodeaccess.Node, error) {
 	return nil, fmt.Errorf("%s: connection refused", t.Address)
 }

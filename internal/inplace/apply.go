@@ -153,7 +153,7 @@ type applyRun struct {
 	target *release.Release
 	plan   *preflight.Plan
 	view   *preflight.View
-	tgts   map[string]nodeaccess.Target
+	tgts   map[string]nodeaccess.Address
 	state  *record.Upgrade
 	watch  *nodeWatch
 	// driver moves the control plane (the cluster's kind).

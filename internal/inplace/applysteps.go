@@ -34,7 +34,7 @@ func (r *applyRun) planStep(ctx context.Context) error {
 	}
 	r.plan, r.view, r.res.Plan = p, v, p
 	r.driver = driverFor(v)
-	r.tgts = map[string]nodeaccess.Target{}
+	r.tgts = map[string]nodeaccess.Address{}
 	for _, t := range v.Addresses {
 		r.tgts[t.Name] = t
 	}
@@ -213,7 +213,7 @@ func (r *applyRun) nodeAtTarget(n preflight.NodeState) bool {
 }
 
 func (r *applyRun) stageStep(ctx context.Context) error {
-	var missing []nodeaccess.Target
+	var missing []nodeaccess.Address
 	for _, n := range r.plan.Nodes {
 		// The plan reads what is staged of the target only: with hops, a
 		// control-plane node is always passed to Stage, which sends only

@@ -182,7 +182,7 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 			Plan: preflight.PlanOptions{Connector: fakeConnector{node}, StageDir: "/var/lib/kubelift/staged", Now: time.Now}},
 		plan:  &preflight.Plan{From: []string{"v1.30.14"}, Nodes: nodes},
 		view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.30.14"}}}},
-		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
+		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
 	ctx := context.Background()
 	if err := r.controlPlaneStep(ctx); err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func TestBinaryDriverPatchDowngrade(t *testing.T) {
 		opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, Now: time.Now}},
 		plan:  &preflight.Plan{From: []string{"v1.31.4"}, Nodes: nodes},
 		view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.4"}}}},
-		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
+		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
 	if err := r.controlPlaneStep(context.Background()); err != nil {
 		t.Fatal(err)
 	}

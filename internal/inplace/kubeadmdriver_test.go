@@ -344,7 +344,7 @@ func TestKubeadmUndo(t *testing.T) {
 				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, Now: func() time.Time { return started }}},
 				plan:  &preflight.Plan{From: []string{"v1.31.3"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
 				view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {}}},
-				state: &record.Upgrade{Started: started}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
+				state: &record.Upgrade{Started: started}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
 			if err := (kubeadmDriver{}).Undo(context.Background(), r, "cp-1"); err != nil {
 				t.Fatal(err)
 			}
@@ -383,7 +383,7 @@ func TestKubeadmUndo(t *testing.T) {
 // fakeConnector dials the one fake node.
 type fakeConnector struct{ n *fakenode.Node }
 
-func (c fakeConnector) Dial(context.Context, nodeaccess.Target) (nodeaccess.Node, error) {
+func (c fakeConnector) Dial(context.Context, nodeaccess.Address) (nodeaccess.Node, error) {
 	return c.n, nil
 }
 
@@ -512,7 +512,7 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, StageDir: release.DefaultStageDir, Now: func() time.Time { return started0 }}},
 				plan:  &preflight.Plan{From: []string{"v1.31.3"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
 				view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.3"}}}},
-				state: &record.Upgrade{Started: started0}, tgts: map[string]nodeaccess.Target{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
+				state: &record.Upgrade{Started: started0}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
 			if err := (kubeadmDriver{}).Upgrade(context.Background(), r, "cp-1", target); err != nil {
 				t.Fatal(err)
 			}

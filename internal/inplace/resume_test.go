@@ -65,7 +65,7 @@ func TestResumedControlPlaneHealth(t *testing.T) {
 // --restore-labels resolves a readmission finding by its code (labels
 // its node lacks, which it puts back), never one of another kind.
 func TestRestoreLabelsResolvesByCode(t *testing.T) {
-	r := &applyRun{opts: ApplyOptions{RestoreLabels: true}, tgts: map[string]nodeaccess.Target{"worker-1": {Name: "worker-1", Role: release.RoleWorker, Address: "10.0.0.1"}}}
+	r := &applyRun{opts: ApplyOptions{RestoreLabels: true}, tgts: map[string]nodeaccess.Address{"worker-1": {Name: "worker-1", Role: release.RoleWorker, Address: "10.0.0.1"}}}
 	missing := preflight.Finding{Severity: preflight.Blocking, Check: preflight.CheckReadmission, Code: preflight.CodeLabelsMissing, Object: "pod/shop/pinned", Node: "worker-1",
 		Message: "the restarted kubelet would reject it (reason NodeAffinity, the pod fails): node worker-1 lacks the label zone=a its nodeSelector requires"}
 	affinity := preflight.Finding{Severity: preflight.Blocking, Check: preflight.CheckReadmission, Object: "pod/shop/affine", Node: "worker-1",

@@ -113,7 +113,7 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		st.Holder = opts.Holder // the record is this run's now
 	}
 	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{State: st},
-		plan: &preflight.Plan{From: []string{from}}, tgts: map[string]nodeaccess.Target{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}, lock: lock}
+		plan: &preflight.Plan{From: []string{from}}, tgts: map[string]nodeaccess.Address{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}, lock: lock}
 	for _, t := range v.Addresses {
 		r.tgts[t.Name] = t
 	}

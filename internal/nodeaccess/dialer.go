@@ -28,7 +28,7 @@ type Dialer struct {
 	signers        []ssh.Signer // from the identity file
 	agentSocket    string
 	jumpSpec       string
-	jump           *Target
+	jump           *Address
 	connectTimeout time.Duration
 	dial           func(ctx context.Context, network, addr string) (net.Conn, error)
 	log            *slog.Logger
@@ -146,8 +146,8 @@ func loadIdentity(file string) (ssh.Signer, error) {
 }
 
 // parseJump parses "[user@]host[:port]".
-func parseJump(spec string) (Target, error) {
-	t := Target{Name: "jump host"}
+func parseJump(spec string) (Address, error) {
+	t := Address{Name: "jump host"}
 	hostPort := spec
 	if i := strings.LastIndex(spec, "@"); i >= 0 {
 		t.User, hostPort = spec[:i], spec[i+1:]
@@ -156,17 +156,17 @@ func parseJump(spec string) (Target, error) {
 	if host, port, err := net.SplitHostPort(hostPort); err == nil {
 		t.Address = host
 		if t.Port, err = strconv.Atoi(port); err != nil || t.Port < 1 || t.Port > 65535 {
-			return Target{}, fmt.Errorf("jump host %q: bad port %q", spec, port)
+			return Address{}, fmt.Errorf("jump host %q: bad port %q", spec, port)
 		}
 	}
 	if t.Address == "" || strings.ContainsAny(t.Address, "[]@/ ") || (strings.Contains(t.Address, ":") && net.ParseIP(t.Address) == nil) {
-		return Target{}, fmt.Errorf("jump host %q: want [user@]host[:port]", spec)
+		return Address{}, fmt.Errorf("jump host %q: want [user@]host[:port]", spec)
 	}
 	return t, nil
 }
 
 // Dial connects to t (through the jump host, if any) and logs in.
-func (d *Dialer) Dial(ctx context.Context, t Target) (Node, error) {
+func (d *Dialer) Dial(ctx context.Context, t Address) (Node, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.connectTimeout)
 	defer cancel()
 	n := &sshNode{target: t, addr: t.Addr(), maxOutput: cmp.Or(d.maxOutput, DefaultMaxOutput)}
@@ -185,7 +185,7 @@ func (d *Dialer) Dial(ctx context.Context, t Target) (Node, error) {
 
 // login connects to host, which is node t itself or the jump host on the
 // way to it, through via if not nil, and logs in.
-func (d *Dialer) login(ctx context.Context, t, host Target, via *ssh.Client) (*ssh.Client, error) {
+func (d *Dialer) login(ctx context.Context, t, host Address, via *ssh.Client) (*ssh.Client, error) {
 	addr := host.Addr()
 	fail := func(op string, err error) error {
 		if host != t {

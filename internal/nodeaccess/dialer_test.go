@@ -184,10 +184,10 @@ func TestDialFailuresNameTheNode(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		d      *Dialer
-		target Target
+		target Address
 		want   string
 	}{
-		{"refused", f.dialer(t), Target{Name: "worker-2", Address: "127.0.0.1", Port: closed}, "): dial: connect: connection refused"},
+		{"refused", f.dialer(t), Address{Name: "worker-2", Address: "127.0.0.1", Port: closed}, "): dial: connect: connection refused"},
 		{"key not accepted", other.dialer(t), srv.target("worker-3", "ubuntu"), "): login as ubuntu: ssh: handshake failed: ssh: unable to authenticate"},
 		{"jump host refused", f.dialer(t, WithJump("127.0.0.1:"+strconv.Itoa(closed))), srv.target("worker-4", ""), "): jump host 127.0.0.1:" + strconv.Itoa(closed) + ": dial: connect: connection refused"},
 	} {

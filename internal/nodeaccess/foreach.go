@@ -12,8 +12,8 @@ import (
 // whose fn fails does not stop the others. It returns the failures by
 // target name (empty when all succeeded); each error names its node. When
 // ctx is done, targets not yet started fail with ctx's error.
-func ForEach(ctx context.Context, c Connector, targets []Target, limit int,
-	fn func(ctx context.Context, t Target, n Node) error) map[string]error {
+func ForEach(ctx context.Context, c Connector, targets []Address, limit int,
+	fn func(ctx context.Context, t Address, n Node) error) map[string]error {
 	var mu sync.Mutex
 	errs := make(map[string]error)
 	started := make([]bool, len(targets))
@@ -35,7 +35,7 @@ func ForEach(ctx context.Context, c Connector, targets []Target, limit int,
 	return errs
 }
 
-func visit(ctx context.Context, c Connector, t Target, fn func(context.Context, Target, Node) error) error {
+func visit(ctx context.Context, c Connector, t Address, fn func(context.Context, Address, Node) error) error {
 	n, err := c.Dial(ctx, t)
 	if err != nil {
 		return err

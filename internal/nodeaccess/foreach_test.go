@@ -12,11 +12,11 @@ func TestForEachReportsEachFailureAndGoesOn(t *testing.T) {
 	f := newFixture(t)
 	srv := f.server(t)
 	d := f.dialer(t)
-	targets := []Target{srv.target("cp-1", ""), {Name: "worker-2", Address: "127.0.0.1", Port: closedAddr(t)}, srv.target("worker-3", "ubuntu"), srv.target("worker-4", "")}
+	targets := []Address{srv.target("cp-1", ""), {Name: "worker-2", Address: "127.0.0.1", Port: closedAddr(t)}, srv.target("worker-3", "ubuntu"), srv.target("worker-4", "")}
 
 	var mu sync.Mutex
 	ran := map[string]string{}
-	errs := ForEach(context.Background(), d, targets, 2, func(ctx context.Context, tg Target, n Node) error {
+	errs := ForEach(context.Background(), d, targets, 2, func(ctx context.Context, tg Address, n Node) error {
 		out, err := n.Run(ctx, "echo "+Quote(tg.Name), nil)
 		mu.Lock()
 		ran[tg.Name] = string(out)
@@ -51,13 +51,13 @@ func TestForEachBound(t *testing.T) {
 	f := newFixture(t)
 	srv := f.server(t)
 	d := f.dialer(t)
-	var targets []Target
+	var targets []Address
 	for _, name := range []string{"a", "b", "c", "d", "e", "f"} {
 		targets = append(targets, srv.target(name, ""))
 	}
 	var mu sync.Mutex
 	running, peak := 0, 0
-	errs := ForEach(context.Background(), d, targets, 2, func(ctx context.Context, _ Target, n Node) error {
+	errs := ForEach(context.Background(), d, targets, 2, func(ctx context.Context, _ Address, n Node) error {
 		mu.Lock()
 		running++
 		peak = max(peak, running)
@@ -76,8 +76,8 @@ func TestForEachCancelled(t *testing.T) {
 	srv := f.server(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	targets := []Target{srv.target("a", ""), srv.target("b", ""), srv.target("c", "")}
-	errs := ForEach(ctx, f.dialer(t), targets, 1, func(context.Context, Target, Node) error {
+	targets := []Address{srv.target("a", ""), srv.target("b", ""), srv.target("c", "")}
+	errs := ForEach(ctx, f.dialer(t), targets, 1, func(context.Context, Address, Node) error {
 		t.Error("fn called after ctx was cancelled")
 		return nil
 	})

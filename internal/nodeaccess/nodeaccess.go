@@ -36,11 +36,11 @@ type Node interface {
 
 // Connector opens connections to nodes; *Dialer is the SSH one.
 type Connector interface {
-	Dial(ctx context.Context, t Target) (Node, error)
+	Dial(ctx context.Context, t Address) (Node, error)
 }
 
-// Target is where and as whom to reach one node.
-type Target struct {
+// Address is where and as whom to reach one node.
+type Address struct {
 	Name    string // Kubernetes node name
 	Role    string // "control-plane", "worker", or another node-role
 	Address string // IP address or DNS name, without the port
@@ -48,8 +48,8 @@ type Target struct {
 	User    string // login user; "" means root
 }
 
-// Addr is the target's host:port.
-func (t Target) Addr() string {
+// Addr is the address's host:port.
+func (t Address) Addr() string {
 	port := t.Port
 	if port == 0 {
 		port = 22
@@ -57,7 +57,7 @@ func (t Target) Addr() string {
 	return net.JoinHostPort(t.Address, strconv.Itoa(port))
 }
 
-func (t Target) user() string {
+func (t Address) user() string {
 	if t.User == "" {
 		return "root"
 	}

@@ -22,7 +22,7 @@ const stderrTail = 4 << 10
 
 // sshNode is a Node reached over SSH.
 type sshNode struct {
-	target    Target
+	target    Address
 	addr      string
 	client    *ssh.Client
 	jump      *ssh.Client // nil when dialed directly

@@ -97,11 +97,11 @@ func newTestServer(t *testing.T, client ssh.PublicKey, hostKeys ...ssh.Signer) *
 	return s
 }
 
-// target is a Target for this server.
-func (s *testServer) target(name, user string) Target {
+// target is a Address for this server.
+func (s *testServer) target(name, user string) Address {
 	host, port, _ := net.SplitHostPort(s.addr)
 	p, _ := strconv.Atoi(port)
-	return Target{Name: name, Role: "worker", Address: host, Port: p, User: user}
+	return Address{Name: name, Role: "worker", Address: host, Port: p, User: user}
 }
 
 func (s *testServer) record(list *[]string, v string) {
@@ -283,7 +283,7 @@ func (f *fixture) dialer(t *testing.T, opts ...Option) *Dialer {
 	return d
 }
 
-func (f *fixture) dial(t *testing.T, d *Dialer, tg Target) Node {
+func (f *fixture) dial(t *testing.T, d *Dialer, tg Address) Node {
 	t.Helper()
 	n, err := d.Dial(context.Background(), tg)
 	if err != nil {

@@ -105,7 +105,7 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 	var mu sync.Mutex
 	res := map[string]*NodeCleanup{}
 	files := map[string]string{}
-	failed := nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+	failed := nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Address, n nodeaccess.Node) error {
 		kubelet, ok := version[t.Name]
 		if !ok {
 			return nil // refused above
@@ -121,7 +121,7 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 		sort.Slice(bad, func(i, j int) bool { return bad[i].Node < bad[j].Node })
 		return nil, nodefacts.Refused(bad)
 	}
-	var remove []nodeaccess.Target
+	var remove []nodeaccess.Address
 	for _, t := range tgts {
 		if nc := res[t.Name]; nc != nil && failed[t.Name] == nil && nc.File && nc.converged {
 			remove = append(remove, t)
@@ -140,9 +140,9 @@ func Cleanup(ctx context.Context, opts CleanupOptions) ([]NodeCleanup, error) {
 
 // removeFiles removes the hash-skip file of each node in remove, each
 // while the run still holds the lock; the nodes it could not, with why.
-func removeFiles(ctx context.Context, opts CleanupOptions, lock *upgradelock.Lock, remove []nodeaccess.Target, files map[string]string, res map[string]*NodeCleanup, log *slog.Logger) map[string]error {
+func removeFiles(ctx context.Context, opts CleanupOptions, lock *upgradelock.Lock, remove []nodeaccess.Address, files map[string]string, res map[string]*NodeCleanup, log *slog.Logger) map[string]error {
 	var mu sync.Mutex
-	return nodeaccess.ForEach(ctx, opts.Connector, remove, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+	return nodeaccess.ForEach(ctx, opts.Connector, remove, opts.Parallel, func(ctx context.Context, t nodeaccess.Address, n nodeaccess.Node) error {
 		if err := lock.Fence(ctx, opts.LockDuration); err != nil {
 			return fmt.Errorf("node %s: not removed: %w", t.Name, err)
 		}
@@ -159,7 +159,7 @@ func removeFiles(ctx context.Context, opts CleanupOptions, lock *upgradelock.Loc
 
 // cleanupResults is every node's result, by name, with its error; an
 // error says how many nodes failed.
-func cleanupResults(tgts []nodeaccess.Target, res map[string]*NodeCleanup, failed map[string]error) ([]NodeCleanup, error) {
+func cleanupResults(tgts []nodeaccess.Address, res map[string]*NodeCleanup, failed map[string]error) ([]NodeCleanup, error) {
 	var out []NodeCleanup
 	for _, t := range tgts {
 		nc := res[t.Name]

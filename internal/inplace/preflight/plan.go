@@ -229,7 +229,7 @@ type View struct {
 	// there (stage.Path): the path and the reason.
 	Paths     map[string][2]string
 	SSH       map[string]error
-	Addresses []nodeaccess.Target
+	Addresses []nodeaccess.Address
 	// Kubeadm is the cluster's kubeadm configuration (nil: kubeadm did
 	// not build it).
 	Kubeadm *kubeadm.Config
@@ -360,7 +360,7 @@ func checkOrder(c Check) int {
 
 // listCluster lists nodes and running pods (paged), and where to reach
 // each node.
-func ListCluster(ctx context.Context, c kubernetes.Interface, inv *nodeaccess.Inventory) ([]corev1.Node, []corev1.Pod, []nodeaccess.Target, error) {
+func ListCluster(ctx context.Context, c kubernetes.Interface, inv *nodeaccess.Inventory) ([]corev1.Node, []corev1.Pod, []nodeaccess.Address, error) {
 	nodes, err := cluster.ListNodes(ctx, c)
 	if err != nil {
 		return nil, nil, nil, err
@@ -369,7 +369,7 @@ func ListCluster(ctx context.Context, c kubernetes.Interface, inv *nodeaccess.In
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	tgts, err := nodeaccess.Targets(nodes, inv)
+	tgts, err := nodeaccess.Addresses(nodes, inv)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -398,7 +398,7 @@ func Read(ctx context.Context, opts PlanOptions) (*View, error) {
 	}
 	var mu sync.Mutex
 	opts.Log.Info("reading nodes over SSH", "nodes", len(tgts))
-	v.SSH = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+	v.SSH = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Address, n nodeaccess.Node) error {
 		f, err := nodefacts.Read(ctx, n, t.Name, opts.StageDir, opts.Target.Version.String())
 		if err != nil {
 			return err

@@ -20,7 +20,7 @@ import (
 type nodeStager struct {
 	opts  *Options
 	n     nodeaccess.Node
-	t     nodeaccess.Target
+	t     nodeaccess.Address
 	arch  string
 	dir   string
 	cache *encodedCache

@@ -235,7 +235,7 @@ func TestStagePullsFromTheRegistry(t *testing.T) {
 		var res Result
 		for _, tg := range opts.Addresses {
 			o := opts
-			o.Addresses, o.StageDir = []nodeaccess.Target{tg}, filepath.Join(dirs, tg.Name)
+			o.Addresses, o.StageDir = []nodeaccess.Address{tg}, filepath.Join(dirs, tg.Name)
 			r, err := Run(context.Background(), o)
 			if err != nil {
 				t.Fatal(err)

@@ -71,7 +71,7 @@ type Options struct {
 	// Nodes are the cluster's nodes (their architecture picks the files);
 	// Addresses say how to reach each.
 	Nodes     []corev1.Node
-	Addresses []nodeaccess.Target
+	Addresses []nodeaccess.Address
 	Connector nodeaccess.Connector
 	// Parallel bounds the nodes staged at once.
 	Parallel int
@@ -174,7 +174,7 @@ func Cluster(ctx context.Context, client kubernetes.Interface, inv *nodeaccess.I
 	if err != nil {
 		return nil, err
 	}
-	targets, err := nodeaccess.Targets(nodes, inv)
+	targets, err := nodeaccess.Addresses(nodes, inv)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +228,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	for _, t := range opts.Addresses {
 		byNode[t.Name] = &NodeStage{Node: t.Name}
 	}
-	failed := nodeaccess.ForEach(ctx, opts.Connector, opts.Addresses, opts.Parallel, func(ctx context.Context, t nodeaccess.Target, n nodeaccess.Node) error {
+	failed := nodeaccess.ForEach(ctx, opts.Connector, opts.Addresses, opts.Parallel, func(ctx context.Context, t nodeaccess.Address, n nodeaccess.Node) error {
 		began := time.Now()
 		s := &nodeStager{opts: &opts, n: n, t: t, arch: arch[t.Name], dir: dir, cache: c, ns: &NodeStage{Node: t.Name}}
 		if s.arch == "" {
@@ -279,7 +279,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 // Stage does, read-only, where it could pull: opts gives Source, Via,
 // NodeCredentials, StageDir and Kind. Plan says it for each node that
 // lacks files.
-func Path(ctx context.Context, n nodeaccess.Node, t nodeaccess.Target, target *release.Release, arch string, opts Options) (path, reason string, err error) {
+func Path(ctx context.Context, n nodeaccess.Node, t nodeaccess.Address, target *release.Release, arch string, opts Options) (path, reason string, err error) {
 	if opts.StageDir == "" {
 		opts.StageDir = release.DefaultStageDir
 	}

@@ -48,7 +48,7 @@ type shellNodes struct {
 	ran []string
 }
 
-func (c *shellNodes) Dial(_ context.Context, t nodeaccess.Target) (nodeaccess.Node, error) {
+func (c *shellNodes) Dial(_ context.Context, t nodeaccess.Address) (nodeaccess.Node, error) {
 	if c.down[t.Name] {
 		return nil, &nodeaccess.Error{Node: t.Name, Address: t.Addr(), Op: "dial", Err: errors.New("connection refused")}
 	}
@@ -97,7 +97,7 @@ func (s *memSource) Open(_ context.Context, f bundle.File, _ string) (io.ReadClo
 	return io.NopCloser(bytes.NewReader(s.content[f.Name])), nil
 }
 
-func stageWorld(t *testing.T) (*release.Release, *memSource, []corev1.Node, []nodeaccess.Target) {
+func stageWorld(t *testing.T) (*release.Release, *memSource, []corev1.Node, []nodeaccess.Address) {
 	t.Helper()
 	cat, err := catalog.Default()
 	if err != nil {
@@ -117,7 +117,7 @@ func stageWorld(t *testing.T) (*release.Release, *memSource, []corev1.Node, []no
 	}
 	target := &release.Release{Version: rel.Parsed(), Manifest: m, Catalog: rel, Record: &cluster.Available{KubernetesVersion: "v1.31.4", BundleDigest: "sha256:abc"}}
 	var nodes []corev1.Node
-	var addrs []nodeaccess.Target
+	var addrs []nodeaccess.Address
 	for _, name := range []string{"cp-1", "worker-1", "worker-2"} {
 		role := release.RoleWorker
 		if name == "cp-1" {
@@ -126,7 +126,7 @@ func stageWorld(t *testing.T) (*release.Release, *memSource, []corev1.Node, []no
 		n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"node-role.kubernetes.io/" + role: ""}}}
 		n.Status.NodeInfo = corev1.NodeSystemInfo{KubeletVersion: "v1.30.14", Architecture: "amd64"}
 		nodes = append(nodes, n)
-		addrs = append(addrs, nodeaccess.Target{Name: name, Role: role, Address: "10.0.0.1"})
+		addrs = append(addrs, nodeaccess.Address{Name: name, Role: role, Address: "10.0.0.1"})
 	}
 	return target, src, nodes, addrs
 }

@@ -59,7 +59,7 @@ type testWorld struct {
 	client  *fake.Clientset
 	inv     *nodeaccess.Inventory
 	dialer  *nodeaccess.Dialer
-	targets []nodeaccess.Target
+	targets []nodeaccess.Address
 	nodes   []corev1.Node
 	pods    []corev1.Pod
 	cat     *catalog.Catalog
@@ -115,7 +115,7 @@ func newWorld(t *testing.T, binaries map[string]Binary) *testWorld {
 	if w.dialer, err = nodeaccess.NewDialer(w.inv.SSH.KnownHostsFile, opts...); err != nil {
 		t.Fatal(err)
 	}
-	if w.targets, err = nodeaccess.Targets(w.nodes, w.inv); err != nil {
+	if w.targets, err = nodeaccess.Addresses(w.nodes, w.inv); err != nil {
 		t.Fatal(err)
 	}
 	return w
@@ -134,7 +134,7 @@ func pod(name string, uid types.UID, node string, containers ...string) corev1.P
 	return p
 }
 
-func (w *testWorld) target(name string) nodeaccess.Target {
+func (w *testWorld) target(name string) nodeaccess.Address {
 	for _, t := range w.targets {
 		if t.Name == name {
 			return t

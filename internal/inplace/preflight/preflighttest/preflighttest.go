@@ -140,6 +140,6 @@ func Want(t *testing.T, fs []preflight.Finding, sev preflight.Severity, object s
 }
 
 // Address is where the world reaches node name of role.
-func Address(name, role string) nodeaccess.Target {
-	return nodeaccess.Target{Name: name, Role: role, Address: "10.0.0.1"}
+func Address(name, role string) nodeaccess.Address {
+	return nodeaccess.Address{Name: name, Role: role, Address: "10.0.0.1"}
 }

@@ -15,7 +15,7 @@ import (
 
 const roleLabelPrefix = "node-role.kubernetes.io/"
 
-// Targets says where and as whom to reach each of the cluster's nodes, in
+// Addresses says where and as whom to reach each of the cluster's nodes, in
 // their order. A node's address is its InternalIP, else its ExternalIP,
 // else its Hostname; its role comes from its node-role.kubernetes.io/
 // labels: "control-plane" (for control-plane or master), else the first
@@ -26,7 +26,7 @@ const roleLabelPrefix = "node-role.kubernetes.io/"
 // no address, an address that is neither an IP nor a DNS name, and two
 // nodes reached at one address and port (a node's status may name
 // another's address: commands meant for one would run on the other).
-func Targets(nodes []corev1.Node, inv *Inventory) ([]Target, error) {
+func Addresses(nodes []corev1.Node, inv *Inventory) ([]Address, error) {
 	if inv == nil {
 		inv = &Inventory{}
 	}
@@ -35,12 +35,12 @@ func Targets(nodes []corev1.Node, inv *Inventory) ([]Target, error) {
 		byName[n.Name] = n
 	}
 	var errs []error
-	targets := make([]Target, 0, len(nodes))
+	targets := make([]Address, 0, len(nodes))
 	at := map[string]string{} // address:port -> the node reached there
 	for _, n := range nodes {
 		o, inInventory := byName[n.Name]
 		delete(byName, n.Name)
-		t := Target{
+		t := Address{
 			Name:    n.Name,
 			Role:    cmp.Or(o.Role, nodeRole(n.Labels)),
 			Address: cmp.Or(o.Address, nodeAddress(n.Status.Addresses)),

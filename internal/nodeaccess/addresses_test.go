@@ -17,7 +17,7 @@ func node(name string, labels map[string]string, addrs ...string) corev1.Node {
 	return n
 }
 
-func TestTargets(t *testing.T) {
+func TestAddresses(t *testing.T) {
 	nodes := []corev1.Node{
 		node("cp-1", map[string]string{"node-role.kubernetes.io/control-plane": ""}, "Hostname", "cp-1", "InternalIP", "10.0.0.11"),
 		node("cp-2", map[string]string{"node-role.kubernetes.io/master": "", "node-role.kubernetes.io/etcd": ""}, "ExternalIP", "203.0.113.12", "InternalIP", "10.0.0.12"),
@@ -26,11 +26,11 @@ func TestTargets(t *testing.T) {
 		node("worker-2", map[string]string{"master": ""}, "InternalIP", "10.0.0.32"),
 	}
 
-	got, err := Targets(nodes, nil)
+	got, err := Addresses(nodes, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Target{
+	want := []Address{
 		{Name: "cp-1", Role: "control-plane", Address: "10.0.0.11", Port: 22, User: "root"},
 		{Name: "cp-2", Role: "control-plane", Address: "10.0.0.12", Port: 22, User: "root"},
 		{Name: "gpu-1", Role: "gpu", Address: "203.0.113.21", Port: 22, User: "root"},
@@ -38,7 +38,7 @@ func TestTargets(t *testing.T) {
 		{Name: "worker-2", Role: "worker", Address: "10.0.0.32", Port: 22, User: "root"},
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("Targets without inventory =\n%+v\nwant\n%+v", got, want)
+		t.Errorf("Addresses without inventory =\n%+v\nwant\n%+v", got, want)
 	}
 
 	inv := &Inventory{
@@ -50,11 +50,11 @@ func TestTargets(t *testing.T) {
 			{Name: "worker-2", Role: "gpu", User: "ops"},
 		},
 	}
-	got, err = Targets(nodes, inv)
+	got, err = Addresses(nodes, inv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = []Target{
+	want = []Address{
 		{Name: "cp-1", Role: "control-plane", Address: "10.0.0.11", Port: 22, User: "root"},          // node entry
 		{Name: "cp-2", Role: "control-plane", Address: "10.0.0.12", Port: 2200, User: "admin"},       // ssh defaults
 		{Name: "gpu-1", Role: "gpu", Address: "10.0.0.21", Port: 2022, User: "admin"},                // address from node, port from role
@@ -76,7 +76,7 @@ func TestTargetsErrors(t *testing.T) {
 		Nodes: []NodeConfig{{Name: "bare-2", Address: "10.0.0.42"}, {Name: "ghost", Address: "10.0.0.99"}},
 		file:  "/etc/kubelift/inventory.yaml",
 	}
-	_, err := Targets(nodes, inv)
+	_, err := Addresses(nodes, inv)
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -105,7 +105,7 @@ func TestTargetsRefuseBadAndSharedAddresses(t *testing.T) {
 		node("worker-2", nil, "InternalIP", "10.0.0.21"),
 		node("worker-3", nil, "InternalIP", "10.0.0.23; rm -rf /"),
 	}
-	_, err := Targets(nodes, nil)
+	_, err := Addresses(nodes, nil)
 	for _, want := range []string{
 		"node worker-2: address 10.0.0.21:22 (from status.addresses) is node worker-1's too",
 		`node worker-3: address "10.0.0.23; rm -rf /" in status.addresses: not an IP address or a DNS name`,
@@ -118,7 +118,7 @@ func TestTargetsRefuseBadAndSharedAddresses(t *testing.T) {
 		t.Errorf("err = %v names worker-1, which was first at its address", err)
 	}
 	inv := &Inventory{Nodes: []NodeConfig{{Name: "worker-2", Address: "10.0.0.22"}, {Name: "worker-3", Address: "10.0.0.21", Port: 2222}}}
-	got, err := Targets(nodes, inv)
+	got, err := Addresses(nodes, inv)
 	if err != nil || len(got) != 3 {
 		t.Fatalf("with the inventory: %v %+v", err, got)
 	}
