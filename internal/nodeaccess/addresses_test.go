@@ -62,7 +62,7 @@ func TestAddresses(t *testing.T) {
 		{Name: "worker-2", Role: "gpu", Address: "10.0.0.32", Port: 2022, User: "ops"},               // role from node entry
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("Targets with inventory =\n%+v\nwant\n%+v", got, want)
+		t.Errorf("Addresses with inventory =\n%+v\nwant\n%+v", got, want)
 	}
 }
 
