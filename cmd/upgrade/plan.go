@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -198,11 +199,13 @@ func printPlan(w io.Writer, p *preflight.Plan) {
 			fmt.Fprintf(w, "  %2d. %s on %s\n", i+1, strings.Join(s.Components, " then "), strings.Join(s.Nodes, ", "))
 		}
 	}
-	canary := ""
-	if p.Window.Canary {
-		canary = ", from 1 doubling as nodes succeed"
+	if slices.ContainsFunc(p.Nodes, func(n preflight.NodeState) bool { return n.Role != release.RoleControlPlane }) {
+		canary := ""
+		if p.Window.Canary {
+			canary = ", from 1 doubling as nodes succeed"
+		}
+		fmt.Fprintf(w, "  Workers: at most %d in flight%s, a slot freed as soon as a node is done (the waves above are when every node takes as long).\n", p.Window.Limit, canary)
 	}
-	fmt.Fprintf(w, "  Workers: at most %d in flight%s, a slot freed as soon as a node is done (the waves above are when every node takes as long).\n", p.Window.Limit, canary)
 	if len(p.WorkloadGate) > 0 {
 		fmt.Fprintf(w, "\nWorkload gate: %d workloads are fully available now; after each node, those with a pod on it must be again within the health window:\n  %s\n", len(p.WorkloadGate), strings.Join(p.WorkloadGate, "\n  "))
 	}

@@ -128,7 +128,7 @@ func (r *applyRun) walk(ctx context.Context, k *kubeletRun, steps []nodeStep) er
 // with what a run that swapped it and died recorded on the Node, else
 // only waited for, its kube-proxy moved, uncordoned and marked done.
 func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
-	k := &kubeletRun{name: name, to: r.target.Version.String(), arch: r.nodeState(name).Arch, began: r.wait.Now()}
+	k := &kubeletRun{name: name, to: r.target.Version.String(), began: r.wait.Now()}
 	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeops.Ops) (err error) {
 		k.o = o
 		defer func() {
@@ -139,6 +139,7 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 				}
 			}
 		}()
+		k.arch = r.nodeState(name).Arch
 		v, err := o.Running(ctx, "kubelet")
 		if err != nil {
 			return err
