@@ -10,45 +10,27 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/kubelift/kubelift/internal/bundle"
-	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
-	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
-	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
 
 // plan's run, on the engine options a test gives it: the plan printed,
 // a blocked plan exit 4 with the count of its blocking findings.
 func TestPlanRun(t *testing.T) {
-	cat, err := catalog.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := cat.Lookup("v1.31.4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	target, err := release.FromBundle(&bundle.Manifest{KubernetesVersion: "v1.31.4", Arches: []string{"amd64"}, Release: *rel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	target.Record = &cluster.Available{KubernetesVersion: "v1.31.4", BundleDigest: "sha256:abc"}
-	old := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1", Labels: map[string]string{"node-role.kubernetes.io/worker": ""}}}
-	old.Status.NodeInfo = corev1.NodeSystemInfo{KubeletVersion: "v1.27.16", Architecture: "amd64"}
-	old.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}
+	w := preflighttest.New(t)
+	target, cat := w.Opts.Target, w.Catalog
+	old := preflighttest.Node("worker-1", "worker")
+	old.Status.NodeInfo.KubeletVersion = "v1.27.16"
 	var out, errOut bytes.Buffer
 	opts := &planOptions{IO: &cli.IO{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}, Quiet: true,
 		Engine: func(context.Context) (*preflight.PlanOptions, error) {
-			return &preflight.PlanOptions{Client: fake.NewClientset(old), Target: target, Catalog: cat, Connector: unreachable{}}, nil
+			return &preflight.PlanOptions{Client: fake.NewClientset(&old), Target: target, Catalog: cat, Connector: unreachable{}}, nil
 		}}
-	err = planRun(context.Background(), opts)
+	err := planRun(context.Background(), opts)
 	var ce *cli.CodeError
 	if !errors.As(err, &ce) || ce.Code != cli.ExitBlocked || !strings.Contains(err.Error(), "blocking findings") {
 		t.Fatalf("a blocked plan: %v, want exit %d", err, cli.ExitBlocked)

@@ -63,13 +63,7 @@ func (binaryDriver) Kind() string { return release.KindBinary }
 func (binaryDriver) BeforeKubelet(context.Context, *applyRun, *nodeops.Ops) error { return nil }
 
 func (binaryDriver) Components(n *preflight.NodeState) []string {
-	var out []string
-	for _, c := range release.ControlPlaneFiles {
-		if _, ok := n.Components[c]; ok {
-			out = append(out, c)
-		}
-	}
-	return out
+	return preflight.Components(release.KindBinary, n)
 }
 
 // BackupEtcd runs etcdctl's snapshot with the API server's own etcd

@@ -49,10 +49,7 @@ func (kubeadmDriver) Kind() string { return release.KindKubeadm }
 
 // Components: every control-plane node runs all three as static pods.
 func (kubeadmDriver) Components(n *preflight.NodeState) []string {
-	if n.Role != release.RoleControlPlane {
-		return nil
-	}
-	return append([]string{}, release.ControlPlaneFiles...)
+	return preflight.Components(release.KindKubeadm, n)
 }
 
 // BackupEtcd snapshots the local etcd from inside its static pod on the

@@ -99,8 +99,8 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 	var lastAPIServer, firstKubelet int64 = 0, 1 << 62
 	for _, m := range h.SB.Nodes() {
 		if m.Role == "control-plane" {
-			if v := strings.TrimSpace(h.SSH(t, m.Name, "pid=$(systemctl show kube-apiserver -p MainPID | sed -n 's/^MainPID=//p'); /proc/$pid/exe --version")); v != "Kubernetes "+h.SB.NewVersion {
-				t.Errorf("%s: kube-apiserver runs %q", m.Name, v)
+			if v, err := h.RunningVersion(m.Name, "kube-apiserver"); err != nil || v != h.SB.NewVersion {
+				t.Errorf("%s: kube-apiserver runs %q (%v)", m.Name, v, err)
 			}
 			lastAPIServer = max(lastAPIServer, started(t, m.Name, "kube-apiserver"))
 		}
