@@ -2,7 +2,6 @@ package inplace
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kubelift/kubelift/internal/inplace/drain"
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
@@ -117,7 +117,7 @@ type StepTime struct {
 }
 
 // ErrNodeFailed means a node failed its upgrade and was rolled back.
-var ErrNodeFailed = errors.New("node upgrade failed")
+var ErrNodeFailed = driver.ErrNodeFailed
 
 // defaults fills in what Apply and Rollback use and the caller left out.
 func (opts *ApplyOptions) defaults() error {
@@ -157,7 +157,7 @@ type applyRun struct {
 	state  *record.Upgrade
 	watch  *nodeWatch
 	// driver moves the control plane (the cluster's kind).
-	driver controlPlane
+	driver driver.ControlPlane
 	// lock is the upgrade lock the run holds (nil in a dry run): every
 	// node step and record write asks it first (fence).
 	lock *upgradelock.Lock

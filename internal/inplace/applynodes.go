@@ -8,7 +8,6 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
-	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 // onNode dials a node and runs fn with its operations, from the version
@@ -43,17 +42,7 @@ func (r *applyRun) lostForGood() error {
 // onNodeFromVersion is the version node upgrades from: its kubelet's
 // before this upgrade.
 func (r *applyRun) onNodeFromVersion(name string) string {
-	from := ""
-	if f := r.view.Facts[name]; f != nil {
-		from = f.Components["kubelet"]
-	}
-	if s := r.nodeState(name); s != nil && s.Kubelet != "" {
-		from = s.Kubelet
-	}
-	if len(r.plan.From) > 0 && (from == "" || from == r.target.Version.String()) {
-		from = r.plan.From[0]
-	}
-	return from
+	return r.driverRun().NodeFrom(name, r.nodeState(name))
 }
 
 // onNodeFrom is onNode with the old version given.
@@ -107,6 +96,5 @@ func (r *applyRun) nodeState(name string) *preflight.NodeState {
 }
 
 func (r *applyRun) fileSHA(name, arch string) string {
-	f, _, _ := r.target.File(name, release.ArchOr(arch))
-	return f.SHA256
+	return r.driverRun().FileSHA(name, arch)
 }

@@ -2,19 +2,16 @@ package inplace
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
-	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
-	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // etcdStep snapshots etcd before the control plane is touched (the
@@ -26,7 +23,7 @@ func (r *applyRun) etcdStep(ctx context.Context) error {
 	if r.controlPlaneDone() {
 		return nil
 	}
-	where, err := r.driver.BackupEtcd(ctx, r)
+	where, err := r.driver.BackupEtcd(ctx, r.driverRun())
 	if err != nil {
 		return fmt.Errorf("%w (pass --skip-etcd-backup to upgrade without one)", err)
 	}
@@ -70,7 +67,7 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 			if n.Role != release.RoleControlPlane {
 				continue
 			}
-			if err := r.driver.Upgrade(ctx, r, n.Name, t); err != nil {
+			if err := r.driver.Upgrade(ctx, r.driverRun(), n.Name, t); err != nil {
 				return err
 			}
 			if moved := r.takeMoved(n.Name); moved != nil {
@@ -85,59 +82,26 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 	return r.setState(ctx, record.StateUpgradedControlPlane)
 }
 
-// waitComponent waits for comp to run the version (and the API server to
-// answer /readyz and /version at the node's address).
-func (r *applyRun) waitComponent(ctx context.Context, o *nodeops.Ops, comp, version string) error {
-	if r.dry {
-		r.would(o.Name, fmt.Sprintf("wait for %s to run %s and be healthy", comp, version), "")
-		return nil
-	}
-	defer r.timed(&r.res.Waiting)()
-	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
-		v, err := o.Running(ctx, comp)
-		switch {
-		case err != nil:
-			return err
-		case v != version:
-			return fmt.Errorf("%s runs %q, want %s", comp, v, version)
-		case comp == "kube-apiserver" && r.opts.Plan.REST != nil:
-			return preflight.Readyz(ctx, r.opts.Plan.REST, r.tgts[o.Name].Address)
-		}
-		return nil
-	})
-	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("node %s: %s not healthy at %s within %s: %w", o.Name, comp, version, r.opts.ReadyTimeout, err)
-	}
-	return err
-}
-
-// rollback restores comp after a failed swap and waits for the old
-// version; it returns the original failure.
+// rollback restores comp (a kubelet or kube-proxy) after a failed swap
+// and waits for the old version; a kubelet's node must be Ready there,
+// and is uncordoned. It returns the original failure.
 func (r *applyRun) rollback(ctx context.Context, o *nodeops.Ops, comp string, cause error) error {
-	if lost := r.lostForGood(); lost != nil {
-		r.log.Error("not rolled back: another run holds the upgrade lock now, and finishes the node", "node", o.Name, "component", comp, "err", cause)
-		return fmt.Errorf("%w; %s on node %s not rolled back: %w (the run that holds it finishes the node)", cause, comp, o.Name, lost)
+	if err := driver.PutBack(ctx, r.driverRun(), o, comp, cause); err != nil {
+		return err
+	}
+	if comp != "kubelet" {
+		return driver.RolledBack(o, cause)
 	}
 	ctx = context.WithoutCancel(ctx)
-	r.log.Error("rolling back", "node", o.Name, "component", comp, "err", cause)
-	r.event(ctx, o.Name, "RollingBack", fmt.Sprintf("kubelift: %s back to %s: %v", comp, o.From, cause))
-	if err := o.Restore(ctx, comp); err != nil {
-		return fmt.Errorf("%w; rollback of %s failed too: %w", cause, comp, err)
-	}
-	if err := r.waitComponent(ctx, o, comp, o.From); err != nil {
-		return fmt.Errorf("%w; after rollback %s: %w", cause, comp, err)
-	}
-	if comp == "kubelet" && r.watch != nil {
+	if r.watch != nil {
 		if err := r.watch.until(ctx, o.Name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 			return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == o.From
 		}); err != nil {
 			return fmt.Errorf("%w; after rollback node %s not Ready at %s: %w", cause, o.Name, o.From, err)
 		}
 	}
-	if comp == "kubelet" {
-		if err := r.uncordon(ctx, o.Name); err != nil {
-			return fmt.Errorf("%w; after rollback: %w", cause, err)
-		}
+	if err := r.uncordon(ctx, o.Name); err != nil {
+		return fmt.Errorf("%w; after rollback: %w", cause, err)
 	}
-	return fmt.Errorf("%w: node %s rolled back to %s: %w", ErrNodeFailed, o.Name, o.From, cause)
+	return driver.RolledBack(o, cause)
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/driver/binary"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
 	"github.com/kubelift/kubelift/internal/inplace/record"
@@ -182,7 +183,7 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 			Plan: preflight.PlanOptions{Connector: fakeConnector{node}, StageDir: "/var/lib/kubelift/staged", Now: time.Now}},
 		plan:  &preflight.Plan{From: []string{"v1.30.14"}, Nodes: nodes},
 		view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.30.14"}}}},
-		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
+		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binary.Driver{}}
 	ctx := context.Background()
 	if err := r.controlPlaneStep(ctx); err != nil {
 		t.Fatal(err)
@@ -258,11 +259,18 @@ func TestBinaryDriverPatchDowngrade(t *testing.T) {
 		opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, Now: time.Now}},
 		plan:  &preflight.Plan{From: []string{"v1.31.4"}, Nodes: nodes},
 		view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.4"}}}},
-		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binaryDriver{}}
+		state: &record.Upgrade{}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}, driver: binary.Driver{}}
 	if err := r.controlPlaneStep(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Join(swapped, ",") != strings.Join(release.ControlPlaneFiles, ",") {
 		t.Errorf("swapped %v, want every part", swapped)
 	}
+}
+
+// fakeConnector dials the one fake node.
+type fakeConnector struct{ n *fakenode.Node }
+
+func (c fakeConnector) Dial(context.Context, nodeaccess.Address) (nodeaccess.Node, error) {
+	return c.n, nil
 }

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
@@ -172,14 +173,8 @@ func (r *applyRun) upgradeKubeletRecovered(ctx context.Context, name string) (er
 	return r.upgradeKubelet(ctx, name)
 }
 
-// failedStatus is the status of a node whose step failed with err:
-// rolled back when the step undid itself, else failed.
-func failedStatus(err error) string {
-	if errors.Is(err, ErrNodeFailed) {
-		return record.NodeRolledBack
-	}
-	return record.NodeFailed
-}
+// failedStatus is the status of a node whose step failed with err.
+var failedStatus = driver.FailedStatus
 
 // timed adds the time until the returned func is called to *sum.
 func (r *applyRun) timed(sum *float64) func() {

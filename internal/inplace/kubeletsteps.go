@@ -68,7 +68,7 @@ func (r *applyRun) beforeSwapSteps() []nodeStep {
 		}},
 		// kubeadm: `kubeadm upgrade node`, the kubelet's configuration
 		// for the target.
-		{name: "prepare", do: func(ctx context.Context, k *kubeletRun) error { return r.driver.BeforeKubelet(ctx, r, k.o) }},
+		{name: "prepare", do: func(ctx context.Context, k *kubeletRun) error { return r.driver.BeforeKubelet(ctx, r.driverRun(), k.o) }},
 		{name: "back up and record", do: r.backUpAndRecord},
 		// On the Node: a run that resumes this one finishes the node
 		// from it.

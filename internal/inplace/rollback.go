@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
@@ -277,7 +278,7 @@ func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
 			continue
 		}
 		from := r.plan.From[0]
-		if err := r.driver.Undo(ctx, r, n.Name); err != nil {
+		if err := r.driver.Undo(ctx, r.driverRun(), n.Name); err != nil {
 			return err
 		}
 		if moved := r.takeMoved(n.Name); moved != nil {
@@ -295,37 +296,16 @@ func (r *applyRun) recordUndo(ctx context.Context) error {
 	return r.setState(ctx, record.StateRolledBack)
 }
 
-// undoComponent puts comp on node back at the version the recorded
-// upgrade started from, when it runs the version it went to (a part that
-// never moved, or is back already, is left alone), and waits for it; a
-// kubelet's node must be Ready at the old version, and loses kubelift's
-// annotations.
+// undoComponent puts comp (a kubelet or kube-proxy) on node back at the
+// version the recorded upgrade started from, when it runs the version it
+// went to (a part that never moved, or is back already, is left alone),
+// and waits for it; a kubelet's node must be Ready at the old version,
+// and loses kubelift's annotations.
 func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
-	from, to := r.plan.From[0], r.target.Version.String()
+	from := r.plan.From[0]
 	return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeops.Ops) error {
-		now, err := o.Running(ctx, comp)
-		if err != nil {
-			return fmt.Errorf("node %s: cannot tell whether %s moved, so it is not rolled back: %w", node, comp, err)
-		}
-		if now == "" {
-			// Down (crashing on the new version, or between restarts):
-			// what its unit would start says whether it moved.
-			if now, err = o.Installed(ctx, comp); err != nil {
-				return fmt.Errorf("node %s: %s does not run and its program cannot be read, so it is not rolled back: %w", node, comp, err)
-			}
-			if now != to {
-				r.log.Warn("does not run, and its program is not the target's: left as it is", "node", node, "component", comp, "program", o.Binary(comp), "version", now)
-			}
-		}
-		if now != to {
-			return nil // not moved (or back already)
-		}
-		r.log.Info("rolling back", "node", node, "component", comp, "to", from)
-		r.markMoved(node, comp)
-		if err := o.Restore(ctx, comp); err != nil {
-			return err
-		}
-		if err := r.waitComponent(ctx, o, comp, from); err != nil {
+		moved, err := driver.UndoPart(ctx, r.driverRun(), o, comp)
+		if err != nil || !moved {
 			return err
 		}
 		if comp == "kubelet" && r.dry {

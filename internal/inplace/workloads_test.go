@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kubelift/kubelift/internal/inplace/driver/drivertest"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/waiter"
@@ -65,7 +66,7 @@ func TestPodsOnWaitsForARestartingAPIServer(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			r := &applyRun{client: client, opts: ApplyOptions{ReadyTimeout: time.Minute}, wait: waiter.Waiter{Clock: steppingClock(t, time.Second)}}
+			r := &applyRun{client: client, opts: ApplyOptions{ReadyTimeout: time.Minute}, wait: waiter.Waiter{Clock: drivertest.SteppingClock(t, time.Second)}}
 			pods, err := r.podsOn(context.Background(), "cp-1")
 			if tc.wantErr {
 				if err == nil || calls != 1 {

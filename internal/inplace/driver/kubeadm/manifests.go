@@ -1,4 +1,4 @@
-package inplace
+package kubeadm
 
 import (
 	"context"
@@ -9,11 +9,11 @@ import (
 	"strings"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
-	"github.com/kubelift/kubelift/internal/kubeadm"
+	kadm "github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
-// Rolling a kubeadm control plane back (kubeadmDriver.Undo) uses what
+// Rolling a kubeadm control plane back (Driver.Undo) uses what
 // kubeadm kept: each `kubeadm upgrade` moves the static pod manifests it
 // replaces into /etc/kubernetes/tmp/kubeadm-backup-manifests-TIME/ on the
 // node. Undo puts the newest of those at the version the run started from
@@ -38,8 +38,8 @@ type manifestRestore struct {
 // readManifests reads the node's static pod manifests and kubeadm's
 // backups of them (newest first), each parsed; a file that does not
 // parse, or a path outside kubeadm's, is refused naming the node.
-func readManifests(ctx context.Context, o *nodeops.Ops) (map[string]kubeadm.Manifest, []map[string]kubeadm.Manifest, error) {
-	out, err := o.Run(ctx, "read the static pod manifests", nodescript.KubeadmManifests, append([]string{kubeadm.ManifestDir, kubeadm.TmpDir}, kubeadm.StaticPods...)...)
+func readManifests(ctx context.Context, o *nodeops.Ops) (map[string]kadm.Manifest, []map[string]kadm.Manifest, error) {
+	out, err := o.Run(ctx, "read the static pod manifests", nodescript.KubeadmManifests, append([]string{kadm.ManifestDir, kadm.TmpDir}, kadm.StaticPods...)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -47,9 +47,9 @@ func readManifests(ctx context.Context, o *nodeops.Ops) (map[string]kubeadm.Mani
 }
 
 // parseManifests reads what the node script kubeadm-manifests printed.
-func parseManifests(node, out string) (map[string]kubeadm.Manifest, []map[string]kubeadm.Manifest, error) {
-	current := map[string]kubeadm.Manifest{}
-	var backups []map[string]kubeadm.Manifest
+func parseManifests(node, out string) (map[string]kadm.Manifest, []map[string]kadm.Manifest, error) {
+	current := map[string]kadm.Manifest{}
+	var backups []map[string]kadm.Manifest
 	lastDir := ""
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	for i := 0; i < len(lines); i++ {
@@ -71,20 +71,20 @@ func parseManifests(node, out string) (map[string]kubeadm.Manifest, []map[string
 		}
 		dir, file := path.Split(p)
 		dir = path.Clean(dir)
-		if comp := strings.TrimSuffix(file, ".yaml"); !strings.HasSuffix(file, ".yaml") || !slices.Contains(kubeadm.StaticPods, comp) ||
-			(dir != kubeadm.ManifestDir && !kubeadm.IsBackupDir(dir)) {
+		if comp := strings.TrimSuffix(file, ".yaml"); !strings.HasSuffix(file, ".yaml") || !slices.Contains(kadm.StaticPods, comp) ||
+			(dir != kadm.ManifestDir && !kadm.IsBackupDir(dir)) {
 			return nil, nil, fmt.Errorf("node %s: static pod manifest %q: not one of kubeadm's", node, p)
 		}
-		m, err := kubeadm.ParseManifest(p, data)
+		m, err := kadm.ParseManifest(p, data)
 		if err != nil {
 			return nil, nil, fmt.Errorf("node %s: %w", node, err)
 		}
-		if dir == kubeadm.ManifestDir {
+		if dir == kadm.ManifestDir {
 			current[m.Component] = m
 			continue
 		}
 		if dir != lastDir { // the script prints each backup's files together
-			backups, lastDir = append(backups, map[string]kubeadm.Manifest{}), dir
+			backups, lastDir = append(backups, map[string]kadm.Manifest{}), dir
 		}
 		backups[len(backups)-1][m.Component] = m
 	}
@@ -98,7 +98,7 @@ func parseManifests(node, out string) (map[string]kubeadm.Manifest, []map[string
 // its image differs from the running one within the same etcd minor.
 // Nothing when no part runs to. A part at to with no backup at from, or
 // an etcd of another minor, is refused with what to do.
-func manifestRestores(node, from, to string, current map[string]kubeadm.Manifest, backups []map[string]kubeadm.Manifest) ([]manifestRestore, error) {
+func manifestRestores(node, from, to string, current map[string]kadm.Manifest, backups []map[string]kadm.Manifest) ([]manifestRestore, error) {
 	var out []manifestRestore
 	apiserverDir := ""
 	for _, comp := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver"} {
@@ -130,7 +130,7 @@ func manifestRestores(node, from, to string, current map[string]kubeadm.Manifest
 			break
 		}
 		if !found {
-			return nil, fmt.Errorf("node %s: %s runs %s and no manifest kubeadm kept in %s/%s*/ runs %s: put the one it ran before back into %s by hand", node, comp, to, kubeadm.TmpDir, kubeadm.BackupManifestsPrefix, from, kubeadm.ManifestDir)
+			return nil, fmt.Errorf("node %s: %s runs %s and no manifest kubeadm kept in %s/%s*/ runs %s: put the one it ran before back into %s by hand", node, comp, to, kadm.TmpDir, kadm.BackupManifestsPrefix, from, kadm.ManifestDir)
 		}
 	}
 	if len(out) == 0 || apiserverDir == "" {
@@ -145,11 +145,11 @@ func manifestRestores(node, from, to string, current map[string]kubeadm.Manifest
 		if !ok || path.Dir(b.Path) != apiserverDir || b.Image == cur.Image {
 			continue
 		}
-		was, err := kubeadm.EtcdMinor(b.Tag())
+		was, err := kadm.EtcdMinor(b.Tag())
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %s: %w", node, b.Path, err)
 		}
-		now, err := kubeadm.EtcdMinor(cur.Tag())
+		now, err := kadm.EtcdMinor(cur.Tag())
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %s: %w", node, cur.Path, err)
 		}

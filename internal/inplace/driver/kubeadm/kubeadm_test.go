@@ -1,4 +1,4 @@
-package inplace
+package kubeadm
 
 import (
 	"context"
@@ -21,11 +21,12 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/driver"
+	"github.com/kubelift/kubelift/internal/inplace/driver/drivertest"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
-	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
-	"github.com/kubelift/kubelift/internal/kubeadm"
+	kadm "github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -92,7 +93,7 @@ func TestRunKubeadm(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			clk := steppingClock(t, 2*time.Second)
+			clk := drivertest.SteppingClock(t, 2*time.Second)
 			polls := 0
 			var started, checked []string
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
@@ -105,14 +106,14 @@ func TestRunKubeadm(t *testing.T) {
 				},
 			}}
 			v, _ := catalog.ParseVersion("v1.31.4")
-			r := &applyRun{opts: ApplyOptions{Plan: preflight.PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
-				wait: waiter.Waiter{Clock: clk}, log: slog.New(slog.DiscardHandler), plan: &preflight.Plan{Nodes: []preflight.NodeState{{Name: "cp-1"}}}}
+			r := &driver.Run{StageDir: release.DefaultStageDir, Target: kubeadmTarget(v), Fx: &drivertest.Effects{},
+				Wait: waiter.Waiter{Clock: clk}, Log: slog.New(slog.DiscardHandler), Plan: &preflight.Plan{Nodes: []preflight.NodeState{{Name: "cp-1"}}}}
 			o := &nodeops.Ops{Node: node, Name: "cp-1", Facts: &nodefacts.Facts{}}
-			err := r.runKubeadm(ctx, o, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply", "v1.31.4", "--yes"})
+			err := runKubeadm(ctx, r, o, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply", "v1.31.4", "--yes"})
 			if len(checked) != 2 || checked[0] != "/var/lib/kubelift/staged/v1.31.4/kubeadm" || checked[1] != kubeadmSum {
 				t.Errorf("check-file %q: the staged kubeadm's sum is not checked before it runs", checked)
 			}
-			if want := []string{KubeadmRunDir, "upgrade-apply-v1.31.4-1", "/var/lib/kubelift/staged/v1.31.4/kubeadm", "upgrade", "apply", "v1.31.4", "--yes"}; strings.Join(started, " ") != strings.Join(want, " ") {
+			if want := []string{RunDir, "upgrade-apply-v1.31.4-1", "/var/lib/kubelift/staged/v1.31.4/kubeadm", "upgrade", "apply", "v1.31.4", "--yes"}; strings.Join(started, " ") != strings.Join(want, " ") {
 				t.Errorf("kubeadm-start %q, want %q", started, want)
 			}
 			if tc.want == "" {
@@ -125,8 +126,8 @@ func TestRunKubeadm(t *testing.T) {
 				t.Fatalf("err = %v, want one naming cp-1 and %q", err, tc.want)
 			}
 			// Only an exit status says kubeadm put back what it moved.
-			if errors.Is(err, errKubeadmFailed) != (tc.name == "fails") || errors.Is(err, ErrNodeFailed) {
-				t.Errorf("err = %v: kubeadm failed %v, node rolled back %v", err, errors.Is(err, errKubeadmFailed), errors.Is(err, ErrNodeFailed))
+			if errors.Is(err, errKubeadmFailed) != (tc.name == "fails") || errors.Is(err, driver.ErrNodeFailed) {
+				t.Errorf("err = %v: kubeadm failed %v, node rolled back %v", err, errors.Is(err, errKubeadmFailed), errors.Is(err, driver.ErrNodeFailed))
 			}
 		})
 	}
@@ -140,20 +141,20 @@ func TestRunKubeadm(t *testing.T) {
 		},
 	}}
 	v, _ := catalog.ParseVersion("v1.31.4")
-	rs := &applyRun{opts: ApplyOptions{Plan: preflight.PlanOptions{StageDir: release.DefaultStageDir}}, target: kubeadmTarget(v), res: &ApplyResult{},
-		log: slog.New(slog.DiscardHandler), plan: &preflight.Plan{Nodes: []preflight.NodeState{{Name: "cp-1"}}}}
-	if err := rs.runKubeadm(context.Background(), &nodeops.Ops{Node: spoilt, Name: "cp-1"}, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply"}); err == nil || !strings.Contains(err.Error(), "check the staged kubeadm") {
+	rs := &driver.Run{StageDir: release.DefaultStageDir, Target: kubeadmTarget(v), Fx: &drivertest.Effects{},
+		Log: slog.New(slog.DiscardHandler), Plan: &preflight.Plan{Nodes: []preflight.NodeState{{Name: "cp-1"}}}}
+	if err := runKubeadm(context.Background(), rs, &nodeops.Ops{Node: spoilt, Name: "cp-1"}, "upgrade-apply-v1.31.4-1", []string{"upgrade", "apply"}); err == nil || !strings.Contains(err.Error(), "check the staged kubeadm") {
 		t.Errorf("spoilt kubeadm: %v", err)
 	}
 
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{}}
-	r := &applyRun{opts: ApplyOptions{Plan: preflight.PlanOptions{StageDir: release.DefaultStageDir}}, target: &release.Release{Version: v}, res: &ApplyResult{}, dry: true, log: slog.New(slog.DiscardHandler)}
-	if err := r.runKubeadm(context.Background(), &nodeops.Ops{Node: node, Name: "worker-1"}, "upgrade-node-v1.31.4-1", []string{"upgrade", "node"}); err != nil {
+	fx := &drivertest.Effects{}
+	r := &driver.Run{StageDir: release.DefaultStageDir, Target: &release.Release{Version: v}, Dry: true, Log: slog.New(slog.DiscardHandler), Fx: fx}
+	if err := runKubeadm(context.Background(), r, &nodeops.Ops{Node: node, Name: "worker-1"}, "upgrade-node-v1.31.4-1", []string{"upgrade", "node"}); err != nil {
 		t.Fatal(err)
 	}
-	if len(node.Calls()) != 0 || len(r.res.DryRun) != 1 || r.res.DryRun[0].What != "kubeadm upgrade node" ||
-		!strings.HasPrefix(r.res.DryRun[0].Command, "kubelift-kubeadm-start /var/lib/kubelift/kubeadm upgrade-node-v1.31.4-1 /var/lib/kubelift/staged/v1.31.4/kubeadm upgrade node") {
-		t.Errorf("dry run: calls %v, said %+v", node.Calls(), r.res.DryRun)
+	if len(node.Calls()) != 0 || len(fx.Said) != 1 || !strings.HasPrefix(fx.Said[0], "worker-1: kubeadm upgrade node ### kubelift-kubeadm-start /var/lib/kubelift/kubeadm upgrade-node-v1.31.4-1 /var/lib/kubelift/staged/v1.31.4/kubeadm upgrade node") {
+		t.Errorf("dry run: calls %v, said %q", node.Calls(), fx.Said)
 	}
 }
 
@@ -203,14 +204,14 @@ const (
 // when its image changed, within one etcd minor); a part at the target
 // without a backup, or etcd moved to another minor, is refused.
 func TestManifestRestores(t *testing.T) {
-	cur := func(version, etcd string) map[string]kubeadm.Manifest {
-		out := map[string]kubeadm.Manifest{"etcd": {Path: "/etc/kubernetes/manifests/etcd.yaml", Component: "etcd", Image: "reg/library/etcd:" + etcd}}
+	cur := func(version, etcd string) map[string]kadm.Manifest {
+		out := map[string]kadm.Manifest{"etcd": {Path: "/etc/kubernetes/manifests/etcd.yaml", Component: "etcd", Image: "reg/library/etcd:" + etcd}}
 		for _, c := range release.ControlPlaneFiles {
-			out[c] = kubeadm.Manifest{Path: "/etc/kubernetes/manifests/" + c + ".yaml", Component: c, Image: "reg/library/" + c + ":" + version}
+			out[c] = kadm.Manifest{Path: "/etc/kubernetes/manifests/" + c + ".yaml", Component: c, Image: "reg/library/" + c + ":" + version}
 		}
 		return out
 	}
-	backup := func(dir, version, etcd string) map[string]kubeadm.Manifest {
+	backup := func(dir, version, etcd string) map[string]kadm.Manifest {
 		out := cur(version, etcd)
 		for c, m := range out {
 			m.Path = dir + "/" + c + ".yaml"
@@ -220,19 +221,19 @@ func TestManifestRestores(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
-		current map[string]kubeadm.Manifest
-		backups []map[string]kubeadm.Manifest
+		current map[string]kadm.Manifest
+		backups []map[string]kadm.Manifest
 		want    []string // COMPONENT<BACKUP DIR
 		refused string
 	}{
-		{"never moved", cur("v1.31.3", "3.5.15-0"), []map[string]kubeadm.Manifest{backup(newerBackup, "v1.31.3", "3.5.15-0")}, nil, ""},
+		{"never moved", cur("v1.31.3", "3.5.15-0"), []map[string]kadm.Manifest{backup(newerBackup, "v1.31.3", "3.5.15-0")}, nil, ""},
 		{"moved: the newest backup at the old version", cur("v1.31.4", "3.5.15-0"),
-			[]map[string]kubeadm.Manifest{backup(newerBackup, "v1.31.4", "3.5.15-0"), backup(olderBackup, "v1.31.3", "3.5.15-0")},
+			[]map[string]kadm.Manifest{backup(newerBackup, "v1.31.4", "3.5.15-0"), backup(olderBackup, "v1.31.3", "3.5.15-0")},
 			[]string{"kube-scheduler<" + olderBackup, "kube-controller-manager<" + olderBackup, "kube-apiserver<" + olderBackup}, ""},
-		{"etcd moved within its minor", cur("v1.31.4", "3.5.16-0"), []map[string]kubeadm.Manifest{backup(olderBackup, "v1.31.3", "3.5.15-0")},
+		{"etcd moved within its minor", cur("v1.31.4", "3.5.16-0"), []map[string]kadm.Manifest{backup(olderBackup, "v1.31.3", "3.5.15-0")},
 			[]string{"kube-scheduler<" + olderBackup, "kube-controller-manager<" + olderBackup, "kube-apiserver<" + olderBackup, "etcd<" + olderBackup}, ""},
-		{"etcd moved to another minor", cur("v1.31.4", "3.6.4-0"), []map[string]kubeadm.Manifest{backup(olderBackup, "v1.31.3", "3.5.15-0")}, nil, "another minor of etcd"},
-		{"no backup at the old version", cur("v1.31.4", "3.5.15-0"), []map[string]kubeadm.Manifest{backup(newerBackup, "v1.31.2", "3.5.15-0")}, nil,
+		{"etcd moved to another minor", cur("v1.31.4", "3.6.4-0"), []map[string]kadm.Manifest{backup(olderBackup, "v1.31.3", "3.5.15-0")}, nil, "another minor of etcd"},
+		{"no backup at the old version", cur("v1.31.4", "3.5.15-0"), []map[string]kadm.Manifest{backup(newerBackup, "v1.31.2", "3.5.15-0")}, nil,
 			"kube-scheduler runs v1.31.4 and no manifest kubeadm kept in /etc/kubernetes/tmp/kubeadm-backup-manifests-*/ runs v1.31.3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -340,12 +341,13 @@ func TestKubeadmUndo(t *testing.T) {
 				},
 			}}
 			started := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
-			r := &applyRun{client: client, target: &release.Release{Version: v}, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
-				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, Now: func() time.Time { return started }}},
-				plan:  &preflight.Plan{From: []string{"v1.31.3"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
-				view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {}}},
-				state: &record.Upgrade{Started: started}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
-			if err := (kubeadmDriver{}).Undo(context.Background(), r, "cp-1"); err != nil {
+			r := &driver.Run{Client: client, Target: &release.Release{Version: v}, Log: slog.New(slog.DiscardHandler),
+				ReadyTimeout: time.Minute, Now: func() time.Time { return started }, Started: started.Unix(),
+				Fx:        &drivertest.Effects{Nodes: map[string]nodeaccess.Node{"cp-1": node}},
+				Plan:      &preflight.Plan{From: []string{"v1.31.3"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
+				Facts:     map[string]*nodefacts.Facts{"cp-1": {}},
+				Addresses: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
+			if err := (Driver{}).Undo(context.Background(), r, "cp-1"); err != nil {
 				t.Fatal(err)
 			}
 			if len(restored) != tc.restores {
@@ -380,13 +382,6 @@ func TestKubeadmUndo(t *testing.T) {
 	}
 }
 
-// fakeConnector dials the one fake node.
-type fakeConnector struct{ n *fakenode.Node }
-
-func (c fakeConnector) Dial(context.Context, nodeaccess.Address) (nodeaccess.Node, error) {
-	return c.n, nil
-}
-
 // A leader lease counts only when renewed after its holder's static pod
 // started: right after a control plane was put back, the lease the
 // replaced process renewed still looks live, but nobody leads.
@@ -410,8 +405,7 @@ func TestLeadsNow(t *testing.T) {
 		{"a holder of another form", lease("scheduler-elsewhere", started.Add(-time.Hour)), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &applyRun{client: fake.NewClientset(pod, tc.lease)}
-			got := r.leadsNow(context.Background(), "kube-scheduler")
+			got := leadsNow(context.Background(), &driver.Run{Client: fake.NewClientset(pod, tc.lease)}, "kube-scheduler")
 			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 				t.Fatalf("leadsNow = %q, want %q", got, tc.want)
 			}
@@ -424,7 +418,7 @@ func TestLeadsNow(t *testing.T) {
 // --patches: kubeadm refuses that beside --config), and given to kubeadm
 // as --config; a dry run only says so.
 func TestKubeadmArgsWithConfig(t *testing.T) {
-	cfg, err := kubeadm.ParseUpgradeConfig("c.yaml", []byte("apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\ntimeouts:\n  upgradeManifests: 90s\n"), "v1.31.4")
+	cfg, err := kadm.ParseUpgradeConfig("c.yaml", []byte("apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\ntimeouts:\n  upgradeManifests: 90s\n"), "v1.31.4")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,7 +426,7 @@ func TestKubeadmArgsWithConfig(t *testing.T) {
 	for _, tc := range []struct {
 		verb    string
 		patches bool
-		config  *kubeadm.UpgradeConfig
+		config  *kadm.UpgradeConfig
 		dry     bool
 		want    string // the arguments, CONFIG for the file's path
 	}{
@@ -445,17 +439,17 @@ func TestKubeadmArgsWithConfig(t *testing.T) {
 		node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
 			nodescript.Exists.Name: func([]string) (string, error) { return map[bool]string{true: "yes\n", false: "no\n"}[tc.patches], nil },
 		}}
-		r := &applyRun{opts: ApplyOptions{KubeadmConfig: tc.config}, target: &release.Release{Version: v}, res: &ApplyResult{}, dry: tc.dry, log: slog.New(slog.DiscardHandler)}
-		args, err := r.kubeadmArgs(context.Background(), &nodeops.Ops{Node: node, Name: "cp-1"}, tc.verb)
+		r := &driver.Run{KubeadmConfig: tc.config, Target: &release.Release{Version: v}, Dry: tc.dry, Log: slog.New(slog.DiscardHandler), Fx: &drivertest.Effects{}}
+		args, err := kubeadmArgs(context.Background(), r, &nodeops.Ops{Node: node, Name: "cp-1"}, tc.verb)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := strings.Join(args, " ")
 		if tc.config != nil {
-			data, at, _ := tc.config.ForNode(KubeadmRunDir, tc.patches)
+			data, at, _ := tc.config.ForNode(RunDir, tc.patches)
 			got = strings.ReplaceAll(got, at, "CONFIG")
 			put, uploaded := node.Uploaded(at)
-			if tc.dry == uploaded || (uploaded && string(put) != string(data)) || (tc.patches && !strings.Contains(string(data), kubeadm.PatchesDir)) {
+			if tc.dry == uploaded || (uploaded && string(put) != string(data)) || (tc.patches && !strings.Contains(string(data), kadm.PatchesDir)) {
 				t.Errorf("%s (patches %v, dry run %v): on the node at %s: %q (uploaded %v)", tc.verb, tc.patches, tc.dry, at, put, uploaded)
 			}
 		}
@@ -507,13 +501,14 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 			v, _ := catalog.ParseVersion("v1.31.4")
 			started0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 			target := kubeadmTarget(v)
-			r := &applyRun{client: fake.NewClientset(objs...), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
-				wait:  waiter.Waiter{Clock: steppingClock(t, 2*time.Second)},
-				opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, StageDir: release.DefaultStageDir, Now: func() time.Time { return started0 }}},
-				plan:  &preflight.Plan{From: []string{"v1.31.3"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
-				view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.3"}}}},
-				state: &record.Upgrade{Started: started0}, tgts: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
-			if err := (kubeadmDriver{}).Upgrade(context.Background(), r, "cp-1", target); err != nil {
+			r := &driver.Run{Client: fake.NewClientset(objs...), Target: target, Log: slog.New(slog.DiscardHandler),
+				Wait:         waiter.Waiter{Clock: drivertest.SteppingClock(t, 2*time.Second)},
+				ReadyTimeout: time.Minute, StageDir: release.DefaultStageDir, Now: func() time.Time { return started0 }, Started: started0.Unix(),
+				Fx:        &drivertest.Effects{Nodes: map[string]nodeaccess.Node{"cp-1": node}, StageDir: release.DefaultStageDir},
+				Plan:      &preflight.Plan{From: []string{"v1.31.3"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}},
+				Facts:     map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.3"}}},
+				Addresses: map[string]nodeaccess.Address{"cp-1": {Name: "cp-1", Role: release.RoleControlPlane}}}
+			if err := (Driver{}).Upgrade(context.Background(), r, "cp-1", target); err != nil {
 				t.Fatal(err)
 			}
 			want := fmt.Sprintf("upgrade-apply-v1.31.4-%d", started0.Unix())

@@ -1,4 +1,4 @@
-package inplace
+package kubeadm
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
@@ -21,8 +22,8 @@ import (
 // staticVersions are the versions the node's control-plane static pods
 // run, read from their mirror pods (component=NAME, the image's tag), for
 // those Running and Ready only; a tag that does not parse is refused.
-func (r *applyRun) staticVersions(ctx context.Context, node string) (map[string]string, error) {
-	pods, err := r.controlPlanePods(ctx, node)
+func staticVersions(ctx context.Context, r *driver.Run, node string) (map[string]string, error) {
+	pods, err := controlPlanePods(ctx, r, node)
 	if err != nil {
 		return nil, err
 	}
@@ -40,8 +41,8 @@ func (r *applyRun) staticVersions(ctx context.Context, node string) (map[string]
 }
 
 // controlPlanePods lists the mirror pods of node's static control plane.
-func (r *applyRun) controlPlanePods(ctx context.Context, node string) ([]corev1.Pod, error) {
-	pods, err := r.client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, LabelSelector: "tier=control-plane"})
+func controlPlanePods(ctx context.Context, r *driver.Run, node string) ([]corev1.Pod, error) {
+	pods, err := r.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node, LabelSelector: "tier=control-plane"})
 	if err != nil {
 		return nil, fmt.Errorf("node %s: list its control-plane pods: %w", node, err)
 	}
@@ -59,10 +60,10 @@ func allAt(at map[string]string, to string) bool {
 
 // waitStaticAt waits until the node's control-plane static pods run the
 // target and are Ready, and its API server answers /readyz.
-func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeops.Ops, to string) error {
-	defer r.timed(&r.res.Waiting)()
-	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
-		at, err := r.staticVersions(ctx, o.Name)
+func waitStaticAt(ctx context.Context, r *driver.Run, o *nodeops.Ops, to string) error {
+	defer r.Fx.Timed()()
+	err := r.Wait.Poll(ctx, time.Second, r.ReadyTimeout, func(ctx context.Context) error {
+		at, err := staticVersions(ctx, r, o.Name)
 		if err != nil {
 			return err
 		}
@@ -71,13 +72,13 @@ func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeops.Ops, to string) 
 				return fmt.Errorf("%s runs %q (or is not Ready), want %s", c, at[c], to)
 			}
 		}
-		if r.opts.Plan.REST != nil {
-			return preflight.Readyz(ctx, r.opts.Plan.REST, r.tgts[o.Name].Address)
+		if r.REST != nil {
+			return preflight.Readyz(ctx, r.REST, r.Addresses[o.Name].Address)
 		}
 		return nil
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("node %s: the control plane is not Ready at %s within %s: %w", o.Name, to, r.opts.ReadyTimeout, err)
+		return fmt.Errorf("node %s: the control plane is not Ready at %s within %s: %w", o.Name, to, r.ReadyTimeout, err)
 	}
 	return err
 }
@@ -86,14 +87,14 @@ func (r *applyRun) waitStaticAt(ctx context.Context, o *nodeops.Ops, to string) 
 // DaemonSet's pods all updated and available, and so CoreDNS's
 // Deployment; before that, a kubelet swap would see kube-proxy's
 // containers replaced by the rollout and take it for a restart.
-func (r *applyRun) waitAddons(ctx context.Context) error {
-	if r.dry {
-		r.would("", "wait for kubeadm's addons (kube-proxy, CoreDNS) to roll out", "")
+func waitAddons(ctx context.Context, r *driver.Run) error {
+	if r.Dry {
+		r.Fx.Would("", "wait for kubeadm's addons (kube-proxy, CoreDNS) to roll out", "")
 		return nil
 	}
-	defer r.timed(&r.res.Waiting)()
-	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
-		ds, err := r.client.AppsV1().DaemonSets(metav1.NamespaceSystem).Get(ctx, "kube-proxy", metav1.GetOptions{})
+	defer r.Fx.Timed()()
+	err := r.Wait.Poll(ctx, time.Second, r.ReadyTimeout, func(ctx context.Context) error {
+		ds, err := r.Client.AppsV1().DaemonSets(metav1.NamespaceSystem).Get(ctx, "kube-proxy", metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
@@ -103,7 +104,7 @@ func (r *applyRun) waitAddons(ctx context.Context) error {
 				return errors.New(why)
 			}
 		}
-		dep, err := r.client.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{})
+		dep, err := r.Client.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
@@ -116,7 +117,7 @@ func (r *applyRun) waitAddons(ctx context.Context) error {
 		return nil
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("kubeadm's addons did not roll out within %s: %w", r.opts.ReadyTimeout, err)
+		return fmt.Errorf("kubeadm's addons did not roll out within %s: %w", r.ReadyTimeout, err)
 	}
 	return err
 }
@@ -148,22 +149,22 @@ func deploymentRolling(d *appsv1.Deployment) string {
 // control plane was put back (a failed kubeadm run), a lease renewed by
 // the process that was replaced still looks live while the new one waits
 // for it to expire.
-func (r *applyRun) waitLeaders(ctx context.Context) error {
-	if r.dry {
-		r.would("", "wait for the controller manager and scheduler to lead from the processes that run now", "")
+func waitLeaders(ctx context.Context, r *driver.Run) error {
+	if r.Dry {
+		r.Fx.Would("", "wait for the controller manager and scheduler to lead from the processes that run now", "")
 		return nil
 	}
-	defer r.timed(&r.res.Waiting)()
-	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+	defer r.Fx.Timed()()
+	err := r.Wait.Poll(ctx, time.Second, r.ReadyTimeout, func(ctx context.Context) error {
 		for _, comp := range []string{"kube-controller-manager", "kube-scheduler"} {
-			if why := r.leadsNow(ctx, comp); why != "" {
+			if why := leadsNow(ctx, r, comp); why != "" {
 				return errors.New(why)
 			}
 		}
 		return nil
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("the control plane has no live leaders within %s: %w", r.opts.ReadyTimeout, err)
+		return fmt.Errorf("the control plane has no live leaders within %s: %w", r.ReadyTimeout, err)
 	}
 	return err
 }
@@ -171,8 +172,8 @@ func (r *applyRun) waitLeaders(ctx context.Context) error {
 // leadsNow says why comp does not lead from a process that runs now, or
 // "" when it does. Its lease's holder is NODE_ID (the static pod's host
 // name); a holder of another form is taken at its lease's word.
-func (r *applyRun) leadsNow(ctx context.Context, comp string) string {
-	l, err := r.client.CoordinationV1().Leases(metav1.NamespaceSystem).Get(ctx, comp, metav1.GetOptions{})
+func leadsNow(ctx context.Context, r *driver.Run, comp string) string {
+	l, err := r.Client.CoordinationV1().Leases(metav1.NamespaceSystem).Get(ctx, comp, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Sprintf("lease kube-system/%s: %v", comp, err)
 	}
@@ -184,7 +185,7 @@ func (r *applyRun) leadsNow(ctx context.Context, comp string) string {
 	if !ok {
 		return ""
 	}
-	p, err := r.client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, comp+"-"+node, metav1.GetOptions{})
+	p, err := r.Client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, comp+"-"+node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return "" // not a static pod of this name: the lease's word
 	}
