@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/drain"
 	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
@@ -145,8 +146,8 @@ func (opts *ApplyOptions) defaults() error {
 	return nil
 }
 
-// applyRun is one Apply: what every step shares.
-type applyRun struct {
+// upgradeRun is one Apply or Rollback: what every step shares.
+type upgradeRun struct {
 	opts   ApplyOptions
 	client kubernetes.Interface
 	log    *slog.Logger
@@ -155,7 +156,7 @@ type applyRun struct {
 	view   *preflight.View
 	tgts   map[string]nodeaccess.Address
 	state  *record.Upgrade
-	watch  *nodeWatch
+	watch  *cluster.NodeWatch
 	// driver moves the control plane (the cluster's kind).
 	driver driver.ControlPlane
 	// lock is the upgrade lock the run holds (nil in a dry run): every
@@ -172,7 +173,7 @@ type applyRun struct {
 	mu   sync.Mutex // state
 	res  *ApplyResult
 	// events posts Events in the background (nil: at once).
-	events *eventQueue
+	events *record.Events
 	// drainerOnce builds drainer: it cordons, drains and uncordons, and
 	// holds the nodes this run cordoned.
 	drainerOnce sync.Once
@@ -206,7 +207,7 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		return nil, err
 	}
 	p := &opts.Plan
-	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}}
+	r := &upgradeRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}}
 	if !r.dry {
 		lock, err := upgradelock.Acquire(ctx, r.client, opts.Holder, opts.LockDuration, opts.Clock, r.log)
 		if err != nil {
@@ -222,13 +223,13 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		// Deferred in reverse: cordons this run left undone, events posted
 		// and the state written before the lock is released.
 		defer r.startFlushing(ctx)()
-		r.events = newEventQueue(ctx, r.client, r.log)
+		r.events = record.NewEvents(ctx, r.client, r.log)
 		defer func() {
 			wait := 30 * time.Second
 			if ctx.Err() != nil {
 				wait = 3 * time.Second // interrupted: the API may be what failed
 			}
-			r.events.close(wait)
+			r.events.Close(wait)
 		}()
 		defer r.nodes().UncordonLeftovers(ctx)
 	}
@@ -264,7 +265,7 @@ type step struct {
 
 // runbook is the upgrade, in order. Apply walks it forward with do;
 // Rollback walks it backward with undo.
-func (r *applyRun) runbook() []step {
+func (r *upgradeRun) runbook() []step {
 	return []step{
 		{name: "plan", do: r.planStep},
 		{name: "stage", do: r.stageStep},
@@ -286,7 +287,7 @@ func (r *applyRun) runbook() []step {
 }
 
 // would records, in a dry run, a change the run walks past.
-func (r *applyRun) would(node, what, command string) {
+func (r *upgradeRun) would(node, what, command string) {
 	r.mu.Lock()
 	r.res.DryRun = append(r.res.DryRun, Action{Step: r.step, Node: node, What: what, Command: command})
 	r.mu.Unlock()

@@ -12,7 +12,7 @@ import (
 
 // onNode dials a node and runs fn with its operations, from the version
 // its kubelet ran before this upgrade.
-func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Context, *nodeops.Ops) error) error {
+func (r *upgradeRun) onNode(ctx context.Context, name string, fn func(context.Context, *nodeops.Ops) error) error {
 	return r.onNodeFrom(ctx, name, r.onNodeFromVersion(name), fn)
 }
 
@@ -21,7 +21,7 @@ func (r *applyRun) onNode(ctx context.Context, name string, fn func(context.Cont
 // deadline (its API server unreachable) waits up to the lock's duration
 // for one to succeed, then stops: another run may have taken the lock
 // over by then (docs/runbook.md, "The lock").
-func (r *applyRun) fence(ctx context.Context) error {
+func (r *upgradeRun) fence(ctx context.Context) error {
 	if r.lock == nil {
 		return nil
 	}
@@ -32,7 +32,7 @@ func (r *applyRun) fence(ctx context.Context) error {
 // it now), nil otherwise: an undo then leaves the node to that run (it
 // finishes a node from its in-flight record) instead of writing over
 // what it may be doing.
-func (r *applyRun) lostForGood() error {
+func (r *upgradeRun) lostForGood() error {
 	if r.lock == nil {
 		return nil
 	}
@@ -41,17 +41,17 @@ func (r *applyRun) lostForGood() error {
 
 // onNodeFromVersion is the version node upgrades from: its kubelet's
 // before this upgrade.
-func (r *applyRun) onNodeFromVersion(name string) string {
+func (r *upgradeRun) onNodeFromVersion(name string) string {
 	return r.driverRun().NodeFrom(name, r.nodeState(name))
 }
 
 // onNodeFrom is onNode with the old version given.
-func (r *applyRun) onNodeFrom(ctx context.Context, name, from string, fn func(context.Context, *nodeops.Ops) error) error {
+func (r *upgradeRun) onNodeFrom(ctx context.Context, name, from string, fn func(context.Context, *nodeops.Ops) error) error {
 	return r.onNodeTo(ctx, name, from, r.target.Version.String(), fn)
 }
 
 // onNodeTo is onNode moving from one given version to another (a hop).
-func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(context.Context, *nodeops.Ops) error) error {
+func (r *upgradeRun) onNodeTo(ctx context.Context, name, from, to string, fn func(context.Context, *nodeops.Ops) error) error {
 	if _, err := catalog.ParseReported(from); err != nil {
 		return fmt.Errorf("node %s: the version it upgrades from: %w", name, err)
 	}
@@ -82,7 +82,7 @@ func (r *applyRun) onNodeTo(ctx context.Context, name, from, to string, fn func(
 	return fn(ctx, o)
 }
 
-func (r *applyRun) nodeState(name string) *preflight.NodeState {
+func (r *upgradeRun) nodeState(name string) *preflight.NodeState {
 	r.indexOnce.Do(func() {
 		r.stateIdx = make(map[string]int, len(r.plan.Nodes))
 		for i := range r.plan.Nodes {
@@ -95,6 +95,6 @@ func (r *applyRun) nodeState(name string) *preflight.NodeState {
 	return nil
 }
 
-func (r *applyRun) fileSHA(name, arch string) string {
+func (r *upgradeRun) fileSHA(name, arch string) string {
 	return r.driverRun().FileSHA(name, arch)
 }

@@ -23,7 +23,7 @@ import (
 
 // planStep builds the plan and refuses on blocking findings apply does
 // not resolve itself.
-func (r *applyRun) planStep(ctx context.Context) error {
+func (r *upgradeRun) planStep(ctx context.Context) error {
 	v, err := preflight.Read(ctx, r.opts.Plan)
 	if err != nil {
 		return err
@@ -98,7 +98,7 @@ func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string
 
 // resolves says apply itself fixes a blocking finding, or it is about a
 // worker this run leaves alone.
-func (r *applyRun) resolves(f preflight.Finding) bool {
+func (r *upgradeRun) resolves(f preflight.Finding) bool {
 	if f.Check == preflight.CheckValues {
 		return false // never ignored, whatever the node: nothing runs on values that did not parse
 	}
@@ -129,7 +129,7 @@ func (r *applyRun) resolves(f preflight.Finding) bool {
 
 // selected: the node's kubelet moves in this run (control-plane nodes and
 // the chosen workers).
-func (r *applyRun) selected(name string) bool {
+func (r *upgradeRun) selected(name string) bool {
 	if len(r.opts.Nodes) == 0 && r.opts.Selector == nil {
 		return true
 	}
@@ -147,7 +147,7 @@ func (r *applyRun) selected(name string) bool {
 // kubelift's in-flight record or cordon, and the record of an upgrade to
 // the target says it completed (a run that died after the last swap, or
 // before its last step, is finished, not taken for done).
-func (r *applyRun) done(ctx context.Context) (bool, error) {
+func (r *upgradeRun) done(ctx context.Context) (bool, error) {
 	to := r.target.Version.String()
 	for i := range r.view.Nodes {
 		a := r.view.Nodes[i].Annotations
@@ -183,7 +183,7 @@ func (r *applyRun) done(ctx context.Context) (bool, error) {
 
 // allAtTarget: every selected node's kubelet and every control-plane
 // component run the target.
-func (r *applyRun) allAtTarget() bool {
+func (r *upgradeRun) allAtTarget() bool {
 	to := r.target.Version.String()
 	for _, n := range r.plan.Nodes {
 		if !r.nodeAtTarget(n) && r.selected(n.Name) {
@@ -200,7 +200,7 @@ func (r *applyRun) allAtTarget() bool {
 
 // nodeAtTarget: the node's kubelet runs the target, and so does its
 // kube-proxy unit when it has one and the bundle carries kube-proxy.
-func (r *applyRun) nodeAtTarget(n preflight.NodeState) bool {
+func (r *upgradeRun) nodeAtTarget(n preflight.NodeState) bool {
 	to := r.target.Version.String()
 	if n.Kubelet != to {
 		return false
@@ -212,7 +212,7 @@ func (r *applyRun) nodeAtTarget(n preflight.NodeState) bool {
 	return true
 }
 
-func (r *applyRun) stageStep(ctx context.Context) error {
+func (r *upgradeRun) stageStep(ctx context.Context) error {
 	var missing []nodeaccess.Address
 	for _, n := range r.plan.Nodes {
 		// The plan reads what is staged of the target only: with hops, a
@@ -254,7 +254,7 @@ func (r *applyRun) stageStep(ctx context.Context) error {
 // recordStep starts (or continues) the state record: an upgrade to
 // another version, a completed one and a rolled-back one start afresh (a
 // new etcd snapshot among them).
-func (r *applyRun) recordStep(ctx context.Context) error {
+func (r *upgradeRun) recordStep(ctx context.Context) error {
 	s, err := record.Read(ctx, r.client)
 	if err != nil {
 		return err

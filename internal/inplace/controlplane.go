@@ -16,7 +16,7 @@ import (
 
 // etcdStep snapshots etcd before the control plane is touched (the
 // driver says how).
-func (r *applyRun) etcdStep(ctx context.Context) error {
+func (r *upgradeRun) etcdStep(ctx context.Context) error {
 	if r.opts.SkipEtcdBackup || r.state.Backup != "" {
 		return nil
 	}
@@ -36,7 +36,7 @@ func (r *applyRun) etcdStep(ctx context.Context) error {
 }
 
 // controlPlaneDone: every control-plane part runs the target.
-func (r *applyRun) controlPlaneDone() bool {
+func (r *upgradeRun) controlPlaneDone() bool {
 	to := r.target.Version.String()
 	for i := range r.plan.Nodes {
 		n := &r.plan.Nodes[i]
@@ -54,7 +54,7 @@ func (r *applyRun) controlPlaneDone() bool {
 // control-plane node at a hop before any moves past it: the API servers
 // never more than one minor apart), then to the target. The kubelets stay
 // where they are meanwhile, within the skew the bundle was made for.
-func (r *applyRun) controlPlaneStep(ctx context.Context) error {
+func (r *upgradeRun) controlPlaneStep(ctx context.Context) error {
 	if err := r.setState(ctx, record.StateUpgradingControlPlane); err != nil {
 		return err
 	}
@@ -85,7 +85,7 @@ func (r *applyRun) controlPlaneStep(ctx context.Context) error {
 // rollback restores comp (a kubelet or kube-proxy) after a failed swap
 // and waits for the old version; a kubelet's node must be Ready there,
 // and is uncordoned. It returns the original failure.
-func (r *applyRun) rollback(ctx context.Context, o *nodeops.Ops, comp string, cause error) error {
+func (r *upgradeRun) rollback(ctx context.Context, o *nodeops.Ops, comp string, cause error) error {
 	if err := driver.PutBack(ctx, r.driverRun(), o, comp, cause); err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ func (r *applyRun) rollback(ctx context.Context, o *nodeops.Ops, comp string, ca
 	}
 	ctx = context.WithoutCancel(ctx)
 	if r.watch != nil {
-		if err := r.watch.until(ctx, o.Name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+		if err := r.watch.Until(ctx, o.Name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 			return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == o.From
 		}); err != nil {
 			return fmt.Errorf("%w; after rollback node %s not Ready at %s: %w", cause, o.Name, o.From, err)

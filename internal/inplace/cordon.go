@@ -10,7 +10,7 @@ import (
 )
 
 // nodes is the run's drainer, built on first use.
-func (r *applyRun) nodes() *drain.Drainer {
+func (r *upgradeRun) nodes() *drain.Drainer {
 	r.drainerOnce.Do(func() {
 		r.drainer = &drain.Drainer{Client: r.client, Log: r.log, Timeout: r.opts.DrainTimeout, Event: r.event, Lost: r.lostForGood, Dry: r.dry,
 			// A node this run did not cordon is judged by the run's Node
@@ -20,17 +20,17 @@ func (r *applyRun) nodes() *drain.Drainer {
 				if r.watch == nil {
 					return nil, errNoWatch
 				}
-				return r.watch.lister(name)
+				return r.watch.Cached(name)
 			}}
 	})
 	return r.drainer
 }
 
 // drain cordons the node and evicts its pods (drain.Drainer.Drain).
-func (r *applyRun) drain(ctx context.Context, name string) error { return r.nodes().Drain(ctx, name) }
+func (r *upgradeRun) drain(ctx context.Context, name string) error { return r.nodes().Drain(ctx, name) }
 
 // uncordon undoes a cordon of kubelift's, none other.
-func (r *applyRun) uncordon(ctx context.Context, name string) error {
+func (r *upgradeRun) uncordon(ctx context.Context, name string) error {
 	return r.nodes().Uncordon(ctx, name)
 }
 

@@ -25,7 +25,7 @@ func driverFor(v *preflight.View) driver.ControlPlane {
 }
 
 // driverRun is what the drivers read of this run, as it stands now.
-func (r *applyRun) driverRun() *driver.Run {
+func (r *upgradeRun) driverRun() *driver.Run {
 	d := &driver.Run{
 		Client: r.client, REST: r.opts.Plan.REST, Log: r.log, Wait: r.wait,
 		Target: r.target, Plan: r.plan, Addresses: r.tgts,
@@ -45,7 +45,7 @@ func (r *applyRun) driverRun() *driver.Run {
 }
 
 // effects are the run's side of the driver seam.
-type effects struct{ r *applyRun }
+type effects struct{ r *upgradeRun }
 
 func (e effects) OnNode(ctx context.Context, node, from, to string, fn func(context.Context, *nodeops.Ops) error) error {
 	return e.r.onNodeTo(ctx, node, from, to, fn)
@@ -68,6 +68,6 @@ func (e effects) Timed() func()                    { return e.r.timed(&e.r.res.W
 var _ driver.Effects = effects{}
 
 // waitComponent waits for comp to run the version (driver.WaitPart).
-func (r *applyRun) waitComponent(ctx context.Context, o *nodeops.Ops, comp, version string) error {
+func (r *upgradeRun) waitComponent(ctx context.Context, o *nodeops.Ops, comp, version string) error {
 	return driver.WaitPart(ctx, r.driverRun(), o, comp, version)
 }

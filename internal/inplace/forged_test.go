@@ -61,7 +61,7 @@ func TestPlanBlocksOnForgedValues(t *testing.T) {
 	if p.Findings[0].Check != "values" {
 		t.Errorf("values findings are not listed first: %+v", p.Findings[0])
 	}
-	r := &applyRun{opts: ApplyOptions{Ignore: []preflight.Check{preflight.CheckValues}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Address{"worker-2": preflighttest.Address("worker-2", release.RoleWorker)}}
+	r := &upgradeRun{opts: ApplyOptions{Ignore: []preflight.Check{preflight.CheckValues}, Nodes: []string{"worker-1"}}, tgts: map[string]nodeaccess.Address{"worker-2": preflighttest.Address("worker-2", release.RoleWorker)}}
 	for _, f := range preflighttest.Only(p, "values") {
 		if r.resolves(f) {
 			t.Errorf("apply would pass %+v", f)

@@ -117,7 +117,7 @@ var ErrWorkloadsUnavailable = errors.New("workloads not fully available again")
 
 // gateSnapshot is the workloads fully available now (none without the
 // gate).
-func (r *applyRun) gateSnapshot(pods map[types.UID]podInfo) (map[string]int64, error) {
+func (r *upgradeRun) gateSnapshot(pods map[types.UID]podInfo) (map[string]int64, error) {
 	if r.workloads == nil {
 		return nil, nil
 	}
@@ -126,7 +126,7 @@ func (r *applyRun) gateSnapshot(pods map[types.UID]podInfo) (map[string]int64, e
 
 // gate waits, at most the health window, until every workload of before
 // that still exists is fully available again.
-func (r *applyRun) gate(ctx context.Context, node string, before map[string]int64) error {
+func (r *upgradeRun) gate(ctx context.Context, node string, before map[string]int64) error {
 	if r.workloads == nil || len(before) == 0 {
 		return nil
 	}

@@ -178,7 +178,7 @@ func TestBinaryDriverThroughHops(t *testing.T) {
 	for _, c := range release.ControlPlaneFiles {
 		nodes[0].Components[c] = "v1.30.14"
 	}
-	r := &applyRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
+	r := &upgradeRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
 		opts: ApplyOptions{ReadyTimeout: time.Minute, BackupDir: "/var/lib/kubelift/backup",
 			Plan: preflight.PlanOptions{Connector: fakeConnector{node}, StageDir: "/var/lib/kubelift/staged", Now: time.Now}},
 		plan:  &preflight.Plan{From: []string{"v1.30.14"}, Nodes: nodes},
@@ -255,7 +255,7 @@ func TestBinaryDriverPatchDowngrade(t *testing.T) {
 	for _, c := range release.ControlPlaneFiles {
 		nodes[0].Components[c] = "v1.31.4"
 	}
-	r := &applyRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
+	r := &upgradeRun{client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler), res: &ApplyResult{},
 		opts:  ApplyOptions{ReadyTimeout: time.Minute, Plan: preflight.PlanOptions{Connector: fakeConnector{node}, Now: time.Now}},
 		plan:  &preflight.Plan{From: []string{"v1.31.4"}, Nodes: nodes},
 		view:  &preflight.View{Facts: map[string]*nodefacts.Facts{"cp-1": {Components: map[string]string{"kubelet": "v1.31.4"}}}},

@@ -41,7 +41,7 @@ func inFlightPods(f *record.InFlight) map[types.UID]podInfo {
 
 // markInFlight writes the annotation on node before its kubelet is
 // swapped.
-func (r *applyRun) markInFlight(ctx context.Context, node string, f *record.InFlight) error {
+func (r *upgradeRun) markInFlight(ctx context.Context, node string, f *record.InFlight) error {
 	value, err := f.Encode()
 	if err != nil {
 		return err
@@ -62,7 +62,7 @@ func (r *applyRun) markInFlight(ctx context.Context, node string, f *record.InFl
 
 // clearInFlight removes the record from node: the node is left at the
 // target as it is (a later run does not verify it again).
-func (r *applyRun) clearInFlight(ctx context.Context, node string) error {
+func (r *upgradeRun) clearInFlight(ctx context.Context, node string) error {
 	patch, err := annotationsPatch(map[string]any{record.AnnotationInFlight: nil})
 	if err != nil {
 		return err
@@ -75,7 +75,7 @@ func (r *applyRun) clearInFlight(ctx context.Context, node string) error {
 
 // inFlightOf is the record a run left on node, as the plan read the Node
 // (nil when there is none).
-func (r *applyRun) inFlightOf(node string) (*record.InFlight, error) {
+func (r *upgradeRun) inFlightOf(node string) (*record.InFlight, error) {
 	n := r.view.Node(node)
 	if n == nil {
 		return nil, nil

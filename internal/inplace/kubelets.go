@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
@@ -29,7 +30,7 @@ import (
 
 // kubeletsStep moves kubelets once every API server runs the target:
 // control-plane nodes one at a time, then workers in their Window.
-func (r *applyRun) kubeletsStep(ctx context.Context) error {
+func (r *upgradeRun) kubeletsStep(ctx context.Context) error {
 	to := r.target.Version.String()
 	for _, n := range r.plan.Nodes {
 		if n.Role != release.RoleControlPlane || r.dry { // a dry run moved no API server
@@ -52,11 +53,11 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 		return err
 	}
 	if !r.dry {
-		w, err := watchNodes(ctx, r.client, r.wait)
+		w, err := cluster.WatchNodes(ctx, r.client, r.wait)
 		if err != nil {
 			return err
 		}
-		defer w.close()
+		defer w.Close()
 		r.watch = w
 		if !r.opts.Plan.NoWorkloadGate {
 			ww, err := watchWorkloads(ctx, r.client)
@@ -91,7 +92,7 @@ func (r *applyRun) kubeletsStep(ctx context.Context) error {
 // window upgrades workers as w says: at most w.Width(done) in flight, a
 // slot freed as soon as a node is done. The first failure stops new
 // nodes; those in flight finish.
-func (r *applyRun) window(ctx context.Context, workers []string, w preflight.Window) error {
+func (r *upgradeRun) window(ctx context.Context, workers []string, w preflight.Window) error {
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -154,7 +155,7 @@ func (r *applyRun) window(ctx context.Context, workers []string, w preflight.Win
 var ErrPanic = errors.New("panic (a bug in kubelift: please report it with the log)")
 
 // recovered is the error of a panic p on node; the stack goes to the log.
-func (r *applyRun) recovered(node string, p any) error {
+func (r *upgradeRun) recovered(node string, p any) error {
 	r.log.Error("panic", "node", node, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 	return fmt.Errorf("node %s: %w: %v", node, ErrPanic, p)
 }
@@ -163,7 +164,7 @@ func (r *applyRun) recovered(node string, p any) error {
 // panic that escapes it (from its own error path) is recorded as the
 // node's failure instead of ending the process with the lock held and
 // the node cordoned.
-func (r *applyRun) upgradeKubeletRecovered(ctx context.Context, name string) (err error) {
+func (r *upgradeRun) upgradeKubeletRecovered(ctx context.Context, name string) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = r.recovered(name, p)
@@ -177,7 +178,7 @@ func (r *applyRun) upgradeKubeletRecovered(ctx context.Context, name string) (er
 var failedStatus = driver.FailedStatus
 
 // timed adds the time until the returned func is called to *sum.
-func (r *applyRun) timed(sum *float64) func() {
+func (r *upgradeRun) timed(sum *float64) func() {
 	began := r.wait.Now()
 	return func() {
 		r.mu.Lock()
@@ -186,7 +187,7 @@ func (r *applyRun) timed(sum *float64) func() {
 	}
 }
 
-func (r *applyRun) eraOf(v string) (string, error) {
+func (r *upgradeRun) eraOf(v string) (string, error) {
 	pv, err := catalog.ParseVersion(v)
 	if err != nil {
 		return "", err
@@ -201,7 +202,7 @@ func (r *applyRun) eraOf(v string) (string, error) {
 // so starts them anew; each that ran before must run again, recreated
 // (a mirror pod naming a new static UID, Running, with as many containers
 // of new IDs running as before) within the Ready timeout.
-func (r *applyRun) verify(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container, podsBefore map[types.UID]podInfo) error {
+func (r *upgradeRun) verify(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container, podsBefore map[types.UID]podInfo) error {
 	after, err := o.Containers(ctx)
 	if err != nil {
 		return err
@@ -281,7 +282,7 @@ type staticPod struct {
 // mirror pod names a static UID other than before and is Running, and at
 // least as many of its containers run as before, none of them one that
 // ran before.
-func (r *applyRun) waitStatic(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container, static map[string]*staticPod) error {
+func (r *upgradeRun) waitStatic(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container, static map[string]*staticPod) error {
 	return r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
 		pods, err := r.podsOn(ctx, o.Name)
 		if err != nil {
@@ -357,7 +358,7 @@ func (p podInfo) ended() bool { return p.phase == corev1.PodFailed || p.phase ==
 // An API server that cannot be reached or answer for a while (one
 // restarting: on a kubeadm control-plane node, the node's own) is waited
 // for, up to ReadyTimeout; an answer that refuses is an error at once.
-func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]podInfo, error) {
+func (r *upgradeRun) podsOn(ctx context.Context, node string) (map[types.UID]podInfo, error) {
 	var l *corev1.PodList
 	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
 		var err error
@@ -385,7 +386,7 @@ func (r *applyRun) podsOn(ctx context.Context, node string) (map[types.UID]podIn
 
 // markDone annotates the Node with the version and bundle it was upgraded
 // to, and records it done.
-func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) error {
+func (r *upgradeRun) markDone(ctx context.Context, name string, attrs ...any) error {
 	to := r.target.Version.String()
 	patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: to, AnnotationBundle: r.target.Record.BundleDigest, record.AnnotationInFlight: nil})
 	if err != nil {
@@ -404,7 +405,7 @@ func (r *applyRun) markDone(ctx context.Context, name string, attrs ...any) erro
 	return nil
 }
 
-func (r *applyRun) completeStep(ctx context.Context) error {
+func (r *upgradeRun) completeStep(ctx context.Context) error {
 	for _, n := range r.plan.Nodes {
 		if !r.selected(n.Name) && n.Kubelet != r.target.Version.String() {
 			r.log.Info("left for a later apply", "node", n.Name)

@@ -52,11 +52,11 @@ type nodeStep struct {
 // kubeletSteps is one node's kubelet upgrade, in the runbook's order:
 // before the swap, what the node must be held to after it; after it,
 // whether it is.
-func (r *applyRun) kubeletSteps() []nodeStep {
+func (r *upgradeRun) kubeletSteps() []nodeStep {
 	return append(r.beforeSwapSteps(), r.afterSwapSteps()...)
 }
 
-func (r *applyRun) beforeSwapSteps() []nodeStep {
+func (r *upgradeRun) beforeSwapSteps() []nodeStep {
 	return []nodeStep{
 		{name: "pre-hook", do: r.preHook, would: r.wouldHook("pre")},
 		{name: "announce", do: r.announceKubelet},
@@ -84,7 +84,7 @@ func (r *applyRun) beforeSwapSteps() []nodeStep {
 	}
 }
 
-func (r *applyRun) afterSwapSteps() []nodeStep {
+func (r *upgradeRun) afterSwapSteps() []nodeStep {
 	return []nodeStep{
 		{name: "wait Ready", do: r.waitKubeletReady, rollsBack: true, would: func(k *kubeletRun) string {
 			return fmt.Sprintf("wait for the node Ready at %s, settle %s, verify the same containers run and no pod is lost, and (unless --no-workload-gate) the workloads fully available before are again within %s; roll back on failure", k.to, r.opts.Settle, r.opts.Plan.HealthWindow)
@@ -105,7 +105,7 @@ func silent(*kubeletRun) string { return "" }
 
 // walk runs steps in order on k's node: in a dry run, a step with would
 // records what it would do instead.
-func (r *applyRun) walk(ctx context.Context, k *kubeletRun, steps []nodeStep) error {
+func (r *upgradeRun) walk(ctx context.Context, k *kubeletRun, steps []nodeStep) error {
 	for _, s := range steps {
 		if r.dry && s.would != nil {
 			if what := s.would(k); what != "" {
@@ -127,7 +127,7 @@ func (r *applyRun) walk(ctx context.Context, k *kubeletRun, steps []nodeStep) er
 // kubelet runs the target already is finished: from its Ready wait on,
 // with what a run that swapped it and died recorded on the Node, else
 // only waited for, its kube-proxy moved, uncordoned and marked done.
-func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
+func (r *upgradeRun) upgradeKubelet(ctx context.Context, name string) error {
 	k := &kubeletRun{name: name, to: r.target.Version.String(), began: r.wait.Now()}
 	err := r.onNode(ctx, name, func(ctx context.Context, o *nodeops.Ops) (err error) {
 		k.o = o
@@ -185,10 +185,10 @@ func (r *applyRun) upgradeKubelet(ctx context.Context, name string) error {
 
 // alreadyThereSteps finish a node whose kubelet runs the target with no
 // run's record of its swap: nothing to verify it against.
-func (r *applyRun) alreadyThereSteps() []nodeStep {
+func (r *upgradeRun) alreadyThereSteps() []nodeStep {
 	return []nodeStep{
 		{name: "wait Ready", do: func(ctx context.Context, k *kubeletRun) error {
-			if err := r.watch.until(ctx, k.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+			if err := r.watch.Until(ctx, k.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 				return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == k.to
 			}); err != nil {
 				return fmt.Errorf("node %s: kubelet %s already, but not Ready: %w", k.name, k.to, err)
@@ -202,7 +202,7 @@ func (r *applyRun) alreadyThereSteps() []nodeStep {
 }
 
 // wouldHook says, in a dry run, that the hook of when would run.
-func (r *applyRun) wouldHook(when string) func(*kubeletRun) string {
+func (r *upgradeRun) wouldHook(when string) func(*kubeletRun) string {
 	return func(*kubeletRun) string {
 		if r.opts.Hook == nil {
 			return ""
@@ -211,7 +211,7 @@ func (r *applyRun) wouldHook(when string) func(*kubeletRun) string {
 	}
 }
 
-func (r *applyRun) preHook(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) preHook(ctx context.Context, k *kubeletRun) error {
 	if r.opts.Hook == nil {
 		return nil
 	}
@@ -221,7 +221,7 @@ func (r *applyRun) preHook(ctx context.Context, k *kubeletRun) error {
 	return nil
 }
 
-func (r *applyRun) postHook(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) postHook(ctx context.Context, k *kubeletRun) error {
 	if r.opts.Hook == nil {
 		return nil
 	}
@@ -232,13 +232,13 @@ func (r *applyRun) postHook(ctx context.Context, k *kubeletRun) error {
 }
 
 // announceKubelet records the node upgrading, and says so in an Event.
-func (r *applyRun) announceKubelet(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) announceKubelet(ctx context.Context, k *kubeletRun) error {
 	r.setNode(ctx, k.name, record.NodeUpgrading, "kubelet", nil)
 	r.event(ctx, k.name, "UpgradingKubelet", fmt.Sprintf("kubelift: kubelet %s -> %s", k.o.From, k.to))
 	return nil
 }
 
-func (r *applyRun) drainNode(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) drainNode(ctx context.Context, k *kubeletRun) error {
 	if !r.opts.Drain {
 		return nil
 	}
@@ -247,7 +247,7 @@ func (r *applyRun) drainNode(ctx context.Context, k *kubeletRun) error {
 
 // backUpAndRecord backs the kubelet up and, meanwhile, records the
 // node's containers (over a second SSH session) and pods (from the API).
-func (r *applyRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
 	type podsResult struct {
 		pods map[types.UID]podInfo
 		err  error
@@ -293,7 +293,7 @@ func (r *applyRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
 
 // hashSkip writes the hash-skip file when the hash era changes and the
 // bundled kubelet reads it.
-func (r *applyRun) hashSkip(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) hashSkip(ctx context.Context, k *kubeletRun) error {
 	if !r.target.Manifest.KubeletHashSkip(release.ArchOr(k.arch)) {
 		return nil
 	}
@@ -309,7 +309,7 @@ func (r *applyRun) hashSkip(ctx context.Context, k *kubeletRun) error {
 
 // swapKubelet puts the staged kubelet in place and restarts it, once the
 // run still holds the lock; a failed swap is rolled back.
-func (r *applyRun) swapKubelet(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) swapKubelet(ctx context.Context, k *kubeletRun) error {
 	if err := r.fence(ctx); err != nil {
 		return fmt.Errorf("node %s: kubelet not swapped: %w", k.name, err)
 	}
@@ -321,9 +321,9 @@ func (r *applyRun) swapKubelet(ctx context.Context, k *kubeletRun) error {
 	return nil
 }
 
-func (r *applyRun) waitKubeletReady(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) waitKubeletReady(ctx context.Context, k *kubeletRun) error {
 	stopWait := r.timed(&r.res.Waiting)
-	err := r.watch.until(ctx, k.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+	err := r.watch.Until(ctx, k.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 		return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == k.to
 	})
 	stopWait()
@@ -335,7 +335,7 @@ func (r *applyRun) waitKubeletReady(ctx context.Context, k *kubeletRun) error {
 }
 
 // settleKubelet gives the kubelet time to act on every pod.
-func (r *applyRun) settleKubelet(ctx context.Context, _ *kubeletRun) error {
+func (r *upgradeRun) settleKubelet(ctx context.Context, _ *kubeletRun) error {
 	stopSettle := r.timed(&r.res.Settling)
 	defer stopSettle()
 	return r.wait.Pause(ctx, r.opts.Settle)
@@ -346,7 +346,7 @@ func (r *applyRun) settleKubelet(ctx context.Context, _ *kubeletRun) error {
 // rollback would restart them again) and a resumed node (verified
 // against what ran before the swap of the run this one resumes: much may
 // have changed since), where the kubelet stays and the record is cleared.
-func (r *applyRun) verifyKubelet(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) verifyKubelet(ctx context.Context, k *kubeletRun) error {
 	err := r.verify(ctx, k.o, k.before, k.pods)
 	if err == nil {
 		return nil
@@ -364,7 +364,7 @@ func (r *applyRun) verifyKubelet(ctx context.Context, k *kubeletRun) error {
 }
 
 // markKubeletDone marks the node done, saying where its time went.
-func (r *applyRun) markKubeletDone(ctx context.Context, k *kubeletRun) error {
+func (r *upgradeRun) markKubeletDone(ctx context.Context, k *kubeletRun) error {
 	if r.dry {
 		return r.markDone(ctx, k.name)
 	}

@@ -26,6 +26,7 @@ var rooms = map[string][]string{
 	"preflight":               {"release", "stage"},
 	"preflight/preflighttest": {"preflight", "release"},
 	"compat":                  {"preflight", "release"},
+	"versions":                nil,
 	"driver":                  {"nodeops", "preflight", "record", "release"},
 	"driver/drivertest":       {"driver", "nodeops"},
 	"driver/binary":           {"driver", "nodeops", "preflight", "record", "release"},
@@ -136,7 +137,7 @@ func TestRunbookListsTheNodeSteps(t *testing.T) {
 		}
 	}
 	var names []string
-	for _, s := range (&applyRun{}).kubeletSteps() {
+	for _, s := range (&upgradeRun{}).kubeletSteps() {
 		names = append(names, s.name)
 	}
 	if !slices.Equal(listed, names) {

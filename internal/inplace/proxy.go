@@ -23,7 +23,7 @@ const ProxyHealthz = "http://127.0.0.1:10256/healthz"
 // keeps the Service rules it programmed (they live in the kernel, not in
 // the process), so Service traffic keeps flowing while it restarts; the
 // sandbox's prober measures that.
-func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
+func (r *upgradeRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
 	if !o.HasUnit(release.KubeProxy) {
 		return nil
 	}
@@ -83,7 +83,7 @@ func (r *applyRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
 
 // waitProxy waits for kube-proxy to run the target and, when healthy is
 // set, its health endpoint to answer 200 (rules synced).
-func (r *applyRun) waitProxy(ctx context.Context, o *nodeops.Ops, healthy bool) error {
+func (r *upgradeRun) waitProxy(ctx context.Context, o *nodeops.Ops, healthy bool) error {
 	if err := r.waitComponent(ctx, o, release.KubeProxy, o.To); err != nil {
 		return err
 	}
@@ -111,6 +111,6 @@ func (r *applyRun) waitProxy(ctx context.Context, o *nodeops.Ops, healthy bool) 
 
 // rollbackProxy puts the old kube-proxy back after a failed swap; the
 // kubelet stays at the target (the skew allows it).
-func (r *applyRun) rollbackProxy(ctx context.Context, o *nodeops.Ops, cause error) error {
+func (r *upgradeRun) rollbackProxy(ctx context.Context, o *nodeops.Ops, cause error) error {
 	return r.rollback(ctx, o, release.KubeProxy, fmt.Errorf("kube-proxy: %w", cause))
 }

@@ -47,7 +47,7 @@ func TestResumedControlPlaneHealth(t *testing.T) {
 			if err != nil || (len(in) > 0) != tc.resumes {
 				t.Fatalf("controlPlaneInFlight = %v, %v; want resuming %v", in, err, tc.resumes)
 			}
-			r := &applyRun{log: slog.New(slog.DiscardHandler), resumingControlPlane: in}
+			r := &upgradeRun{log: slog.New(slog.DiscardHandler), resumingControlPlane: in}
 			for _, f := range []preflight.Finding{lease, apiserver} {
 				if r.resolves(f) != tc.resumes {
 					t.Errorf("%s resolved: %v, want %v", f.Object, !tc.resumes, tc.resumes)
@@ -65,7 +65,7 @@ func TestResumedControlPlaneHealth(t *testing.T) {
 // --restore-labels resolves a readmission finding by its code (labels
 // its node lacks, which it puts back), never one of another kind.
 func TestRestoreLabelsResolvesByCode(t *testing.T) {
-	r := &applyRun{opts: ApplyOptions{RestoreLabels: true}, tgts: map[string]nodeaccess.Address{"worker-1": {Name: "worker-1", Role: release.RoleWorker, Address: "10.0.0.1"}}}
+	r := &upgradeRun{opts: ApplyOptions{RestoreLabels: true}, tgts: map[string]nodeaccess.Address{"worker-1": {Name: "worker-1", Role: release.RoleWorker, Address: "10.0.0.1"}}}
 	missing := preflight.Finding{Severity: preflight.Blocking, Check: preflight.CheckReadmission, Code: preflight.CodeLabelsMissing, Object: "pod/shop/pinned", Node: "worker-1",
 		Message: "the restarted kubelet would reject it (reason NodeAffinity, the pod fails): node worker-1 lacks the label zone=a its nodeSelector requires"}
 	affinity := preflight.Finding{Severity: preflight.Blocking, Check: preflight.CheckReadmission, Object: "pod/shop/affine", Node: "worker-1",

@@ -113,18 +113,18 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	if !opts.DryRun {
 		st.Holder = opts.Holder // the record is this run's now
 	}
-	r := &applyRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{State: st},
+	r := &upgradeRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, view: v, state: st, res: &ApplyResult{State: st},
 		plan: &preflight.Plan{From: []string{from}}, tgts: map[string]nodeaccess.Address{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}, lock: lock}
 	for _, t := range v.Addresses {
 		r.tgts[t.Name] = t
 	}
 	if !r.dry {
 		defer r.startFlushing(ctx)()
-		w, err := watchNodes(ctx, p.Client, r.wait)
+		w, err := cluster.WatchNodes(ctx, p.Client, r.wait)
 		if err != nil {
 			return nil, err
 		}
-		defer w.close()
+		defer w.Close()
 		r.watch = w
 	}
 	r.driver = driverFor(v)
@@ -242,7 +242,7 @@ func nodesAsTheyAre(v *preflight.View) []preflight.NodeState {
 
 // kubeletsUndo puts every kube-proxy unit and kubelet back, workers,
 // then control-plane nodes, and uncordons what a run cordoned.
-func (r *applyRun) kubeletsUndo(ctx context.Context) error {
+func (r *upgradeRun) kubeletsUndo(ctx context.Context) error {
 	for _, role := range []bool{false, true} {
 		for _, n := range r.plan.Nodes {
 			if (n.Role == release.RoleControlPlane) != role {
@@ -271,7 +271,7 @@ func (r *applyRun) kubeletsUndo(ctx context.Context) error {
 // controlPlaneUndo puts each control-plane node's control plane back,
 // through the driver, in the reverse of the order they moved in (the
 // first control plane, where kubeadm's `upgrade apply` ran, last).
-func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
+func (r *upgradeRun) controlPlaneUndo(ctx context.Context) error {
 	for i := len(r.plan.Nodes) - 1; i >= 0; i-- {
 		n := r.plan.Nodes[i]
 		if n.Role != release.RoleControlPlane {
@@ -292,7 +292,7 @@ func (r *applyRun) controlPlaneUndo(ctx context.Context) error {
 }
 
 // recordUndo records the upgrade as rolled back.
-func (r *applyRun) recordUndo(ctx context.Context) error {
+func (r *upgradeRun) recordUndo(ctx context.Context) error {
 	return r.setState(ctx, record.StateRolledBack)
 }
 
@@ -301,7 +301,7 @@ func (r *applyRun) recordUndo(ctx context.Context) error {
 // went to (a part that never moved, or is back already, is left alone),
 // and waits for it; a kubelet's node must be Ready at the old version,
 // and loses kubelift's annotations.
-func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
+func (r *upgradeRun) undoComponent(ctx context.Context, node, comp string) error {
 	from := r.plan.From[0]
 	return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeops.Ops) error {
 		moved, err := driver.UndoPart(ctx, r.driverRun(), o, comp)
@@ -311,7 +311,7 @@ func (r *applyRun) undoComponent(ctx context.Context, node, comp string) error {
 		if comp == "kubelet" && r.dry {
 			r.would(node, "wait for the node Ready at "+from+"; remove kubelift's annotations", "")
 		} else if comp == "kubelet" {
-			if err := r.watch.until(ctx, node, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
+			if err := r.watch.Until(ctx, node, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
 				return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == from
 			}); err != nil {
 				return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)

@@ -22,7 +22,7 @@ import (
 // moved are the parts the step swapped or restored: with those the node
 // ran before, they are the parts that must run (a unit the operator keeps
 // stopped is left so).
-func (r *applyRun) settleControlPlane(ctx context.Context, node, version string, atLeast bool, moved map[string]bool) error {
+func (r *upgradeRun) settleControlPlane(ctx context.Context, node, version string, atLeast bool, moved map[string]bool) error {
 	window := r.opts.Plan.HealthWindow
 	if r.dry {
 		r.would(node, fmt.Sprintf("wait for every control-plane part to run %s (starting one that is down), the controller manager's and scheduler's leases renewed, and each part the same process %s later", version, window), "")
@@ -35,7 +35,7 @@ func (r *applyRun) settleControlPlane(ctx context.Context, node, version string,
 // markMoved records that part comp on node was swapped or restored in
 // this run ("" for the node's control plane as a whole, kubeadm's): the
 // node is settled after its step.
-func (r *applyRun) markMoved(node, comp string) {
+func (r *upgradeRun) markMoved(node, comp string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.moved == nil {
@@ -48,7 +48,7 @@ func (r *applyRun) markMoved(node, comp string) {
 }
 
 // takeMoved is what moved on node since the last call (nil: nothing).
-func (r *applyRun) takeMoved(node string) map[string]bool {
+func (r *upgradeRun) takeMoved(node string) map[string]bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.moved[node]

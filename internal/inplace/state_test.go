@@ -31,7 +31,7 @@ func verbs(c *fake.Clientset) []string {
 func TestNodeUpdatesAreCoalesced(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewSimpleClientset()
-	r := &applyRun{client: c, log: slog.New(slog.DiscardHandler), tgts: map[string]nodeaccess.Address{}, state: &record.Upgrade{State: record.StateUpgradingKubelets}}
+	r := &upgradeRun{client: c, log: slog.New(slog.DiscardHandler), tgts: map[string]nodeaccess.Address{}, state: &record.Upgrade{State: record.StateUpgradingKubelets}}
 	r.opts.Plan.Now = time.Now
 	if err := r.save(ctx); err != nil {
 		t.Fatal(err)

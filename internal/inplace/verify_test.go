@@ -64,7 +64,7 @@ func TestVerifyComparesProcesses(t *testing.T) {
 				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
 			}}
 			o := &nodeops.Ops{Node: node, Name: "worker-1", Facts: &nodefacts.Facts{}}
-			r := &applyRun{res: &ApplyResult{}, client: fake.NewClientset()}
+			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset()}
 			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -137,7 +137,7 @@ func TestVerifyStaticPods(t *testing.T) {
 			client := fake.NewClientset(m, api.DeepCopy())
 			to, _ := catalog.ParseVersion("v1.31.4")
 			o := &nodeops.Ops{Node: node, Name: "worker-1", From: tc.from, Facts: &nodefacts.Facts{}}
-			r := &applyRun{res: &ApplyResult{}, client: client, target: &release.Release{Version: to}, log: slog.New(slog.DiscardHandler),
+			r := &upgradeRun{res: &ApplyResult{}, client: client, target: &release.Release{Version: to}, log: slog.New(slog.DiscardHandler),
 				opts: ApplyOptions{ReadyTimeout: 10 * time.Millisecond, Plan: preflight.PlanOptions{Now: time.Now}}}
 			before, err := o.Containers(ctx)
 			if err != nil {

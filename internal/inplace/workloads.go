@@ -20,7 +20,7 @@ import (
 // workloadsStep adds the missing not-ready/unreachable tolerations to
 // running pods and, with RestoreLabels, the labels their nodeSelectors
 // need; both only add.
-func (r *applyRun) workloadsStep(ctx context.Context) error {
+func (r *upgradeRun) workloadsStep(ctx context.Context) error {
 	if err := r.setState(ctx, record.StatePatchingWorkloads); err != nil {
 		return err
 	}
@@ -39,7 +39,7 @@ func (r *applyRun) workloadsStep(ctx context.Context) error {
 
 // addTolerations adds the missing not-ready and unreachable tolerations
 // to every running pod but a DaemonSet's.
-func (r *applyRun) addTolerations(ctx context.Context) error {
+func (r *upgradeRun) addTolerations(ctx context.Context) error {
 	for i := range r.view.Pods {
 		pod := &r.view.Pods[i]
 		if pod.Spec.NodeName == "" || preflight.IsDaemonSetPod(pod) {
@@ -75,7 +75,7 @@ func (r *applyRun) addTolerations(ctx context.Context) error {
 
 // labelsWanted are, per node, the labels its pods' nodeSelectors need
 // and it lacks; two pods needing one label with two values are refused.
-func (r *applyRun) labelsWanted() (map[string]map[string]string, error) {
+func (r *upgradeRun) labelsWanted() (map[string]map[string]string, error) {
 	nodes := map[string]*corev1.Node{}
 	for i := range r.view.Nodes {
 		nodes[r.view.Nodes[i].Name] = &r.view.Nodes[i]
@@ -103,7 +103,7 @@ func (r *applyRun) labelsWanted() (map[string]map[string]string, error) {
 }
 
 // restoreLabels adds want's labels to each node, in name order.
-func (r *applyRun) restoreLabels(ctx context.Context, want map[string]map[string]string) error {
+func (r *upgradeRun) restoreLabels(ctx context.Context, want map[string]map[string]string) error {
 	for _, n := range slices.Sorted(maps.Keys(want)) {
 		var kv []string
 		for _, k := range slices.Sorted(maps.Keys(want[n])) {

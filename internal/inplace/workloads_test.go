@@ -31,7 +31,7 @@ func TestWorkloadsPassOverAPodGone(t *testing.T) {
 	}
 	here := pod("here")
 	client := fake.NewClientset(&here)
-	r := &applyRun{client: client, log: slog.New(slog.DiscardHandler), res: &ApplyResult{}, state: &record.Upgrade{},
+	r := &upgradeRun{client: client, log: slog.New(slog.DiscardHandler), res: &ApplyResult{}, state: &record.Upgrade{},
 		opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}, view: &preflight.View{Pods: []corev1.Pod{pod("gone"), here}}}
 	if err := r.workloadsStep(context.Background()); err != nil {
 		t.Fatal(err)
@@ -66,7 +66,7 @@ func TestPodsOnWaitsForARestartingAPIServer(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			r := &applyRun{client: client, opts: ApplyOptions{ReadyTimeout: time.Minute}, wait: waiter.Waiter{Clock: drivertest.SteppingClock(t, time.Second)}}
+			r := &upgradeRun{client: client, opts: ApplyOptions{ReadyTimeout: time.Minute}, wait: waiter.Waiter{Clock: drivertest.SteppingClock(t, time.Second)}}
 			pods, err := r.podsOn(context.Background(), "cp-1")
 			if tc.wantErr {
 				if err == nil || calls != 1 {

@@ -1,4 +1,4 @@
-package inplace
+package versions
 
 import (
 	"context"
@@ -28,12 +28,12 @@ func TestVersions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	states := func() map[string]VersionState {
-		list, err := Versions(ctx, c, cat)
+	states := func() map[string]State {
+		list, err := List(ctx, c, cat)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := map[string]VersionState{}
+		m := map[string]State{}
 		for _, s := range list {
 			m[s.Version] = s
 		}

@@ -1,4 +1,4 @@
-package inplace
+package cluster
 
 import (
 	"context"
@@ -15,14 +15,14 @@ import (
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
-// nodeWatch serves every wait on Nodes from one shared informer (one LIST,
+// NodeWatch serves every wait on Nodes from one shared informer (one LIST,
 // then a WATCH), not polling.
 //
 // The informer runs for as long as the run's context: once that ends (a
 // cancel, a lost lock) its cache no longer moves, and a wait that must
 // still finish (the undo of a node in flight) reads the Node from the API
 // server instead, every second.
-type nodeWatch struct {
+type NodeWatch struct {
 	lister  func(name string) (*corev1.Node, error)
 	client  kubernetes.Interface
 	stopped <-chan struct{} // closed when the informer stopped
@@ -32,11 +32,13 @@ type nodeWatch struct {
 	wait    waiter.Waiter
 }
 
-func watchNodes(ctx context.Context, c kubernetes.Interface, wt waiter.Waiter) (*nodeWatch, error) {
+// WatchNodes starts a NodeWatch for as long as ctx; waits are on wt's
+// clock.
+func WatchNodes(ctx context.Context, c kubernetes.Interface, wt waiter.Waiter) (*NodeWatch, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	f := informers.NewSharedInformerFactory(c, 0)
 	inf := f.Core().V1().Nodes()
-	w := &nodeWatch{wake: make(chan struct{}), stop: cancel, wait: wt, client: c, stopped: ctx.Done()}
+	w := &NodeWatch{wake: make(chan struct{}), stop: cancel, wait: wt, client: c, stopped: ctx.Done()}
 	notify := func(any) {
 		w.mu.Lock()
 		close(w.wake)
@@ -58,9 +60,9 @@ func watchNodes(ctx context.Context, c kubernetes.Interface, wt waiter.Waiter) (
 	return w, nil
 }
 
-// until waits, at most timeout (on the run's clock), for cond to hold
+// Until waits, at most timeout (on the watch's clock), for cond to hold
 // for node name.
-func (w *nodeWatch) until(ctx context.Context, name string, timeout time.Duration, cond func(*corev1.Node) bool) error {
+func (w *NodeWatch) Until(ctx context.Context, name string, timeout time.Duration, cond func(*corev1.Node) bool) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() {
@@ -96,4 +98,8 @@ func (w *nodeWatch) until(ctx context.Context, name string, timeout time.Duratio
 	}
 }
 
-func (w *nodeWatch) close() { w.stop() }
+// Close stops the informer.
+func (w *NodeWatch) Close() { w.stop() }
+
+// Cached is the Node named as the informer's cache has it (no request).
+func (w *NodeWatch) Cached(name string) (*corev1.Node, error) { return w.lister(name) }
