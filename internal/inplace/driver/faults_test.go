@@ -2,6 +2,7 @@ package driver_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,13 +65,16 @@ type outcome struct {
 // injected at a named step.
 type world interface {
 	driver() driver.ControlPlane
-	// run is the driver's Run for the world's node and the step's fault.
-	run(t *testing.T, fault string) *driver.Run
+	// run is the driver's Run for the world's node and the step's fault:
+	// the node at from for an upgrade, at to (moved) for an undo.
+	run(t *testing.T, fault string, undo bool) *driver.Run
 	// at is the version every part of cp-1's control plane runs ("" when
 	// they differ or one does not run).
 	at(t *testing.T) string
-	// want is the end state after a failure at step.
+	// want is the end state after a failure at step of an upgrade;
+	// wantUndo of an undo.
 	want(step string) outcome
+	wantUndo(step string) outcome
 }
 
 // Both drivers pass the same table: a failure injected at each named
@@ -83,30 +87,54 @@ func TestFaultTable(t *testing.T) {
 		for _, step := range steps {
 			w := w()
 			t.Run(w.driver().Kind()+"/"+step, func(t *testing.T) {
-				r := w.run(t, step)
-				fx := r.Fx.(*drivertest.Effects)
+				r := w.run(t, step, false)
 				err := w.driver().Upgrade(context.Background(), r, "cp-1", r.Target)
-				want := w.want(step)
-				if err == nil {
-					t.Fatalf("a failure at %s was not reported", step)
-				}
-				if !strings.Contains(err.Error(), "cp-1") || !strings.Contains(err.Error(), want.says) {
-					t.Errorf("err = %v, want one naming cp-1 and saying %q", err, want.says)
-				}
-				if got := errors.Is(err, driver.ErrNodeFailed); got != want.rolledBack {
-					t.Errorf("err = %v: rolled back %v, want %v", err, got, want.rolledBack)
-				}
-				if last := fx.Last("cp-1"); last != "" && !strings.HasPrefix(last, driver.FailedStatus(err)+" ") {
-					t.Errorf("cp-1's last status %q, want %s for %v", last, driver.FailedStatus(err), err)
-				}
-				if moved := len(fx.Moved) > 0; moved != want.moved {
-					t.Errorf("marked moved %q, want moved %v", fx.Moved, want.moved)
-				}
-				if at := w.at(t); at != want.at {
-					t.Errorf("the control plane runs %q after a failure at %s, want %s", at, step, want.at)
-				}
+				check(t, w, r, step, err, w.want(step))
 			})
 		}
+	}
+}
+
+// Both drivers pass the same table backward: an undo (rollback) of a
+// moved control plane that fails at a named step (the fence is the
+// run's, before it reaches the node; an undo does not move anything to
+// fail) leaves the node as that step left it, the error naming the
+// node, and the run told to settle the node exactly when something was
+// restored.
+func TestUndoFaultTable(t *testing.T) {
+	for _, w := range []func() world{newBinaryWorld, newKubeadmWorld} {
+		for _, step := range []string{"reach", "read", "put back", "health"} {
+			w := w()
+			t.Run(w.driver().Kind()+"/"+step, func(t *testing.T) {
+				r := w.run(t, step, true)
+				err := w.driver().Undo(context.Background(), r, "cp-1")
+				check(t, w, r, step, err, w.wantUndo(step))
+			})
+		}
+	}
+}
+
+// check holds a failed step's end state to what the driver promises.
+func check(t *testing.T, w world, r *driver.Run, step string, err error, want outcome) {
+	t.Helper()
+	fx := r.Fx.(*drivertest.Effects)
+	if err == nil {
+		t.Fatalf("a failure at %s was not reported", step)
+	}
+	if !strings.Contains(err.Error(), "cp-1") || !strings.Contains(err.Error(), want.says) {
+		t.Errorf("err = %v, want one naming cp-1 and saying %q", err, want.says)
+	}
+	if got := errors.Is(err, driver.ErrNodeFailed); got != want.rolledBack {
+		t.Errorf("err = %v: rolled back %v, want %v", err, got, want.rolledBack)
+	}
+	if last := fx.Last("cp-1"); last != "" && !strings.HasPrefix(last, driver.FailedStatus(err)+" ") {
+		t.Errorf("cp-1's last status %q, want %s for %v", last, driver.FailedStatus(err), err)
+	}
+	if moved := len(fx.Moved) > 0; moved != want.moved {
+		t.Errorf("marked moved %q, want moved %v", fx.Moved, want.moved)
+	}
+	if at := w.at(t); at != want.at {
+		t.Errorf("the control plane runs %q after a failure at %s, want %q", at, step, want.at)
 	}
 }
 
@@ -146,20 +174,26 @@ type binaryWorld struct {
 	running, installed map[string]string
 	node               *fakenode.Node
 	fault              string
+	// broken is the version whose process never comes up, at fault
+	// "health": the one the step moves to.
+	broken string
 }
 
 func newBinaryWorld() world {
-	w := &binaryWorld{running: map[string]string{}, installed: map[string]string{}}
-	for _, c := range release.ControlPlaneFiles {
-		w.running[c], w.installed[c] = from, from
-	}
-	return w
+	return &binaryWorld{running: map[string]string{}, installed: map[string]string{}}
 }
 
 func (*binaryWorld) driver() driver.ControlPlane { return binary.Driver{} }
 
-func (w *binaryWorld) run(t *testing.T, fault string) *driver.Run {
-	w.fault = fault
+func (w *binaryWorld) run(t *testing.T, fault string, undo bool) *driver.Run {
+	w.fault, w.broken = fault, to
+	at := from
+	if undo {
+		at, w.broken = to, from
+	}
+	for _, c := range release.ControlPlaneFiles {
+		w.running[c], w.installed[c] = at, at
+	}
 	fx := &drivertest.Effects{Nodes: map[string]nodeaccess.Node{}}
 	r := common(t, fx, waiter.Waiter{Clock: drivertest.SteppingClock(t, time.Second)})
 	w.node = &fakenode.Node{Scripts: map[string]fakenode.Handler{
@@ -190,15 +224,15 @@ func (w *binaryWorld) run(t *testing.T, fault string) *driver.Run {
 	return r
 }
 
-// runningScript says what a part's unit runs: nothing for a part at the
-// target when the moved control plane is never healthy.
+// runningScript says what a part's unit runs: nothing for a part moved
+// when the moved control plane is never healthy.
 func (w *binaryWorld) runningScript(args []string) (string, error) {
 	if w.fault == "read" {
 		return "", errors.New("exit 69: systemctl show failed")
 	}
 	v := w.get(w.running, args[0])
-	if v == to && w.fault == "health" {
-		return "", nil // crashing on the new version
+	if v == w.broken && w.fault == "health" {
+		return "", nil // crashing on the version it moved to
 	}
 	return "Kubernetes " + v + "\npid 4242\n", nil
 }
@@ -240,6 +274,16 @@ func (*binaryWorld) want(step string) outcome {
 	}[step]
 }
 
+// An undo goes newest part first: the scheduler is where it stops.
+func (*binaryWorld) wantUndo(step string) outcome {
+	return map[string]outcome{
+		"reach":    {at: to, says: "unreachable"},
+		"read":     {at: to, says: "cannot tell whether kube-scheduler moved"},
+		"put back": {moved: true, at: to, says: "restore kube-scheduler: exit 66"},
+		"health":   {moved: true, at: "", says: "kube-scheduler not healthy at " + from},
+	}[step]
+}
+
 // kubeadmWorld is a kubeadm control-plane node: its static pods' mirror
 // pods in a fake API, moved by a fake kubeadm run.
 type kubeadmWorld struct {
@@ -271,10 +315,14 @@ func (w *kubeadmWorld) move(version string, ready bool) error {
 	return nil
 }
 
-func (w *kubeadmWorld) run(t *testing.T, fault string) *driver.Run {
+func (w *kubeadmWorld) run(t *testing.T, fault string, undo bool) *driver.Run {
+	at := from
+	if undo {
+		at = to
+	}
 	objs := []runtime.Object{}
 	for _, c := range release.ControlPlaneFiles {
-		objs = append(objs, mirror(c, from, true))
+		objs = append(objs, mirror(c, at, true))
 	}
 	for _, c := range driver.LeaderComponents {
 		holder, now := "elsewhere", metav1.NowMicro()
@@ -306,6 +354,18 @@ func (w *kubeadmWorld) run(t *testing.T, fault string) *driver.Run {
 			return "started\n", nil
 		},
 		nodescript.KubeadmStatus.Name: func([]string) (string, error) { return status, nil },
+		nodescript.KubeadmManifests.Name: func([]string) (string, error) {
+			if fault == "read" {
+				return "", errors.New("exit 66: cannot read")
+			}
+			return manifests(at), nil
+		},
+		nodescript.KubeadmRestoreManifest.Name: func([]string) (string, error) {
+			if fault == "put back" {
+				return "", errors.New("exit 74: cannot write")
+			}
+			return "", w.move(from, fault != "health")
+		},
 	}}
 	fx := &drivertest.Effects{Nodes: map[string]nodeaccess.Node{}}
 	if fault != "reach" {
@@ -339,6 +399,29 @@ func (w *kubeadmWorld) at(t *testing.T) string {
 		return v
 	}
 	return ""
+}
+
+// manifests is what kubeadm-manifests prints on a node whose static
+// pods run version, kubeadm's backup of them at from beside.
+func manifests(version string) string {
+	var b strings.Builder
+	for _, f := range []struct{ dir, version string }{{kadm.ManifestDir, version}, {kadm.TmpDir + "/kubeadm-backup-manifests-2026-11-25-10-00-00", from}} {
+		for _, c := range release.ControlPlaneFiles {
+			pod := fmt.Sprintf("apiVersion: v1\nkind: Pod\nmetadata:\n  name: %s\n  namespace: kube-system\nspec:\n  containers:\n  - name: %s\n    image: reg/library/%s:%s\n", c, c, c, f.version)
+			fmt.Fprintf(&b, "file %s/%s.yaml\n%s\n", f.dir, c, base64.StdEncoding.EncodeToString([]byte(pod)))
+		}
+	}
+	return b.String()
+}
+
+// An undo puts every manifest kubeadm kept back, then waits.
+func (*kubeadmWorld) wantUndo(step string) outcome {
+	return map[string]outcome{
+		"reach":    {at: to, says: "unreachable"},
+		"read":     {at: to, says: "read the static pod manifests"},
+		"put back": {moved: true, at: to, says: "restore kube-scheduler's manifest"},
+		"health":   {moved: true, at: "", says: "the control plane is not Ready at " + from},
+	}[step]
 }
 
 // kubeadm puts back what a failed run moved, and kubelift waits for it
