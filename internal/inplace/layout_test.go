@@ -19,14 +19,17 @@ import (
 // a new one says where it stands.
 var rooms = map[string][]string{
 	"release":                 nil,
-	"record":                  nil,
+	"record":                  {"release"},
 	"drain":                   nil,
 	"nodeops":                 {"release"},
 	"stage":                   {"release"},
-	"preflight":               {"release", "stage"},
+	"preflight":               {"record", "release", "stage"},
 	"preflight/preflighttest": {"preflight", "release"},
 	"compat":                  {"preflight", "release"},
 	"versions":                nil,
+	"workloads":               {"preflight"},
+	"verify":                  {"nodeops", "record"},
+	"runbook":                 {"drain", "driver", "driver/binary", "driver/kubeadm", "nodeops", "preflight", "record", "release", "stage", "verify", "workloads"},
 	"driver":                  {"nodeops", "preflight", "record", "release"},
 	"driver/drivertest":       {"driver", "nodeops"},
 	"driver/binary":           {"driver", "nodeops", "preflight", "record", "release"},
@@ -113,34 +116,5 @@ func TestRoomsImportOnlyDownward(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// docs/runbook.md lists a node's steps as kubeletSteps names them, in
-// their order: the runbook a user reads is the one that runs.
-func TestRunbookListsTheNodeSteps(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "runbook.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(b)
-	start := strings.Index(doc, "Per node, the named steps of `kubeletSteps`")
-	end := strings.Index(doc[max(start, 0):], "A failure from **wait Ready** on")
-	if start < 0 || end < 0 {
-		t.Fatal("docs/runbook.md no longer has the node's steps where this test looks")
-	}
-	var listed []string
-	for _, line := range strings.Split(doc[start:start+end], "\n") {
-		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "- **"); ok {
-			name, _, _ = strings.Cut(name, "**")
-			listed = append(listed, name)
-		}
-	}
-	var names []string
-	for _, s := range (&upgradeRun{}).kubeletSteps() {
-		names = append(names, s.name)
-	}
-	if !slices.Equal(listed, names) {
-		t.Errorf("docs/runbook.md lists the node's steps\n  %s\nkubeletSteps runs\n  %s", strings.Join(listed, ", "), strings.Join(names, ", "))
 	}
 }

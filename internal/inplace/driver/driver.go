@@ -7,8 +7,8 @@
 // third kind, or a second way to reach nodes, plugs in here.
 //
 // The package also holds what both kinds and the kubelets share: a
-// binary part's wait, put-back and undo (parts.go), and the leaders'
-// leases (leases.go).
+// binary part's wait, put-back and undo (parts.go), kube-proxy's move
+// (proxy.go), and the leaders' leases (leases.go).
 package driver
 
 import (

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
 // Name is the ConfigMap in kube-system holding the upgrade's state,
@@ -237,4 +238,24 @@ func ReadStatus(ctx context.Context, c kubernetes.Interface) (*Status, error) {
 		out.APIServer = v.GitVersion
 	}
 	return out, nil
+}
+
+// ControlPlaneInFlight returns the control-plane nodes a recorded kubeadm
+// upgrade to to was moving when its run stopped (kubeadm, detached, may
+// still be restarting their components); none for a binary cluster, whose
+// parts move only while kubelift runs, or without a record (u nil).
+func (u *Upgrade) ControlPlaneInFlight(to string) map[string]bool {
+	if u == nil || u.To != to || u.ControlPlane != release.KindKubeadm {
+		return nil
+	}
+	var moving map[string]bool
+	for _, n := range u.Nodes {
+		if n.Role == release.RoleControlPlane && n.Status == NodeUpgrading {
+			if moving == nil {
+				moving = map[string]bool{}
+			}
+			moving[n.Name] = true
+		}
+	}
+	return moving
 }

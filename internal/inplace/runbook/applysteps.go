@@ -1,4 +1,4 @@
-package inplace
+package runbook
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/inplace/drain"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
@@ -51,9 +50,11 @@ func (r *upgradeRun) planStep(ctx context.Context) error {
 			return fmt.Errorf("--kubeadm-config: kubeadm %s has no UpgradeConfiguration (kubeadm v1.31 and later do)", r.target.Version)
 		}
 	}
-	if r.resumingControlPlane, err = controlPlaneInFlight(ctx, r.client, r.target.Version.String()); err != nil {
+	recorded, err := record.Read(ctx, r.client)
+	if err != nil {
 		return err
 	}
+	r.resumingControlPlane = recorded.ControlPlaneInFlight(r.target.Version.String())
 	var blocking []string
 	for _, f := range p.Findings {
 		if f.Severity != preflight.Blocking || r.resolves(f) {
@@ -73,27 +74,6 @@ func (r *upgradeRun) planStep(ctx context.Context) error {
 		r.log.Info("every node already runs the target: nothing to do", "version", r.target.Version.String())
 	}
 	return nil
-}
-
-// controlPlaneInFlight returns the control-plane nodes a recorded kubeadm
-// upgrade to to was moving when its run stopped (kubeadm, detached, may
-// still be restarting their components); none for a binary cluster, whose
-// parts move only while kubelift runs.
-func controlPlaneInFlight(ctx context.Context, c kubernetes.Interface, to string) (map[string]bool, error) {
-	s, err := record.Read(ctx, c)
-	if err != nil || s == nil || s.To != to || s.ControlPlane != release.KindKubeadm {
-		return nil, err
-	}
-	var moving map[string]bool
-	for _, n := range s.Nodes {
-		if n.Role == release.RoleControlPlane && n.Status == record.NodeUpgrading {
-			if moving == nil {
-				moving = map[string]bool{}
-			}
-			moving[n.Name] = true
-		}
-	}
-	return moving, nil
 }
 
 // resolves says apply itself fixes a blocking finding, or it is about a

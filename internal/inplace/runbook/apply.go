@@ -1,4 +1,12 @@
-package inplace
+// Package runbook applies an upgrade in place, rolls it back, and resumes
+// either: the cluster's steps as one ordered list (runbook(): plan, stage,
+// record, workloads, back up etcd, control plane, kubelets, complete),
+// walked forward by Apply and backward by Rollback, each step checking the
+// cluster first so that a second run continues the first; each node's
+// kubelet as the named steps of kubeletSteps, in the workers' window. The
+// control plane moves through the driver of the cluster's kind
+// (driver.ControlPlane); what the runbook does is in docs/runbook.md.
+package runbook
 
 import (
 	"context"
@@ -18,6 +26,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/inplace/workloads"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/upgradelock"
@@ -167,7 +176,7 @@ type upgradeRun struct {
 	moved map[string]map[string]bool
 	// workloads serves the workload gate (gate.go) while kubelets move;
 	// nil in a dry run or with NoWorkloadGate.
-	workloads *workloadWatch
+	workloads *workloads.Watch
 	// wait is every wait and every time read of the run.
 	wait waiter.Waiter
 	mu   sync.Mutex // state
@@ -188,10 +197,11 @@ type upgradeRun struct {
 	// what would change instead of changing it. step is the step walked.
 	dry  bool
 	step string
-	// writer stores the state; dirty asks flushLoop for a write.
+	// writer stores the state; flush writes it in the background while
+	// nodes are in flight (nil before startFlushing).
 	writerOnce sync.Once
 	writer     *record.Writer
-	dirty      chan struct{}
+	flush      *record.Flusher
 }
 
 // Apply upgrades the cluster in place, in the plan's order, each step

@@ -1,4 +1,4 @@
-package inplace
+package runbook
 
 import (
 	"encoding/json"
@@ -10,6 +10,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/workloads"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 )
@@ -17,7 +18,7 @@ import (
 const forged = "$(touch /tmp/MARK)v1.30.14"
 
 func TestPatchesAreJSON(t *testing.T) {
-	p, err := tolerationsPatch(nil)
+	p, err := workloads.TolerationsPatch(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +28,7 @@ func TestPatchesAreJSON(t *testing.T) {
 	if string(p) != want {
 		t.Errorf("patch\n%s\nwant\n%s", p, want)
 	}
-	if p, _ := tolerationsPatch([]corev1.Toleration{{Operator: corev1.TolerationOpExists}}); p != nil {
+	if p, _ := workloads.TolerationsPatch([]corev1.Toleration{{Operator: corev1.TolerationOpExists}}); p != nil {
 		t.Errorf("a pod tolerating everything got %s", p)
 	}
 	a, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: `v1"}`, AnnotationBundle: nil})

@@ -1,4 +1,4 @@
-package inplace
+package runbook
 
 import (
 	"context"
@@ -7,37 +7,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 )
-
-func newInFlight(from string, before map[string]nodeops.Container, pods map[types.UID]podInfo) *record.InFlight {
-	f := &record.InFlight{From: from, Containers: make(map[string]record.InFlightContainer, len(before)), Pods: make(map[types.UID]record.InFlightPod, len(pods))}
-	for id, c := range before {
-		f.Containers[id] = record.InFlightContainer{What: c.What, PID: c.PID}
-	}
-	for uid, p := range pods {
-		f.Pods[uid] = record.InFlightPod{Name: p.name, Phase: p.phase, StaticUID: p.staticUID, Owner: p.owner}
-	}
-	return f
-}
-
-// inFlightBefore and inFlightPods are verify's inputs again.
-func inFlightBefore(f *record.InFlight) map[string]nodeops.Container {
-	out := make(map[string]nodeops.Container, len(f.Containers))
-	for id, c := range f.Containers {
-		out[id] = nodeops.Container{What: c.What, PID: c.PID}
-	}
-	return out
-}
-
-func inFlightPods(f *record.InFlight) map[types.UID]podInfo {
-	out := make(map[types.UID]podInfo, len(f.Pods))
-	for uid, p := range f.Pods {
-		out[uid] = podInfo{name: p.Name, phase: p.Phase, staticUID: p.StaticUID, owner: p.Owner}
-	}
-	return out
-}
 
 // markInFlight writes the annotation on node before its kubelet is
 // swapped.

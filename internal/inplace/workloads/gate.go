@@ -1,4 +1,4 @@
-package inplace
+package workloads
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -33,15 +32,20 @@ import (
 // one; a workload whose spec changed since (its generation) is passed
 // over.
 
-// workloadWatch serves the gate from one informer per kind.
-type workloadWatch struct {
+// ErrUnavailable means workloads fully available before a node's swap
+// were not again within --health-window after it.
+var ErrUnavailable = errors.New("workloads not fully available again")
+
+// Watch serves the gate from one informer per kind.
+type Watch struct {
 	preflight.Workloads
 	// rsOwner maps a ReplicaSet (NS/NAME) to its Deployment's name.
 	rsOwner func(ns, name string) string
 	stop    context.CancelFunc
 }
 
-func watchWorkloads(ctx context.Context, c kubernetes.Interface) (*workloadWatch, error) {
+// WatchWorkloads starts the gate's informers, for as long as ctx.
+func WatchWorkloads(ctx context.Context, c kubernetes.Interface) (*Watch, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	f := informers.NewSharedInformerFactory(c, 0)
 	d, s, ds, rs := f.Apps().V1().Deployments(), f.Apps().V1().StatefulSets(), f.Apps().V1().DaemonSets(), f.Apps().V1().ReplicaSets()
@@ -52,7 +56,7 @@ func watchWorkloads(ctx context.Context, c kubernetes.Interface) (*workloadWatch
 		return nil, fmt.Errorf("watch workloads: %w", ctx.Err())
 	}
 	all := labels.Everything()
-	return &workloadWatch{stop: cancel,
+	return &Watch{stop: cancel,
 		rsOwner: func(ns, name string) string {
 			r, err := rs.Lister().ReplicaSets(ns).Get(name)
 			if err != nil {
@@ -71,11 +75,12 @@ func watchWorkloads(ctx context.Context, c kubernetes.Interface) (*workloadWatch
 	}, nil
 }
 
-func (w *workloadWatch) close() { w.stop() }
+// Close stops the informers.
+func (w *Watch) Close() { w.stop() }
 
 // workloadOf is the workload a pod's controller (KIND/NS/NAME) belongs
 // to, as Available names it ("" for none the gate watches).
-func (w *workloadWatch) workloadOf(owner string) string {
+func (w *Watch) workloadOf(owner string) string {
 	kind, rest, _ := strings.Cut(owner, "/")
 	ns, name, _ := strings.Cut(rest, "/")
 	switch kind {
@@ -91,19 +96,17 @@ func (w *workloadWatch) workloadOf(owner string) string {
 	return ""
 }
 
-// fullyAvailable maps the workloads of pods (a node's) fully available
-// now to their generations: what the gate holds the node to.
-func (w *workloadWatch) fullyAvailable(pods map[types.UID]podInfo) (map[string]int64, error) {
+// FullyAvailable maps the workloads of the running pods whose
+// controllers are owners (KIND/NS/NAME; a node's) fully available now to
+// their generations: what the gate holds the node to.
+func (w *Watch) FullyAvailable(owners []string) (map[string]int64, error) {
 	all, err := w.Available()
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]int64{}
-	for _, p := range pods {
-		if p.ended() {
-			continue
-		}
-		k := w.workloadOf(p.owner)
+	for _, owner := range owners {
+		k := w.workloadOf(owner)
 		if st, ok := all[k]; ok && k != "" && st.Short == "" {
 			out[k] = st.Generation
 		}
@@ -111,29 +114,12 @@ func (w *workloadWatch) fullyAvailable(pods map[types.UID]podInfo) (map[string]i
 	return out, nil
 }
 
-// ErrWorkloadsUnavailable means workloads fully available before a node's
-// swap were not again within --health-window after it.
-var ErrWorkloadsUnavailable = errors.New("workloads not fully available again")
-
-// gateSnapshot is the workloads fully available now (none without the
-// gate).
-func (r *upgradeRun) gateSnapshot(pods map[types.UID]podInfo) (map[string]int64, error) {
-	if r.workloads == nil {
-		return nil, nil
-	}
-	return r.workloads.fullyAvailable(pods)
-}
-
-// gate waits, at most the health window, until every workload of before
-// that still exists is fully available again.
-func (r *upgradeRun) gate(ctx context.Context, node string, before map[string]int64) error {
-	if r.workloads == nil || len(before) == 0 {
-		return nil
-	}
-	window := r.opts.Plan.HealthWindow
-	defer r.timed(&r.res.Waiting)()
-	err := r.wait.Poll(ctx, time.Second, window, func(context.Context) error {
-		now, err := r.workloads.Available()
+// Again waits, at most window on wt's clock, until every workload of
+// before that still exists (at the same generation) is fully available
+// again; the error names node and the workloads short.
+func (w *Watch) Again(ctx context.Context, wt waiter.Waiter, window time.Duration, node string, before map[string]int64) error {
+	err := wt.Poll(ctx, time.Second, window, func(context.Context) error {
+		now, err := w.Available()
 		if err != nil {
 			return err
 		}
@@ -149,7 +135,7 @@ func (r *upgradeRun) gate(ctx context.Context, node string, before map[string]in
 		return nil
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("node %s: %w within %s (--health-window; --no-workload-gate turns the gate off): %w", node, ErrWorkloadsUnavailable, window, err)
+		return fmt.Errorf("node %s: %w within %s (--health-window; --no-workload-gate turns the gate off): %w", node, ErrUnavailable, window, err)
 	}
 	return err
 }

@@ -1,4 +1,4 @@
-package inplace
+package runbook
 
 import (
 	"context"
@@ -10,9 +10,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/verify"
 )
 
 // kubeletRun is one node's kubelet upgrade in flight: what its steps
@@ -25,7 +27,7 @@ type kubeletRun struct {
 	// by this run, or by the run this one resumes); gate the workloads of
 	// those pods fully available then.
 	before map[string]nodeops.Container
-	pods   map[types.UID]podInfo
+	pods   map[types.UID]verify.Pod
 	gate   map[string]int64
 	// began, swapped and ready time the node for the log.
 	began, swapped, ready time.Time
@@ -73,7 +75,7 @@ func (r *upgradeRun) beforeSwapSteps() []nodeStep {
 		// On the Node: a run that resumes this one finishes the node
 		// from it.
 		{name: "record in flight", do: func(ctx context.Context, k *kubeletRun) error {
-			return r.markInFlight(ctx, k.name, newInFlight(k.o.From, k.before, k.pods))
+			return r.markInFlight(ctx, k.name, verify.InFlight(k.o.From, k.before, k.pods))
 		}},
 		{name: "hash-skip file", do: r.hashSkip},
 		{name: "snapshot workloads", do: func(_ context.Context, k *kubeletRun) (err error) {
@@ -92,7 +94,7 @@ func (r *upgradeRun) afterSwapSteps() []nodeStep {
 		{name: "settle", do: r.settleKubelet, would: silent},
 		{name: "verify", do: r.verifyKubelet, would: silent},
 		{name: "post-hook", do: r.postHook, rollsBack: true, would: r.wouldHook("post")},
-		{name: "kube-proxy", do: func(ctx context.Context, k *kubeletRun) error { return r.upgradeProxy(ctx, k.o) }},
+		{name: "kube-proxy", do: func(ctx context.Context, k *kubeletRun) error { return driver.MoveProxy(ctx, r.driverRun(), k.o) }},
 		// Only what this run cordoned.
 		{name: "uncordon", do: func(ctx context.Context, k *kubeletRun) error { return r.uncordon(ctx, k.name) }, would: silent},
 		{name: "workload gate", do: func(ctx context.Context, k *kubeletRun) error { return r.gate(ctx, k.name, k.gate) }, rollsBack: true, would: silent},
@@ -149,7 +151,7 @@ func (r *upgradeRun) upgradeKubelet(ctx context.Context, name string) error {
 			return r.walk(ctx, k, r.kubeletSteps())
 		case r.dry:
 			r.would(name, "kubelet runs "+k.to+" already: wait for the node Ready and mark it done", "")
-			return r.upgradeProxy(ctx, o)
+			return driver.MoveProxy(ctx, r.driverRun(), o)
 		}
 		rec, err := r.inFlightOf(name)
 		if err != nil {
@@ -162,7 +164,7 @@ func (r *upgradeRun) upgradeKubelet(ctx context.Context, name string) error {
 		r.log.Info("finishing a node a run left after its kubelet swap: Ready, verify, hooks, kube-proxy, uncordon", "node", name, "from", rec.From)
 		r.setNode(ctx, name, record.NodeUpgrading, "kubelet", nil)
 		o.From, k.touched, k.resumed = rec.From, true, true
-		k.before, k.pods = inFlightBefore(rec), inFlightPods(rec)
+		k.before, k.pods = verify.FromInFlight(rec)
 		if k.gate, err = r.gateSnapshot(k.pods); err != nil {
 			return err
 		}
@@ -195,7 +197,7 @@ func (r *upgradeRun) alreadyThereSteps() []nodeStep {
 			}
 			return nil
 		}},
-		{name: "kube-proxy", do: func(ctx context.Context, k *kubeletRun) error { return r.upgradeProxy(ctx, k.o) }},
+		{name: "kube-proxy", do: func(ctx context.Context, k *kubeletRun) error { return driver.MoveProxy(ctx, r.driverRun(), k.o) }},
 		{name: "uncordon", do: func(ctx context.Context, k *kubeletRun) error { return r.uncordon(ctx, k.name) }},
 		{name: "mark done", do: func(ctx context.Context, k *kubeletRun) error { return r.markDone(ctx, k.name) }},
 	}
@@ -249,7 +251,7 @@ func (r *upgradeRun) drainNode(ctx context.Context, k *kubeletRun) error {
 // node's containers (over a second SSH session) and pods (from the API).
 func (r *upgradeRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
 	type podsResult struct {
-		pods map[types.UID]podInfo
+		pods map[types.UID]verify.Pod
 		err  error
 	}
 	podsCh := make(chan podsResult, 1)
@@ -351,9 +353,9 @@ func (r *upgradeRun) verifyKubelet(ctx context.Context, k *kubeletRun) error {
 	if err == nil {
 		return nil
 	}
-	var restarted *restartedError
+	var restarted *verify.RestartedError
 	if errors.As(err, &restarted) {
-		r.log.Error("containers restarted: the kubelet stays at the target, since rolling it back would restart them again", "node", k.name, "version", k.to, "containers", restarted.containers)
+		r.log.Error("containers restarted: the kubelet stays at the target, since rolling it back would restart them again", "node", k.name, "version", k.to, "containers", restarted.Containers)
 		r.event(ctx, k.name, "ContainersRestarted", fmt.Sprintf("kubelift: %v; kubelet left at %s (a rollback would restart them again)", err, k.to))
 		return errors.Join(fmt.Errorf("%w; the kubelet stays at %s: rolling it back would restart them a second time", err, k.to), r.clearInFlight(ctx, k.name))
 	}

@@ -1,4 +1,4 @@
-package inplace
+package runbook
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/inplace/verify"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
 
@@ -77,14 +78,18 @@ func TestNodeUpdatesAreCoalesced(t *testing.T) {
 // one a Node was given by somebody else is refused, naming node and
 // annotation, rather than verified against.
 func TestInFlightRecord(t *testing.T) {
-	f := newInFlight("v1.30.14", map[string]nodeops.Container{"abc123": {What: "shop/api/app", PID: 42}},
-		map[types.UID]podInfo{"0e6f-11": {name: "shop/api", phase: corev1.PodRunning}})
+	f := verify.InFlight("v1.30.14", map[string]nodeops.Container{"abc123": {What: "shop/api/app", PID: 42}},
+		map[types.UID]verify.Pod{"0e6f-11": {Name: "shop/api", Phase: corev1.PodRunning}})
 	v, err := f.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := record.DecodeInFlight("worker-1", v)
-	if err != nil || got.From != "v1.30.14" || inFlightBefore(got)["abc123"] != (nodeops.Container{What: "shop/api/app", PID: 42}) || inFlightPods(got)["0e6f-11"].name != "shop/api" {
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, pods := verify.FromInFlight(got)
+	if got.From != "v1.30.14" || before["abc123"] != (nodeops.Container{What: "shop/api/app", PID: 42}) || pods["0e6f-11"].Name != "shop/api" {
 		t.Fatalf("read back: %+v, %v", got, err)
 	}
 	forged := func(mutate func(*record.InFlight)) string {

@@ -1,4 +1,4 @@
-package inplace
+package driver
 
 import (
 	"context"
@@ -16,21 +16,21 @@ import (
 // read on the node itself.
 const ProxyHealthz = "http://127.0.0.1:10256/healthz"
 
-// upgradeProxy moves the node's kube-proxy unit to the target, right after
+// MoveProxy moves the node's kube-proxy unit to the target, right after
 // its kubelet and in the kubelet's window: back up, swap, wait until it
 // runs the target and, when its health endpoint answered 200 before the
 // swap, answers 200 again; on failure the old one is put back. A restart
 // keeps the Service rules it programmed (they live in the kernel, not in
 // the process), so Service traffic keeps flowing while it restarts; the
 // sandbox's prober measures that.
-func (r *upgradeRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
+func MoveProxy(ctx context.Context, r *Run, o *nodeops.Ops) error {
 	if !o.HasUnit(release.KubeProxy) {
 		return nil
 	}
 	to := o.To
-	arch := release.ArchOr(r.nodeState(o.Name).Arch)
-	if _, _, ok := r.target.File(release.KubeProxy, arch); !ok {
-		r.log.Warn("the bundle carries no kube-proxy: it stays as it is", "node", o.Name)
+	arch := release.ArchOr(r.Node(o.Name).Arch)
+	if _, _, ok := r.Target.File(release.KubeProxy, arch); !ok {
+		r.Log.Warn("the bundle carries no kube-proxy: it stays as it is", "node", o.Name)
 		return nil
 	}
 	now, err := o.Running(ctx, release.KubeProxy)
@@ -43,7 +43,7 @@ func (r *upgradeRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
 			return err
 		}
 		if now != to {
-			r.log.Warn("kube-proxy has a unit but does not run: left as it is", "node", o.Name, "program", o.Binary(release.KubeProxy), "version", now)
+			r.Log.Warn("kube-proxy has a unit but does not run: left as it is", "node", o.Name, "program", o.Binary(release.KubeProxy), "version", now)
 			return nil
 		}
 	}
@@ -54,45 +54,45 @@ func (r *upgradeRun) upgradeProxy(ctx context.Context, o *nodeops.Ops) error {
 	}
 	if now == to {
 		// Moved by an earlier run that stopped: healthy, or put back.
-		if err := r.waitProxy(ctx, &po, true); err != nil {
-			return r.rollbackProxy(ctx, &po, err)
+		if err := waitProxy(ctx, r, &po, true); err != nil {
+			return rollbackProxy(ctx, r, &po, err)
 		}
 		return nil
 	}
 	healthy := false
-	if !r.dry {
+	if !r.Dry {
 		h, err := po.Healthz(ctx, ProxyHealthz)
 		if err != nil {
 			return err
 		}
 		healthy = h == "200"
 	}
-	r.setNode(ctx, o.Name, record.NodeUpgrading, release.KubeProxy, nil)
+	r.Fx.SetNode(ctx, o.Name, record.NodeUpgrading, release.KubeProxy, nil)
 	if err := po.Backup(ctx, release.KubeProxy); err != nil {
 		return err
 	}
-	if err := po.Swap(ctx, release.KubeProxy, r.fileSHA(release.KubeProxy, arch)); err != nil {
-		return r.rollbackProxy(ctx, &po, err)
+	if err := po.Swap(ctx, release.KubeProxy, r.FileSHA(release.KubeProxy, arch)); err != nil {
+		return rollbackProxy(ctx, r, &po, err)
 	}
-	if err := r.waitProxy(ctx, &po, healthy); err != nil {
-		return r.rollbackProxy(ctx, &po, err)
+	if err := waitProxy(ctx, r, &po, healthy); err != nil {
+		return rollbackProxy(ctx, r, &po, err)
 	}
-	r.log.Info("kube-proxy upgraded", "node", o.Name, "from", po.From, "to", to)
+	r.Log.Info("kube-proxy upgraded", "node", o.Name, "from", po.From, "to", to)
 	return nil
 }
 
 // waitProxy waits for kube-proxy to run the target and, when healthy is
 // set, its health endpoint to answer 200 (rules synced).
-func (r *upgradeRun) waitProxy(ctx context.Context, o *nodeops.Ops, healthy bool) error {
-	if err := r.waitComponent(ctx, o, release.KubeProxy, o.To); err != nil {
+func waitProxy(ctx context.Context, r *Run, o *nodeops.Ops, healthy bool) error {
+	if err := WaitPart(ctx, r, o, release.KubeProxy, o.To); err != nil {
 		return err
 	}
-	if !healthy || r.dry {
+	if !healthy || r.Dry {
 		return nil
 	}
-	defer r.timed(&r.res.Waiting)()
+	defer r.Fx.Timed()()
 	last := ""
-	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+	err := r.Wait.Poll(ctx, time.Second, r.ReadyTimeout, func(ctx context.Context) error {
 		h, err := o.Healthz(ctx, ProxyHealthz)
 		if err != nil {
 			return err
@@ -104,13 +104,17 @@ func (r *upgradeRun) waitProxy(ctx context.Context, o *nodeops.Ops, healthy bool
 		return nil
 	})
 	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("node %s: kube-proxy %s not healthy within %s (%s answered %s before the swap, %s now): %w", o.Name, o.To, r.opts.ReadyTimeout, ProxyHealthz, "200", last, err)
+		return fmt.Errorf("node %s: kube-proxy %s not healthy within %s (%s answered %s before the swap, %s now): %w", o.Name, o.To, r.ReadyTimeout, ProxyHealthz, "200", last, err)
 	}
 	return err
 }
 
 // rollbackProxy puts the old kube-proxy back after a failed swap; the
 // kubelet stays at the target (the skew allows it).
-func (r *upgradeRun) rollbackProxy(ctx context.Context, o *nodeops.Ops, cause error) error {
-	return r.rollback(ctx, o, release.KubeProxy, fmt.Errorf("kube-proxy: %w", cause))
+func rollbackProxy(ctx context.Context, r *Run, o *nodeops.Ops, cause error) error {
+	cause = fmt.Errorf("kube-proxy: %w", cause)
+	if err := PutBack(ctx, r, o, release.KubeProxy, cause); err != nil {
+		return err
+	}
+	return RolledBack(o, cause)
 }

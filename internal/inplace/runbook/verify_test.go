@@ -1,4 +1,4 @@
-package inplace
+package runbook
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/verify"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -64,7 +65,7 @@ func TestVerifyComparesProcesses(t *testing.T) {
 				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
 			}}
 			o := &nodeops.Ops{Node: node, Name: "worker-1", Facts: &nodefacts.Facts{}}
-			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset()}
+			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}}}
 			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -77,7 +78,7 @@ func TestVerifyComparesProcesses(t *testing.T) {
 				}
 				return
 			}
-			var re *restartedError
+			var re *verify.RestartedError
 			if !errors.As(err, &re) || err.Error() != tc.want {
 				t.Fatalf("verify: %v, want %q", err, tc.want)
 			}

@@ -1,4 +1,4 @@
-package inplace
+package preflight
 
 import (
 	"errors"

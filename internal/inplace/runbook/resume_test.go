@@ -1,4 +1,4 @@
-package inplace
+package runbook
 
 import (
 	"context"
@@ -43,10 +43,14 @@ func TestResumedControlPlaneHealth(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			in, err := controlPlaneInFlight(ctx, c, "v1.31.4")
-			if err != nil || (len(in) > 0) != tc.resumes {
-				t.Fatalf("controlPlaneInFlight = %v, %v; want resuming %v", in, err, tc.resumes)
+			st, err := record.Read(ctx, c)
+			if err != nil {
+				t.Fatal(err)
 			}
+			if in := st.ControlPlaneInFlight("v1.31.4"); (len(in) > 0) != tc.resumes {
+				t.Fatalf("ControlPlaneInFlight = %v; want resuming %v", in, tc.resumes)
+			}
+			in := st.ControlPlaneInFlight("v1.31.4")
 			r := &upgradeRun{log: slog.New(slog.DiscardHandler), resumingControlPlane: in}
 			for _, f := range []preflight.Finding{lease, apiserver} {
 				if r.resolves(f) != tc.resumes {
