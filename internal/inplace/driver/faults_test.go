@@ -28,7 +28,6 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	kadm "github.com/kubelift/kubelift/internal/kubeadm"
-	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -294,21 +293,9 @@ func newKubeadmWorld() world { return &kubeadmWorld{} }
 
 func (*kubeadmWorld) driver() driver.ControlPlane { return kubeadm.New(&kadm.Config{LocalEtcd: true}) }
 
-// mirror is comp's mirror pod on cp-1 at version, Ready or not.
-func mirror(comp, version string, ready bool) *corev1.Pod {
-	status := corev1.ConditionTrue
-	if !ready {
-		status = corev1.ConditionFalse
-	}
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: comp + "-cp-1",
-		Labels: map[string]string{"component": comp, "tier": "control-plane"}, Annotations: map[string]string{kubeletcompat.MirrorAnnotation: "h"}},
-		Spec:   corev1.PodSpec{NodeName: "cp-1", Containers: []corev1.Container{{Name: comp, Image: "reg/library/" + comp + ":" + version}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}}}
-}
-
 func (w *kubeadmWorld) move(version string, ready bool) error {
 	for _, c := range release.ControlPlaneFiles {
-		if _, err := w.client.CoreV1().Pods("kube-system").Update(context.Background(), mirror(c, version, ready), metav1.UpdateOptions{}); err != nil {
+		if _, err := w.client.CoreV1().Pods("kube-system").Update(context.Background(), drivertest.MirrorPod(c, version, ready), metav1.UpdateOptions{}); err != nil {
 			return err
 		}
 	}
@@ -322,7 +309,7 @@ func (w *kubeadmWorld) run(t *testing.T, fault string, undo bool) *driver.Run {
 	}
 	objs := []runtime.Object{}
 	for _, c := range release.ControlPlaneFiles {
-		objs = append(objs, mirror(c, at, true))
+		objs = append(objs, drivertest.MirrorPod(c, at, true))
 	}
 	for _, c := range driver.LeaderComponents {
 		holder, now := "elsewhere", metav1.NowMicro()

@@ -300,12 +300,6 @@ func TestParseManifestsRefuses(t *testing.T) {
 // that never moved is left as it is, and the cluster's objects that say
 // the old version are not touched.
 func TestKubeadmUndo(t *testing.T) {
-	mirror := func(comp, version string) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: comp + "-cp-1",
-			Labels: map[string]string{"component": comp, "tier": "control-plane"}, Annotations: map[string]string{kubeletcompat.MirrorAnnotation: "h"}},
-			Spec:   corev1.PodSpec{NodeName: "cp-1", Containers: []corev1.Container{{Name: comp, Image: "reg/library/" + comp + ":" + version}}},
-			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
-	}
 	v, _ := catalog.ParseVersion("v1.31.4")
 	for _, tc := range []struct {
 		name, at string
@@ -319,7 +313,7 @@ func TestKubeadmUndo(t *testing.T) {
 					Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-proxy", Image: "reg/library/kube-proxy:" + tc.at}}}}}},
 			}
 			for _, c := range release.ControlPlaneFiles {
-				objs = append(objs, mirror(c, tc.at))
+				objs = append(objs, drivertest.MirrorPod(c, tc.at, true))
 			}
 			client := fake.NewClientset(objs...)
 			files := [][2]string{{"/etc/kubernetes/manifests/etcd.yaml", manifest("etcd", "reg/library/etcd:3.5.15-0")}}
@@ -336,7 +330,7 @@ func TestKubeadmUndo(t *testing.T) {
 				nodescript.KubeadmRestoreManifest.Name: func(args []string) (string, error) {
 					restored = append(restored, strings.Join(args, " "))
 					comp := strings.TrimSuffix(path.Base(args[1]), ".yaml")
-					_, err := client.CoreV1().Pods("kube-system").Update(context.Background(), mirror(comp, "v1.31.3"), metav1.UpdateOptions{})
+					_, err := client.CoreV1().Pods("kube-system").Update(context.Background(), drivertest.MirrorPod(comp, "v1.31.3", true), metav1.UpdateOptions{})
 					return "", err
 				},
 			}}
@@ -463,12 +457,6 @@ func TestKubeadmArgsWithConfig(t *testing.T) {
 // that node's kubeadm run to its end when there is one (kubeadm goes on
 // past the static pods), and only waits when there is none.
 func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
-	mirror := func(comp string) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: comp + "-cp-1",
-			Labels: map[string]string{"component": comp, "tier": "control-plane"}, Annotations: map[string]string{kubeletcompat.MirrorAnnotation: "h"}},
-			Spec:   corev1.PodSpec{NodeName: "cp-1", Containers: []corev1.Container{{Name: comp, Image: "reg/library/" + comp + ":v1.31.4"}}},
-			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
-	}
 	for _, tc := range []struct {
 		name     string
 		statuses []string
@@ -481,7 +469,7 @@ func TestKubeadmUpgradeFollowsRunPastStaticPods(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var objs []runtime.Object
 			for _, c := range release.ControlPlaneFiles {
-				objs = append(objs, mirror(c))
+				objs = append(objs, drivertest.MirrorPod(c, "v1.31.4", true))
 			}
 			polls := 0
 			var started []string
