@@ -154,26 +154,9 @@ func (r *Run) Node(name string) *preflight.NodeState {
 	return nil
 }
 
-// NodeFrom is the version node upgrades from: its kubelet's before this
-// upgrade.
+// NodeFrom is the version node upgrades from (preflight.Plan.NodeFrom).
 func (r *Run) NodeFrom(name string, state *preflight.NodeState) string {
-	from := ""
-	if f := r.Facts[name]; f != nil {
-		from = f.Components["kubelet"]
-	}
-	if state != nil && state.Kubelet != "" {
-		from = state.Kubelet
-	}
-	if len(r.Plan.From) > 0 && (from == "" || from == r.Target.Version.String()) {
-		from = r.Plan.From[0]
-	}
-	return from
-}
-
-// FileSHA is the signed sha256 of the target's file name for arch.
-func (r *Run) FileSHA(name, arch string) string {
-	f, _, _ := r.Target.File(name, release.ArchOr(arch))
-	return f.SHA256
+	return r.Plan.NodeFrom(state, r.Facts[name], r.Target.Version.String())
 }
 
 // OnNode runs fn on node, from the version it upgrades from to the

@@ -71,7 +71,7 @@ func MoveProxy(ctx context.Context, r *Run, o *nodeops.Ops) error {
 	if err := po.Backup(ctx, release.KubeProxy); err != nil {
 		return err
 	}
-	if err := po.Swap(ctx, release.KubeProxy, r.FileSHA(release.KubeProxy, arch)); err != nil {
+	if err := po.Swap(ctx, release.KubeProxy, r.Target.SHA256(release.KubeProxy, arch)); err != nil {
 		return rollbackProxy(ctx, r, &po, err)
 	}
 	if err := waitProxy(ctx, r, &po, healthy); err != nil {

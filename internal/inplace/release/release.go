@@ -157,6 +157,13 @@ func (t *Release) CheckArtifacts(domain string) error {
 	return nil
 }
 
+// SHA256 is the signed sha256 of file name for arch (an empty arch is
+// ArchOr's default); "" when the bundle has no such file.
+func (t *Release) SHA256(name, arch string) string {
+	f, _, _ := t.File(name, ArchOr(arch))
+	return f.SHA256
+}
+
 // File returns the signed file name for arch, and its artifact in the
 // private registry ("" when binaries were not pushed there).
 func (t *Release) File(name, arch string) (bundle.File, string, bool) {

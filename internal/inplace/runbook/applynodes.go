@@ -42,7 +42,7 @@ func (r *upgradeRun) lostForGood() error {
 // onNodeFromVersion is the version node upgrades from: its kubelet's
 // before this upgrade.
 func (r *upgradeRun) onNodeFromVersion(name string) string {
-	return r.driverRun().NodeFrom(name, r.nodeState(name))
+	return r.plan.NodeFrom(r.nodeState(name), r.view.Facts[name], r.target.Version.String())
 }
 
 // onNodeFrom is onNode with the old version given.
@@ -93,8 +93,4 @@ func (r *upgradeRun) nodeState(name string) *preflight.NodeState {
 		return &r.plan.Nodes[i]
 	}
 	return nil
-}
-
-func (r *upgradeRun) fileSHA(name, arch string) string {
-	return r.driverRun().FileSHA(name, arch)
 }

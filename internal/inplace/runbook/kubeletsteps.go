@@ -316,7 +316,7 @@ func (r *upgradeRun) swapKubelet(ctx context.Context, k *kubeletRun) error {
 		return fmt.Errorf("node %s: kubelet not swapped: %w", k.name, err)
 	}
 	k.touched = true
-	if err := k.o.Swap(ctx, "kubelet", r.fileSHA("kubelet", k.arch)); err != nil {
+	if err := k.o.Swap(ctx, "kubelet", r.target.SHA256("kubelet", k.arch)); err != nil {
 		return r.rollback(ctx, k.o, "kubelet", err)
 	}
 	k.swapped = r.wait.Now()

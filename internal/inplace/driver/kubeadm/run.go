@@ -81,7 +81,7 @@ func runKubeadm(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, 
 	}
 	// The staged kubeadm runs as root and no swap checks it: its signed
 	// sum is checked on the node first.
-	if _, err := o.Run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.FileSHA("kubeadm", release.ArchOr(r.Node(o.Name).Arch))); err != nil {
+	if _, err := o.Run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.Target.SHA256("kubeadm", r.Node(o.Name).Arch)); err != nil {
 		return err
 	}
 	out, err := o.Run(ctx, "start kubeadm", nodescript.KubeadmStart, start...)

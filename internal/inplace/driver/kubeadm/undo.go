@@ -18,7 +18,7 @@ import (
 // was never run) is left as it is. After the first control-plane node,
 // what `kubeadm upgrade apply` changed in the cluster goes back too.
 func (d Driver) Undo(ctx context.Context, r *driver.Run, node string) error {
-	from, to := r.Plan.From[0], r.Target.Version.String()
+	from, to := r.From(), r.Target.Version.String()
 	keep := path.Join(kadm.TmpDir, fmt.Sprintf("kubelift-rollback-manifests-%d", r.Started))
 	err := r.Fx.OnNode(ctx, node, from, r.Target.Version.String(), func(ctx context.Context, o *nodeops.Ops) error {
 		current, backups, err := readManifests(ctx, o)
