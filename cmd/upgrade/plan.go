@@ -66,6 +66,9 @@ about, why, and the fix. Checks:
   staged, disk    binaries staged with the right sha256; room for the rest
   removed-flags   flags the target removed, in the kubelet's and the control
                   plane's units, drop-ins, environment files and command lines
+  runtime         each node's container runtime a version the target's kubelet
+                  supports (the catalog's containerRuntimes: containerd 1.x
+                  ends with v1.35)
   removed-apis    objects served under group-versions the target removes
   readmission     pods the restarted kubelet would reject (NodeAffinity): their
                   nodeSelector or required affinity no longer matches the node

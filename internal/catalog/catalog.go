@@ -72,14 +72,19 @@ type Release struct {
 	// minor removed: a component refuses to start with one.
 	RemovedFlags map[string][]string `json:"removedFlags,omitempty"`
 	RemovedAPIs  []string            `json:"removedAPIs"`
-	Images       []string            `json:"images"`
-	Files        []File              `json:"files"`
-	Withdrawn    bool                `json:"withdrawn,omitempty"`
+	// ContainerRuntimes lists, per runtime as a node reports it
+	// (containerd), the versions this release's kubelet supports
+	// (runtimes.go).
+	ContainerRuntimes map[string][]string `json:"containerRuntimes,omitempty"`
+	Images            []string            `json:"images"`
+	Files             []File              `json:"files"`
+	Withdrawn         bool                `json:"withdrawn,omitempty"`
 
 	parsed      Version
 	upgrade     []Range
 	downgrade   []Range
 	removedAPIs []RemovedAPI
+	runtimes    map[string][]Range
 }
 
 // RemovedAPI is an entry of removedAPIs: a group-version the release no
@@ -291,6 +296,9 @@ func (r *Release) validate(arches []string) error {
 			return fail(fmt.Sprintf("downgradeTo[%d]", i), "%q: downgrades are to a lower patch of %s only", s, v.MinorString())
 		}
 		r.downgrade = append(r.downgrade, rg)
+	}
+	if err := r.validateRuntimes(); err != nil {
+		return err
 	}
 	for i, f := range r.RemovedKubeletFlags {
 		if !strings.HasPrefix(f, "--") {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"regexp"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -127,4 +129,36 @@ func KubeletVersions(nodes []corev1.Node) (map[string]string, []BadValue) {
 		out[n.Name] = v.String()
 	}
 	return out, bad
+}
+
+// Runtime is a node's container runtime as its kubelet reports it
+// (status.nodeInfo.containerRuntimeVersion, "containerd://2.1.4").
+type Runtime struct {
+	Name    string
+	Version catalog.Version
+}
+
+func (r Runtime) String() string { return r.Name + " " + r.Version.String() }
+
+// runtimeRE is NAME://VERSION: a runtime name, then MAJOR.MINOR.PATCH
+// with or without its v, then what distributions append to a package's
+// version ("~ds1", "-0ubuntu1", "+k3s1"), which is dropped.
+var runtimeRE = regexp.MustCompile(`^([a-z0-9][a-z0-9.-]{0,62})://v?([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})([-+~][0-9A-Za-z.+~_-]{0,64})?$`)
+
+// ParseRuntime reads a node's status.nodeInfo.containerRuntimeVersion;
+// an empty value (a kubelet that has not reached its runtime) is the
+// zero Runtime.
+func ParseRuntime(node, s string) (Runtime, *BadValue) {
+	if s == "" {
+		return Runtime{}, nil
+	}
+	m := runtimeRE.FindStringSubmatch(s)
+	if m == nil {
+		return Runtime{}, &BadValue{Node: node, Field: "status.nodeInfo.containerRuntimeVersion", Value: s, Reason: "want RUNTIME://MAJOR.MINOR.PATCH, as a kubelet reports containerd://2.1.4"}
+	}
+	var n [3]int
+	for i := range n {
+		n[i], _ = strconv.Atoi(m[2+i]) // nine digits at most: always fits
+	}
+	return Runtime{Name: m[1], Version: catalog.Version{Major: n[0], Minor: n[1], Patch: n[2]}}, nil
 }

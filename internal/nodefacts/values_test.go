@@ -126,3 +126,30 @@ func TestReadFactsRefusesForgedValues(t *testing.T) {
 		t.Errorf("commands %q", r.cmds)
 	}
 }
+
+// A node's container runtime as its kubelet reports it: NAME://VERSION,
+// with or without the v, a distribution's suffix dropped; anything else
+// refused naming node, field and value; nothing reported is no runtime.
+func TestParseRuntime(t *testing.T) {
+	for in, want := range map[string]string{
+		"containerd://2.1.4":             "containerd v2.1.4",
+		"containerd://v2.3.7":            "containerd v2.3.7",
+		"containerd://1.6.20~ds1":        "containerd v1.6.20",
+		"containerd://1.7.12-0ubuntu4.1": "containerd v1.7.12",
+		"cri-o://1.31.2":                 "cri-o v1.31.2",
+	} {
+		rt, bad := ParseRuntime("worker-1", in)
+		if bad != nil || rt.String() != want {
+			t.Errorf("%q: %v, %v; want %s", in, rt, bad, want)
+		}
+	}
+	for _, in := range []string{"containerd", "containerd://", "containerd://1.7", "Containerd://1.7.1", "containerd://1.7.1 ", "containerd://1.7.1;reboot", "docker://$(id)", "containerd://1.7.1\n", "://1.7.1", "containerd://99999999999.1.1"} {
+		_, bad := ParseRuntime("worker-1", in)
+		if bad == nil || bad.Node != "worker-1" || bad.Field != "status.nodeInfo.containerRuntimeVersion" || bad.Value != in {
+			t.Errorf("%q: %+v, want refused naming node, field and value", in, bad)
+		}
+	}
+	if rt, bad := ParseRuntime("worker-1", ""); bad != nil || rt.Name != "" {
+		t.Errorf("empty: %v %v", rt, bad)
+	}
+}

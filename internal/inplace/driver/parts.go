@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
-	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
@@ -32,7 +32,7 @@ func WaitPart(ctx context.Context, r *Run, o *nodeops.Ops, part, version string)
 		case v != version:
 			return fmt.Errorf("%s runs %q, want %s", part, v, version)
 		case part == "kube-apiserver" && r.REST != nil:
-			return preflight.Readyz(ctx, r.REST, r.Addresses[o.Name].Address)
+			return cluster.Readyz(ctx, r.REST, r.Addresses[o.Name].Address)
 		}
 		return nil
 	})

@@ -31,12 +31,15 @@ type planCheck struct {
 	podNode map[string]string        // "ns/name" -> node
 	onNode  map[string][]*corev1.Pod // node -> its pods
 	roles   map[string]string        // node -> role
+	// runtimes are the container runtimes the Nodes report, parsed.
+	runtimes map[string]nodefacts.Runtime
 }
 
 // index builds the indexes of the view.
 func (pc *planCheck) index() {
 	pc.podNode = make(map[string]string, len(pc.view.Pods))
 	pc.onNode = map[string][]*corev1.Pod{}
+	pc.runtimes = map[string]nodefacts.Runtime{}
 	for i := range pc.view.Pods {
 		p := &pc.view.Pods[i]
 		pc.podNode[p.Namespace+"/"+p.Name] = p.Spec.NodeName
@@ -81,6 +84,11 @@ func (pc *planCheck) nodeStates() {
 	for _, n := range pc.view.Nodes {
 		s := NodeState{Name: n.Name, Role: pc.role(n.Name), Ready: cluster.NodeReady(&n), Arch: n.Status.NodeInfo.Architecture,
 			Kubelet: versions[n.Name]}
+		if rt, b := nodefacts.ParseRuntime(n.Name, n.Status.NodeInfo.ContainerRuntimeVersion); b != nil {
+			bad = append(bad, *b)
+		} else if rt.Name != "" {
+			s.Runtime, pc.runtimes[n.Name] = rt.String(), rt
+		}
 		if f := pc.view.Facts[n.Name]; f != nil {
 			s.Components = f.Components
 			bad = append(bad, f.Bad...)

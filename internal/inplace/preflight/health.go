@@ -2,22 +2,16 @@ package preflight
 
 import (
 	"context"
-	"crypto/x509"
-	"errors"
 	"fmt"
 	"maps"
-	"net"
-	"net/url"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
@@ -61,7 +55,7 @@ func (pc *planCheck) health(ctx context.Context) {
 			}
 			addr := t.Address
 			probe("apiserver/"+t.Name, Blocking, "", func(ctx context.Context) error {
-				if err := Readyz(ctx, pc.opts.REST, addr); err != nil {
+				if err := cluster.Readyz(ctx, pc.opts.REST, addr); err != nil {
 					return fmt.Errorf("/readyz: %w", err)
 				}
 				return nil
@@ -143,62 +137,4 @@ func (pc *planCheck) probe(ctx context.Context, check func(context.Context) erro
 		}
 		backoff = min(2*backoff, max(pc.opts.HealthBackoffCap, time.Millisecond))
 	}
-}
-
-// readyz asks the API server at addr (on the kubeconfig's port) for
-// /readyz, its certificate verified against the kubeconfig's CA for the
-// name the kubeconfig uses (every API server's certificate names the
-// cluster's endpoint) or, when it does not name that, for addr itself
-// (an API server's certificate names its own address; a kubeconfig that
-// names one API server directly does not match the others).
-func Readyz(ctx context.Context, cfg *rest.Config, addr string) error {
-	err := readyzAs(ctx, cfg, addr, "")
-	var hostErr x509.HostnameError
-	if errors.As(err, &hostErr) {
-		return readyzAs(ctx, cfg, addr, addr)
-	}
-	return err
-}
-
-// apiserverURL is the API server at addr (an IPv4 or IPv6 address, or a
-// name) on the port of the kubeconfig's server URL (none: https's).
-func apiserverURL(kubeconfigHost, addr string) string {
-	port := ""
-	if u, err := url.Parse(kubeconfigHost); err == nil && u.Host != "" {
-		port = u.Port()
-	} else if _, p, err := net.SplitHostPort(kubeconfigHost); err == nil {
-		port = p // HOST:PORT with no scheme
-	}
-	if port == "" {
-		port = "443"
-	}
-	return "https://" + net.JoinHostPort(addr, port)
-}
-
-func readyzAs(ctx context.Context, cfg *rest.Config, addr, serverName string) error {
-	c := rest.CopyConfig(cfg)
-	host := c.Host
-	c.Host = apiserverURL(host, addr)
-	switch {
-	case serverName != "":
-		c.TLSClientConfig.ServerName = serverName
-	case c.TLSClientConfig.ServerName == "":
-		// Verify the certificate against the name the kubeconfig uses.
-		if u, err := url.Parse(host); err == nil {
-			c.TLSClientConfig.ServerName = u.Hostname()
-		}
-	}
-	c.Timeout = 10 * time.Second
-	cs, err := kubernetes.NewForConfig(c)
-	if err != nil {
-		return err
-	}
-	body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-	if err != nil {
-		return fmt.Errorf("%s: %w", c.Host, err)
-	}
-	if strings.TrimSpace(string(body)) != "ok" {
-		return fmt.Errorf("%s: %s", c.Host, body)
-	}
-	return nil
 }

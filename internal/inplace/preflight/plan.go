@@ -55,6 +55,7 @@ const (
 	CheckDisk         Check = "disk"
 	CheckRemovedFlags Check = "removed-flags"
 	CheckCgroup       Check = "cgroup"
+	CheckRuntime      Check = "runtime"
 	CheckRemovedAPIs  Check = "removed-apis"
 	CheckReadmission  Check = "readmission"
 	CheckEviction     Check = "eviction"
@@ -62,7 +63,7 @@ const (
 )
 
 // Checks the plan runs, in the order findings are listed.
-var Checks = []Check{CheckValues, CheckPath, CheckSkew, CheckImported, CheckImages, CheckKubeadm, CheckSSH, CheckHealth, CheckStaged, CheckDisk, CheckRemovedFlags, CheckCgroup, CheckRemovedAPIs, CheckReadmission, CheckEviction, CheckRestarts}
+var Checks = []Check{CheckValues, CheckPath, CheckSkew, CheckImported, CheckImages, CheckKubeadm, CheckSSH, CheckHealth, CheckStaged, CheckDisk, CheckRemovedFlags, CheckCgroup, CheckRuntime, CheckRemovedAPIs, CheckReadmission, CheckEviction, CheckRestarts}
 
 // ParseCheck reads a check's name (as --ignore-preflight takes it).
 func ParseCheck(s string) (Check, error) {
@@ -114,6 +115,9 @@ type NodeState struct {
 	// the running binaries read on the node ("" when not running there).
 	Kubelet    string            `json:"kubelet"`
 	Components map[string]string `json:"components,omitempty"`
+	// Runtime is the container runtime the Node reports ("containerd
+	// v2.1.4"; "" when it reports none).
+	Runtime string `json:"runtime,omitempty"`
 	// Staged says every file the node needs is staged with the right sha256.
 	Staged bool `json:"staged"`
 	// StagePath, for a node that is not staged, is how apply would get
@@ -324,6 +328,7 @@ func Evaluate(ctx context.Context, opts PlanOptions, v *View) (*Plan, error) {
 	pc.staged()
 	pc.removedFlags()
 	pc.cgroupV1()
+	pc.runtime()
 	pc.removedAPIs(ctx)
 	pc.readmission()
 	pc.eviction()

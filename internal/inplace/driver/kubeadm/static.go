@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
@@ -73,7 +74,7 @@ func waitStaticAt(ctx context.Context, r *driver.Run, o *nodeops.Ops, to string)
 			}
 		}
 		if r.REST != nil {
-			return preflight.Readyz(ctx, r.REST, r.Addresses[o.Name].Address)
+			return cluster.Readyz(ctx, r.REST, r.Addresses[o.Name].Address)
 		}
 		return nil
 	})

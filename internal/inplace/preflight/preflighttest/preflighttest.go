@@ -34,10 +34,11 @@ type World struct {
 	Catalog *catalog.Catalog
 }
 
-// Node is a Ready node of role at v1.30.14, amd64, labelled disk=ssd.
+// Node is a Ready node of role at v1.30.14, amd64, on containerd 2.1.4,
+// labelled disk=ssd.
 func Node(name, role string) corev1.Node {
 	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"node-role.kubernetes.io/" + role: "", "disk": "ssd"}}}
-	n.Status.NodeInfo = corev1.NodeSystemInfo{KubeletVersion: "v1.30.14", Architecture: "amd64"}
+	n.Status.NodeInfo = corev1.NodeSystemInfo{KubeletVersion: "v1.30.14", Architecture: "amd64", ContainerRuntimeVersion: "containerd://2.1.4"}
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0." + name[len(name)-1:]}}
 	return n
