@@ -86,4 +86,5 @@ coredns)
 	;;
 esac
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done
+echo "built $name $version in ${SECONDS}s" >&2
 echo "$out"

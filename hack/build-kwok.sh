@@ -36,6 +36,7 @@ build() {
 	# Another build may have won the race: keep its binary.
 	if [ -e "$out" ]; then rm -rf "$partial"; else mv "$partial" "$out"; fi
 	partial=
+	echo "built kwok $v in ${SECONDS}s" >&2
 	echo "$out/kwok"
 }
 

@@ -75,4 +75,5 @@ CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
 	-ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl" \
 	-o "$partial/crictl" sigs.k8s.io/cri-tools/cmd/crictl
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done
+echo "built containerd $containerd, runc $runc, crictl $crictl in ${SECONDS}s" >&2
 echo "$out"
