@@ -143,7 +143,7 @@ func (r Runtime) String() string { return r.Name + " " + r.Version.String() }
 // runtimeRE is NAME://VERSION: a runtime name, then MAJOR.MINOR.PATCH
 // with or without its v, then what distributions append to a package's
 // version ("~ds1", "-0ubuntu1", "+k3s1"), which is dropped.
-var runtimeRE = regexp.MustCompile(`^([a-z0-9][a-z0-9.-]{0,62})://v?([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})([-+~][0-9A-Za-z.+~_-]{0,64})?$`)
+var runtimeRE = regexp.MustCompile(`^([A-Za-z0-9][A-Za-z0-9._-]{0,62})://v?([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})([-+~][0-9A-Za-z.+~_-]{0,64})?$`)
 
 // ParseRuntime reads a node's status.nodeInfo.containerRuntimeVersion;
 // an empty value (a kubelet that has not reached its runtime) is the

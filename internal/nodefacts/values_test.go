@@ -143,7 +143,7 @@ func TestParseRuntime(t *testing.T) {
 			t.Errorf("%q: %v, %v; want %s", in, rt, bad, want)
 		}
 	}
-	for _, in := range []string{"containerd", "containerd://", "containerd://1.7", "Containerd://1.7.1", "containerd://1.7.1 ", "containerd://1.7.1;reboot", "docker://$(id)", "containerd://1.7.1\n", "://1.7.1", "containerd://99999999999.1.1"} {
+	for _, in := range []string{"containerd", "containerd://", "containerd://1.7", "contai\nerd://1.7.1", "containerd://1.7.1 ", "containerd://1.7.1;reboot", "docker://$(id)", "containerd://1.7.1\n", "://1.7.1", "containerd://99999999999.1.1"} {
 		_, bad := ParseRuntime("worker-1", in)
 		if bad == nil || bad.Node != "worker-1" || bad.Field != "status.nodeInfo.containerRuntimeVersion" || bad.Value != in {
 			t.Errorf("%q: %+v, want refused naming node, field and value", in, bad)
