@@ -30,7 +30,7 @@ func ParseRuntimeRange(s string) (Range, error) {
 		if err != nil || strings.Count(base, ".") != 2 {
 			return Range{}, fmt.Errorf("%q: want vMAJOR.MINOR.PATCH+ (that patch and later ones of its minor)", s)
 		}
-		return Range{From: v, To: Version{v.Major, v.Minor, 1<<31 - 1}, text: s}, nil
+		return Range{From: v, To: v.lastOfMinor(), text: s}, nil
 	}
 	return ParseRange(s)
 }

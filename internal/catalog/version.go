@@ -64,6 +64,10 @@ func (v Version) Compare(o Version) int {
 	return 0
 }
 
+// lastOfMinor is the newest version of v's minor there can be: the end of
+// a range that holds every later patch.
+func (v Version) lastOfMinor() Version { return Version{v.Major, v.Minor, 1<<31 - 1} }
+
 // Range is a set of versions written in the catalog as "v1.30" (every patch
 // of a minor), "v1.31.0-v1.31.3" (inclusive) or "v1.31.2" (exact).
 type Range struct {
@@ -92,7 +96,7 @@ func ParseRange(s string) (Range, error) {
 		if err != nil {
 			return Range{}, fmt.Errorf("range %q: %w", s, err)
 		}
-		return Range{From: v, To: Version{v.Major, v.Minor, 1<<31 - 1}, text: s}, nil
+		return Range{From: v, To: v.lastOfMinor(), text: s}, nil
 	}
 	v, err := ParseVersion(s)
 	if err != nil {

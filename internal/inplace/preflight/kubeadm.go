@@ -125,23 +125,6 @@ func (p *Plan) FirstControlPlane() string {
 	return ""
 }
 
-// NodeFrom is the version a node upgrades from: its kubelet's before this
-// upgrade (state's, else what facts read), the plan's From where that
-// says nothing or says the target already.
-func (p *Plan) NodeFrom(state *NodeState, facts *nodefacts.Facts, target string) string {
-	from := ""
-	if facts != nil {
-		from = facts.Components["kubelet"]
-	}
-	if state != nil && state.Kubelet != "" {
-		from = state.Kubelet
-	}
-	if len(p.From) > 0 && (from == "" || from == target) {
-		from = p.From[0]
-	}
-	return from
-}
-
 // StaticComponent is the control-plane component a mirror pod runs and
 // its version (the tag of its image): "" for other pods.
 func StaticComponent(p *corev1.Pod) (string, string, error) {

@@ -300,6 +300,23 @@ func (opts *PlanOptions) Defaults() error {
 	return nil
 }
 
+// NodeFrom is the version a node upgrades from: its kubelet's before this
+// upgrade (state's, else what facts read), the plan's From where that
+// says nothing or says the target already.
+func (p *Plan) NodeFrom(state *NodeState, facts *nodefacts.Facts, target string) string {
+	from := ""
+	if facts != nil {
+		from = facts.Components["kubelet"]
+	}
+	if state != nil && state.Kubelet != "" {
+		from = state.Kubelet
+	}
+	if len(p.From) > 0 && (from == "" || from == target) {
+		from = p.From[0]
+	}
+	return from
+}
+
 // Evaluate runs every check over what was read.
 func Evaluate(ctx context.Context, opts PlanOptions, v *View) (*Plan, error) {
 	t := opts.Target
