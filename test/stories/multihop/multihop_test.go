@@ -1,11 +1,18 @@
 // Package multihop tests an upgrade across several minors in one apply,
 // end to end on a sandbox of its own (1 control plane, 2 workers at
 // v1.30.14, containerd): the bundle carries the control plane of v1.31.14
-// and v1.32.13 (bundle create --from); an object written through an API
-// v1.32 removes is refused at plan; apply killed between two hops resumes
-// at the right one; the control plane passes through each hop while every
-// kubelet goes once, straight to v1.33.13, with the hash-skip file, and no
-// shop container restarts; then an image set in place is acted on.
+// (bundle create --from); an object written through an API v1.32 removes
+// is refused at plan; apply killed between the hop and the target resumes
+// at the target; the control plane passes through the hop while every
+// kubelet goes once, straight to v1.32.13 (across the kubelet's hash
+// change of v1.31), with the hash-skip file, and no shop container
+// restarts; then an image set in place is acted on.
+//
+// Two minors, not three: a third would build a fourth Kubernetes release
+// for this story alone (about 5 minutes of both cores on a cold machine);
+// what a second hop adds (the removals of every minor on the way, the
+// order of hops) is tested in internal/inplace/runbook's hops_test.go and
+// internal/catalog's.
 package multihop
 
 import (
@@ -33,10 +40,10 @@ import (
 // the minors in between.
 const (
 	from   = "v1.30.14"
-	target = "v1.33.13"
+	target = "v1.32.13"
 )
 
-var hops = []string{"v1.31.14", "v1.32.13"}
+var hops = []string{"v1.31.14"}
 
 var h *harness.Harness
 
@@ -98,10 +105,10 @@ func TestBundleCarriesTheHops(t *testing.T) {
 // flowSchemas is the API v1.32 stops serving (flowcontrol v1beta3).
 var flowSchemas = schema.GroupVersionResource{Group: "flowcontrol.apiserver.k8s.io", Version: "v1beta3", Resource: "flowschemas"}
 
-// An object written through an API a minor on the way removes is refused
+// An object written through an API the target's minor removes is refused
 // at plan, naming the object and that minor; written again through a
 // served version, it is not.
-func TestRemovedAPIOnTheWayIsRefusedAtPlan(t *testing.T) {
+func TestRemovedAPIIsRefusedAtPlan(t *testing.T) {
 	h.Import(t, h.HashSkipBundle)
 	ctx := context.Background()
 	rc, err := h.SB.RESTConfig()
@@ -169,10 +176,10 @@ func TestRemovedAPIOnTheWayIsRefusedAtPlan(t *testing.T) {
 	}
 }
 
-// One apply, killed between the two hops and run again: the control plane
-// goes through v1.31.14 and v1.32.13 (the log and status say each), every
-// kubelet straight to the target; no shop container restarts and the
-// prober sees nothing fail.
+// One apply, killed between the hop and the target and run again: the
+// control plane goes through v1.31.14 to v1.32.13 (the log and status say
+// each), every kubelet straight to the target; no shop container restarts
+// and the prober sees nothing fail.
 func TestOneApplyThroughTheHops(t *testing.T) {
 	ctx := context.Background()
 	before := h.Shop(t)
@@ -182,17 +189,17 @@ func TestOneApplyThroughTheHops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Between the hops: killed as it starts the second, every part of
-	// cp-1 at the first (its log says so line by line).
+	// Between the hop and the target: killed as it starts the target,
+	// every part of cp-1 at the hop (its log says so line by line).
 	var log []string
-	second := fmt.Sprintf(`msg="control plane" to=%s hop=true`, hops[1])
+	second := fmt.Sprintf(`msg="control plane" to=%s hop=false`, target)
 	timeout := time.After(15 * time.Minute)
 	for killed := false; !killed; {
 		select {
 		case l, ok := <-lines:
 			if !ok {
 				_ = cmd.Wait()
-				t.Fatalf("apply ended before the second hop:\n%s", strings.Join(log, "\n"))
+				t.Fatalf("apply ended before the control plane's move to the target:\n%s", strings.Join(log, "\n"))
 			}
 			log = append(log, l)
 			if strings.Contains(l, second) {
@@ -203,7 +210,7 @@ func TestOneApplyThroughTheHops(t *testing.T) {
 			}
 		case <-timeout:
 			_ = cmd.Process.Kill()
-			t.Fatalf("no second hop within 15 minutes:\n%s", strings.Join(log, "\n"))
+			t.Fatalf("no move to the target within 15 minutes:\n%s", strings.Join(log, "\n"))
 		}
 	}
 	for l := range lines {
@@ -223,13 +230,13 @@ func TestOneApplyThroughTheHops(t *testing.T) {
 			t.Errorf("status after the kill does not say %q:\n%s%s", want, st.Stdout, st.Stderr)
 		}
 	}
-	if v := apiserverVersion(t); v != hops[0] && v != hops[1] {
-		t.Errorf("after the kill between the hops the API server runs %s", v)
+	if v := apiserverVersion(t); v != hops[0] && v != target {
+		t.Errorf("after the kill between the hop and the target the API server runs %s", v)
 	}
 	for _, m := range h.SB.Nodes() {
 		if m.Role == "worker" {
 			if v := h.Node(t, m.Name).Status.NodeInfo.KubeletVersion; v != from {
-				t.Errorf("%s's kubelet at %s while the control plane was between hops", m.Name, v)
+				t.Errorf("%s's kubelet at %s while the control plane was between the hop and the target", m.Name, v)
 			}
 		}
 	}
@@ -242,15 +249,14 @@ func TestOneApplyThroughTheHops(t *testing.T) {
 		t.Fatalf("resumed apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-		for _, v := range []string{hops[1], target} { // once, by one run or the other
-			line := fmt.Sprintf("msg=upgraded node=cp-1 component=%s version=%s", comp, v)
-			n := strings.Count(joined, line) + strings.Count(r.Stderr, line)
-			if n == 0 && comp == "kube-apiserver" && v == hops[1] {
-				continue // swapped in the moment between the killed run's line and the kill: the resumed run found it there
-			}
-			if n != 1 {
-				t.Errorf("cp-1's %s moved to %s %d times by the two applies:\n%s\n%s", comp, v, n, joined, r.Stderr)
-			}
+		// once, by one run or the other; the API server may have been
+		// swapped in the moment between the killed run's line and the
+		// kill: the resumed run found it there (its version is checked
+		// below)
+		line := fmt.Sprintf("msg=upgraded node=cp-1 component=%s version=%s", comp, target)
+		n := strings.Count(joined, line) + strings.Count(r.Stderr, line)
+		if n != 1 && (n != 0 || comp != "kube-apiserver") {
+			t.Errorf("cp-1's %s moved to %s %d times by the two applies:\n%s\n%s", comp, target, n, joined, r.Stderr)
 		}
 		if strings.Contains(r.Stderr, fmt.Sprintf("component=%s version=%s", comp, hops[0])) {
 			t.Errorf("the resumed apply moved %s to the first hop again:\n%s", comp, r.Stderr)
@@ -305,7 +311,7 @@ func stateNodesOf(st *record.Upgrade) []record.Node {
 
 // After the multi-hop upgrade, while the hash-skip file is on the node, an
 // image set in place on a container the v1.30 kubelet started is acted on
-// by the v1.33 kubelet (that container restarts with it), and no other
+// by the v1.32 kubelet (that container restarts with it), and no other
 // container restarts.
 func TestImageSetInPlaceAfterTheHops(t *testing.T) {
 	pod := h.HashSkipShopPod(t, func(p *corev1.Pod) bool { return len(p.Spec.Containers) == 2 })
