@@ -53,16 +53,23 @@ lint: deps
 # after them (hack/host-guard.sh): a test that writes one fails the run.
 # The Kubernetes releases the tests build share one Go cache for the run,
 # removed at its end (hack/build-kubernetes.sh); hack/disk-check.sh first
-# refuses a disk without room for the run's peak.
+# refuses a disk without room for the run's peak. What the run built, and
+# how long each build took, is printed at its end (KUBELIFT_BUILD_LOG:
+# on a new machine most of the run's time).
 TEST_DISK_GB ?= 20
 test: deps lint
 	@hack/disk-check.sh $(TEST_DISK_GB)
 	@guard=$$(mktemp); export KUBELIFT_BUILD_CACHE=$$(mktemp -d -t go-build-kubelift.XXXXXX); \
-	trap 'rm -rf "$$KUBELIFT_BUILD_CACHE" "$$guard"' EXIT; trap 'exit 130' INT TERM; \
+	export KUBELIFT_BUILD_LOG=$$(mktemp); \
+	trap 'rm -rf "$$KUBELIFT_BUILD_CACHE" "$$guard" "$$KUBELIFT_BUILD_LOG"' EXIT; trap 'exit 130' INT TERM; \
 	hack/host-guard.sh snapshot $$guard; rc=0; \
+	echo "$$(date -u +%T) unit tests (-race)"; \
 	(cd pkg/hashskip && $(GO) test -race -count=1 ./...) || rc=1; \
 	$(GO) test -race -count=1 ./cmd/... ./internal/... || rc=1; \
+	echo "$$(date -u +%T) sandboxes and stories (test/)"; \
 	$(GO) test -count=1 -timeout 45m ./test/... || rc=1; \
+	echo "$$(date -u +%T) done"; \
+	if [ -s "$$KUBELIFT_BUILD_LOG" ]; then echo "built during this run (UTC):"; sed 's/^/  /' "$$KUBELIFT_BUILD_LOG"; fi; \
 	hack/host-guard.sh check $$guard || rc=1; exit $$rc
 
 demo: deps build sandbox-up

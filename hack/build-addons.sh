@@ -20,6 +20,7 @@ set -euo pipefail
 # A build is background work: the tests that ask for it run sandboxes
 # beside it whose pods and prober must not wait behind the compiler.
 renice -n 10 -p $$ >/dev/null
+. "$(dirname "$0")/lib.sh"
 usage="usage: $0 etcd|coredns VERSION"
 name=${1:?$usage}
 version=${2:?$usage}
@@ -86,5 +87,5 @@ coredns)
 	;;
 esac
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done
-echo "built $name $version in ${SECONDS}s" >&2
+built_note "built $name $version in ${SECONDS}s"
 echo "$out"

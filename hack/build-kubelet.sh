@@ -95,5 +95,5 @@ if [ "$runtests" = "--test" ]; then
 	echo "running upstream's pkg/kubelet/kuberuntime tests on the patched copy" >&2
 	go test -trimpath -count=1 -v -ldflags "$ld" k8s.io/kubernetes/pkg/kubelet/kuberuntime 2>&1 | grep -E '^(--- |ok|FAIL|PASS)' >&2
 fi
-echo "kubelet $version with the hash-skip patch${runtests:+ and its tests}: ${SECONDS}s" >&2
+built_note "kubelet $version with the hash-skip patch${built:+ (cached)}${runtests:+ and its tests}: ${SECONDS}s"
 echo "$out/kubelet"

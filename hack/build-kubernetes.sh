@@ -57,5 +57,5 @@ mkdir -p "$partial"
 trap 'rm -rf "$work" "$partial"' EXIT
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$partial/" "${pkgs[@]}"
 for c in "${missing[@]}"; do mv "$partial/$c" "$out/$c"; done
-echo "built ${missing[*]} $version in ${SECONDS}s" >&2
+built_note "built ${missing[*]} $version in ${SECONDS}s"
 echo "$out"

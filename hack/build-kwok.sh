@@ -11,6 +11,7 @@ set -euo pipefail
 # A build is background work: the tests that ask for it run sandboxes
 # beside it whose pods and prober must not wait behind the compiler.
 renice -n 10 -p $$ >/dev/null
+. "$(dirname "$0")/lib.sh"
 version=${1:-v0.7.0}
 cache=${KUBELIFT_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/tools}
 # absolute: the build cds into a work directory before it writes there
@@ -36,7 +37,7 @@ build() {
 	# Another build may have won the race: keep its binary.
 	if [ -e "$out" ]; then rm -rf "$partial"; else mv "$partial" "$out"; fi
 	partial=
-	echo "built kwok $v in ${SECONDS}s" >&2
+	built_note "built kwok $v in ${SECONDS}s"
 	echo "$out/kwok"
 }
 

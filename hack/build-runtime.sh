@@ -14,6 +14,7 @@ set -euo pipefail
 # A build is background work: the tests that ask for it run sandboxes
 # beside it whose pods and prober must not wait behind the compiler.
 renice -n 10 -p $$ >/dev/null
+. "$(dirname "$0")/lib.sh"
 containerd=${1:-v2.3.7}
 runc=${2:-v1.5.2}
 crictl=${3:-v1.34.0}
@@ -75,5 +76,5 @@ CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
 	-ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl" \
 	-o "$partial/crictl" sigs.k8s.io/cri-tools/cmd/crictl
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done
-echo "built containerd $containerd, runc $runc, crictl $crictl in ${SECONDS}s" >&2
+built_note "built containerd $containerd, runc $runc, crictl $crictl in ${SECONDS}s"
 echo "$out"

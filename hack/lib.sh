@@ -1,12 +1,24 @@
 # shellcheck shell=bash disable=SC2034 # sourced: the variables it sets are its callers'
-# Shared by kubelift's build scripts: how to build against k8s.io/kubernetes
-# from the Go module proxy. Source it; then, in an empty directory:
+# Shared by kubelift's build scripts: built_note, and how to build against
+# k8s.io/kubernetes from the Go module proxy. Source it; then, in an empty
+# directory:
 #   kube_module VERSION
 # makes a Go module there requiring k8s.io/kubernetes@VERSION with every
 # staging module its go.mod replaces by a local path (./staging/...)
 # replaced instead by the published v0.MINOR.PATCH, and sets
 # KUBE_MINOR, KUBE_STAGING (v0.MINOR.PATCH), KUBE_SRC (the module's source
 # in the module cache) and KUBE_LDFLAGS (version stamping).
+
+# built_note MESSAGE: what a build made and how long it took, on stderr
+# and, under make test, in the run's build log ($KUBELIFT_BUILD_LOG, each
+# line stamped with the time), which make test prints at its end: on a
+# cold machine the run's time is mostly these builds.
+built_note() {
+	echo "$*" >&2
+	if [ -n "${KUBELIFT_BUILD_LOG:-}" ]; then
+		echo "$(date -u +%H:%M:%S) $*" >>"$KUBELIFT_BUILD_LOG"
+	fi
+}
 
 # staging_version MODULE: KUBE_STAGING if the module proxy serves it,
 # else the newest patch of the same minor below it that it serves (this
