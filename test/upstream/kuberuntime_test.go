@@ -3,6 +3,8 @@
 // with kubelift's hash-skip patch (hack/kubelet/), and kubelift's tests of
 // the patch beside them. The patched kubelet's behaviour on a real node is
 // the stories' concern; this is the patch held to upstream's unit tests.
+// The built-in catalog is held here to upstream's source as well: what it
+// says of each release that the release's own code says.
 package upstream
 
 import (
