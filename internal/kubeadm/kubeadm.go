@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"regexp"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -67,12 +68,18 @@ type Config struct {
 	KubernetesVersion catalog.Version
 	// ImageRepository is where kubeadm pulls the control plane from.
 	ImageRepository string
-	// DNSImageRepository overrides it for CoreDNS ("" when not set).
+	// DNSImageRepository overrides it for CoreDNS ("" when not set), and
+	// DNSImageTag the tag (dns.imageTag).
 	DNSImageRepository string
+	DNSImageTag        string
 	// LocalEtcd says etcd is a static pod kubeadm manages; EtcdDataDir is
-	// its data directory.
-	LocalEtcd   bool
-	EtcdDataDir string
+	// its data directory. EtcdImageRepository and EtcdImageTag override
+	// where its image comes from (etcd.local.imageRepository, imageTag):
+	// a pinned tag stays across kubeadm upgrades.
+	LocalEtcd           bool
+	EtcdDataDir         string
+	EtcdImageRepository string
+	EtcdImageTag        string
 	// CertificatesDir holds the cluster's PKI (etcd's under etcd/).
 	CertificatesDir string
 	// KubeletFailCgroupV1 is failCgroupV1 in the kubelet-config
@@ -91,10 +98,13 @@ type clusterConfiguration struct {
 	CertificatesDir   string `json:"certificatesDir"`
 	DNS               struct {
 		ImageRepository string `json:"imageRepository"`
+		ImageTag        string `json:"imageTag"`
 	} `json:"dns"`
 	Etcd struct {
 		Local *struct {
-			DataDir string `json:"dataDir"`
+			DataDir         string `json:"dataDir"`
+			ImageRepository string `json:"imageRepository"`
+			ImageTag        string `json:"imageTag"`
 		} `json:"local"`
 		External *struct{} `json:"external"`
 	} `json:"etcd"`
@@ -160,12 +170,18 @@ func Parse(doc []byte) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s kubernetesVersion: %w", ClusterConfigKey, err)
 	}
-	cfg := &Config{KubernetesVersion: v, ImageRepository: cc.ImageRepository, DNSImageRepository: cc.DNS.ImageRepository,
+	cfg := &Config{KubernetesVersion: v, ImageRepository: cc.ImageRepository, DNSImageRepository: cc.DNS.ImageRepository, DNSImageTag: cc.DNS.ImageTag,
 		LocalEtcd: cc.Etcd.External == nil, EtcdDataDir: DefaultEtcdDataDir, CertificatesDir: DefaultCertDir}
 	if cfg.ImageRepository == "" {
 		cfg.ImageRepository = DefaultImageRepository
 	}
-	for field, repo := range map[string]string{"imageRepository": cfg.ImageRepository, "dns.imageRepository": cfg.DNSImageRepository} {
+	if l := cc.Etcd.Local; l != nil {
+		if l.DataDir != "" {
+			cfg.EtcdDataDir = l.DataDir
+		}
+		cfg.EtcdImageRepository, cfg.EtcdImageTag = l.ImageRepository, l.ImageTag
+	}
+	for field, repo := range map[string]string{"imageRepository": cfg.ImageRepository, "dns.imageRepository": cfg.DNSImageRepository, "etcd.local.imageRepository": cfg.EtcdImageRepository} {
 		if repo == "" {
 			continue
 		}
@@ -173,8 +189,10 @@ func Parse(doc []byte) (*Config, error) {
 			return nil, fmt.Errorf("%s %s %q: not a registry path: %w", ClusterConfigKey, field, repo, err)
 		}
 	}
-	if cc.Etcd.Local != nil && cc.Etcd.Local.DataDir != "" {
-		cfg.EtcdDataDir = cc.Etcd.Local.DataDir
+	for field, tag := range map[string]string{"dns.imageTag": cfg.DNSImageTag, "etcd.local.imageTag": cfg.EtcdImageTag} {
+		if tag != "" && !imageTagRE.MatchString(tag) {
+			return nil, fmt.Errorf("%s %s %q: not an image tag", ClusterConfigKey, field, tag)
+		}
 	}
 	if cc.CertificatesDir != "" {
 		cfg.CertificatesDir = cc.CertificatesDir
@@ -187,11 +205,19 @@ func Parse(doc []byte) (*Config, error) {
 	return cfg, nil
 }
 
+// imageTagRE is an image tag as the OCI distribution spec allows it.
+var imageTagRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+
 // Image is one image kubeadm pulls: the upstream reference a bundle
 // carries and the name kubeadm asks the cluster's registry for.
+// PinnedBy names the ClusterConfiguration field that pins its tag
+// (etcd.local.imageTag, dns.imageTag): kubeadm then pulls that tag, not
+// the bundle's, and the registry holds the user's image, not the
+// bundle's.
 type Image struct {
 	Upstream string `json:"upstream"`
 	Want     string `json:"want"`
+	PinnedBy string `json:"pinnedBy,omitempty"`
 }
 
 // Images are the images `kubeadm upgrade apply` to a release pulls, as
@@ -199,7 +225,10 @@ type Image struct {
 // image, kube-proxy, etcd (when local) and pause as REPO/NAME:TAG, and
 // CoreDNS as DNSREPO/coredns:TAG, or REPO/coredns:TAG with a custom
 // repository, or registry.k8s.io/coredns/coredns:TAG with the default
-// one (kubeadm's GetDNSImage). The tags are the release's catalog images'.
+// one (kubeadm's GetDNSImage). The tags are the release's catalog
+// images', but where etcd.local.imageTag or dns.imageTag pins one (and
+// etcd.local.imageRepository moves etcd's), as kubeadm's GetEtcdImage
+// and GetDNSImage have it.
 func (c *Config) Images(rel *catalog.Release) ([]Image, error) {
 	var out []Image
 	for _, ref := range rel.Images {
@@ -208,10 +237,17 @@ func (c *Config) Images(rel *catalog.Release) ([]Image, error) {
 			return nil, fmt.Errorf("catalog %s image %q: %w", rel.Version, ref, err)
 		}
 		base := path.Base(up.RepositoryStr())
-		repo := c.ImageRepository
+		repo, tag, pinned := c.ImageRepository, up.TagStr(), ""
 		switch {
 		case base == "etcd" && !c.LocalEtcd:
 			continue
+		case base == "etcd":
+			if c.EtcdImageRepository != "" {
+				repo = c.EtcdImageRepository
+			}
+			if c.EtcdImageTag != "" {
+				tag, pinned = c.EtcdImageTag, "etcd.local.imageTag"
+			}
 		case base == "coredns":
 			switch {
 			case c.DNSImageRepository != "":
@@ -219,8 +255,11 @@ func (c *Config) Images(rel *catalog.Release) ([]Image, error) {
 			case c.ImageRepository == DefaultImageRepository:
 				repo = DefaultImageRepository + "/coredns"
 			}
+			if c.DNSImageTag != "" {
+				tag, pinned = c.DNSImageTag, "dns.imageTag"
+			}
 		}
-		out = append(out, Image{Upstream: ref, Want: repo + "/" + base + ":" + up.TagStr()})
+		out = append(out, Image{Upstream: ref, Want: repo + "/" + base + ":" + tag, PinnedBy: pinned})
 	}
 	return out, nil
 }

@@ -96,6 +96,9 @@ func TestParseRefuses(t *testing.T) {
 		{"version", "kubernetesVersion: v1.30.14", "kubernetesVersion: v1.30.14; rm -rf /", "kubernetesVersion"},
 		{"repository", "imageRepository: 10.78.0.1:5000/library", "imageRepository: 'evil repo/$(x)'", "imageRepository"},
 		{"data dir", "dataDir: /var/lib/etcd", "dataDir: ../etcd", "etcd.local.dataDir"},
+		{"etcd tag", "dataDir: /var/lib/etcd", "dataDir: /var/lib/etcd\n    imageTag: '3.5.9;x'", "etcd.local.imageTag"},
+		{"etcd repository", "dataDir: /var/lib/etcd", "dataDir: /var/lib/etcd\n    imageRepository: 'a b'", "etcd.local.imageRepository"},
+		{"dns tag", "dns: {}", "dns: {imageTag: '-v1'}", "dns.imageTag"},
 		{"kind", "kind: ClusterConfiguration", "kind: InitConfiguration", "not a kubeadm ClusterConfiguration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,6 +148,32 @@ func TestImages(t *testing.T) {
 	}
 	if _, ok := want(&Config{ImageRepository: "r/x"})["registry.k8s.io/etcd:3.5.15-0"]; ok {
 		t.Error("external etcd: kubeadm pulls no etcd image")
+	}
+	// Pins, as kubeadm's GetEtcdImage and GetDNSImage read them.
+	imgs, err := (&Config{ImageRepository: "r/x", LocalEtcd: true, EtcdImageRepository: "r/etcd-mirror", EtcdImageTag: "3.5.9-0", DNSImageTag: "v1.11.1"}).Images(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := map[string]string{}
+	for _, im := range imgs {
+		if im.PinnedBy != "" {
+			pinned[im.Want] = im.PinnedBy
+		}
+	}
+	if len(pinned) != 2 || pinned["r/etcd-mirror/etcd:3.5.9-0"] != "etcd.local.imageTag" || pinned["r/x/coredns:v1.11.1"] != "dns.imageTag" {
+		t.Errorf("pinned images %v", pinned)
+	}
+}
+
+// A ClusterConfiguration's pins are read.
+func TestParsePins(t *testing.T) {
+	doc := strings.Replace(strings.Replace(sandboxDoc, "dataDir: /var/lib/etcd", "dataDir: /var/lib/etcd\n    imageRepository: r/etcd\n    imageTag: 3.5.9-0", 1), "dns: {}", "dns: {imageTag: v1.11.1}", 1)
+	c, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.EtcdImageRepository != "r/etcd" || c.EtcdImageTag != "3.5.9-0" || c.DNSImageTag != "v1.11.1" {
+		t.Errorf("parsed %+v", c)
 	}
 }
 

@@ -401,6 +401,58 @@ func TestImagesInRegistry(t *testing.T) {
 	}
 }
 
+// On a kubeadm cluster whose ClusterConfiguration pins etcd's tag
+// (etcd.local.imageTag, kept across kubeadm upgrades), plan looks in the
+// registry for the image kubeadm will pull, not the bundle's, and a
+// missing one names the field that pins it.
+func TestKubeadmImagesFollowAPinnedTag(t *testing.T) {
+	srv := httptest.NewServer(ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	repo := u.Host + "/library"
+	push := func(repoTag string) {
+		t.Helper()
+		img, _ := random.Image(256, 1)
+		ref, err := name.ParseReference(repo + "/" + repoTag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := remote.Write(ref, img); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := preflighttest.New(t)
+	rel, err := w.Catalog.Lookup("v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range rel.Images { // every image of the release, under kubeadm's names
+		up, err := name.NewTag(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		push(up.RepositoryStr()[strings.LastIndex(up.RepositoryStr(), "/")+1:] + ":" + up.TagStr())
+	}
+	v, _ := catalog.ParseVersion("v1.30.14")
+	w.View.Kubeadm = &kubeadm.Config{KubernetesVersion: v, ImageRepository: repo, LocalEtcd: true, EtcdImageTag: "3.5.9-0",
+		EtcdDataDir: kubeadm.DefaultEtcdDataDir, CertificatesDir: kubeadm.DefaultCertDir}
+	fs := preflighttest.Only(w.Plan(t), preflight.CheckKubeadm)
+	preflighttest.Want(t, fs, preflight.Blocking, "image/"+repo+"/etcd:3.5.9-0", "kubeadm upgrade pulls", "pinned by etcd.local.imageTag", "not in the registry")
+	for _, f := range fs {
+		if f.Severity != preflight.Info && f.Object != "image/"+repo+"/etcd:3.5.9-0" {
+			t.Errorf("finding on another image: %+v", f)
+		}
+	}
+	// The pinned tag in the registry: nothing to say of etcd (the bundle's
+	// etcd, another image, is not compared with it).
+	push("etcd:3.5.9-0")
+	for _, f := range preflighttest.Only(w.Plan(t), preflight.CheckKubeadm) {
+		if f.Severity != preflight.Info {
+			t.Errorf("with the pinned image in the registry: %+v", f)
+		}
+	}
+}
+
 // The window plan shows (its waves) and the one apply keeps (its width
 // after so many successes) are one description.
 func TestWindow(t *testing.T) {

@@ -89,10 +89,13 @@ func (pc *planCheck) kubeadmImages(ctx context.Context) {
 		switch {
 		case err != nil:
 			pc.add(Blocking, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("cannot check the private registry for %s, which kubeadm upgrade pulls: %v", im.Want, err), "pass the registry flags (--username, --ca-file ...)")
+		case got == (v1.Hash{}) && im.PinnedBy != "":
+			pc.add(Blocking, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("kubeadm upgrade pulls %s (its tag pinned by %s in kube-system/kubeadm-config), which is not in the registry", im.Want, im.PinnedBy),
+				fmt.Sprintf("push that image to the registry, or remove %s so that kubeadm pulls the bundle's %s", im.PinnedBy, im.Upstream))
 		case got == (v1.Hash{}):
 			pc.add(Blocking, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("kubeadm upgrade pulls %s (imageRepository %s), which is not in the registry", im.Want, kc.ImageRepository),
 				fmt.Sprintf("import the bundle so that its images land under %s (upgrade import --domain and --namespace; without --keep-path CoreDNS lands at NAMESPACE/coredns, as kubeadm asks for a custom repository)", kc.ImageRepository))
-		case imported[im.Upstream] != "" && got.String() != imported[im.Upstream]:
+		case im.PinnedBy == "" && imported[im.Upstream] != "" && got.String() != imported[im.Upstream]:
 			pc.add(Warning, CheckKubeadm, "image/"+im.Want, fmt.Sprintf("%s in the registry is %s, not the bundle's %s: kubeadm will run what the registry holds", im.Want, got, imported[im.Upstream]), "re-import the bundle to that place")
 		}
 	}
