@@ -287,6 +287,9 @@ func (*binaryWorld) wantUndo(step string) outcome {
 // pods in a fake API, moved by a fake kubeadm run.
 type kubeadmWorld struct {
 	client *fake.Clientset
+	// etcdDown is how many more reads of the pods see the node's etcd
+	// member not Ready (kubeadm restarted it, or put it back).
+	etcdDown int
 }
 
 func newKubeadmWorld() world { return &kubeadmWorld{} }
@@ -307,7 +310,7 @@ func (w *kubeadmWorld) run(t *testing.T, fault string, undo bool) *driver.Run {
 	if undo {
 		at = to
 	}
-	objs := []runtime.Object{}
+	objs := []runtime.Object{drivertest.MirrorPod("etcd", "3.5.15-0", true)}
 	for _, c := range release.ControlPlaneFiles {
 		objs = append(objs, drivertest.MirrorPod(c, at, true))
 	}
@@ -322,14 +325,27 @@ func (w *kubeadmWorld) run(t *testing.T, fault string, undo bool) *driver.Run {
 			return true, nil, errors.New("etcdserver: request timed out")
 		})
 	}
+	// etcd's member comes back a few reads after kubeadm put it back: the
+	// control plane is not back before it is.
+	w.client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if w.etcdDown > 0 {
+			w.etcdDown--
+			pod := drivertest.MirrorPod("etcd", "3.5.15-0", w.etcdDown == 0)
+			if err := w.client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("pods"), pod, pod.Namespace); err != nil {
+				return true, nil, err
+			}
+		}
+		return false, nil, nil
+	})
 	status := "exit 0\n"
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
 		nodescript.Exists.Name:    func([]string) (string, error) { return "no\n", nil },
 		nodescript.CheckFile.Name: func([]string) (string, error) { return "", nil },
 		nodescript.KubeadmStart.Name: func([]string) (string, error) {
 			switch fault {
-			case "move": // kubeadm puts back what it moved itself
+			case "move": // kubeadm puts back what it moved itself, etcd too
 				status = "exit 1\n[upgrade/apply] FATAL: couldn't upgrade control plane\n"
+				w.etcdDown = 5
 			case "put back": // ... and what it put back never comes up
 				status = "exit 1\n[upgrade/apply] FATAL: couldn't upgrade control plane\n"
 				return "started\n", w.move(to, false)
@@ -373,11 +389,13 @@ func (w *kubeadmWorld) at(t *testing.T) string {
 	}
 	got := map[string]bool{}
 	for _, p := range pods.(*corev1.PodList).Items {
-		_, v, err := preflight.StaticComponent(&p)
+		c, v, err := preflight.StaticComponent(&p)
 		if err != nil || !preflight.PodReady(&p) {
-			return ""
+			return "" // etcd among them
 		}
-		got[v] = true
+		if c != "" {
+			got[v] = true
+		}
 	}
 	if len(got) != 1 {
 		return fmt.Sprint(got)

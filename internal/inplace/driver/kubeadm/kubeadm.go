@@ -87,7 +87,7 @@ func (d Driver) Upgrade(ctx context.Context, r *driver.Run, node string, t *rele
 	var at map[string]string
 	err := r.Wait.Poll(ctx, time.Second, r.ReadyTimeout, func(ctx context.Context) error {
 		var err error
-		at, err = staticVersions(ctx, r, node)
+		at, _, err = staticVersions(ctx, r, node)
 		return err
 	})
 	if err != nil {
@@ -121,7 +121,7 @@ func (d Driver) Upgrade(ctx context.Context, r *driver.Run, node string, t *rele
 // when it failed or was killed, as kubeadm's own advice is), so that
 // nothing else moves while it runs; then Ready there too. A node moved
 // without a kubeadm run of this upgrade is only waited for.
-func (Driver) follow(ctx context.Context, r *driver.Run, o *nodeops.Ops, verb, to string) error {
+func (d Driver) follow(ctx context.Context, r *driver.Run, o *nodeops.Ops, verb, to string) error {
 	if r.Dry {
 		return nil
 	}
@@ -140,7 +140,7 @@ func (Driver) follow(ctx context.Context, r *driver.Run, o *nodeops.Ops, verb, t
 			return err
 		}
 	}
-	return waitStaticAt(ctx, r, o, to)
+	return d.waitStaticAt(ctx, r, o, to)
 }
 
 // move runs `kubeadm upgrade VERB` on the node once the leaders lead and
@@ -148,7 +148,7 @@ func (Driver) follow(ctx context.Context, r *driver.Run, o *nodeops.Ops, verb, t
 // that fails puts the old manifests back itself: then the control plane
 // is waited for at the old version and leading again, and the error wraps
 // driver.ErrNodeFailed.
-func (Driver) move(ctx context.Context, r *driver.Run, o *nodeops.Ops, verb, to string) error {
+func (d Driver) move(ctx context.Context, r *driver.Run, o *nodeops.Ops, verb, to string) error {
 	node := o.Name
 	r.Fx.SetNode(ctx, node, record.NodeUpgrading, "kubeadm", nil)
 	args, err := kubeadmArgs(ctx, r, o, verb)
@@ -170,7 +170,7 @@ func (Driver) move(ctx context.Context, r *driver.Run, o *nodeops.Ops, verb, to 
 		}
 		// kubeadm put the old manifests back: wait until the control
 		// plane runs them again (its API server restarts meanwhile).
-		if werr := waitStaticAt(ctx, r, o, o.From); werr != nil {
+		if werr := d.waitStaticAt(ctx, r, o, o.From); werr != nil {
 			return fmt.Errorf("%w; after it, the control plane is not back at %s: %v", err, o.From, werr)
 		}
 		// ... and leads again (the next run's plan checks the leases).
@@ -183,7 +183,7 @@ func (Driver) move(ctx context.Context, r *driver.Run, o *nodeops.Ops, verb, to 
 		r.Fx.Would(node, "wait for the control plane's static pods to run "+to+" and be Ready", "")
 		return nil
 	}
-	return waitStaticAt(ctx, r, o, to)
+	return d.waitStaticAt(ctx, r, o, to)
 }
 
 // BeforeKubelet runs `kubeadm upgrade node` on a worker (its kubelet's

@@ -15,7 +15,7 @@ import (
 // control-plane static pods run version and are Ready (waitStaticAt),
 // lead from processes that run now (waitLeaders), and keep the same
 // containers, none restarted, a health window later.
-func (Driver) Settle(ctx context.Context, r *driver.Run, node, version string, _ bool, _ map[string]bool) error {
+func (d Driver) Settle(ctx context.Context, r *driver.Run, node, version string, _ bool, _ map[string]bool) error {
 	if err := driver.WaitLeasesRenewed(ctx, r); err != nil {
 		return fmt.Errorf("node %s: %w", node, err)
 	}
@@ -23,7 +23,7 @@ func (Driver) Settle(ctx context.Context, r *driver.Run, node, version string, _
 	return r.OnNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
 		deadline := r.Wait.Now().Add(r.ReadyTimeout + 2*window)
 		for {
-			if err := waitStaticAt(ctx, r, o, version); err != nil {
+			if err := d.waitStaticAt(ctx, r, o, version); err != nil {
 				return err
 			}
 			if err := waitLeaders(ctx, r); err != nil {

@@ -17,28 +17,34 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // staticVersions are the versions the node's control-plane static pods
 // run, read from their mirror pods (component=NAME, the image's tag), for
 // those Running and Ready only; a tag that does not parse is refused.
-func staticVersions(ctx context.Context, r *driver.Run, node string) (map[string]string, error) {
+// etcdReady says the node's etcd static pod is Running and Ready.
+func staticVersions(ctx context.Context, r *driver.Run, node string) (at map[string]string, etcdReady bool, err error) {
 	pods, err := controlPlanePods(ctx, r, node)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	out := map[string]string{}
+	at = map[string]string{}
 	for i := range pods {
-		comp, v, err := preflight.StaticComponent(&pods[i])
+		p := &pods[i]
+		comp, v, err := preflight.StaticComponent(p)
 		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", node, err)
+			return nil, false, fmt.Errorf("node %s: %w", node, err)
 		}
-		if comp != "" && preflight.PodReady(&pods[i]) {
-			out[comp] = v
+		if comp != "" && preflight.PodReady(p) {
+			at[comp] = v
+		}
+		if _, mirror := p.Annotations[kubeletcompat.MirrorAnnotation]; mirror && p.Labels["component"] == "etcd" && preflight.PodReady(p) {
+			etcdReady = true
 		}
 	}
-	return out, nil
+	return at, etcdReady, nil
 }
 
 // controlPlanePods lists the mirror pods of node's static control plane.
@@ -60,11 +66,14 @@ func allAt(at map[string]string, to string) bool {
 }
 
 // waitStaticAt waits until the node's control-plane static pods run the
-// target and are Ready, and its API server answers /readyz.
-func waitStaticAt(ctx context.Context, r *driver.Run, o *nodeops.Ops, to string) error {
+// target and are Ready, its etcd member's too when etcd is local (kubeadm
+// restarts it when its manifest changes, and puts it back when its move
+// fails: the API server can answer through the other members while this
+// one is down), and its API server answers /readyz.
+func (d Driver) waitStaticAt(ctx context.Context, r *driver.Run, o *nodeops.Ops, to string) error {
 	defer r.Fx.Timed()()
 	err := r.Wait.Poll(ctx, time.Second, r.ReadyTimeout, func(ctx context.Context) error {
-		at, err := staticVersions(ctx, r, o.Name)
+		at, etcdReady, err := staticVersions(ctx, r, o.Name)
 		if err != nil {
 			return err
 		}
@@ -72,6 +81,9 @@ func waitStaticAt(ctx context.Context, r *driver.Run, o *nodeops.Ops, to string)
 			if at[c] != to {
 				return fmt.Errorf("%s runs %q (or is not Ready), want %s", c, at[c], to)
 			}
+		}
+		if d.cfg != nil && d.cfg.LocalEtcd && !etcdReady {
+			return errors.New("etcd is not Ready")
 		}
 		if r.REST != nil {
 			return cluster.Readyz(ctx, r.REST, r.Addresses[o.Name].Address)

@@ -41,7 +41,7 @@ func (d Driver) Undo(ctx context.Context, r *driver.Run, node string) error {
 			r.Fx.Would(node, "wait for the control plane's static pods to run "+from+" and be Ready", "")
 			return nil
 		}
-		if err := waitStaticAt(ctx, r, o, from); err != nil {
+		if err := d.waitStaticAt(ctx, r, o, from); err != nil {
 			return err
 		}
 		r.Fx.SetNode(ctx, node, record.NodeRolledBack, "kubeadm", nil)
