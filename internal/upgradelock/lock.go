@@ -219,14 +219,25 @@ func leaseDuration(l *coordinationv1.Lease) time.Duration {
 	return time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 }
 
+// ours: the lease as read is still this run's. Either nobody wrote it
+// since this run last did (same), or the one who wrote it is this run:
+// its holder identity is unique to this process, and every other writer
+// (a takeover, a release) changes it. The second is a renewal whose
+// answer was lost, the write done (an update sent as the API server or
+// etcd restarts, or one that timed out on the client): read back, it is
+// the lease this run now builds on.
+func (l *Lock) ours(read, mine *coordinationv1.Lease) bool {
+	return same(read, mine) || deref(read.Spec.HolderIdentity) == l.holder
+}
+
 // Holder is this lock's holder identity.
 func (l *Lock) Holder() string { return l.holder }
 
-// Renew extends the lease. It writes only over the lease as this run
-// last wrote it (its resourceVersion), so a renewal that succeeds proves
-// that nobody else wrote the lease since: not even while this run could
-// not reach its API server. It fails with ErrLocked when another holder
-// took it.
+// Renew extends the lease. It reads the lease, and writes over it (on
+// its resourceVersion) only while it is still this run's, so a renewal
+// that succeeds proves that nobody else wrote the lease since: not even
+// while this run could not reach its API server. It fails with ErrLocked
+// when another holder took it (or released or deleted it).
 func (l *Lock) Renew(ctx context.Context) error {
 	l.renewing.Lock()
 	defer l.renewing.Unlock()
@@ -244,16 +255,16 @@ func (l *Lock) Renew(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("renew lease kube-system/%s: %w", Name, err)
 	}
-	if !same(lease, mine) {
+	if !l.ours(lease, mine) {
 		return fmt.Errorf("renew lease kube-system/%s: written by %s since this run renewed it: %w", Name, deref(lease.Spec.HolderIdentity), ErrLocked)
 	}
 	t := metav1.NewMicroTime(l.clock.Now())
 	lease.Spec.RenewTime = &t
 	updated, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
-	if apierrors.IsConflict(err) {
-		return fmt.Errorf("renew lease kube-system/%s: written by another since this run read it: %w", Name, ErrLocked)
-	}
 	if err != nil {
+		// A conflict: written since this run read it, by another or by
+		// this run's own earlier renewal that landed late; the next
+		// renewal reads which.
 		return fmt.Errorf("renew lease kube-system/%s: %w", Name, err)
 	}
 	l.mu.Lock()
@@ -403,7 +414,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("release lease kube-system/%s: %w", Name, err)
 	}
-	if !same(lease, mine) {
+	if !l.ours(lease, mine) {
 		return nil // taken over: not ours to release
 	}
 	empty := ""

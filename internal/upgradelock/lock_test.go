@@ -289,3 +289,58 @@ func TestHoldCancelsOnLoss(t *testing.T) {
 		t.Errorf("cause %v", cause)
 	}
 }
+
+// A renewal whose write lands but whose answer is lost (the API server or
+// its etcd restarting under kubeadm, the client's timeout) leaves the
+// lease newer than this run knows it: written by this run, so the next
+// renewal builds on it and the lock is kept. Another's write after that
+// still loses it.
+func TestARenewalWhoseAnswerWasLostKeepsTheLock(t *testing.T) {
+	c := fake.NewClientset()
+	l, err := Acquire(context.Background(), c, "admin-1_aaaa", MinDuration, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := c.CoordinationV1().Leases("kube-system")
+	var lose atomic.Bool
+	lose.Store(true)
+	c.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !lose.CompareAndSwap(true, false) {
+			return false, nil, nil
+		}
+		// The write is done; its answer never comes.
+		obj := a.(k8stesting.UpdateAction).GetObject()
+		if err := c.Tracker().Update(a.GetResource(), obj, "kube-system"); err != nil {
+			t.Errorf("the lost renewal's write: %v", err)
+		}
+		return true, nil, apierrors.NewTimeoutError("request did not complete within requested timeout", 0)
+	})
+	if err := l.Renew(context.Background()); err == nil || errors.Is(err, ErrLocked) {
+		t.Fatalf("the renewal whose answer was lost: %v", err)
+	}
+	before, _ := leases.Get(context.Background(), Name, metav1.GetOptions{})
+	if err := l.Renew(context.Background()); err != nil {
+		t.Fatalf("the next renewal: %v", err)
+	}
+	after, _ := leases.Get(context.Background(), Name, metav1.GetOptions{})
+	if microEqual(after.Spec.RenewTime, before.Spec.RenewTime) {
+		t.Errorf("the next renewal wrote nothing")
+	}
+	if err := l.Held(); err != nil {
+		t.Errorf("Held: %v", err)
+	}
+	other := "admin-2_bbbb"
+	after.Spec.HolderIdentity = &other
+	if _, err := leases.Update(context.Background(), after, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Renew(context.Background()); !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), other) {
+		t.Errorf("renewal after %s took it: %v", other, err)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := leases.Get(context.Background(), Name, metav1.GetOptions{}); deref(got.Spec.HolderIdentity) != other {
+		t.Errorf("released another's lease: held by %s", deref(got.Spec.HolderIdentity))
+	}
+}
