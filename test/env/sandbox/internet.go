@@ -204,6 +204,9 @@ func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
 			return err
 		}
 		for repoTag, img := range set {
+			if repoTag == "etcd:"+EtcdTag && !slices.Contains(repos, repoTag) {
+				continue // pinned (kubeadmInitConfig): kubeadm keeps the etcd it runs, already in the private registry
+			}
 			if !slices.Contains(repos, repoTag) {
 				return fmt.Errorf("stand-in internet: %s's catalog entry has no %s (an image kubeadm runs)", s.NewVersion, repoTag)
 			}

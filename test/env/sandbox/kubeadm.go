@@ -145,6 +145,13 @@ kubernetesVersion: %[4]s
 clusterName: kubelift-sandbox
 controlPlaneEndpoint: %[9]s
 imageRepository: %[5]s
+etcd:
+  local:
+    # Pinned, as air-gapped clusters often pin it: the sandbox builds one
+    # etcd (EtcdVersion), and kubeadm keeps a pinned tag across upgrades,
+    # so a patch release whose kubeadm names a newer etcd (v1.31.14:
+    # 3.5.24-0) leaves etcd as it is; kubelift's plan follows the pin.
+    imageTag: %[10]s
 networking:
   serviceSubnet: 10.96.0.0/16
   dnsDomain: cluster.local
@@ -166,7 +173,7 @@ controllerManager:
     flex-volume-plugin-dir: /var/lib/kubelet/volume-plugins
 ---
 %[6]s---
-%[7]s`, token, m.Address, s.nodeRegistration(m), s.OldVersion, s.ImageRepository(), kubeadmKubeletConfig, kubeadmProxyConfig, certKey, s.controlPlaneEndpoint())
+%[7]s`, token, m.Address, s.nodeRegistration(m), s.OldVersion, s.ImageRepository(), kubeadmKubeletConfig, kubeadmProxyConfig, certKey, s.controlPlaneEndpoint(), EtcdTag)
 }
 
 // kubeadmJoinConfig is a joining node's /etc/kubernetes/kubeadm-join.yaml:

@@ -1,6 +1,6 @@
 // Package applyha tests upgrade apply on a highly available control plane
 // of binaries (3 control planes, 2 workers, leader election on), a patch
-// upgrade from v1.31.3 to v1.31.4: every API server runs the target before
+// upgrade from v1.31.4 to v1.31.14: every API server runs the target before
 // any kubelet restarts; manual mode moves the chosen workers only; then
 // rollback puts every node back, and each control-plane part is the same
 // process a minute after it returned. (test/stories/apply moves a minor; rollback
@@ -26,7 +26,7 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "klh", "10.85.0", 3, 2, func(x *harness.Harness) {
 		h = x
-	}, harness.From("v1.31.3"))
+	}, harness.From("v1.31.4"), harness.Target("v1.31.14"))
 }
 
 // started reads when comp's running process started, in clock ticks since

@@ -1,11 +1,11 @@
 // Package kubeadmha upgrades a highly available kubeadm-built sandbox
 // (three control planes with stacked etcd, joined with `kubeadm join
-// --control-plane`, and a worker) from v1.31.3 to v1.31.4 with the built
+// --control-plane`, and a worker) from v1.31.4 to v1.31.14 with the built
 // upgrade program, and rolls it back: `kubeadm upgrade apply` on cp-1 and
 // `kubeadm upgrade node` on cp-2 and cp-3, every API server at the target
 // before any kubelet restarts; then rollback puts each control plane back
-// from the manifests kubeadm kept (the catalog lists v1.31.3 among
-// v1.31.4's downgrades), kubeadm-config and kube-proxy's image too, with
+// from the manifests kubeadm kept (the catalog lists v1.31.4 among
+// v1.31.14's downgrades), kubeadm-config and kube-proxy's image too, with
 // no shop container restarted and nothing failed for the prober, through
 // both.
 package kubeadmha
@@ -27,13 +27,17 @@ import (
 	"github.com/kubelift/kubelift/test/env/sandbox"
 )
 
-// from is a patch below the sandbox's new version, v1.31.4.
-const from = "v1.31.3"
+// from is a patch below the sandbox's new version, v1.31.14.
+const from = "v1.31.4"
+
+// to is the sandbox's new version: the catalog's newest v1.31, also the
+// hop of test/stories/multihop, so no release is built for this story alone.
+const to = "v1.31.14"
 
 var h *harness.Harness
 
 func TestMain(m *testing.M) {
-	harness.Main(m, "kha", "10.89.0", 3, 1, func(x *harness.Harness) { h = x }, harness.Kubeadm(), harness.From(from))
+	harness.Main(m, "kha", "10.89.0", 3, 1, func(x *harness.Harness) { h = x }, harness.Kubeadm(), harness.From(from), harness.Target(to))
 }
 
 // staticPods maps NODE/COMPONENT to each static control-plane pod's

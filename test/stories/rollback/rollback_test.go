@@ -1,7 +1,7 @@
 // Package rollback tests upgrade rollback end to end on a sandbox of its
-// own whose nodes start at v1.31.3: a patch upgrade to v1.31.4 applied,
-// then rolled back from the nodes' backups (the catalog lists v1.31.3
-// among v1.31.4's downgrades), with no container restarted either way,
+// own whose nodes start at v1.31.4: a patch upgrade to v1.31.14 applied,
+// then rolled back from the nodes' backups (the catalog lists v1.31.4
+// among v1.31.14's downgrades), with no container restarted either way,
 // and applied again after.
 package rollback
 
@@ -18,14 +18,18 @@ import (
 )
 
 // from is a patch below the sandbox's new version, v1.31.4.
-const from = "v1.31.3"
+const from = "v1.31.4"
+
+// to is the sandbox's new version: the catalog's newest v1.31, also the
+// hop of test/stories/multihop, so no release is built for this story alone.
+const to = "v1.31.14"
 
 var h *harness.Harness
 
 func TestMain(m *testing.M) {
 	harness.Main(m, "klr", "10.87.0", 1, 2, func(x *harness.Harness) {
 		h = x
-	}, harness.From(from))
+	}, harness.From(from), harness.Target(to))
 }
 
 // components lists what runs on each node of the sandbox.
@@ -87,7 +91,7 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 		t.Errorf("the first apply recorded no etcd snapshot: %+v", first)
 	}
 
-	// The API server moved, but v1.31.3 is a patch downgrade of v1.31.4:
+	// The API server moved, but v1.31.4 is a patch downgrade of v1.31.14:
 	// rollback restores every binary from the backups.
 	r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...)
 	if r.Code != 0 {
