@@ -68,6 +68,17 @@ type Facts struct {
 	// FailCgroupV1Source says where FailCgroupV1 was read: the flag or
 	// the configuration file.
 	FailCgroupV1Source string `json:"-"`
+	// KubeletCgroupDriver is the cgroup driver the running kubelet is
+	// told, by --cgroup-driver or its configuration file's cgroupDriver:
+	// "" when neither says (the kubelet's default, cgroupfs).
+	KubeletCgroupDriver string `json:"kubeletCgroupDriver,omitempty"`
+	// KubeletCgroupDriverSource says where KubeletCgroupDriver was read.
+	KubeletCgroupDriverSource string `json:"-"`
+	// CRI is what the container runtime says of itself over CRI (crictl
+	// version and runtime-config): nil when it could not be asked, and
+	// CRIErr says why.
+	CRI    *CRI   `json:"cri,omitempty"`
+	CRIErr string `json:"criError,omitempty"`
 	// HashSkipEra is the hash era (OldHashEra) of the hash-skip file an
 	// earlier upgrade left in the kubelet's root directory: containers
 	// the kubelet before that one started may still run, kept by it; ""
@@ -156,9 +167,25 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 				}
 			}
 		case s.head == "kubelet-config":
-			if v, ok := strings.CutPrefix(strings.TrimSpace(s.body), "failCgroupV1:"); ok {
-				f.setFailCgroupV1("failCgroupV1 (kubelet configuration file)", v)
+			for _, line := range strings.Split(s.body, "\n") {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "failCgroupV1:"); ok {
+					f.setFailCgroupV1("failCgroupV1 (kubelet configuration file)", v)
+				}
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cgroupDriver:"); ok {
+					f.setCgroupDriver("cgroupDriver (kubelet configuration file)", v)
+				}
 			}
+		case s.head == "cri-version":
+			if sectionsHave(sections, "cri-version-failed") {
+				f.CRIErr = "crictl version: " + strings.TrimSpace(lastLines(s.body, 3))
+				break
+			}
+			cri, bad := ParseCRIVersion(node, s.body)
+			if bad != nil {
+				f.Bad = append(f.Bad, *bad)
+				break
+			}
+			f.CRI = cri
 		case s.head == "hash-skip":
 			schema, era, _ := strings.Cut(strings.TrimSpace(s.body), " ")
 			switch {
@@ -211,7 +238,21 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 	for c := range f.Flags {
 		sort.Strings(f.Flags[c])
 	}
-	// The flag overrides the file.
+	if f.CRI != nil {
+		for i, s := range sections {
+			if s.head != "cri-config" {
+				continue
+			}
+			failed := i+1 < len(sections) && sections[i+1].head == "cri-config-failed"
+			if bad := f.CRI.setConfig(node, s.body, failed); bad != nil {
+				f.Bad = append(f.Bad, *bad)
+			}
+		}
+	}
+	// The flags override the file.
+	if v, ok := f.Values["kubelet --cgroup-driver"]; ok {
+		f.setCgroupDriver("kubelet --cgroup-driver", v)
+	}
 	if v, ok := f.Values["kubelet --fail-cgroupv1"]; ok {
 		if v == "" {
 			v = "true"
@@ -242,6 +283,18 @@ func (f *Facts) setFailCgroupV1(field, v string) {
 		return
 	}
 	f.FailCgroupV1, f.FailCgroupV1Source = &b, field
+}
+
+// setCgroupDriver records the kubelet's cgroup driver read from field,
+// or refuses a value the kubelet would not take.
+func (f *Facts) setCgroupDriver(field, v string) {
+	v, _, _ = strings.Cut(v, " #") // a YAML comment
+	v = strings.Trim(strings.TrimSpace(v), `"'`)
+	if v != "systemd" && v != "cgroupfs" {
+		f.Bad = append(f.Bad, BadValue{Node: f.Name, Field: field, Value: v, Reason: "want systemd or cgroupfs"})
+		return
+	}
+	f.KubeletCgroupDriver, f.KubeletCgroupDriverSource = v, field
 }
 
 // checkValues refuses the flag values node scripts would be given that

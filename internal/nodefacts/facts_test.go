@@ -214,3 +214,70 @@ func TestReadFactsCgroup(t *testing.T) {
 		}
 	}
 }
+
+// What the runtime says of itself over CRI: name, version and CRI API
+// version (crictl version), the cgroup driver it tells the kubelet
+// (crictl runtime-config), or that it answers Unimplemented; the
+// kubelet's own cgroup driver from its configuration file, overridden by
+// its flag. Values that do not parse are refused, naming node, field and
+// value; a crictl that cannot reach the runtime is said, not refused.
+func TestReadFactsCRI(t *testing.T) {
+	read := func(out string) *Facts {
+		t.Helper()
+		f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	// As crictl v1.34.0 prints them against containerd 2.1.4.
+	f := read("### kubelet-config\nfailCgroupV1: false\ncgroupDriver: systemd\n" +
+		"### cri-version\nVersion:  0.1.0\nRuntimeName:  containerd\nRuntimeVersion:  v2.1.4\nRuntimeApiVersion:  v1\n" +
+		"### cri-config\ncgroup driver:   SYSTEMD\n")
+	if len(f.Bad) != 0 || f.CRI == nil {
+		t.Fatalf("refused %v, CRI %+v (%s)", f.Bad, f.CRI, f.CRIErr)
+	}
+	if got := *f.CRI; got.Runtime.String() != "containerd v2.1.4" || got.APIVersion != "v1" || !got.RuntimeConfig || got.CgroupDriver != "systemd" {
+		t.Errorf("CRI %+v", got)
+	}
+	if f.KubeletCgroupDriver != "systemd" || f.FailCgroupV1 == nil || *f.FailCgroupV1 {
+		t.Errorf("kubelet's cgroup driver %q, failCgroupV1 %v", f.KubeletCgroupDriver, f.FailCgroupV1)
+	}
+	// containerd 1.7 predates RuntimeConfig; the flag overrides the file.
+	f = read("### cmdline kubelet\n/usr/bin/kubelet\n--cgroup-driver=cgroupfs\n### kubelet-config\ncgroupDriver: systemd\n" +
+		"### cri-version\nVersion:  0.1.0\nRuntimeName:  containerd\nRuntimeVersion:  1.7.24\nRuntimeApiVersion:  v1\n" +
+		"### cri-config\nE1127 get runtime config: call RuntimeConfig RPC: rpc error: code = Unimplemented desc = unknown method RuntimeConfig for service runtime.v1.RuntimeService\n### cri-config-failed\n")
+	if len(f.Bad) != 0 || f.CRI == nil || f.CRI.RuntimeConfig || f.CRI.CgroupDriver != "" || f.CRI.ConfigErr != "" || f.CRI.Runtime.String() != "containerd v1.7.24" {
+		t.Errorf("refused %v, CRI %+v", f.Bad, f.CRI)
+	}
+	if f.KubeletCgroupDriver != "cgroupfs" || f.KubeletCgroupDriverSource != "kubelet --cgroup-driver" {
+		t.Errorf("kubelet's cgroup driver %q from %q", f.KubeletCgroupDriver, f.KubeletCgroupDriverSource)
+	}
+	// crictl cannot reach the runtime: said, not refused.
+	f = read("### cri-version\ntime=\"2026-11-28\" level=fatal msg=\"validate service connection: connection refused\"\n### cri-version-failed\n### cri-config\nx\n### cri-config-failed\n")
+	if len(f.Bad) != 0 || f.CRI != nil || !strings.Contains(f.CRIErr, "connection refused") {
+		t.Errorf("refused %v, CRI %+v, error %q", f.Bad, f.CRI, f.CRIErr)
+	}
+	f = read("### kubelet-config\ncgroupDriver: $(reboot)\n" +
+		"### cri-version\nVersion:  0.1.0\nRuntimeName:  containerd\nRuntimeVersion:  v2.1.4; rm -rf /\nRuntimeApiVersion:  v1\n")
+	g := read("### cri-version\nRuntimeName:  containerd\nRuntimeVersion:  v2.1.4\nRuntimeApiVersion:  v1'\n")
+	h := read("### cri-version\nRuntimeName:  containerd\nRuntimeVersion:  v2.1.4\nRuntimeApiVersion:  v1\n### cri-config\ncgroup driver:   SYSTEMD;x\n")
+	bad := append(append(f.Bad, g.Bad...), h.Bad...)
+	want := []string{
+		`node worker-1: cgroupDriver (kubelet configuration file) "$(reboot)" refused: want systemd or cgroupfs`,
+		`node worker-1: crictl version: RuntimeName and RuntimeVersion "containerd v2.1.4; rm -rf /" refused`,
+		`node worker-1: crictl version: RuntimeApiVersion "v1'" refused`,
+		`node worker-1: crictl runtime-config: cgroup driver "SYSTEMD;x" refused`,
+	}
+	if len(bad) != len(want) {
+		t.Fatalf("refused %v", bad)
+	}
+	for i := range want {
+		if !strings.Contains(bad[i].Error(), want[i]) {
+			t.Errorf("refused[%d] = %q, want %q", i, bad[i].Error(), want[i])
+		}
+	}
+	if f.CRI != nil || g.CRI != nil || f.KubeletCgroupDriver != "" {
+		t.Errorf("refused values kept: %+v %+v %q", f.CRI, g.CRI, f.KubeletCgroupDriver)
+	}
+}

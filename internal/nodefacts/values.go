@@ -162,3 +162,6 @@ func ParseRuntime(node, s string) (Runtime, *BadValue) {
 	}
 	return Runtime{Name: m[1], Version: catalog.Version{Major: n[0], Minor: n[1], Patch: n[2]}}, nil
 }
+
+// MarshalText writes a Runtime as String does ("containerd v2.1.4").
+func (r Runtime) MarshalText() ([]byte, error) { return []byte(r.String()), nil }

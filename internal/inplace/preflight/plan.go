@@ -118,6 +118,12 @@ type NodeState struct {
 	// Runtime is the container runtime the Node reports ("containerd
 	// v2.1.4"; "" when it reports none).
 	Runtime string `json:"runtime,omitempty"`
+	// CRI is what the runtime says of itself over CRI, read on the node
+	// ("containerd v2.1.4, CRI v1"; "" when not read), and CgroupDriver
+	// the cgroup driver the running kubelet takes (its configuration's,
+	// or the runtime's from v1.31).
+	CRI          string `json:"cri,omitempty"`
+	CgroupDriver string `json:"cgroupDriver,omitempty"`
 	// Staged says every file the node needs is staged with the right sha256.
 	Staged bool `json:"staged"`
 	// StagePath, for a node that is not staged, is how apply would get
@@ -346,6 +352,7 @@ func Evaluate(ctx context.Context, opts PlanOptions, v *View) (*Plan, error) {
 	pc.removedFlags()
 	pc.cgroupV1()
 	pc.runtime()
+	pc.cgroupDriver()
 	pc.removedAPIs(ctx)
 	pc.readmission()
 	pc.eviction()

@@ -3,21 +3,37 @@ package preflight
 import (
 	"fmt"
 	"strings"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 )
 
 // runtime: every node's container runtime is a version the target's
 // kubelet supports (the catalog's containerRuntimes, from the runtime's
-// own compatibility table). The kubelet moves straight to the target, so
-// the hops do not count.
+// own compatibility table), and serves the CRI API it speaks. What the
+// runtime says of itself over CRI (the node's facts) is held to the
+// target where it was read; the Node's status where not. The kubelet
+// moves straight to the target, so the hops do not count.
 func (pc *planCheck) runtime() {
 	rel := pc.target.Catalog
-	if len(rel.ContainerRuntimes) == 0 {
-		return // a bundle made before the catalog said
-	}
 	for _, s := range pc.plan.Nodes {
 		rt, ok := pc.runtimes[s.Name]
-		if !ok {
-			continue
+		if f := pc.view.Facts[s.Name]; f != nil && f.CRI != nil {
+			if ok && f.CRI.Runtime != rt {
+				pc.add(Warning, CheckRuntime, "node/"+s.Name,
+					fmt.Sprintf("the node's status says it runs %s, the runtime itself says %s (changed since its kubelet last reported it): the runtime's own answer is checked", rt, f.CRI.Runtime),
+					"")
+			}
+			rt, ok = f.CRI.Runtime, true
+			// Kubelets from v1.26 speak CRI v1 only (v1alpha2 was removed).
+			if f.CRI.APIVersion != "v1" {
+				pc.add(Blocking, CheckRuntime, "node/"+s.Name,
+					fmt.Sprintf("the node's runtime (%s) serves CRI %s; kubelet %s speaks CRI v1 only", rt, f.CRI.APIVersion, pc.target.Version),
+					"move the node to a runtime that serves CRI v1 (containerd 1.6 or later) before this upgrade")
+			}
+		}
+		if !ok || len(rel.ContainerRuntimes) == 0 {
+			continue // no runtime reported, or a bundle made before the catalog said
 		}
 		supported, listed := rel.RuntimeSupport(rt.Name, rt.Version)
 		switch {
@@ -31,4 +47,53 @@ func (pc *planCheck) runtime() {
 				fmt.Sprintf("move the node to a supported %s before this upgrade: kubelift does not move the runtime yet", rt.Name))
 		}
 	}
+}
+
+// cgroupDriver: the cgroup driver the kubelet runs pods under stays the
+// same across the upgrade. A kubelet from v1.31 takes the driver from the
+// runtime (CRI RuntimeConfig, KubeletCgroupDriverFromCRI: beta and on by
+// default in v1.31, locked on from v1.34) and its own configuration's
+// only from a runtime that does not answer; one before v1.31 takes its
+// configuration's. Where the two differ, the new kubelet would look for
+// the pods' cgroups where the old one did not put them.
+func (pc *planCheck) cgroupDriver() {
+	for i := range pc.plan.Nodes {
+		s := &pc.plan.Nodes[i]
+		f := pc.view.Facts[s.Name]
+		if f == nil || s.Kubelet == "" {
+			continue
+		}
+		if f.CRI != nil {
+			s.CRI = fmt.Sprintf("%s, CRI %s", f.CRI.Runtime, f.CRI.APIVersion)
+		}
+		cur, err := catalog.ParseVersion(s.Kubelet)
+		if err != nil {
+			continue // refused under values
+		}
+		now, nowFrom := effectiveCgroupDriver(f, cur)
+		s.CgroupDriver = now
+		next, nextFrom := effectiveCgroupDriver(f, pc.target.Version)
+		if now == next {
+			continue
+		}
+		pc.add(Blocking, CheckCgroup, "node/"+s.Name,
+			fmt.Sprintf("kubelet %s runs the node's pods under the %s cgroup driver (%s); kubelet %s would take %s (%s), and look for the pods' cgroups where they are not", cur, now, nowFrom, pc.target.Version, next, nextFrom),
+			"make the kubelet's cgroup driver and the runtime's agree before this upgrade (the kubelet's cgroupDriver; containerd's SystemdCgroup in its runc options), as the node was set up")
+	}
+}
+
+// effectiveCgroupDriver is the cgroup driver kubelet v takes on the
+// node, and where from.
+func effectiveCgroupDriver(f *nodefacts.Facts, v catalog.Version) (string, string) {
+	fromCRI := v.Compare(catalog.Version{Major: 1, Minor: 31}) >= 0
+	if v.Compare(catalog.Version{Major: 1, Minor: 34}) < 0 && strings.Contains(strings.ReplaceAll(f.Values["kubelet --feature-gates"], " ", ""), "KubeletCgroupDriverFromCRI=false") {
+		fromCRI = false // turned off by the kubelet's --feature-gates, until v1.34 locks it on
+	}
+	if fromCRI && f.CRI != nil && f.CRI.RuntimeConfig && f.CRI.CgroupDriver != "" {
+		return f.CRI.CgroupDriver, "the runtime's, over CRI"
+	}
+	if f.KubeletCgroupDriver != "" {
+		return f.KubeletCgroupDriver, "the kubelet's " + f.KubeletCgroupDriverSource
+	}
+	return "cgroupfs", "the kubelet's default"
 }

@@ -4,8 +4,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
+	"github.com/kubelift/kubelift/internal/nodefacts"
 )
 
 // Each node's container runtime is held to what the target's kubelet
@@ -72,4 +74,96 @@ func TestRuntimeSupportedByTheTarget(t *testing.T) {
 	report("worker-1", "containerd://1.7.22; rm -rf /")
 	fs = preflighttest.Only(w.Plan(t), preflight.CheckValues)
 	preflighttest.Want(t, fs, preflight.Blocking, "node/worker-1", `status.nodeInfo.containerRuntimeVersion "containerd://1.7.22; rm -rf /" is refused`)
+}
+
+// What the runtime says of itself over CRI is checked where it was read:
+// a runtime serving another CRI API than v1 blocks, naming the node; a
+// status that disagrees with the runtime is a warning, and the runtime's
+// own answer is what is held to the target (containerd 1.7 reported by
+// the runtime blocks v1.36 though the status says 2.3).
+func TestRuntimeAsItSaysOverCRI(t *testing.T) {
+	w := preflighttest.New(t)
+	cri := func(node, name, version, api string) {
+		rt, bad := nodefacts.ParseRuntime(node, name+"://"+version)
+		if bad != nil {
+			t.Fatal(bad)
+		}
+		w.View.Facts[node].CRI = &nodefacts.CRI{Runtime: rt, APIVersion: api}
+	}
+	cri("cp-1", "containerd", "2.1.4", "v1")
+	cri("worker-1", "containerd", "2.1.4", "v1alpha2")
+	cri("worker-2", "containerd", "1.7.24", "v1")
+	fs := preflighttest.Only(w.Plan(t), preflight.CheckRuntime)
+	preflighttest.Want(t, fs, preflight.Blocking, "node/worker-1", "the node's runtime (containerd v2.1.4) serves CRI v1alpha2; kubelet v1.31.4 speaks CRI v1 only")
+	preflighttest.Want(t, fs, preflight.Warning, "node/worker-2", "the node's status says it runs containerd v2.1.4, the runtime itself says containerd v1.7.24")
+	if len(fs) != 2 {
+		t.Errorf("findings %+v", fs)
+	}
+
+	rel, err := w.Catalog.Lookup("v1.36.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := *rel
+	w.Opts.Target.Version, w.Opts.Target.Catalog = r.Parsed(), &r
+	for i := range w.View.Nodes {
+		w.View.Nodes[i].Status.NodeInfo.ContainerRuntimeVersion = "containerd://2.3.7"
+	}
+	cri("cp-1", "containerd", "2.3.7", "v1")
+	cri("worker-1", "containerd", "2.3.7", "v1")
+	fs = preflighttest.Only(w.Plan(t), preflight.CheckRuntime)
+	preflighttest.Want(t, fs, preflight.Blocking, "node/worker-2", "the node runs containerd v1.7.24, which kubelet v1.36.3 does not support")
+	if len(fs) != 2 {
+		t.Errorf("findings %+v (want worker-2's warning and block)", fs)
+	}
+}
+
+// The cgroup driver the kubelet runs pods under must not change across
+// the upgrade: a kubelet from v1.31 takes the runtime's (CRI
+// RuntimeConfig) over its configuration's. From v1.30, a node whose
+// runtime says systemd while the kubelet is configured (or defaults to)
+// cgroupfs blocks; the same node moving v1.31 -> v1.31.4 does not (the
+// driver is already the runtime's), nor does a runtime that does not
+// answer RuntimeConfig, nor one that agrees with the kubelet. Turned off
+// by --feature-gates, the runtime's driver counts from v1.34, where the
+// gate is locked on.
+func TestCgroupDriverStaysTheSame(t *testing.T) {
+	w := preflighttest.New(t)
+	set := func(node, runtimes, kubelet string, implemented bool) *nodefacts.Facts {
+		f := w.View.Facts[node]
+		f.CRI = &nodefacts.CRI{Runtime: nodefacts.Runtime{Name: "containerd", Version: catalog.Version{Major: 2, Minor: 1, Patch: 4}}, APIVersion: "v1", RuntimeConfig: implemented, CgroupDriver: runtimes}
+		f.KubeletCgroupDriver, f.KubeletCgroupDriverSource = kubelet, "cgroupDriver (kubelet configuration file)"
+		return f
+	}
+	set("cp-1", "systemd", "", true)
+	set("worker-1", "systemd", "systemd", true)
+	set("worker-2", "", "cgroupfs", false)
+	fs := preflighttest.Only(w.Plan(t), preflight.CheckCgroup)
+	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "kubelet v1.30.14 runs the node's pods under the cgroupfs cgroup driver (the kubelet's default); kubelet v1.31.4 would take systemd (the runtime's, over CRI)")
+	if len(fs) != 1 || !strings.Contains(fs[0].Fix, "SystemdCgroup") {
+		t.Errorf("findings %+v", fs)
+	}
+
+	// Already on v1.31: the runtime's driver is the one in use.
+	for i := range w.View.Nodes {
+		w.View.Nodes[i].Status.NodeInfo.KubeletVersion = "v1.31.3"
+	}
+	if fs := preflighttest.Only(w.Plan(t), preflight.CheckCgroup); len(fs) != 0 {
+		t.Errorf("from v1.31.3: findings %+v", fs)
+	}
+
+	// The gate turned off on v1.31 counts until v1.34 locks it on.
+	f := set("cp-1", "systemd", "cgroupfs", true)
+	f.Values["kubelet --feature-gates"] = "RotateKubeletServerCertificate=true, KubeletCgroupDriverFromCRI=false"
+	if fs := preflighttest.Only(w.Plan(t), preflight.CheckCgroup); len(fs) != 0 {
+		t.Errorf("gate off, v1.31.3 -> v1.31.4: findings %+v", fs)
+	}
+	rel, err := w.Catalog.Lookup("v1.34.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := *rel
+	w.Opts.Target.Version, w.Opts.Target.Catalog = r.Parsed(), &r
+	fs = preflighttest.Only(w.Plan(t), preflight.CheckCgroup)
+	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "under the cgroupfs cgroup driver (the kubelet's cgroupDriver (kubelet configuration file)); kubelet v1.34.4 would take systemd")
 }

@@ -1,12 +1,12 @@
 # kubelift node script: facts
 # Prints, in "### " sections, what a node says of itself: the version
 # and command line of each component's running unit, its unit files and
-# the EnvironmentFiles they read, the failCgroupV1 line of the running
-# kubelet's configuration file, the hash era of the hash-skip file an
-# earlier upgrade left, the files staged for the target (their checked
-# sums), the free
-# space below the stage directory, the cgroup file system and the
-# runtime's containers.
+# the EnvironmentFiles they read, the failCgroupV1 and cgroupDriver lines
+# of the running kubelet's configuration file, the hash era of the
+# hash-skip file an earlier upgrade left, the files staged for the target
+# (their checked sums), the free space below the stage directory, the
+# cgroup file system, the runtime's containers and what the runtime says
+# of itself over CRI.
 # Arguments: VERSION_DIR STAGE_DIR COMPONENT...
 export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 vdir=$1
@@ -34,7 +34,7 @@ for c in "$@"; do
     if [ "$c" = kubelet ]; then
       conf=$(printf '%s\n' "$cmdline" | sed -n -e 's/^--config=//p' -e '/^--config$/{n;p;}' | head -n 1)
       if [ -n "$conf" ] && [ -f "$conf" ]; then
-        echo "### kubelet-config"; grep -E '^failCgroupV1:' "$conf" || true
+        echo "### kubelet-config"; grep -E '^(failCgroupV1|cgroupDriver):' "$conf" || true
       fi
       # The hash-skip file an earlier upgrade left (hashskip.DefaultPath's
       # name in the kubelet's root directory): its schema version and the
@@ -75,3 +75,8 @@ while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 echo '### df'; df -Pk "$d" | tail -n 1
 echo '### cgroupfs'; stat -fc %T /sys/fs/cgroup
 echo '### crictl'; crictl ps -o json 2>&1 || echo '### crictl-failed'
+# What the runtime says of itself over CRI: its name, version and CRI
+# API version, and the cgroup driver it tells the kubelet (RuntimeConfig;
+# a runtime that does not implement it answers Unimplemented).
+echo '### cri-version'; crictl version 2>&1 || echo '### cri-version-failed'
+echo '### cri-config'; crictl runtime-config 2>&1 || echo '### cri-config-failed'

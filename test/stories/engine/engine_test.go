@@ -306,6 +306,11 @@ func TestPlanHashSkipKubelet(t *testing.T) {
 		if n.Kubelet != sb.OldVersion || (n.Role == release.RoleControlPlane && n.Components["kube-apiserver"] != sb.OldVersion) {
 			t.Errorf("%s: kubelet %s, components %v; want %s, read from the node", n.Name, n.Kubelet, n.Components, sb.OldVersion)
 		}
+		// What containerd says of itself over CRI (crictl on the node), and
+		// the driver the v1.30 kubelet takes from its configuration.
+		if want := "containerd " + kube.ContainerdVersion + ", CRI v1"; n.CRI != want || n.CgroupDriver != "cgroupfs" {
+			t.Errorf("%s: CRI %q, cgroup driver %q; want %q and cgroupfs", n.Name, n.CRI, n.CgroupDriver, want)
+		}
 	}
 	if len(findings(p, "restarts", preflight.Blocking)) != 0 {
 		t.Errorf("restarts blocking with the hash-skip kubelet: %+v", findings(p, "restarts", preflight.Blocking))
