@@ -37,12 +37,7 @@ func TestRuntimeSupportedByTheTarget(t *testing.T) {
 		}
 	}
 
-	rel, err := w.Catalog.Lookup("v1.36.3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := *rel
-	w.Opts.Target.Version, w.Opts.Target.Catalog = r.Parsed(), &r
+	r := w.Retarget(t, "v1.36.3")
 	p = w.Plan(t)
 	fs := preflighttest.Only(p, preflight.CheckRuntime)
 	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "the node runs containerd v1.7.22, which kubelet v1.36.3 does not support (it supports containerd v2.3.0+, v2.2.0+)")
@@ -100,12 +95,7 @@ func TestRuntimeAsItSaysOverCRI(t *testing.T) {
 		t.Errorf("findings %+v", fs)
 	}
 
-	rel, err := w.Catalog.Lookup("v1.36.3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := *rel
-	w.Opts.Target.Version, w.Opts.Target.Catalog = r.Parsed(), &r
+	w.Retarget(t, "v1.36.3")
 	for i := range w.View.Nodes {
 		w.View.Nodes[i].Status.NodeInfo.ContainerRuntimeVersion = "containerd://2.3.7"
 	}
@@ -158,12 +148,7 @@ func TestCgroupDriverStaysTheSame(t *testing.T) {
 	if fs := preflighttest.Only(w.Plan(t), preflight.CheckCgroup); len(fs) != 0 {
 		t.Errorf("gate off, v1.31.3 -> v1.31.4: findings %+v", fs)
 	}
-	rel, err := w.Catalog.Lookup("v1.34.4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := *rel
-	w.Opts.Target.Version, w.Opts.Target.Catalog = r.Parsed(), &r
+	w.Retarget(t, "v1.34.4")
 	fs = preflighttest.Only(w.Plan(t), preflight.CheckCgroup)
 	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "under the cgroupfs cgroup driver (the kubelet's cgroupDriver (kubelet configuration file)); kubelet v1.34.4 would take systemd")
 }

@@ -97,6 +97,19 @@ func New(t testing.TB) *World {
 	return w
 }
 
+// Retarget makes the catalog's version the world's target, and returns
+// the target's own copy of its catalog entry (a test may change it).
+func (w *World) Retarget(t testing.TB, version string) *catalog.Release {
+	t.Helper()
+	rel, err := w.Catalog.Lookup(version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := *rel
+	w.Opts.Target.Version, w.Opts.Target.Catalog = r.Parsed(), &r
+	return &r
+}
+
 // Plan evaluates the checks over the world.
 func (w *World) Plan(t *testing.T) *preflight.Plan {
 	t.Helper()
