@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the sandbox's container runtime from the Go module proxy and caches
 # it by version: containerd, its runc shim and ctr
-# (github.com/containerd/containerd/v2), runc (github.com/opencontainers/runc,
-# cgo, with seccomp) and crictl (sigs.k8s.io/cri-tools), each with version
-# ldflags so that --version prints the real version.
+# (github.com/containerd/containerd/v2, or github.com/containerd/containerd
+# for a 1.x), runc (github.com/opencontainers/runc, cgo, with seccomp) and
+# crictl (sigs.k8s.io/cri-tools), each with version ldflags so that
+# --version prints the real version.
 #
 #   hack/build-runtime.sh [CONTAINERD_VERSION [RUNC_VERSION [CRICTL_VERSION]]]
 #
@@ -56,14 +57,19 @@ echo "building containerd $containerd, runc $runc, crictl $crictl" >&2
 # containerd: no cgo (the btrfs snapshotter, which needs it, is not used);
 # tags as containerd's Makefile sets them for a static build, the shim
 # without gRPC, as there.
-module containerd "github.com/containerd/containerd/v2@$containerd"
-ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd -X github.com/containerd/containerd/v2/version.Revision=module-proxy"
+# containerd 1.x is the module without /v2 (its last line, 1.7, is what
+# nodes run that Kubernetes after v1.35 no longer supports).
+case $containerd in
+v1.*) cmod=github.com/containerd/containerd ;;
+*) cmod=github.com/containerd/containerd/v2 ;;
+esac
+module containerd "$cmod@$containerd"
+ld="-s -w -X $cmod/version.Version=$containerd -X $cmod/version.Revision=module-proxy"
 tags=no_btrfs,urfave_cli_no_docs,osusergo,netgo,static_build
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags" -ldflags "$ld" -o "$partial/" \
-	github.com/containerd/containerd/v2/cmd/containerd \
-	github.com/containerd/containerd/v2/cmd/ctr
+	"$cmod/cmd/containerd" "$cmod/cmd/ctr"
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags,no_grpc" -ldflags "$ld" -o "$partial/" \
-	github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+	"$cmod/cmd/containerd-shim-runc-v2"
 
 # runc: its nsenter is C (cgo), seccomp through libseccomp (Debian's -dev).
 module runc "github.com/opencontainers/runc@$runc"

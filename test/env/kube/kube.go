@@ -59,14 +59,39 @@ const (
 	CrictlVersion     = "v1.34.0"
 )
 
+// Containerd17 is containerd's last 1.x line, with the runc that release
+// names (script/setup/runc-version of v1.7.35): what nodes run that
+// Kubernetes after v1.35 no longer supports (`kubelift-sandbox up
+// --runtime-version v1.7.35`).
+const (
+	Containerd17     = "v1.7.35"
+	Containerd17Runc = "v1.3.6"
+)
+
+// RuntimeVersions are the versions of one build of the container runtime.
+type RuntimeVersions struct{ Containerd, Runc, Crictl string }
+
+// RuntimeFor is the runtime the sandbox builds for a containerd version:
+// "" or ContainerdVersion (the default), or Containerd17; each with the
+// runc its release names.
+func RuntimeFor(containerd string) (RuntimeVersions, error) {
+	switch containerd {
+	case "", ContainerdVersion:
+		return RuntimeVersions{ContainerdVersion, RuncVersion, CrictlVersion}, nil
+	case Containerd17:
+		return RuntimeVersions{Containerd17, Containerd17Runc, CrictlVersion}, nil
+	}
+	return RuntimeVersions{}, fmt.Errorf("containerd %s: the sandbox builds %s (the default) or %s", containerd, ContainerdVersion, Containerd17)
+}
+
 // RuntimeBinaries returns the directory of the built container runtime,
 // building it first if it is not cached.
-func RuntimeBinaries(ctx context.Context) (string, error) {
+func RuntimeBinaries(ctx context.Context, v RuntimeVersions) (string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, RuntimeScript), ContainerdVersion, RuncVersion, CrictlVersion)
+	cmd := exec.CommandContext(ctx, filepath.Join(root, RuntimeScript), v.Containerd, v.Runc, v.Crictl)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {

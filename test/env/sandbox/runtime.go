@@ -76,7 +76,12 @@ WantedBy=multi-user.target
 // restrict_oom_score_adj: the machines this runs on may lack
 // CAP_SYS_RESOURCE (seen: writing -998, the pause container's score, to
 // oom_score_adj fails), so no container's score goes below containerd's.
-func containerdConfig(registry, user, password string) string {
+// A containerd 1.x (version "v1.*") gets the same in its own schema,
+// version 2, where one CRI plugin holds it all.
+func containerdConfig(version, registry, user, password string) string {
+	if strings.HasPrefix(version, "v1.") {
+		return fmt.Sprintf(containerd1Config, registry, user, password)
+	}
 	return fmt.Sprintf(`version = 3
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -108,6 +113,39 @@ state = "/run/containerd"
     conf_dir = "/etc/cni/net.d"
 `, registry, user, password)
 }
+
+// containerd1Config is containerdConfig for containerd 1.x: version 2,
+// the CRI plugin io.containerd.grpc.v1.cri (containerd's docs/cri/config.md
+// at v1.7).
+const containerd1Config = `version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:3.10"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  tolerate_missing_hugetlb_controller = true
+  disable_hugetlb_controller = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "/etc/containerd/certs.d"
+    [plugins."io.containerd.grpc.v1.cri".registry.configs."%[1]s".auth]
+      username = %[2]q
+      password = %[3]q
+`
 
 // hostsTOML sends every pull for a registry (the private one itself, or
 // registry.k8s.io mirrored to it, paths kept) to the private registry,
@@ -188,7 +226,7 @@ func (s *State) runtimeFiles(m *Machine) error {
 	}
 	reg := s.Registry.Address
 	files := map[string]string{
-		"etc/containerd/config.toml":                        containerdConfig(reg, s.Registry.User, s.Registry.Password),
+		"etc/containerd/config.toml":                        containerdConfig(s.RuntimeVersion, reg, s.Registry.User, s.Registry.Password),
 		"etc/containerd/certs.d/" + reg + "/hosts.toml":     hostsTOML(reg),
 		"etc/containerd/certs.d/registry.k8s.io/hosts.toml": hostsTOML(reg),
 		"etc/cni/net.d/10-kubelift.conflist":                cniConfig(s.PodCIDR(*m)),

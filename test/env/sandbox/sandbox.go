@@ -58,6 +58,10 @@ type Config struct {
 	// Runtime is the nodes' container runtime: RuntimeContainerd (the
 	// default) or RuntimeStandIn.
 	Runtime string
+	// RuntimeVersion is containerd's version on every node ("": the
+	// default, kube.ContainerdVersion; kube.Containerd17 for containerd
+	// 1.7, configured with its own config schema, version 2).
+	RuntimeVersion string
 	// Workloads creates the demo workloads (Deployments, a DaemonSet, bare
 	// pods with and without tolerations, a pod whose nodeSelector no
 	// longer matches).
@@ -118,14 +122,16 @@ type Machine struct {
 
 // State is what Up made, saved as state.json for Down and for tests.
 type State struct {
-	Dir        string    `json:"dir"`
-	Name       string    `json:"name"`
-	Subnet     string    `json:"subnet"`
-	OldVersion string    `json:"oldVersion"`
-	NewVersion string    `json:"newVersion"`
-	Runtime    string    `json:"runtime"`
-	Binaries   Binaries  `json:"binaries"`
-	Machines   []Machine `json:"machines"`
+	Dir        string `json:"dir"`
+	Name       string `json:"name"`
+	Subnet     string `json:"subnet"`
+	OldVersion string `json:"oldVersion"`
+	NewVersion string `json:"newVersion"`
+	Runtime    string `json:"runtime"`
+	// RuntimeVersion is containerd's version (Config.RuntimeVersion).
+	RuntimeVersion string    `json:"runtimeVersion,omitempty"`
+	Binaries       Binaries  `json:"binaries"`
+	Machines       []Machine `json:"machines"`
 	// CgroupsMade says this sandbox made its cgroups (kubelift-NAME in
 	// each hierarchy); Down removes them only then, so a second sandbox
 	// refused under a name in use never touches the first one's.
@@ -299,7 +305,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, Kubeadm: cfg.Kubeadm}
+	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, RuntimeVersion: cfg.RuntimeVersion, Kubeadm: cfg.Kubeadm}
 	if err := s.up(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the logs under nodes/)", err, dir)
 	}
@@ -316,7 +322,7 @@ func (s *State) matches(cfg Config) bool {
 			workers++
 		}
 	}
-	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime && s.Kubeadm == cfg.Kubeadm &&
+	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime && s.RuntimeVersion == cfg.RuntimeVersion && s.Kubeadm == cfg.Kubeadm &&
 		cps == cfg.ControlPlanes && workers == cfg.Workers && (s.StaticPod != "") == (cfg.StaticPod && cfg.Workloads)
 }
 
@@ -357,8 +363,12 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 		s.Binaries.Hops[h.Version] = dir
 	}
 	if cfg.Runtime == RuntimeContainerd {
-		cfg.Log("building (or finding cached) containerd, runc and crictl")
-		if s.Binaries.Runtime, err = kube.RuntimeBinaries(ctx); err != nil {
+		rv, err := kube.RuntimeFor(cfg.RuntimeVersion)
+		if err != nil {
+			return err
+		}
+		cfg.Log("building (or finding cached) containerd %s, runc %s and crictl %s", rv.Containerd, rv.Runc, rv.Crictl)
+		if s.Binaries.Runtime, err = kube.RuntimeBinaries(ctx, rv); err != nil {
 			return err
 		}
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kubelift/kubelift/test/env/kube"
 	"github.com/kubelift/kubelift/test/env/sandbox"
 	"github.com/kubelift/kubelift/test/env/sandbox/systemd"
 )
@@ -102,6 +103,7 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	up.Flags().BoolVar(&cfg.Workloads, "workloads", true, "create the demo workloads")
 	up.Flags().BoolVar(&cfg.Kubeadm, "kubeadm", false, "build the cluster with kubeadm (init and join; static control-plane pods from images in the private registry, kube-proxy as a DaemonSet, CoreDNS) instead of binary-deployed units")
 	up.Flags().StringVar(&cfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime: containerd (containerd, runc, CNI: real processes) or stand-in (a CRI server that keeps records)")
+	up.Flags().StringVar(&cfg.RuntimeVersion, "runtime-version", "", "containerd's version on every node, built from the Go module proxy: "+kube.ContainerdVersion+" (the default) or "+kube.Containerd17+" (containerd 1.7, which Kubernetes after v1.35 no longer supports)")
 
 	down := &cobra.Command{
 		Use:   "down",
