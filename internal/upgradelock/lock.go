@@ -262,9 +262,9 @@ func (l *Lock) Renew(ctx context.Context) error {
 	lease.Spec.RenewTime = &t
 	updated, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
 	if err != nil {
-		// A conflict: written since this run read it, by another or by
-		// this run's own earlier renewal that landed late; the next
-		// renewal reads which.
+		// A conflict too is not a loss by itself: written since this run
+		// read it, by another or by this run's own earlier renewal that
+		// landed late; the next renewal reads which.
 		return fmt.Errorf("renew lease kube-system/%s: %w", Name, err)
 	}
 	l.mu.Lock()
