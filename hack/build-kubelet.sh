@@ -73,10 +73,9 @@ kube_module "$version"
 # the run's build cache (a copy put in by a replace directive is another
 # module to the cache: every package of it compiled again, 300 s more).
 # (-overlay would do the same, but it refuses files in the module cache.)
-printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kubelet"\n' >tools.go
-# kuberuntime now imports pkg/hashskip: the build's module provides it.
+# kuberuntime, patched, imports pkg/hashskip: the build's module provides it.
 go mod edit -require github.com/kubelift/kubelift/pkg/hashskip@v0.0.0 -replace "github.com/kubelift/kubelift/pkg/hashskip=$root/pkg/hashskip"
-printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/kubelift/kubelift/pkg/hashskip"\n' >tools_hashskip.go
+printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n\t_ "github.com/kubelift/kubelift/pkg/hashskip"\n)\n' >tools.go
 export GOFLAGS=-mod=mod
 go get "k8s.io/kubernetes/cmd/kubelet@$version" >/dev/null 2>&1 || go get "k8s.io/kubernetes/cmd/kubelet@$version"
 # With upstream's tests of kuberuntime, their imports are vendored too.

@@ -186,6 +186,12 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 				break
 			}
 			f.CRI = cri
+		case s.head == "cri-config" && f.CRI != nil:
+			// After cri-version (the script's order): the runtime's answer
+			// to RuntimeConfig, or why there is none.
+			if bad := f.CRI.setConfig(node, s.body, sectionsHave(sections, "cri-config-failed")); bad != nil {
+				f.Bad = append(f.Bad, *bad)
+			}
 		case s.head == "hash-skip":
 			schema, era, _ := strings.Cut(strings.TrimSpace(s.body), " ")
 			switch {
@@ -237,17 +243,6 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 	}
 	for c := range f.Flags {
 		sort.Strings(f.Flags[c])
-	}
-	if f.CRI != nil {
-		for i, s := range sections {
-			if s.head != "cri-config" {
-				continue
-			}
-			failed := i+1 < len(sections) && sections[i+1].head == "cri-config-failed"
-			if bad := f.CRI.setConfig(node, s.body, failed); bad != nil {
-				f.Bad = append(f.Bad, *bad)
-			}
-		}
 	}
 	// The flags override the file.
 	if v, ok := f.Values["kubelet --cgroup-driver"]; ok {

@@ -91,6 +91,9 @@ func (pc *planCheck) nodeStates() {
 		}
 		if f := pc.view.Facts[n.Name]; f != nil {
 			s.Components = f.Components
+			if f.CRI != nil {
+				s.CRI = fmt.Sprintf("%s, CRI %s", f.CRI.Runtime, f.CRI.APIVersion)
+			}
 			bad = append(bad, f.Bad...)
 		}
 		if pc.view.Kubeadm != nil && s.Role == release.RoleControlPlane {

@@ -63,9 +63,6 @@ func (pc *planCheck) cgroupDriver() {
 		if f == nil || s.Kubelet == "" {
 			continue
 		}
-		if f.CRI != nil {
-			s.CRI = fmt.Sprintf("%s, CRI %s", f.CRI.Runtime, f.CRI.APIVersion)
-		}
 		cur, err := catalog.ParseVersion(s.Kubelet)
 		if err != nil {
 			continue // refused under values
