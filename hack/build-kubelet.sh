@@ -57,13 +57,20 @@ if [ -x "$out/kubelet" ] && [ "$(cat "$out/kubelet.key" 2>/dev/null)" = "$key" ]
 	fi
 fi
 work=$(mktemp -d)
+trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+# The stock kubelet first (or, if another build of the release is under
+# way, after it): every package the patch does not reach is then in the
+# build cache, and this build compiles only the few it does. Two builds of
+# one release at once would each compile the whole kubelet.
+export KUBELIFT_BUILD_CACHE=${KUBELIFT_BUILD_CACHE:-$work/go-build}
+"$root/hack/build-kubernetes.sh" "$version" kubelet >/dev/null
+SECONDS=0 # the note below times this build alone
 # Compiled objects are not kept in the user's Go cache: the binaries are
 # what is kept. There each release's objects came to gigabytes that
 # later builds seldom reuse, and they filled the disk the tests run on.
 # make test hands every build of its run one cache (KUBELIFT_BUILD_CACHE,
 # removed when the run ends); alone, a build's goes with $work.
-export GOCACHE=${KUBELIFT_BUILD_CACHE:-$work/go-build}
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+export GOCACHE=$KUBELIFT_BUILD_CACHE
 cd "$work"
 . "$root/hack/lib.sh"
 kube_module "$version"

@@ -89,11 +89,10 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	}
 
 	step("Building kubelift's hash-skip kubelet %s (upstream's, plus the hash-skip file; make kubelet)", version)
-	built, err := exec.Command(filepath.Join("hack", "build-kubelet.sh"), version).Output()
+	kubelet, err := kube.HashSkipKubelet(ctx, version)
 	if err != nil {
-		return fmt.Errorf("hack/build-kubelet.sh %s: %w", version, err)
+		return err
 	}
-	kubelet := strings.TrimSpace(string(built))
 	fmt.Println(kubelet)
 
 	step("Bundling Kubernetes %s into a signed, self-extracting installer (every platform, so index digests survive the import)", version)

@@ -100,6 +100,27 @@ func RuntimeBinaries(ctx context.Context, v RuntimeVersions) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// KubeletScript builds a release's kubelet with kubelift's hash-skip patch.
+const KubeletScript = "hack/build-kubelet.sh"
+
+// HashSkipKubelet returns the path of version's kubelet with kubelift's
+// hash-skip patch, building it first if it is not cached (the stock
+// kubelet of version is built before it, and shares its compiled
+// packages).
+func HashSkipKubelet(ctx context.Context, version string) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(root, KubeletScript), version)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", KubeletScript, version, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
 // AddonScript builds etcd and CoreDNS from the Go module proxy.
 const AddonScript = "hack/build-addons.sh"
 

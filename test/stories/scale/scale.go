@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/kubelift/kubelift/test/env/fleet"
 	"github.com/kubelift/kubelift/test/env/internet"
 	"github.com/kubelift/kubelift/test/env/kube"
+	"github.com/kubelift/kubelift/test/env/programs"
 	"github.com/kubelift/kubelift/test/env/simcluster"
 )
 
@@ -170,21 +170,13 @@ func (e *Env) Close() {
 }
 
 func (e *Env) buildPrograms() error {
-	for _, p := range []string{"bundle", "upgrade"} {
-		if b, err := exec.Command("go", "build", "-o", filepath.Join(e.Bin, p), "github.com/kubelift/kubelift/cmd/"+p).CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %v\n%s", p, err, b)
-		}
-	}
-	return nil
+	var err error
+	e.Bin, err = programs.Dir(e.Bin)
+	return err
 }
 
 func hashSkipKubelet(ctx context.Context) (string, error) {
-	_, file, _, _ := runtime.Caller(0)
-	out, err := exec.CommandContext(ctx, filepath.Join(filepath.Dir(file), "..", "..", "..", "hack", "build-kubelet.sh"), To).Output()
-	if err != nil {
-		return "", fmt.Errorf("hack/build-kubelet.sh %s: %w", To, err)
-	}
-	return strings.TrimSpace(string(out)), nil
+	return kube.HashSkipKubelet(ctx, To)
 }
 
 // makeBundle makes the signed bundle outside the air gap: a source
