@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/test/env/kube"
+	"github.com/kubelift/kubelift/test/env/programs"
 	"github.com/kubelift/kubelift/test/env/sandbox"
 )
 
@@ -74,12 +74,10 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 	if err != nil {
 		return nil, err
 	}
-	h := &Harness{tmp: tmp, Bin: filepath.Join(tmp, "bin"), Work: filepath.Join(tmp, "work")}
-	for pkg, out := range map[string]string{"cmd/bundle": "bundle", "cmd/upgrade": "upgrade", "test/env/sandbox/cmd/kubelift-sandbox": "kubelift-sandbox"} {
-		if b, err := exec.Command("go", "build", "-o", filepath.Join(h.Bin, out), "github.com/kubelift/kubelift/"+pkg).CombinedOutput(); err != nil {
-			os.RemoveAll(tmp)
-			return nil, fmt.Errorf("build %s: %v\n%s", pkg, err, b)
-		}
+	h := &Harness{tmp: tmp, Work: filepath.Join(tmp, "work")}
+	if h.Bin, err = programs.Dir(filepath.Join(tmp, "bin")); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
 	}
 	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
 		ControlPlanes: controlPlanes, Workers: workers, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
@@ -88,15 +86,10 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 		o(&h.cfg)
 	}
 	h.cfg.Defaults()
-	_, file, _, _ := runtime.Caller(0)
-	hashSkipKubelet, err := exec.Command(filepath.Join(filepath.Dir(file), "..", "..", "..", "hack", "build-kubelet.sh"), h.cfg.NewVersion).Output()
+	hashSkipKubelet, err := kube.HashSkipKubelet(ctx, h.cfg.NewVersion)
 	if err != nil {
 		os.RemoveAll(tmp)
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return nil, fmt.Errorf("hack/build-kubelet.sh %s: %w\n%s", h.cfg.NewVersion, err, ee.Stderr)
-		}
-		return nil, fmt.Errorf("hack/build-kubelet.sh %s: %w", h.cfg.NewVersion, err)
+		return nil, err
 	}
 	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
 		h.Close()
@@ -106,7 +99,7 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 		h.Close()
 		return nil, err
 	}
-	if err := h.makeBundles(strings.TrimSpace(string(hashSkipKubelet))); err != nil {
+	if err := h.makeBundles(hashSkipKubelet); err != nil {
 		h.Close()
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/test/env/images"
+	"github.com/kubelift/kubelift/test/env/programs"
 	"github.com/kubelift/kubelift/test/env/sandbox"
 )
 
@@ -47,10 +48,11 @@ func run(m *testing.M) (int, error) {
 		return 1, err
 	}
 	defer os.RemoveAll(tmp)
-	tool := filepath.Join(tmp, "kubelift-sandbox")
-	if out, err := exec.Command("go", "build", "-o", tool, "github.com/kubelift/kubelift/test/env/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
-		return 1, fmt.Errorf("build kubelift-sandbox: %v\n%s", err, out)
+	bin, err := programs.Dir(filepath.Join(tmp, "bin"))
+	if err != nil {
+		return 1, err
 	}
+	tool := filepath.Join(bin, "kubelift-sandbox")
 	// The machines share the host's root file system below their own
 	// directories: nothing they do may change what is at the top of it.
 	rootBefore, err := topLevel()

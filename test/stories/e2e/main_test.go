@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubelift/kubelift/test/env/programs"
 )
 
 var binDir string
@@ -22,13 +24,9 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	binDir = dir
-	for _, p := range []string{"bundle", "upgrade"} {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, p), "github.com/kubelift/kubelift/cmd/"+p).CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", p, err, out)
-			os.Exit(1)
-		}
+	if binDir, err = programs.Dir(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
