@@ -3,8 +3,10 @@
 // upgrade from v1.31.4 to v1.31.14: every API server runs the target before
 // any kubelet restarts; manual mode moves the chosen workers only; then
 // rollback puts every node back, and each control-plane part is the same
-// process a minute after it returned. (test/stories/apply moves a minor; rollback
-// needs a patch downgrade.)
+// process a minute after it returned; the rollback is recorded, a second
+// one changes nothing, and apply runs again from a fresh record.
+// (test/stories/apply moves a minor; rollback needs a patch downgrade:
+// the catalog lists v1.31.4 among v1.31.14's downgrades.)
 package applyha
 
 import (
@@ -43,6 +45,9 @@ func started(t *testing.T, node, comp string) int64 {
 }
 
 func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
+	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 1 || !strings.Contains(r.Stderr, "no upgrade is recorded") {
+		t.Fatalf("rollback before any upgrade: exit %d\n%s", r.Code, r.Stderr)
+	}
 	h.Import(t, h.HashSkipBundle)
 	before := map[string]map[string]string{}
 	for _, m := range h.SB.Nodes() {

@@ -1,9 +1,4 @@
-// Package rollback tests upgrade rollback end to end on a sandbox of its
-// own whose nodes start at v1.31.4: a patch upgrade to v1.31.14 applied,
-// then rolled back from the nodes' backups (the catalog lists v1.31.4
-// among v1.31.14's downgrades), with no container restarted either way,
-// and applied again after.
-package rollback
+package applyha
 
 import (
 	"fmt"
@@ -16,21 +11,6 @@ import (
 	"github.com/kubelift/kubelift/test/env/harness"
 	"github.com/kubelift/kubelift/test/env/sandbox"
 )
-
-// from is a patch below the sandbox's new version, v1.31.4.
-const from = "v1.31.4"
-
-// to is the sandbox's new version: the catalog's newest v1.31, also the
-// hop of test/stories/multihop, so no release is built for this story alone.
-const to = "v1.31.14"
-
-var h *harness.Harness
-
-func TestMain(m *testing.M) {
-	harness.Main(m, "klr", "10.87.0", 1, 2, func(x *harness.Harness) {
-		h = x
-	}, harness.From(from), harness.Target(to))
-}
 
 // components lists what runs on each node of the sandbox.
 func components(m sandbox.Machine) []string {
@@ -68,11 +48,18 @@ func expectEverywhere(t *testing.T, version string, before map[string]map[string
 	}
 }
 
-func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
-	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 1 || !strings.Contains(r.Stderr, "no upgrade is recorded") {
-		t.Fatalf("rollback before any upgrade: exit %d\n%s", r.Code, r.Stderr)
+// TestRolledBackThenAppliedAgain goes on from where
+// TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget ends (its
+// cluster rolled back from v1.31.14 to v1.31.4, every binary restored
+// from the nodes' backups): the rollback is recorded, a second one finds
+// nothing to restore, and apply runs again from a fresh record with an
+// etcd snapshot of its own, no container restarted either way.
+func TestRolledBackThenAppliedAgain(t *testing.T) {
+	from := h.SB.OldVersion
+	first := h.Status(t)
+	if first.State != record.StateRolledBack {
+		t.Fatalf("the test before left the upgrade %s; this one goes on from its rollback", first.State)
 	}
-	h.Import(t, h.HashSkipBundle)
 	before := map[string]map[string]string{}
 	for _, m := range h.SB.Nodes() {
 		before[m.Name] = h.Running(t, m.Name)
@@ -80,33 +67,13 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 			t.Fatalf("%s runs no containers: nothing to check", m.Name)
 		}
 	}
-	reg, pw := h.RegistryFlags()
-	apply := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels"}, reg...), h.SSHFlags()...)
-	if r := h.Upgrade(t, pw, apply...); r.Code != 0 {
-		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	if first.From != from || first.To != h.SB.NewVersion || first.Backup == "" {
+		t.Errorf("status after rollback: %s -> %s, etcd snapshot %q", first.From, first.To, first.Backup)
 	}
-	expectEverywhere(t, h.SB.NewVersion, before)
-	first := h.Status(t)
-	if first.Backup == "" {
-		t.Errorf("the first apply recorded no etcd snapshot: %+v", first)
+	if len(first.Nodes) != len(h.SB.Nodes()) {
+		t.Errorf("status after rollback lists %d nodes, want %d", len(first.Nodes), len(h.SB.Nodes()))
 	}
-
-	// The API server moved, but v1.31.4 is a patch downgrade of v1.31.14:
-	// rollback restores every binary from the backups.
-	r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...)
-	if r.Code != 0 {
-		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
-	}
-	h.SteadyControlPlane(t, from)
-	expectEverywhere(t, from, before)
-	st := h.Status(t)
-	if st.State != record.StateRolledBack || st.From != from || st.To != h.SB.NewVersion {
-		t.Errorf("status after rollback: state %s, %s -> %s", st.State, st.From, st.To)
-	}
-	if len(st.Nodes) != len(h.SB.Nodes()) {
-		t.Errorf("status after rollback lists %d nodes, want %d", len(st.Nodes), len(h.SB.Nodes()))
-	}
-	for _, n := range st.Nodes {
+	for _, n := range first.Nodes {
 		if n.Status != record.NodeRolledBack {
 			t.Errorf("status after rollback: %s is %s", n.Name, n.Status)
 		}
@@ -123,9 +90,12 @@ func TestPatchUpgradeRolledBackAndAppliedAgain(t *testing.T) {
 	expectEverywhere(t, from, before)
 
 	// Forward again: the same bundle, the same containers.
+	reg, pw := h.RegistryFlags()
+	apply := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels", "--max-unavailable", "2"}, reg...), h.SSHFlags()...)
 	if r := h.Upgrade(t, pw, apply...); r.Code != 0 {
 		t.Fatalf("apply after rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
+	h.SteadyControlPlane(t, h.SB.NewVersion)
 	expectEverywhere(t, h.SB.NewVersion, before)
 	second := h.Status(t)
 	if second.State != record.StateComplete {
