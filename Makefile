@@ -56,19 +56,40 @@ lint: deps
 # refuses a disk without room for the run's peak. What the run built, and
 # how long each build took, is printed at its end (KUBELIFT_BUILD_LOG:
 # on a new machine most of the run's time).
-TEST_DISK_GB ?= 20
+#
+# On a cold machine the builds are most of the run: hack/prebuild.sh
+# builds every release the stories need, one after the other, niced, in
+# the background from the start of the unit tests, so that the builds
+# fill the time the unit tests and the waiting stories leave (a story
+# that asks for a release meanwhile waits for that build; nothing is
+# built twice). kubelift's own programs are built once for every story
+# ($$KUBELIFT_TEST_BIN). The story packages run three at a time, the
+# longest first (TEST_FIRST): the kubeadm and patch stories mostly wait
+# on their clusters, and the CPU they leave goes to the builds and to the
+# stories beside them.
+TEST_DISK_GB ?= 25
+TEST_PARALLEL ?= 3
+TEST_FIRST := stories/kubeadmha stories/applyha stories/kubeadm env/sandbox stories/apply stories/multihop \
+	stories/drain stories/engine env/simcluster stories/scale upstream stories/e2e
 test: deps lint
 	@hack/disk-check.sh $(TEST_DISK_GB)
 	@guard=$$(mktemp); export KUBELIFT_BUILD_CACHE=$$(mktemp -d -t go-build-kubelift.XXXXXX); \
-	export KUBELIFT_BUILD_LOG=$$(mktemp); \
-	trap 'rm -rf "$$KUBELIFT_BUILD_CACHE" "$$guard" "$$KUBELIFT_BUILD_LOG"' EXIT; trap 'exit 130' INT TERM; \
+	export KUBELIFT_BUILD_LOG=$$(mktemp) KUBELIFT_TEST_BIN=$$(mktemp -d -t kubelift-bin.XXXXXX); prebuild_log=$$(mktemp); pb=; \
+	trap '[ -z "$$pb" ] || kill -- -$$pb 2>/dev/null; rm -rf "$$KUBELIFT_BUILD_CACHE" "$$guard" "$$KUBELIFT_BUILD_LOG" "$$KUBELIFT_TEST_BIN" "$$prebuild_log"' EXIT; trap 'exit 130' INT TERM; \
 	hack/host-guard.sh snapshot $$guard; rc=0; \
-	echo "$$(date -u +%T) unit tests (-race)"; \
+	$(GO) build -o $$KUBELIFT_TEST_BIN/ ./cmd/bundle ./cmd/upgrade ./test/env/sandbox/cmd/kubelift-sandbox || exit 1; \
+	setsid hack/prebuild.sh $$KUBELIFT_TEST_BIN/kubelift-sandbox >$$prebuild_log 2>&1 & pb=$$!; \
+	echo "$$(date -u +%T) unit tests (-race); the stories' releases build meanwhile (hack/prebuild.sh)"; \
 	(cd pkg/hashskip && $(GO) test -race -count=1 ./...) || rc=1; \
 	$(GO) test -race -count=1 ./cmd/... ./internal/... || rc=1; \
 	echo "$$(date -u +%T) sandboxes and stories (test/)"; \
-	$(GO) test -count=1 -timeout 45m ./test/... || rc=1; \
+	pkgs=$$($(GO) list ./test/... | awk -v first="$(TEST_FIRST)" \
+		'BEGIN { n = split(first, f, " "); for (i = 1; i <= n; i++) rank["github.com/kubelift/kubelift/test/" f[i]] = i } \
+		{ r = ($$0 in rank) ? rank[$$0] : n + 1; print r, NR, $$0 }' | sort -n -k1,1 -k2,2 | cut -d " " -f 3); \
+	$(GO) test -count=1 -p $(TEST_PARALLEL) -timeout 45m $$pkgs || rc=1; \
 	echo "$$(date -u +%T) done"; \
+	if kill -0 $$pb 2>/dev/null; then kill -- -$$pb 2>/dev/null; wait $$pb; echo "hack/prebuild.sh was still building when the tests ended: stopped"; \
+	elif ! wait $$pb; then echo "hack/prebuild.sh failed (each story built what it needed itself); its end:"; tail -n 20 $$prebuild_log | sed 's/^/  /'; fi; pb=; \
 	if [ -s "$$KUBELIFT_BUILD_LOG" ]; then echo "built during this run (UTC):"; sed 's/^/  /' "$$KUBELIFT_BUILD_LOG"; fi; \
 	hack/host-guard.sh check $$guard || rc=1; exit $$rc
 

@@ -326,27 +326,34 @@ func (s *State) matches(cfg Config) bool {
 		cps == cfg.ControlPlanes && workers == cfg.Workers && (s.StaticPod != "") == (cfg.StaticPod && cfg.Workloads)
 }
 
-func (s *State) up(ctx context.Context, cfg Config) error {
-	start := time.Now()
+// Build builds (or finds cached) every binary a sandbox of cfg runs: the
+// old and new releases (with kubeadm for a kubeadm sandbox), the control
+// plane of every hop between them, the container runtime, and a kubeadm
+// sandbox's etcd and CoreDNS. Up does it first; `kubelift-sandbox build`
+// does only this, so that make test builds the stories' releases while
+// other tests run.
+func Build(ctx context.Context, cfg Config) (Binaries, error) {
+	cfg.Defaults()
+	var b Binaries
 	cfg.Log("building (or finding cached) Kubernetes %s and %s", cfg.OldVersion, cfg.NewVersion)
 	var err error
 	old, upgrade := oldComponents, newComponents
 	if cfg.Kubeadm {
 		old, upgrade = append(old, "kubeadm"), append(upgrade, "kubeadm")
 	}
-	if s.Binaries.Old, err = buildKubernetes(ctx, cfg.OldVersion, old...); err != nil {
-		return err
+	if b.Old, err = buildKubernetes(ctx, cfg.OldVersion, old...); err != nil {
+		return b, err
 	}
-	if s.Binaries.New, err = buildKubernetes(ctx, cfg.NewVersion, upgrade...); err != nil {
-		return err
+	if b.New, err = buildKubernetes(ctx, cfg.NewVersion, upgrade...); err != nil {
+		return b, err
 	}
-	hops, err := s.Hops()
+	hops, err := (&State{OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion}).Hops()
 	if err != nil {
-		return err
+		return b, err
 	}
 	for _, h := range hops {
 		if cfg.Kubeadm {
-			return fmt.Errorf("%s to %s passes through %s: kubelift moves a kubeadm control plane one minor per run, so a kubeadm sandbox is built for one minor", cfg.OldVersion, cfg.NewVersion, h.Version)
+			return b, fmt.Errorf("%s to %s passes through %s: kubelift moves a kubeadm control plane one minor per run, so a kubeadm sandbox is built for one minor", cfg.OldVersion, cfg.NewVersion, h.Version)
 		}
 		cfg.Log("building (or finding cached) the control plane of %s, a hop on the way to %s", h.Version, cfg.NewVersion)
 		comps := hopComponents
@@ -355,22 +362,40 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 		}
 		dir, err := buildKubernetes(ctx, h.Version, comps...)
 		if err != nil {
-			return err
+			return b, err
 		}
-		if s.Binaries.Hops == nil {
-			s.Binaries.Hops = map[string]string{}
+		if b.Hops == nil {
+			b.Hops = map[string]string{}
 		}
-		s.Binaries.Hops[h.Version] = dir
+		b.Hops[h.Version] = dir
 	}
 	if cfg.Runtime == RuntimeContainerd {
 		rv, err := kube.RuntimeFor(cfg.RuntimeVersion)
 		if err != nil {
-			return err
+			return b, err
 		}
 		cfg.Log("building (or finding cached) containerd %s, runc %s and crictl %s", rv.Containerd, rv.Runc, rv.Crictl)
-		if s.Binaries.Runtime, err = kube.RuntimeBinaries(ctx, rv); err != nil {
-			return err
+		if b.Runtime, err = kube.RuntimeBinaries(ctx, rv); err != nil {
+			return b, err
 		}
+	}
+	if cfg.Kubeadm {
+		cfg.Log("building (or finding cached) etcd %s and CoreDNS %s", EtcdVersion, CoreDNSVersion)
+		if _, err := kube.Addon(ctx, "etcd", EtcdVersion); err != nil {
+			return b, err
+		}
+		if _, err := kube.Addon(ctx, "coredns", CoreDNSVersion); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+func (s *State) up(ctx context.Context, cfg Config) error {
+	start := time.Now()
+	var err error
+	if s.Binaries, err = Build(ctx, cfg); err != nil {
+		return err
 	}
 	cfg.Log("binaries ready (%s)", time.Since(start).Round(time.Second))
 

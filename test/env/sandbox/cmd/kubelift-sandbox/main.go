@@ -105,6 +105,41 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	up.Flags().StringVar(&cfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime: containerd (containerd, runc, CNI: real processes) or stand-in (a CRI server that keeps records)")
 	up.Flags().StringVar(&cfg.RuntimeVersion, "runtime-version", "", "containerd's version on every node, built from the Go module proxy: "+kube.ContainerdVersion+" (the default) or "+kube.Containerd17+" (containerd 1.7, which Kubernetes after v1.35 no longer supports)")
 
+	var bcfg sandbox.Config
+	var hashSkip bool
+	build := &cobra.Command{
+		Use:   "build",
+		Short: "Build (or find cached) every binary a sandbox of these flags runs, and bring nothing up",
+		Long: `Builds from the Go module proxy, or finds in ~/.cache/kubelift, what up
+would build first for the same flags: both releases, the control plane
+of every hop between them, the container runtime, and with --kubeadm
+kubeadm, etcd and CoreDNS; --hash-skip adds the target's kubelet with
+kubelift's hash-skip patch. Each build holds a lock per version, so
+that a sandbox brought up meanwhile waits for it and takes its result.
+make test runs it in the background while the unit tests run, so that
+the stories find their releases built.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			bcfg.Log = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }
+			if _, err := sandbox.Build(cmd.Context(), bcfg); err != nil {
+				return err
+			}
+			if hashSkip {
+				bcfg.Log("building (or finding cached) kubelet %s with kubelift's hash-skip patch", bcfg.NewVersion)
+				if _, err := kube.HashSkipKubelet(cmd.Context(), bcfg.NewVersion); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	build.Flags().StringVar(&bcfg.OldVersion, "old-version", "v1.30.14", "Kubernetes version the cluster runs")
+	build.Flags().StringVar(&bcfg.NewVersion, "target", "v1.31.4", "Kubernetes version to upgrade to")
+	build.Flags().BoolVar(&bcfg.Kubeadm, "kubeadm", false, "also build kubeadm, etcd and CoreDNS, as a kubeadm sandbox needs")
+	build.Flags().StringVar(&bcfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime (containerd is built; stand-in needs nothing)")
+	build.Flags().StringVar(&bcfg.RuntimeVersion, "runtime-version", "", "containerd's version: "+kube.ContainerdVersion+" (the default) or "+kube.Containerd17)
+	build.Flags().BoolVar(&hashSkip, "hash-skip", false, "also build the target's kubelet with kubelift's hash-skip patch (what the tests' bundles carry)")
+
 	down := &cobra.Command{
 		Use:   "down",
 		Short: "Stop every sandbox process (by pid), delete its namespaces and remove the state directory",
@@ -232,6 +267,6 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	lb.Flags().StringVar(&lbListen, "listen", "", "address to listen on")
 	lb.Flags().StringArrayVar(&lbBackends, "backend", nil, "an API server's host:port (repeated)")
 
-	root.AddCommand(up, down, status, execCmd, nodeInit, cri, serveFiles, lb)
+	root.AddCommand(up, build, down, status, execCmd, nodeInit, cri, serveFiles, lb)
 	return root
 }

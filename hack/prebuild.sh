@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds, one after the other, every release and tool that make test's
+# sandboxes and stories run, in the order the stories need them (make
+# test starts it in the background after lint, niced: on a cold machine
+# the builds are most of the run, and they then fill the time the unit
+# tests and the waiting stories leave). Each build holds a lock per
+# version: a story that asks for a release meanwhile waits for this
+# build and takes its result, and a story that asks first builds it
+# itself; either way nothing is built twice. A failure here fails
+# nothing: the story that needs the build fails with its own error.
+#
+#   hack/prebuild.sh KUBELIFT-SANDBOX
+set -euo pipefail
+renice -n 10 -p $$ >/dev/null
+sb=${1:?usage: $0 KUBELIFT-SANDBOX}
+root=$(cd "$(dirname "$0")/.." && pwd)
+# The patch stories (test/stories/applyha, kubeadmha) are the longest:
+# their releases first, with the runtime, etcd and CoreDNS.
+"$sb" build --old-version v1.31.4 --target v1.31.14 --kubeadm --hash-skip
+# The sandbox's own tests and most stories (apply, drain, engine, e2e,
+# kubeadm, scale, upstream).
+"$sb" build --old-version v1.30.14 --target v1.31.4 --kubeadm --hash-skip
+# The simulated nodes (test/env/simcluster, test/stories/scale).
+"$root/hack/build-kwok.sh" >/dev/null
+# Several minors in one run (test/stories/multihop).
+"$sb" build --old-version v1.30.14 --target v1.32.13 --hash-skip
