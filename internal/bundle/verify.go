@@ -197,6 +197,12 @@ func verify(ctx context.Context, r io.Reader, trust Trust, onManifest func(*Mani
 		first = nil
 		if hdr == nil {
 			if hdr, err = tr.Next(); err == io.EOF {
+				// tar.Reader also ends quietly where the stream stops at
+				// an entry's end: only the end marker's two zero blocks
+				// after the last entry's padded data say nothing was cut.
+				if last != nil && base+cr.N() < (last.Offset+last.Size+511)/512*512+1024 {
+					return nil, &VerifyError{Entry: last.Path, Err: fmt.Errorf("%w: it stops after this entry, with no tar end marker", ErrTruncated)}
+				}
 				break
 			} else if err != nil {
 				// In parallel mode the tar reader seeks over data, so a cut
