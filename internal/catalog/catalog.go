@@ -78,7 +78,10 @@ type Release struct {
 	ContainerRuntimes map[string][]string `json:"containerRuntimes,omitempty"`
 	Images            []string            `json:"images"`
 	Files             []File              `json:"files"`
-	Withdrawn         bool                `json:"withdrawn,omitempty"`
+	// NodeStack is what runs under and beside the kubelet that a bundle
+	// carries when asked: containerd, runc, etcd (nodestack.go).
+	NodeStack []StackPart `json:"nodeStack,omitempty"`
+	Withdrawn bool        `json:"withdrawn,omitempty"`
 
 	parsed      Version
 	upgrade     []Range
@@ -354,7 +357,7 @@ func (r *Release) validate(arches []string) error {
 			}
 		}
 	}
-	return nil
+	return r.validateNodeStack(arches)
 }
 
 func contains(list []string, s string) bool {
