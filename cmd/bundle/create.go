@@ -41,6 +41,7 @@ type createOptions struct {
 	Installer         string
 	AllPlatforms      bool
 	KubeletBinary     string
+	NodeStack         bool
 }
 
 func newCmdCreate(s *cli.IO, runF func(context.Context, *createOptions) error) *cobra.Command {
@@ -110,6 +111,7 @@ rewriting; with '-o json' as JSON, for your proxy's allow-list:
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would be fetched and fetch nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
 	f.StringVar(&opts.KubeletBinary, "kubelet-binary", "", "bundle this kubelet instead of upstream's (the hash-skip kubelet from 'make kubelet'; one --arch)")
+	f.BoolVar(&opts.NodeStack, "node-stack", false, "also bundle the node stack the catalog pairs with the version (containerd, runc, etcd: bundle catalog lists them), for upgrade to install where a node runs an older one")
 	f.BoolVar(&opts.AllPlatforms, "all-platforms", false, "bundle every platform of multi-arch images, so import keeps their index digests (larger)")
 	f.StringVar(&opts.Installer, "installer", "", "upgrade program to embed in a .run file (default: 'upgrade' next to this program)")
 	return cmd
@@ -128,6 +130,7 @@ func createRun(ctx context.Context, opts *createOptions) error {
 		ExtraImages:       opts.Images,
 		AllPlatforms:      opts.AllPlatforms,
 		KubeletBinary:     opts.KubeletBinary,
+		NodeStack:         opts.NodeStack,
 		Access:            registry.Access{Insecure: opts.InsecureRegistry},
 		HTTPClient:        httpClient(),
 		Jobs:              opts.Jobs,

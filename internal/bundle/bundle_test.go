@@ -223,6 +223,59 @@ func TestPlanMirrors(t *testing.T) {
 	}
 }
 
+func TestNodeStackTravelsWithItsVersions(t *testing.T) {
+	f := newFixture(t)
+	out := filepath.Join(f.dir, "stack.tar")
+	opts := f.options(out)
+	opts.NodeStack = true
+	if _, err := Create(context.Background(), opts); err != nil {
+		t.Fatalf("Create --node-stack: %v", err)
+	}
+	m, err := VerifyFile(context.Background(), out, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct{ version, path, content string }{
+		"containerd": {"v2.3.7", "bin/linux/amd64/containerd-2.3.7-linux-amd64.tar.gz", "containerd v2.3.7 amd64 archive"},
+		"runc":       {"v1.5.2", "bin/linux/amd64/runc.amd64", "runc v1.5.2 amd64"},
+	}
+	for _, fl := range m.Files {
+		w, ok := want[fl.Name]
+		if !ok {
+			if fl.Version != "" {
+				t.Errorf("%s carries version %q: only node-stack parts do", fl.Name, fl.Version)
+			}
+			continue
+		}
+		delete(want, fl.Name)
+		if fl.Version != w.version || fl.Path != w.path || fl.Arch != "amd64" || fl.SHA256 != fmt.Sprintf("%x", sha256.Sum256([]byte(w.content))) {
+			t.Errorf("%s: %+v, want version %s at %s", fl.Name, fl, w.version, w.path)
+		}
+	}
+	for name := range want {
+		t.Errorf("the bundle lacks %s", name)
+	}
+
+	// Without the flag, none of it.
+	plain := f.create(t, FormatTar)
+	m, err = VerifyFile(context.Background(), plain, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fl := range m.Files {
+		if fl.Name == "containerd" || fl.Name == "runc" {
+			t.Errorf("a bundle made without --node-stack carries %s", fl.Path)
+		}
+	}
+
+	// A release the catalog pairs no node stack with.
+	opts = f.options(filepath.Join(f.dir, "none.tar"))
+	opts.NodeStack, opts.KubernetesVersion = true, bundletest.HopVersion
+	if _, err := MakePlan(opts); err == nil || !strings.Contains(err.Error(), "--node-stack: test-catalog.yaml pairs no node stack with v1.30.14") {
+		t.Errorf("--node-stack for v1.30.14: %v", err)
+	}
+}
+
 func TestRunFormat(t *testing.T) {
 	f := newFixture(t)
 	out := f.create(t, FormatRun)
@@ -365,6 +418,8 @@ func TestTamperRejected(t *testing.T) {
 		{"duplicate entry", mutate(func(e []tarEntry) []tarEntry { return append(e, e[blob]) }), f.pub, ErrDuplicateEntry, blobName},
 		{"size mismatch", mutate(func(e []tarEntry) []tarEntry { e[blob].data = e[blob].data[:100]; return e }), f.pub, ErrSizeMismatch, blobName},
 		{"truncated", orig[:len(orig)/2], f.pub, ErrTruncated, ""},
+		// Cut where an entry ends: tar.Reader alone sees a quiet end.
+		{"no end marker", orig[:len(orig)-1024], f.pub, ErrTruncated, ""},
 		{"absolute path", mutate(func(e []tarEntry) []tarEntry { e[blob].hdr.Name = "/etc/passwd"; return e }), f.pub, ErrUnsafePath, "/etc/passwd"},
 		{"dot-dot path", mutate(func(e []tarEntry) []tarEntry { e[blob].hdr.Name = "../../root/.ssh/authorized_keys"; return e }), f.pub, ErrUnsafePath, "../../root/.ssh/authorized_keys"},
 		{"symlink", mutate(func(e []tarEntry) []tarEntry {

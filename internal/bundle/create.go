@@ -55,8 +55,11 @@ type CreateOptions struct {
 	// KubeletBinary replaces the catalog's kubelet with a local build (the
 	// kubelet with kubelift's hash-skip patch: make kubelet).
 	KubeletBinary string
-	Access        registry.Access
-	HTTPClient    *http.Client
+	// NodeStack also bundles the node stack the catalog pairs with the
+	// release: containerd, runc and etcd (catalog nodeStack).
+	NodeStack  bool
+	Access     registry.Access
+	HTTPClient *http.Client
 	// Jobs bounds parallel downloads.
 	Jobs int
 	// CacheDir holds downloads between runs.
@@ -194,7 +197,7 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 		got := fetched[0]
 		fetched = fetched[1:]
 		m.Entries = append(m.Entries, Entry{Path: f.Path, Size: got.Size, SHA256: got.SHA256})
-		return File{Name: f.Name, Arch: f.Arch, Path: f.Path, URL: f.source, SHA256: got.SHA256, Size: got.Size}
+		return File{Name: f.Name, Version: f.Version, Arch: f.Arch, Path: f.Path, URL: f.source, SHA256: got.SHA256, Size: got.Size}
 	}
 	for _, f := range plan.Files {
 		bf := record(f)

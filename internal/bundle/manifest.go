@@ -98,12 +98,15 @@ type Image struct {
 
 // File is a binary or archive in the bundle.
 type File struct {
-	Name   string `json:"name"`
-	Arch   string `json:"arch,omitempty"`
-	Path   string `json:"path"`
-	URL    string `json:"url"`
-	SHA256 string `json:"sha256"`
-	Size   int64  `json:"size"`
+	Name string `json:"name"`
+	// Version is a node-stack part's (containerd v2.3.7, from the
+	// catalog's nodeStack); empty for the release's own files.
+	Version string `json:"version,omitempty"`
+	Arch    string `json:"arch,omitempty"`
+	Path    string `json:"path"`
+	URL     string `json:"url"`
+	SHA256  string `json:"sha256"`
+	Size    int64  `json:"size"`
 	// HashSkip, on a kubelet, says it honours kubelift's hash-skip file
 	// (kubelift's kubelet build; upstream's does not), decided when the
 	// bundle was made, so a plan can say which restarts it avoids.

@@ -97,12 +97,14 @@ type PlannedImage struct {
 // PlannedFile is a file to fetch. SHA256 is empty when not pinned (then the
 // upstream .sha256 file is fetched too).
 type PlannedFile struct {
-	Name   string `json:"name"`
-	Arch   string `json:"arch,omitempty"`
-	URL    string `json:"url"`
-	SHA256 string `json:"sha256"`
-	Path   string `json:"-"`
-	source string
+	Name string `json:"name"`
+	// Version is a node-stack part's (containerd v2.3.7).
+	Version string `json:"version,omitempty"`
+	Arch    string `json:"arch,omitempty"`
+	URL     string `json:"url"`
+	SHA256  string `json:"sha256"`
+	Path    string `json:"-"`
+	source  string
 }
 
 // MakePlan resolves the catalog entry, user additions and mirrors into a Plan.
@@ -179,6 +181,23 @@ func MakePlan(opts *CreateOptions) (*Plan, error) {
 	}
 	if opts.KubeletBinary != "" && !replacedKubelet {
 		return nil, fmt.Errorf("--kubelet-binary: the catalog lists no kubelet for %s", rel.Version)
+	}
+	if opts.NodeStack {
+		if len(rel.NodeStack) == 0 {
+			return nil, fmt.Errorf("--node-stack: %s pairs no node stack with %s (its nodeStack is empty)", opts.Catalog.Source, rel.Version)
+		}
+		for _, arch := range arches {
+			for _, part := range rel.NodeStack {
+				u := part.File().URLFor(arch)
+				pf := PlannedFile{Name: part.Name, Version: part.Version, Arch: arch, URL: rewrite(u, opts.URLMirrors), SHA256: part.SHA256[arch],
+					Path: path.Join("bin", "linux", arch, path.Base(mustPath(u))), source: u}
+				if prev, dup := paths[pf.Path]; dup {
+					return nil, fmt.Errorf("files %s and %s would both be stored as %s", prev, part.Name, pf.Path)
+				}
+				paths[pf.Path] = part.Name
+				p.Files = append(p.Files, pf)
+			}
+		}
 	}
 	for _, f := range opts.ExtraFiles {
 		pf := PlannedFile{Name: f.Name, URL: rewrite(f.URL, opts.URLMirrors), SHA256: f.SHA256, Path: path.Join("files", f.Name), source: f.URL}

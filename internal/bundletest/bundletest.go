@@ -102,7 +102,8 @@ func New(t *testing.T) *World {
 	content := map[string]string{"/v1.31.4/amd64/kubelet": "kubelet amd64 binary", "/v1.31.4/amd64/kubeadm": "kubeadm amd64 binary",
 		"/v1.31.4/arm64/kubelet": "kubelet arm64 binary", "/v1.31.4/arm64/kubeadm": "kubeadm arm64 binary", "/extra/tool": "extra tool",
 		"/v1.30.14/amd64/kubeadm": "kubeadm v1.30.14 amd64", "/v1.30.14/amd64/kube-apiserver": "kube-apiserver v1.30.14 amd64",
-		"/v1.30.14/amd64/kubelet": "kubelet v1.30.14 amd64 (never bundled as a hop)"}
+		"/v1.30.14/amd64/kubelet":                                "kubelet v1.30.14 amd64 (never bundled as a hop)",
+		"/containerd/v2.3.7/containerd-2.3.7-linux-amd64.tar.gz": "containerd v2.3.7 amd64 archive", "/runc/v1.5.2/runc.amd64": "runc v1.5.2 amd64"}
 	files := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
 		if b, ok := strings.CutSuffix(p, ".sha256"); ok {
@@ -159,6 +160,13 @@ versions:
         url: %[2]s/v1.31.4/{arch}/kubelet
       - name: kubeadm
         url: %[2]s/v1.31.4/{arch}/kubeadm
+    nodeStack:
+      - name: containerd
+        version: v2.3.7
+        url: %[2]s/containerd/v2.3.7/containerd-2.3.7-linux-{arch}.tar.gz
+      - name: runc
+        version: v1.5.2
+        url: %[2]s/runc/v1.5.2/runc.{arch}
 `, w.Registry, w.Files)
 	if w.Catalog, err = catalog.Parse("test-catalog.yaml", []byte(cat)); err != nil {
 		t.Fatal(err)
