@@ -327,14 +327,26 @@ func (s *State) matches(cfg Config) bool {
 }
 
 // Build builds (or finds cached) every binary a sandbox of cfg runs: the
-// old and new releases (with kubeadm for a kubeadm sandbox), the control
-// plane of every hop between them, the container runtime, and a kubeadm
-// sandbox's etcd and CoreDNS. Up does it first; `kubelift-sandbox build`
+// container runtime, the old and new releases (with kubeadm for a kubeadm sandbox), the control
+// plane of every hop between them, and a kubeadm sandbox's etcd and
+// CoreDNS. Up does it first; `kubelift-sandbox build`
 // does only this, so that make test builds the stories' releases while
 // other tests run.
 func Build(ctx context.Context, cfg Config) (Binaries, error) {
 	cfg.Defaults()
 	var b Binaries
+	// The runtime first: every sandbox runs it, and it builds in a
+	// fraction of a release's time.
+	if cfg.Runtime == RuntimeContainerd {
+		rv, err := kube.RuntimeFor(cfg.RuntimeVersion)
+		if err != nil {
+			return b, err
+		}
+		cfg.Log("building (or finding cached) containerd %s, runc %s and crictl %s", rv.Containerd, rv.Runc, rv.Crictl)
+		if b.Runtime, err = kube.RuntimeBinaries(ctx, rv); err != nil {
+			return b, err
+		}
+	}
 	cfg.Log("building (or finding cached) Kubernetes %s and %s", cfg.OldVersion, cfg.NewVersion)
 	var err error
 	old, upgrade := oldComponents, newComponents
@@ -368,16 +380,6 @@ func Build(ctx context.Context, cfg Config) (Binaries, error) {
 			b.Hops = map[string]string{}
 		}
 		b.Hops[h.Version] = dir
-	}
-	if cfg.Runtime == RuntimeContainerd {
-		rv, err := kube.RuntimeFor(cfg.RuntimeVersion)
-		if err != nil {
-			return b, err
-		}
-		cfg.Log("building (or finding cached) containerd %s, runc %s and crictl %s", rv.Containerd, rv.Runc, rv.Crictl)
-		if b.Runtime, err = kube.RuntimeBinaries(ctx, rv); err != nil {
-			return b, err
-		}
 	}
 	if cfg.Kubeadm {
 		cfg.Log("building (or finding cached) etcd %s and CoreDNS %s", EtcdVersion, CoreDNSVersion)
