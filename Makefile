@@ -70,6 +70,13 @@ lint: deps
 # disk, 40 GB above its start, and put the load average at 33.)
 TEST_DISK_GB ?= 20
 TEST_PARALLEL ?= 2
+# The prebuild runs in a process group of its own (bash's job control, so
+# that an interrupted run can stop it whole) but in make's session: Linux's
+# autogroup scheduling shares the CPU between sessions before nice values
+# count, and in a session of its own (setsid) the niced builds took half
+# the machine from the unit tests, or, niced as a session, waited behind
+# every build a test started.
+test: SHELL := /bin/bash
 TEST_FIRST := stories/kubeadmha stories/applyha stories/kubeadm env/sandbox stories/apply stories/multihop \
 	stories/drain stories/engine env/simcluster stories/scale upstream stories/e2e
 test: deps lint
@@ -79,7 +86,7 @@ test: deps lint
 	trap '[ -z "$$pb" ] || kill -- -$$pb 2>/dev/null; rm -rf "$$KUBELIFT_BUILD_CACHE" "$$guard" "$$KUBELIFT_BUILD_LOG" "$$KUBELIFT_TEST_BIN" "$$prebuild_log"' EXIT; trap 'exit 130' INT TERM; \
 	hack/host-guard.sh snapshot $$guard; rc=0; \
 	$(GO) build -o $$KUBELIFT_TEST_BIN/ ./cmd/bundle ./cmd/upgrade ./test/env/sandbox/cmd/kubelift-sandbox || exit 1; \
-	setsid hack/prebuild.sh $$KUBELIFT_TEST_BIN/kubelift-sandbox >$$prebuild_log 2>&1 & pb=$$!; \
+	set -m; hack/prebuild.sh $$KUBELIFT_TEST_BIN/kubelift-sandbox >$$prebuild_log 2>&1 & pb=$$!; set +m; \
 	echo "$$(date -u +%T) unit tests (-race); the stories' releases build meanwhile (hack/prebuild.sh)"; \
 	(cd pkg/hashskip && $(GO) test -race -count=1 ./...) || rc=1; \
 	$(GO) test -race -count=1 ./cmd/... ./internal/... || rc=1; \

@@ -12,13 +12,6 @@
 #   hack/prebuild.sh KUBELIFT-SANDBOX
 set -euo pipefail
 renice -n 10 -p $$ >/dev/null
-# make test starts this in a session of its own (setsid, so that it can
-# stop the whole process group), and Linux's autogroup scheduling shares
-# the CPU between sessions before nice values count: niced alone, the
-# builds here took half the machine from the unit tests and sandboxes.
-# The session's own nice value puts it behind them, as a build started by
-# a test is.
-{ echo 10 >"/proc/$$/autogroup"; } 2>/dev/null || : # absent where the kernel has no autogroup
 sb=${1:?usage: $0 KUBELIFT-SANDBOX}
 root=$(cd "$(dirname "$0")/.." && pwd)
 # The patch stories (test/stories/applyha, kubeadmha) are the longest:
