@@ -31,15 +31,21 @@ const BuildScript = "hack/build-kubernetes.sh"
 // Binaries returns the directory holding the given components at version,
 // building them if needed (minutes when cold, cached by version after).
 func Binaries(ctx context.Context, version string, components ...string) (string, error) {
+	return runBuild(ctx, BuildScript, append([]string{version}, components...)...)
+}
+
+// runBuild runs one of the build scripts with args and returns what it
+// prints, the path of what it built; its progress goes to stderr.
+func runBuild(ctx context.Context, script string, args ...string) (string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, BuildScript), append([]string{version}, components...)...)
+	cmd := exec.CommandContext(ctx, filepath.Join(root, script), args...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("%s %s %v: %w", BuildScript, version, components, err)
+		return "", fmt.Errorf("%s %s: %w", script, strings.Join(args, " "), err)
 	}
 	return strings.TrimSpace(string(out)), nil
 }
@@ -87,17 +93,7 @@ func RuntimeFor(containerd string) (RuntimeVersions, error) {
 // RuntimeBinaries returns the directory of the built container runtime,
 // building it first if it is not cached.
 func RuntimeBinaries(ctx context.Context, v RuntimeVersions) (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, RuntimeScript), v.Containerd, v.Runc, v.Crictl)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", RuntimeScript, err)
-	}
-	return strings.TrimSpace(string(out)), nil
+	return runBuild(ctx, RuntimeScript, v.Containerd, v.Runc, v.Crictl)
 }
 
 // KubeletScript builds a release's kubelet with kubelift's hash-skip patch.
@@ -108,17 +104,7 @@ const KubeletScript = "hack/build-kubelet.sh"
 // kubelet of version is built before it, and shares its compiled
 // packages).
 func HashSkipKubelet(ctx context.Context, version string) (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, KubeletScript), version)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%s %s: %w", KubeletScript, version, err)
-	}
-	return strings.TrimSpace(string(out)), nil
+	return runBuild(ctx, KubeletScript, version)
 }
 
 // AddonScript builds etcd and CoreDNS from the Go module proxy.
@@ -127,17 +113,7 @@ const AddonScript = "hack/build-addons.sh"
 // Addon returns the directory holding the built addon (etcd with etcdctl,
 // or coredns) at version, building it first if it is not cached.
 func Addon(ctx context.Context, name, version string) (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, AddonScript), name, version)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%s %s %s: %w", AddonScript, name, version, err)
-	}
-	return strings.TrimSpace(string(out)), nil
+	return runBuild(ctx, AddonScript, name, version)
 }
 
 // RepoRoot is kubelift's source tree (where go.mod is), found from this

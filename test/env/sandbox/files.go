@@ -23,18 +23,22 @@ var (
 
 // Hops are the releases a control plane passes through from OldVersion
 // to NewVersion, as the catalog (and so `bundle create --from`) has them.
-func (s *State) Hops() ([]*catalog.Release, error) {
+func (s *State) Hops() ([]*catalog.Release, error) { return hopsBetween(s.OldVersion, s.NewVersion) }
+
+// hopsBetween are the releases a control plane passes through from oldVersion
+// to newVersion.
+func hopsBetween(oldVersion, newVersion string) ([]*catalog.Release, error) {
 	cat, err := catalog.Default()
 	if err != nil {
 		return nil, err
 	}
-	to, err := cat.Lookup(s.NewVersion)
+	to, err := cat.Lookup(newVersion)
 	if err != nil {
-		return nil, fmt.Errorf("target %s: %w", s.NewVersion, err)
+		return nil, fmt.Errorf("target %s: %w", newVersion, err)
 	}
-	from, err := catalog.ParseVersion(s.OldVersion)
+	from, err := catalog.ParseVersion(oldVersion)
 	if err != nil {
-		return nil, fmt.Errorf("old version %s: %w", s.OldVersion, err)
+		return nil, fmt.Errorf("old version %s: %w", oldVersion, err)
 	}
 	rg, err := catalog.ParseRange(from.MinorString())
 	if err != nil {

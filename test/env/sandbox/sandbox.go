@@ -359,7 +359,7 @@ func Build(ctx context.Context, cfg Config) (Binaries, error) {
 	if b.New, err = buildKubernetes(ctx, cfg.NewVersion, upgrade...); err != nil {
 		return b, err
 	}
-	hops, err := (&State{OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion}).Hops()
+	hops, err := hopsBetween(cfg.OldVersion, cfg.NewVersion)
 	if err != nil {
 		return b, err
 	}

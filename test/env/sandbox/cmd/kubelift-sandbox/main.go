@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kubelift/kubelift/test/env/kube"
 	"github.com/kubelift/kubelift/test/env/sandbox"
@@ -54,6 +55,16 @@ func defaultDir() string {
 		return d
 	}
 	return ".sandbox"
+}
+
+// binaryFlags are the flags that decide what a sandbox runs, and so what
+// up and build build: the releases, kubeadm and the container runtime.
+func binaryFlags(f *pflag.FlagSet, cfg *sandbox.Config) {
+	f.StringVar(&cfg.OldVersion, "old-version", "v1.30.14", "Kubernetes version the cluster runs")
+	f.StringVar(&cfg.NewVersion, "target", "v1.31.4", "Kubernetes version to upgrade to (KUBELIFT_NEW_VERSION in env.sh); more than one minor ahead, the control plane of every minor in between is built too and the stand-in internet serves what 'bundle create --from' needs")
+	f.BoolVar(&cfg.Kubeadm, "kubeadm", false, "build the cluster with kubeadm (init and join; static control-plane pods from images in the private registry, kube-proxy as a DaemonSet, CoreDNS) instead of binary-deployed units")
+	f.StringVar(&cfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime: containerd (containerd, runc, CNI: real processes) or stand-in (a CRI server that keeps records)")
+	f.StringVar(&cfg.RuntimeVersion, "runtime-version", "", "containerd's version on every node, built from the Go module proxy: "+kube.ContainerdVersion+" (the default) or "+kube.Containerd17+" (containerd 1.7, which Kubernetes after v1.35 no longer supports)")
 }
 
 func newRoot() *cobra.Command {
@@ -94,16 +105,12 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	}
 	up.Flags().IntVar(&cfg.ControlPlanes, "control-planes", 1, "control-plane nodes (1, or 3 for HA)")
 	up.Flags().IntVar(&cfg.Workers, "workers", 3, "worker nodes")
-	up.Flags().StringVar(&cfg.OldVersion, "old-version", "v1.30.14", "Kubernetes version the cluster runs")
-	up.Flags().StringVar(&cfg.NewVersion, "target", "v1.31.4", "Kubernetes version to upgrade to (KUBELIFT_NEW_VERSION in env.sh); more than one minor ahead, the control plane of every minor in between is built too and the stand-in internet serves what 'bundle create --from' needs")
+	binaryFlags(up.Flags(), &cfg)
 	up.Flags().StringVar(&cfg.NewVersion, "new-version", "v1.31.4", "the same as --target")
 	_ = up.Flags().MarkDeprecated("new-version", "use --target")
 	up.Flags().StringVar(&cfg.Name, "name", "kl", "prefix of the sandbox's namespaces")
 	up.Flags().StringVar(&cfg.Subnet, "subnet", "10.77.0", "first three octets of the sandbox's /24")
 	up.Flags().BoolVar(&cfg.Workloads, "workloads", true, "create the demo workloads")
-	up.Flags().BoolVar(&cfg.Kubeadm, "kubeadm", false, "build the cluster with kubeadm (init and join; static control-plane pods from images in the private registry, kube-proxy as a DaemonSet, CoreDNS) instead of binary-deployed units")
-	up.Flags().StringVar(&cfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime: containerd (containerd, runc, CNI: real processes) or stand-in (a CRI server that keeps records)")
-	up.Flags().StringVar(&cfg.RuntimeVersion, "runtime-version", "", "containerd's version on every node, built from the Go module proxy: "+kube.ContainerdVersion+" (the default) or "+kube.Containerd17+" (containerd 1.7, which Kubernetes after v1.35 no longer supports)")
 
 	var bcfg sandbox.Config
 	var hashSkip bool
@@ -133,11 +140,7 @@ the stories find their releases built.`,
 			return nil
 		},
 	}
-	build.Flags().StringVar(&bcfg.OldVersion, "old-version", "v1.30.14", "Kubernetes version the cluster runs")
-	build.Flags().StringVar(&bcfg.NewVersion, "target", "v1.31.4", "Kubernetes version to upgrade to")
-	build.Flags().BoolVar(&bcfg.Kubeadm, "kubeadm", false, "also build kubeadm, etcd and CoreDNS, as a kubeadm sandbox needs")
-	build.Flags().StringVar(&bcfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime (containerd is built; stand-in needs nothing)")
-	build.Flags().StringVar(&bcfg.RuntimeVersion, "runtime-version", "", "containerd's version: "+kube.ContainerdVersion+" (the default) or "+kube.Containerd17)
+	binaryFlags(build.Flags(), &bcfg)
 	build.Flags().BoolVar(&hashSkip, "hash-skip", false, "also build the target's kubelet with kubelift's hash-skip patch (what the tests' bundles carry)")
 
 	down := &cobra.Command{
