@@ -216,6 +216,11 @@ func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string,
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	if testing.Verbose() {
+		// go test -v: the transcript as it happens, each line timed, to
+		// see where a slow story spends its time.
+		cmd.Stderr = io.MultiWriter(&errb, &timedLines{t: t, prefix: "upgrade " + args[0] + ": "})
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -351,5 +356,24 @@ func Eventually(t *testing.T, within time.Duration, cond func() (bool, string)) 
 			return
 		}
 		time.Sleep(time.Second)
+	}
+}
+
+// timedLines logs each whole line written to it to t with the time.
+type timedLines struct {
+	t      *testing.T
+	prefix string
+	buf    []byte
+}
+
+func (w *timedLines) Write(p []byte) (int, error) {
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.t.Logf("%s %s%s", time.Now().Format("15:04:05.0"), w.prefix, w.buf[:i])
+		w.buf = w.buf[i+1:]
 	}
 }

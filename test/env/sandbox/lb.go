@@ -21,9 +21,23 @@ import (
 // one. It forwards TCP (TLS passes through) to the API servers whose
 // /readyz answers ok, checked every second as haproxy's `check-ssl`
 // does, and a connection to a backend that refuses is tried on the next.
+// A backend whose /readyz fails downFails times in a row is down, and the
+// connections forwarded to it are closed, as haproxy's `on-marked-down
+// shutdown-sessions` does: a kubelet's one HTTP/2 connection stays with
+// the API server it reached, and when that server's local etcd member
+// is restarted every request on it times out, the kubelet's deletion of
+// etcd's old mirror pod among them, which keeps the new etcd from
+// starting for 35 s (kubernetes/kubernetes#99602; 47 s from kill to
+// start on each control plane of test/stories/kubeadmha). Closed, the
+// kubelet dials again and reaches a ready one.
 
 // lbPort is the load balancer's port on the admin machine.
 const lbPort = 6443
+
+// downFails is how many failed checks in a row mark a backend down
+// (haproxy's `fall`, 3 by default): a check that times out once on a
+// busy machine only routes new connections elsewhere.
+const downFails = 3
 
 // ServeLB forwards connections on listen to the ready backends until ctx
 // ends.
@@ -35,7 +49,10 @@ func ServeLB(ctx context.Context, listen string, backends []string) error {
 	if err != nil {
 		return err
 	}
-	lb := &loadBalancer{backends: backends, ready: make([]atomic.Bool, len(backends))}
+	lb := &loadBalancer{backends: backends, ready: make([]atomic.Bool, len(backends)), fails: make([]int, len(backends)), conns: make([]map[net.Conn]bool, len(backends))}
+	for i := range lb.conns {
+		lb.conns[i] = map[net.Conn]bool{}
+	}
 	go lb.check(ctx)
 	go func() { <-ctx.Done(); l.Close() }()
 	var wg sync.WaitGroup
@@ -60,6 +77,31 @@ type loadBalancer struct {
 	backends []string
 	ready    []atomic.Bool
 	next     atomic.Uint32
+	// fails counts each backend's failed checks in a row (only check
+	// touches it); conns are the client connections forwarded to each.
+	fails []int
+	mu    sync.Mutex
+	conns []map[net.Conn]bool
+}
+
+// track adds c to backend i's connections, or removes it.
+func (lb *loadBalancer) track(i int, c net.Conn, add bool) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if add {
+		lb.conns[i][c] = true
+	} else {
+		delete(lb.conns[i], c)
+	}
+}
+
+// shutdown closes the connections forwarded to backend i.
+func (lb *loadBalancer) shutdown(i int) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	for c := range lb.conns[i] {
+		c.Close()
+	}
 }
 
 // check reads every backend's /readyz each second.
@@ -93,6 +135,15 @@ func (lb *loadBalancer) check(ctx context.Context) {
 			}()
 		}
 		wg.Wait()
+		for i := range lb.backends {
+			if lb.ready[i].Load() {
+				lb.fails[i] = 0
+				continue
+			}
+			if lb.fails[i]++; lb.fails[i] == downFails {
+				lb.shutdown(i)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -107,20 +158,22 @@ func (lb *loadBalancer) forward(ctx context.Context, c net.Conn) {
 	defer c.Close()
 	n := len(lb.backends)
 	start := int(lb.next.Add(1))
-	var order []string
+	var order []int
 	for _, wantReady := range []bool{true, false} {
 		for k := range n {
 			i := (start + k) % n
 			if lb.ready[i].Load() == wantReady {
-				order = append(order, lb.backends[i])
+				order = append(order, i)
 			}
 		}
 	}
 	var up net.Conn
-	for _, b := range order {
+	for _, i := range order {
 		d := net.Dialer{Timeout: 2 * time.Second}
 		var err error
-		if up, err = d.DialContext(ctx, "tcp", b); err == nil {
+		if up, err = d.DialContext(ctx, "tcp", lb.backends[i]); err == nil {
+			lb.track(i, c, true)
+			defer lb.track(i, c, false)
 			break
 		}
 	}
