@@ -177,14 +177,14 @@ func TestStaticPodNeverHealthyRolledBackByKubeadm(t *testing.T) {
 	h.SSH(t, "cp-1", "printf '%s\\n' '- op: replace' '  path: /spec/containers/0/image' '  value: "+h.SB.ImageRepository()+"/kube-scheduler:v0.0.0-missing' > "+patch)
 	defer h.SSH(t, "cp-1", "rm -f "+patch)
 	config := filepath.Join(t.TempDir(), "upgrade.yaml")
-	if err := os.WriteFile(config, []byte("apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\ntimeouts:\n  upgradeManifests: 2m\n"), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte("apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\ntimeouts:\n  upgradeManifests: 3m\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	args, pw := flags("apply", "--restore-labels", "--settle", "5s", "-q", "--kubeadm-config", config)
 	r := h.UpgradeWithin(t, 15*time.Minute, pw, args...)
 	// kubeadm read the file: its wait was the one it gives.
-	if _, err := h.TrySSH("cp-1", "grep -l 'This can take up to 2m0s' "+inplace.KubeadmRunDir+"/upgrade-apply-"+h.SB.NewVersion+"-*.log"); err != nil {
-		t.Errorf("kubeadm did not wait as --kubeadm-config said (2m): %v", err)
+	if _, err := h.TrySSH("cp-1", "grep -l 'This can take up to 3m0s' "+inplace.KubeadmRunDir+"/upgrade-apply-"+h.SB.NewVersion+"-*.log"); err != nil {
+		t.Errorf("kubeadm did not wait as --kubeadm-config said (3m): %v", err)
 	}
 	if r.Code == 0 {
 		t.Fatalf("apply succeeded with a scheduler that cannot start:\n%s", r.Stderr)
