@@ -39,6 +39,11 @@ tools: $(TOOLS)/crane
 $(TOOLS)/crane:
 	GOBIN=$(TOOLS) $(GO) install github.com/google/go-containerregistry/cmd/crane@$(CRANE_VERSION)
 
+# Compiles collect their garbage less often (hack/lib.sh says what it
+# saves): for go vet, kubelift's programs and the unit tests. The story
+# packages run the product as users do, at Go's defaults.
+GOGC_BUILD := GOGC=$${GOGC:-400} GOMEMLIMIT=$${GOMEMLIMIT:-4GiB}
+
 # Node scripts (internal/nodescript/scripts) run as root on every node:
 # shellcheck-clean as POSIX sh, like every tracked shell script.
 lint: deps
@@ -46,8 +51,8 @@ lint: deps
 	shellcheck -S warning $$(git ls-files '*.sh' | grep -v '^internal/nodescript/scripts/')
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	cd pkg/hashskip && $(GO) vet ./...
+	$(GOGC_BUILD) $(GO) vet ./...
+	cd pkg/hashskip && $(GOGC_BUILD) $(GO) vet ./...
 
 # The host's Kubernetes paths are recorded before the tests and checked
 # after them (hack/host-guard.sh): a test that writes one fails the run.
@@ -85,11 +90,11 @@ test: deps lint
 	export KUBELIFT_BUILD_LOG=$$(mktemp) KUBELIFT_TEST_BIN=$$(mktemp -d -t kubelift-bin.XXXXXX); prebuild_log=$$(mktemp); pb=; \
 	trap '[ -z "$$pb" ] || kill -- -$$pb 2>/dev/null; rm -rf "$$KUBELIFT_BUILD_CACHE" "$$guard" "$$KUBELIFT_BUILD_LOG" "$$KUBELIFT_TEST_BIN" "$$prebuild_log"' EXIT; trap 'exit 130' INT TERM; \
 	hack/host-guard.sh snapshot $$guard; rc=0; \
-	$(GO) build -o $$KUBELIFT_TEST_BIN/ ./cmd/bundle ./cmd/upgrade ./test/env/sandbox/cmd/kubelift-sandbox || exit 1; \
+	$(GOGC_BUILD) $(GO) build -o $$KUBELIFT_TEST_BIN/ ./cmd/bundle ./cmd/upgrade ./test/env/sandbox/cmd/kubelift-sandbox || exit 1; \
 	set -m; hack/prebuild.sh $$KUBELIFT_TEST_BIN/kubelift-sandbox >$$prebuild_log 2>&1 & pb=$$!; set +m; \
 	echo "$$(date -u +%T) unit tests (-race); the stories' releases build meanwhile (hack/prebuild.sh)"; \
-	(cd pkg/hashskip && $(GO) test -race -count=1 ./...) || rc=1; \
-	$(GO) test -race -count=1 ./cmd/... ./internal/... || rc=1; \
+	(cd pkg/hashskip && $(GOGC_BUILD) $(GO) test -race -count=1 ./...) || rc=1; \
+	$(GOGC_BUILD) $(GO) test -race -count=1 ./cmd/... ./internal/... || rc=1; \
 	echo "$$(date -u +%T) sandboxes and stories (test/)"; \
 	pkgs=$$($(GO) list ./test/... | awk -v first="$(TEST_FIRST)" \
 		'BEGIN { n = split(first, f, " "); for (i = 1; i <= n; i++) rank["github.com/kubelift/kubelift/test/" f[i]] = i } \

@@ -9,6 +9,13 @@
 # KUBE_MINOR, KUBE_STAGING (v0.MINOR.PATCH), KUBE_SRC (the module's source
 # in the module cache) and KUBE_LDFLAGS (version stamping).
 
+# The compiler collects its garbage less often than Go's default (unless
+# GOGC is set): building kube-apiserver v1.31.4 alone on 2 cores with an
+# empty build cache took 526 CPU-seconds at GOGC=100 and 461 at 400
+# (283 s and 245 s; the largest compile 1.5 and 1.6 GB), and client-go's
+# packages 283 and 224. GOMEMLIMIT caps what a compile may take for it.
+export GOGC=${GOGC:-400} GOMEMLIMIT=${GOMEMLIMIT:-4GiB}
+
 # built_note MESSAGE: what a build made and how long it took, on stderr
 # and, under make test, in the run's build log ($KUBELIFT_BUILD_LOG, each
 # line stamped with the time), which make test prints at its end: on a
