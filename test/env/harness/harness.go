@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,7 +220,9 @@ func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string,
 	if testing.Verbose() {
 		// go test -v: the transcript as it happens, each line timed, to
 		// see where a slow story spends its time.
-		cmd.Stderr = io.MultiWriter(&errb, &timedLines{t: t, prefix: "upgrade " + args[0] + ": "})
+		tl := &timedLines{t: t, prefix: "upgrade " + args[0] + ": "}
+		defer tl.stop() // what the program writes after this returns is not logged
+		cmd.Stderr = io.MultiWriter(&errb, tl)
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -359,14 +362,28 @@ func Eventually(t *testing.T, within time.Duration, cond func() (bool, string)) 
 	}
 }
 
-// timedLines logs each whole line written to it to t with the time.
+// timedLines logs each whole line written to it to t with the time,
+// until stopped (a test may not log once it has ended).
 type timedLines struct {
-	t      *testing.T
-	prefix string
-	buf    []byte
+	t       *testing.T
+	prefix  string
+	mu      sync.Mutex
+	stopped bool
+	buf     []byte
+}
+
+func (w *timedLines) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
 }
 
 func (w *timedLines) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return len(p), nil
+	}
 	w.buf = append(w.buf, p...)
 	for {
 		i := bytes.IndexByte(w.buf, '\n')
