@@ -49,10 +49,7 @@ func ServeLB(ctx context.Context, listen string, backends []string) error {
 	if err != nil {
 		return err
 	}
-	lb := &loadBalancer{backends: backends, ready: make([]atomic.Bool, len(backends)), fails: make([]int, len(backends)), conns: make([]map[net.Conn]bool, len(backends))}
-	for i := range lb.conns {
-		lb.conns[i] = map[net.Conn]bool{}
-	}
+	lb := &loadBalancer{backends: backends, ready: make([]atomic.Bool, len(backends)), fails: make([]int, len(backends)), conns: map[net.Conn]int{}}
 	go lb.check(ctx)
 	go func() { <-ctx.Done(); l.Close() }()
 	var wg sync.WaitGroup
@@ -78,29 +75,21 @@ type loadBalancer struct {
 	ready    []atomic.Bool
 	next     atomic.Uint32
 	// fails counts each backend's failed checks in a row (only check
-	// touches it); conns are the client connections forwarded to each.
+	// touches it); conns maps each forwarded client connection to its
+	// backend.
 	fails []int
 	mu    sync.Mutex
-	conns []map[net.Conn]bool
-}
-
-// track adds c to backend i's connections, or removes it.
-func (lb *loadBalancer) track(i int, c net.Conn, add bool) {
-	lb.mu.Lock()
-	defer lb.mu.Unlock()
-	if add {
-		lb.conns[i][c] = true
-	} else {
-		delete(lb.conns[i], c)
-	}
+	conns map[net.Conn]int
 }
 
 // shutdown closes the connections forwarded to backend i.
 func (lb *loadBalancer) shutdown(i int) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	for c := range lb.conns[i] {
-		c.Close()
+	for c, b := range lb.conns {
+		if b == i {
+			c.Close()
+		}
 	}
 }
 
@@ -172,8 +161,14 @@ func (lb *loadBalancer) forward(ctx context.Context, c net.Conn) {
 		d := net.Dialer{Timeout: 2 * time.Second}
 		var err error
 		if up, err = d.DialContext(ctx, "tcp", lb.backends[i]); err == nil {
-			lb.track(i, c, true)
-			defer lb.track(i, c, false)
+			lb.mu.Lock()
+			lb.conns[c] = i
+			lb.mu.Unlock()
+			defer func() {
+				lb.mu.Lock()
+				delete(lb.conns, c)
+				lb.mu.Unlock()
+			}()
 			break
 		}
 	}
