@@ -76,14 +76,14 @@ etcd)
 	GOFLAGS=-mod=mod go get "${mods[@]/%/@$version}" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "${mods[@]/%/@$version}"
 	sha=$(commit "go.etcd.io/etcd/etcdctl/v3@$version")
 	ld="-s -w${sha:+ -X go.etcd.io/etcd/api/v3/version.GitSHA=${sha:0:9}}"
-	CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath "$NO_DWARF" -ldflags "$ld" -o "$partial/" "${mods[@]}"
+	CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$partial/" "${mods[@]}"
 	# go build names each binary after the path element before /v3
 	mv "$partial/server" "$partial/etcd"
 	;;
 coredns)
 	sha=$(commit "github.com/coredns/coredns@$version")
 	ld="-s -w${sha:+ -X github.com/coredns/coredns/coremain.GitCommit=${sha:0:7}}"
-	CGO_ENABLED=0 GOBIN=$partial go install -trimpath "$NO_DWARF" -ldflags "$ld" "github.com/coredns/coredns@$version"
+	CGO_ENABLED=0 GOBIN=$partial go install -trimpath -ldflags "$ld" "github.com/coredns/coredns@$version"
 	;;
 esac
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done

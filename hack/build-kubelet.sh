@@ -113,7 +113,7 @@ ld=$KUBE_LDFLAGS
 export CGO_ENABLED=0
 if [ -z "$built" ]; then
 	echo "building kubelet $version with kubelift's hash-skip patch" >&2
-	go build -trimpath "$NO_DWARF" -ldflags "-s -w $ld" -o "$out/.kubelet.partial" k8s.io/kubernetes/cmd/kubelet
+	go build -trimpath -ldflags "-s -w $ld" -o "$out/.kubelet.partial" k8s.io/kubernetes/cmd/kubelet
 	mv "$out/.kubelet.partial" "$out/kubelet"
 	printf '%s\n' "$key" >"$out/kubelet.key"
 fi
@@ -125,7 +125,7 @@ if [ "$runtests" = "--test" ]; then
 	cp "$KUBE_SRC"/pkg/kubelet/kuberuntime/*_test.go "$kr/"
 	sed '/^\/\/go:build ignore$/d' "$patchdir/kubelift_hashskip_test.go" >"$kr/kubelift_hashskip_test.go"
 	chmod -R u+w "$kr"
-	go test -trimpath "$NO_DWARF" -count=1 -v -ldflags "$ld" "$kuberuntime" 2>&1 | grep -E '^(--- |ok|FAIL|PASS)' >&2
+	go test -trimpath -count=1 -v -ldflags "$ld" "$kuberuntime" 2>&1 | grep -E '^(--- |ok|FAIL|PASS)' >&2
 fi
 built_note "kubelet $version with the hash-skip patch${built:+ (cached)}${runtests:+ and its tests}: ${SECONDS}s"
 echo "$out/kubelet"

@@ -55,7 +55,7 @@ ld="-s -w $KUBE_LDFLAGS"
 partial="$out/.partial.$$"
 mkdir -p "$partial"
 trap 'rm -rf "$work" "$partial"' EXIT
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath "$NO_DWARF" -ldflags "$ld" -o "$partial/" "${pkgs[@]}"
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$partial/" "${pkgs[@]}"
 for c in "${missing[@]}"; do mv "$partial/$c" "$out/$c"; done
 built_note "built ${missing[*]} $version in ${SECONDS}s"
 echo "$out"

@@ -29,7 +29,7 @@ build() {
 	partial=$(mktemp -d "$cache/.kwok-$v.XXXXXX")
 	chmod 755 "$partial"
 	echo "building kwok $v" >&2
-	if ! CGO_ENABLED=0 GOBIN=$partial go install -trimpath "$NO_DWARF" -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$v" >&2; then
+	if ! CGO_ENABLED=0 GOBIN=$partial go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$v" >&2; then
 		rm -rf "$partial"
 		partial=
 		return 1

@@ -66,19 +66,19 @@ esac
 module containerd "$cmod@$containerd"
 ld="-s -w -X $cmod/version.Version=$containerd -X $cmod/version.Revision=module-proxy"
 tags=no_btrfs,urfave_cli_no_docs,osusergo,netgo,static_build
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath "$NO_DWARF" -tags "$tags" -ldflags "$ld" -o "$partial/" \
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags" -ldflags "$ld" -o "$partial/" \
 	"$cmod/cmd/containerd" "$cmod/cmd/ctr"
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath "$NO_DWARF" -tags "$tags,no_grpc" -ldflags "$ld" -o "$partial/" \
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags,no_grpc" -ldflags "$ld" -o "$partial/" \
 	"$cmod/cmd/containerd-shim-runc-v2"
 
 # runc: its nsenter is C (cgo), seccomp through libseccomp (Debian's -dev).
 module runc "github.com/opencontainers/runc@$runc"
-CGO_ENABLED=1 GOFLAGS=-mod=mod go build -trimpath "$NO_DWARF" -tags seccomp,urfave_cli_no_docs \
+CGO_ENABLED=1 GOFLAGS=-mod=mod go build -trimpath -tags seccomp,urfave_cli_no_docs \
 	-ldflags "-s -w -X main.version=${runc#v} -X main.gitCommit=module-proxy" \
 	-o "$partial/runc" github.com/opencontainers/runc
 
 module crictl "sigs.k8s.io/cri-tools@$crictl"
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath "$NO_DWARF" \
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
 	-ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl" \
 	-o "$partial/crictl" sigs.k8s.io/cri-tools/cmd/crictl
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done

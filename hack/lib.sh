@@ -16,15 +16,6 @@
 # packages 283 and 224. GOMEMLIMIT caps what a compile may take for it.
 export GOGC=${GOGC:-400} GOMEMLIMIT=${GOMEMLIMIT:-4GiB}
 
-# Every build passes $NO_DWARF: the compiler writes no debug information,
-# which the link strips anyway (-s -w); stack traces come from the
-# binary's own tables, not from DWARF. client-go's packages from an
-# empty build cache at GOGC=400 on 2 cores, two runs each: 302 and 311
-# CPU-seconds with DWARF, 246 and 284 without. The kubelet's two builds
-# (stock and hash-skip) and upstream's tests of it must pass the same
-# flags to share their compiled packages.
-NO_DWARF=-gcflags=all=-dwarf=false
-
 # built_note MESSAGE: what a build made and how long it took, on stderr
 # and, under make test, in the run's build log ($KUBELIFT_BUILD_LOG, each
 # line stamped with the time), which make test prints at its end: on a
