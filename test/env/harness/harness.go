@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +36,10 @@ type Harness struct {
 	HashSkipBundle, UpstreamBundle string
 	tmp                            string
 	cfg                            sandbox.Config
+	// said is every line the upgrade program wrote to standard error
+	// here, timed: a failed availability check shows the steps around
+	// each failure (NoDisruption).
+	said transcript
 }
 
 // Option changes the sandbox Setup brings up.
@@ -216,14 +219,14 @@ func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string,
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(t.TempDir(), "cache"))
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
+	tl := &timedLines{said: &h.said, prefix: "upgrade " + args[0] + ": "}
 	if testing.Verbose() {
 		// go test -v: the transcript as it happens, each line timed, to
 		// see where a slow story spends its time.
-		tl := &timedLines{t: t, prefix: "upgrade " + args[0] + ": "}
-		defer tl.stop() // what the program writes after this returns is not logged
-		cmd.Stderr = io.MultiWriter(&errb, tl)
+		tl.t = t
 	}
+	defer tl.stop() // what the program writes after this returns is not logged
+	cmd.Stdout, cmd.Stderr = &out, io.MultiWriter(&errb, tl)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +257,7 @@ func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, *bytes.Buffer,
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(h.tmp, "cache"))
 	cmd.Stdin = strings.NewReader(stdin)
 	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	cmd.Stderr = io.MultiWriter(&stderr, &timedLines{said: &h.said, prefix: "upgrade " + args[0] + ": "})
 	return cmd, &stderr, cmd.Start()
 }
 
@@ -278,6 +281,7 @@ func (h *Harness) StartLines(stdin string, args ...string) (*exec.Cmd, <-chan st
 		sc := bufio.NewScanner(pipe)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
+			h.said.add(time.Now(), "upgrade "+args[0]+": "+sc.Text())
 			lines <- sc.Text()
 		}
 		if err := sc.Err(); err != nil { // a line past 1 MiB: say so, and keep the program from blocking on its pipe
@@ -359,38 +363,5 @@ func Eventually(t *testing.T, within time.Duration, cond func() (bool, string)) 
 			return
 		}
 		time.Sleep(time.Second)
-	}
-}
-
-// timedLines logs each whole line written to it to t with the time,
-// until stopped (a test may not log once it has ended).
-type timedLines struct {
-	t       *testing.T
-	prefix  string
-	mu      sync.Mutex
-	stopped bool
-	buf     []byte
-}
-
-func (w *timedLines) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.stopped = true
-}
-
-func (w *timedLines) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopped {
-		return len(p), nil
-	}
-	w.buf = append(w.buf, p...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			return len(p), nil
-		}
-		w.t.Logf("%s %s%s", time.Now().Format("15:04:05.0"), w.prefix, w.buf[:i])
-		w.buf = w.buf[i+1:]
 	}
 }

@@ -468,7 +468,7 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	// of the upgrade (a kill mid-node, a kubelet rolled back, an sshd
 	// down, every kubelet and kube-proxy restarted), no request failed and
 	// no held connection broke.
-	harness.NoDisruption(t, probe.Stop())
+	h.NoDisruption(t, probe.Stop())
 }
 
 // On an upgraded cluster apply changes nothing and says so; a rollback of

@@ -296,7 +296,7 @@ func TestKilledWhileKubeadmRunsThenResumed(t *testing.T) {
 	// Availability, as a user judges it: through the kill, kubeadm's
 	// control plane and addons, and every kubelet swapped, no request
 	// failed and no held connection broke.
-	harness.NoDisruption(t, res)
+	h.NoDisruption(t, res)
 	args, pw = flags("apply", "--restore-labels")
 	if r := h.Upgrade(t, pw, args...); r.Code != 0 || !strings.Contains(r.Stdout+r.Stderr, "nothing to do") {
 		t.Errorf("apply again: exit %d, want nothing to do:\n%s%s", r.Code, r.Stdout, r.Stderr)

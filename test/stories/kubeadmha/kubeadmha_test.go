@@ -288,5 +288,5 @@ func TestHAPatchUpgradeThenRollback(t *testing.T) {
 			t.Errorf("shop container restarted: %s (%s)", what, id)
 		}
 	}
-	harness.NoDisruption(t, res)
+	h.NoDisruption(t, res)
 }

@@ -299,7 +299,7 @@ func TestOneApplyThroughTheHops(t *testing.T) {
 			}
 		}
 	}
-	harness.NoDisruption(t, probe.Stop())
+	h.NoDisruption(t, probe.Stop())
 }
 
 func stateNodesOf(st *record.Upgrade) []record.Node {
