@@ -219,7 +219,7 @@ func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string,
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(t.TempDir(), "cache"))
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
-	tl := &timedLines{said: &h.said, prefix: "upgrade " + args[0] + ": "}
+	tl := &timedLines{said: &h.said, prefix: saidBy(args)}
 	if testing.Verbose() {
 		// go test -v: the transcript as it happens, each line timed, to
 		// see where a slow story spends its time.
@@ -257,7 +257,7 @@ func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, *bytes.Buffer,
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(h.tmp, "cache"))
 	cmd.Stdin = strings.NewReader(stdin)
 	var stderr bytes.Buffer
-	cmd.Stderr = io.MultiWriter(&stderr, &timedLines{said: &h.said, prefix: "upgrade " + args[0] + ": "})
+	cmd.Stderr = io.MultiWriter(&stderr, &timedLines{said: &h.said, prefix: saidBy(args)})
 	return cmd, &stderr, cmd.Start()
 }
 
@@ -281,7 +281,7 @@ func (h *Harness) StartLines(stdin string, args ...string) (*exec.Cmd, <-chan st
 		sc := bufio.NewScanner(pipe)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			h.said.add(time.Now(), "upgrade "+args[0]+": "+sc.Text())
+			h.said.add(time.Now(), saidBy(args)+sc.Text())
 			lines <- sc.Text()
 		}
 		if err := sc.Err(); err != nil { // a line past 1 MiB: say so, and keep the program from blocking on its pipe

@@ -223,11 +223,11 @@ func WaitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// NoDisruption judges availability as a user does: it logs the prober's
+// judge is availability as a user judges it: it logs the prober's
 // table and fails t for every request that failed and every held
 // connection that broke (the first 20 named), or when the prober measured
 // nothing (fewer than 4 targets, or no request).
-func NoDisruption(t *testing.T, res *prober.Result) {
+func judge(t *testing.T, res *prober.Result) {
 	t.Helper()
 	var table strings.Builder
 	_ = res.WriteTable(&table)

@@ -23,6 +23,10 @@ type timedLine struct {
 	text string
 }
 
+// saidBy prefixes what one run of the upgrade program said (args its
+// arguments) in the transcript.
+func saidBy(args []string) string { return "upgrade " + args[0] + ": " }
+
 func (tr *transcript) add(at time.Time, text string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
@@ -93,12 +97,13 @@ func (w *timedLines) Write(p []byte) (int, error) {
 	}
 }
 
-// NoDisruption is the package's NoDisruption, and when a request failed
-// or a connection broke, what the upgrade program said from 10 s before
-// each failure to 2 s after it: the step a failure came with.
+// NoDisruption judges availability as a user does (judge), and when a
+// request failed or a connection broke, logs what the upgrade program
+// said from 10 s before each failure to 2 s after it: the step a failure
+// came with.
 func (h *Harness) NoDisruption(t *testing.T, res *prober.Result) {
 	t.Helper()
-	NoDisruption(t, res)
+	judge(t, res)
 	if len(res.Failures) == 0 {
 		return
 	}
