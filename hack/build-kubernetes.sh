@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds real Kubernetes components from the Go module proxy and caches them
-# by version: k8s.io/kubernetes at the release tag, with every k8s.io/*
-# staging module its go.mod replaces by a local path replaced instead by the
-# matching published v0.MINOR.PATCH, and version ldflags so --version prints
-# the real version.
+# by version: k8s.io/kubernetes at the release tag laid out as its
+# repository is, each k8s.io/* staging module in staging/src from the
+# matching published v0.MINOR.PATCH (hack/lib.sh's kube_tree), with version
+# ldflags so --version prints the real version.
 #
 #   hack/build-kubernetes.sh v1.31.4 kube-apiserver [kubelet ...]
 #
@@ -36,26 +36,30 @@ if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
 
 work=$(mktemp -d)
 # Compiled objects are not kept in the user's Go cache: the binaries are
-# what is kept. There each release's objects came to gigabytes that
-# later builds seldom reuse, and they filled the disk the tests run on.
-# make test hands every build of its run one cache (KUBELIFT_BUILD_CACHE,
-# removed when the run ends); alone, a build's goes with $work.
+# what is kept. There each release's objects came to gigabytes, and they
+# filled the disk the tests run on. make test hands every build of its
+# run one cache (KUBELIFT_BUILD_CACHE, removed when the run ends), where
+# each release takes what an earlier one compiled and it did not change;
+# alone, a build's goes with $work.
 export GOCACHE=${KUBELIFT_BUILD_CACHE:-$work/go-build}
 trap 'rm -rf "$work"' EXIT
 . "$(dirname "$0")/lib.sh"
-cd "$work"
-kube_module "$version"
+# The release laid out as its repository is (hack/lib.sh's kube_tree): a
+# later release's build then takes from the run's cache every package
+# this one compiled and that one did not change.
+kube_tree "$version" "$work/src"
+cd "$work/src"
+export GOWORK=off GOFLAGS=-mod=mod
 pkgs=()
-for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+for c in "${missing[@]}"; do pkgs+=("./cmd/$c"); done
 echo "building ${missing[*]} $version (staging modules $KUBE_STAGING)" >&2
-GOFLAGS=-mod=mod go get "${pkgs[@]/%/@$version}" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "${pkgs[@]/%/@$version}"
 ld="-s -w $KUBE_LDFLAGS"
 # One go build for all of them: shared packages compile once and the links
 # run in parallel. Each binary is moved into place only when all are built.
 partial="$out/.partial.$$"
 mkdir -p "$partial"
 trap 'rm -rf "$work" "$partial"' EXIT
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$partial/" "${pkgs[@]}"
+CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$partial/" "${pkgs[@]}"
 for c in "${missing[@]}"; do mv "$partial/$c" "$out/$c"; done
 built_note "built ${missing[*]} $version in ${SECONDS}s"
 echo "$out"

@@ -1,11 +1,12 @@
 # shellcheck shell=bash disable=SC2034 # sourced: the variables it sets are its callers'
-# Shared by kubelift's build scripts: built_note, and how to build against
-# k8s.io/kubernetes from the Go module proxy. Source it; then, in an empty
-# directory:
+# Shared by kubelift's build scripts: built_note, and how to build
+# k8s.io/kubernetes from the Go module proxy. Source it; then
+#   kube_tree VERSION DIR
+# lays the release out in DIR as its repository is, to build its
+# commands there (hack/build-kubernetes.sh, hack/build-kubelet.sh), and
 #   kube_module VERSION
-# makes a Go module there requiring k8s.io/kubernetes@VERSION with every
-# staging module its go.mod replaces by a local path (./staging/...)
-# replaced instead by the published v0.MINOR.PATCH, and sets
+# makes, in an empty directory, a Go module of one's own that requires
+# k8s.io/kubernetes@VERSION (hack/kubelet-hash-vectors.sh). Both set
 # KUBE_MINOR, KUBE_STAGING (v0.MINOR.PATCH), KUBE_SRC (the module's source
 # in the module cache) and KUBE_LDFLAGS (version stamping).
 
@@ -50,21 +51,67 @@ staging_version() {
 	echo "$v"
 }
 
-kube_module() {
-	local version=$1 info gomod m
+# kube_release VERSION: downloads k8s.io/kubernetes@VERSION and sets
+# KUBE_MINOR, KUBE_STAGING, KUBE_SRC, KUBE_GOMOD (its go.mod in the module
+# cache) and KUBE_LDFLAGS.
+kube_release() {
+	local version=$1 info
 	KUBE_MINOR=${version#v1.}
 	KUBE_MINOR=${KUBE_MINOR%%.*}
 	KUBE_STAGING=v0.$KUBE_MINOR.${version##*.}
-	go mod init kubelift.local/kube-build >/dev/null 2>&1
-	info=$(go mod download -json "k8s.io/kubernetes@$version") || {
+	KUBE_LDFLAGS="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$KUBE_MINOR -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+	info=$(cd / && GOFLAGS='' go mod download -json "k8s.io/kubernetes@$version") || {
 		echo "cannot download k8s.io/kubernetes@$version from the module proxy" >&2
 		return 1
 	}
 	KUBE_SRC=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-	gomod=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-	for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/.*#\1#p' "$gomod"); do
+	KUBE_GOMOD=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+}
+
+# kube_tree VERSION DIR: k8s.io/kubernetes at VERSION as its repository
+# lays it out, in DIR (writable copies): the module's source, without its
+# vendor/ and go.work, and under staging/src/k8s.io/ every module its
+# go.mod replaces by a directory there, copied from the published
+# v0.MINOR.PATCH (staging_version), its go.mod then requiring its staging
+# siblings at v0.0.0 as the repository's do. Build there (GOWORK=off,
+# GOFLAGS=-mod=mod) with -trimpath: a package's build cache key then
+# names its module as k8s.io/kubernetes or NAME@v0.0.0 whatever the
+# release, so two releases share every package whose source, and whose
+# dependencies' export data, did not change (v1.31.4 and v1.31.14 differ
+# in 72 files). Built from a module of one's own instead, every package
+# of a release is keyed by the release's version, and each release
+# compiled whole. A staging module the proxy has at no patch of the
+# minor (k8s.io/sample-apiserver) gets only a go.mod: no command imports
+# it.
+kube_tree() {
+	local version=$1 dir=$2 m v src staging sedscript=''
+	kube_release "$version" || return 1
+	mkdir -p "$dir"
+	cp -R "$KUBE_SRC/." "$dir/"
+	chmod -R u+w "$dir"
+	rm -rf "$dir/vendor" "$dir/go.work" "$dir/go.work.sum"
+	staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/k8s\.io/[^ ]*$#\1#p' "$dir/go.mod")
+	for m in $staging; do
+		v=$(cd / && GOFLAGS='' staging_version "$m" 2>/dev/null)
+		src=$(cd / && GOFLAGS='' go mod download -json "$m@$v" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || src=''
+		mkdir -p "$dir/staging/src/$m"
+		if [ -n "$src" ]; then
+			cp -R "$src/." "$dir/staging/src/$m/"
+		else
+			printf 'module %s\n\ngo 1.22.0\n' "$m" >"$dir/staging/src/$m/go.mod"
+		fi
+		sedscript+="s#^\\([[:space:]]*\\(require \\)\\{0,1\\}\\)${m//./\\.} v0\\.[0-9][0-9.]*#\\1$m v0.0.0#;"
+	done
+	chmod -R u+w "$dir/staging"
+	for m in $staging; do sed -i "$sedscript" "$dir/staging/src/$m/go.mod"; done
+}
+
+kube_module() {
+	local version=$1 m
+	kube_release "$version" || return 1
+	go mod init kubelift.local/kube-build >/dev/null 2>&1
+	for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/.*#\1#p' "$KUBE_GOMOD"); do
 		go mod edit -replace "$m=$m@$(staging_version "$m")"
 	done
 	go mod edit -require "k8s.io/kubernetes@$version"
-	KUBE_LDFLAGS="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$KUBE_MINOR -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
 }
