@@ -55,7 +55,7 @@ if [ -x "$out/kubelet" ] && [ "$(cat "$out/kubelet.key" 2>/dev/null)" = "$key" ]
 	fi
 fi
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 # The stock kubelet first (or, if another build of the release is under
 # way, after it): every package the patch does not reach is then in the
 # build cache, and this build compiles only the few it does. Two builds of

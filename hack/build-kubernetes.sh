@@ -42,7 +42,8 @@ work=$(mktemp -d)
 # each release takes what an earlier one compiled and it did not change;
 # alone, a build's goes with $work.
 export GOCACHE=${KUBELIFT_BUILD_CACHE:-$work/go-build}
-trap 'rm -rf "$work"' EXIT
+# (the tree kube_tree copies is read-only until it is done with it)
+trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 . "$(dirname "$0")/lib.sh"
 # The release laid out as its repository is (hack/lib.sh's kube_tree): a
 # later release's build then takes from the run's cache every package
@@ -58,7 +59,7 @@ ld="-s -w $KUBE_LDFLAGS"
 # run in parallel. Each binary is moved into place only when all are built.
 partial="$out/.partial.$$"
 mkdir -p "$partial"
-trap 'rm -rf "$work" "$partial"' EXIT
+trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work" "$partial"' EXIT
 CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$partial/" "${pkgs[@]}"
 for c in "${missing[@]}"; do mv "$partial/$c" "$out/$c"; done
 built_note "built ${missing[*]} $version in ${SECONDS}s"
