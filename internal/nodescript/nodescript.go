@@ -59,6 +59,10 @@ var (
 	KubeadmEtcdSnapshot    = load("kubeadm-etcd-snapshot", writes)
 	KubeadmManifests       = load("kubeadm-manifests", readOnly)
 	KubeadmRestoreManifest = load("kubeadm-restore-manifest", writes)
+	// The container runtime: containerd's release archive (and runc)
+	// swapped in place, its config migrated, and put back.
+	RuntimeSwap    = load("runtime-swap", writes)
+	RuntimeRestore = load("runtime-restore", writes)
 )
 
 const (

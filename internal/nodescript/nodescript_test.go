@@ -49,6 +49,9 @@ var goldenArgs = map[string][]string{
 	"kubeadm-manifests":     {"/etc/kubernetes/manifests", "/etc/kubernetes/tmp", "kube-apiserver", hostile},
 	"kubeadm-restore-manifest": {"/etc/kubernetes/tmp/kubeadm-backup-manifests-" + hostile + "/kube-apiserver.yaml", "/etc/kubernetes/manifests/kube-apiserver.yaml",
 		"/etc/kubernetes/tmp/kubelift-rollback-manifests-" + hostile},
+	"runtime-swap": {"/var/lib/kubelift/backup/" + hostile, "/var/lib/kubelift/staged/v1.31.4/containerd", hostile, "/var/lib/kubelift/staged/v1.31.4/runc", hostile,
+		"/usr/local/sbin/runc", "/usr/local/bin", "/etc/containerd/config.toml", "migrate", "containerd", hostile},
+	"runtime-restore": {"/var/lib/kubelift/backup/" + hostile, "/usr/local/bin", "/usr/local/sbin/runc", "/etc/containerd/config.toml", "containerd"},
 }
 
 // TestGolden pins each script's command, byte for byte, with a hostile
