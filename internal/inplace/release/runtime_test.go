@@ -1,0 +1,69 @@
+package release
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/nodefacts"
+)
+
+// A node is moved to the bundle's containerd only from an older
+// containerd, and gets runc with it where the bundle carries one; a
+// bundle without containerd for the node's arch, another runtime, or one
+// at or past the bundle's is left alone; a signed version that does not
+// parse is refused, naming the file.
+func TestRuntimeMoveFor(t *testing.T) {
+	rel := func(files ...bundle.File) *Release {
+		return &Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Manifest: &bundle.Manifest{Files: files}}
+	}
+	containerd := bundle.File{Name: FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd"}
+	runc := bundle.File{Name: FileRunc, Version: "v1.5.2", Arch: "amd64", Path: "stack/linux/amd64/runc"}
+	kubelet := bundle.File{Name: "kubelet", Arch: "amd64", Path: "bin/linux/amd64/kubelet"}
+	rt := func(s string) nodefacts.Runtime {
+		r, bad := nodefacts.ParseRuntime("worker-1", s)
+		if bad != nil {
+			t.Fatal(bad)
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name    string
+		target  *Release
+		runtime string
+		arch    string
+		files   []string // nil: no move
+		major   bool
+	}{
+		{"1.7 to 2.3 with runc", rel(kubelet, containerd, runc), "containerd://1.7.35", "", []string{"containerd", "runc"}, true},
+		{"2.1 to 2.3, no runc bundled", rel(kubelet, containerd), "containerd://2.1.4", "amd64", []string{"containerd"}, false},
+		{"already there", rel(kubelet, containerd, runc), "containerd://2.3.7", "amd64", nil, false},
+		{"past it", rel(kubelet, containerd, runc), "containerd://2.4.0", "amd64", nil, false},
+		{"another runtime", rel(kubelet, containerd, runc), "cri-o://1.31.2", "amd64", nil, false},
+		{"no containerd bundled", rel(kubelet), "containerd://1.7.35", "amd64", nil, false},
+		{"none for the node's arch", rel(kubelet, containerd, runc), "containerd://1.7.35", "arm64", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := tc.target.RuntimeMoveFor(rt(tc.runtime), tc.arch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.files == nil {
+				if m != nil {
+					t.Fatalf("a move %+v", m)
+				}
+				return
+			}
+			if m == nil || !slices.Equal(m.Files, tc.files) || m.Major != tc.major || m.To.String() != "v2.3.7" || m.From != rt(tc.runtime).Version {
+				t.Fatalf("move %+v, want files %v, major %v, to v2.3.7", m, tc.files, tc.major)
+			}
+		})
+	}
+	bad := containerd
+	bad.Version = "2.3"
+	if _, err := rel(bad).RuntimeMoveFor(rt("containerd://1.7.35"), "amd64"); err == nil || !strings.Contains(err.Error(), "stack/linux/amd64/containerd") || !strings.Contains(err.Error(), `"2.3"`) {
+		t.Errorf("a containerd whose version does not parse: %v", err)
+	}
+}
