@@ -25,10 +25,15 @@ mkdir -p "$out"
 missing=()
 for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
-# One build at a time per version (test packages run side by side and
-# ask for the same version): the second waits, then builds only what the
-# first did not.
-exec 9>"$out/.lock"
+# One build at a time per minor (test packages run side by side and ask
+# for the same version, or two of one minor): the second waits, then
+# builds only what the first did not, and two releases of one minor
+# share nearly every package (kube_tree), which the second then takes
+# from the run's build cache. Side by side, each compiled them all
+# (2026-11-28: v1.31.14's kubelet 436 s beside v1.31.4's 381 s).
+minor=${version#v1.}
+minor=${minor%%.*}
+exec 9>"$cache/.lock-v1.$minor"
 flock 9
 missing=()
 for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
