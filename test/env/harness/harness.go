@@ -230,6 +230,7 @@ func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string,
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	h.said.started(args)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	var err error
@@ -237,6 +238,7 @@ func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string,
 	case err = <-done:
 	case <-ctx.Done():
 		_ = cmd.Process.Kill()
+		h.said.add(time.Now(), saidBy(args)+"(killed: timed out)")
 		t.Fatalf("upgrade %s: timed out", strings.Join(args, " "))
 	}
 	code := 0
@@ -246,6 +248,7 @@ func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string,
 	} else if err != nil {
 		t.Fatal(err)
 	}
+	h.said.add(time.Now(), saidBy(args)+fmt.Sprintf("(exited %d)", code))
 	return Result{out.String(), errb.String(), code}
 }
 
@@ -258,7 +261,11 @@ func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, *bytes.Buffer,
 	cmd.Stdin = strings.NewReader(stdin)
 	var stderr bytes.Buffer
 	cmd.Stderr = io.MultiWriter(&stderr, &timedLines{said: &h.said, prefix: saidBy(args)})
-	return cmd, &stderr, cmd.Start()
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	h.said.started(args)
+	return cmd, &stderr, nil
 }
 
 // StartLines starts the upgrade program as Start does; its standard error
@@ -275,9 +282,11 @@ func (h *Harness) StartLines(stdin string, args ...string) (*exec.Cmd, <-chan st
 	if err := cmd.Start(); err != nil {
 		return nil, nil, err
 	}
+	h.said.started(args)
 	lines := make(chan string, 64)
 	go func() {
 		defer close(lines)
+		defer func() { h.said.add(time.Now(), saidBy(args)+"(closed its standard error)") }()
 		sc := bufio.NewScanner(pipe)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {

@@ -27,10 +27,61 @@ type timedLine struct {
 // arguments) in the transcript.
 func saidBy(args []string) string { return "upgrade " + args[0] + ": " }
 
+// started marks the start of a run of the upgrade program with args.
+func (tr *transcript) started(args []string) {
+	tr.add(time.Now(), saidBy(args)+"(started: upgrade "+strings.Join(args, " ")+")")
+}
+
 func (tr *transcript) add(at time.Time, text string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	tr.lines = append(tr.lines, timedLine{at, text})
+}
+
+// nearest is, when no line arrived from before ahead of the first of
+// times to after the last, the last line before that and the first
+// after it: whether a run of the upgrade program was under way (each
+// run's start and end are lines of their own).
+func (tr *transcript) nearest(times []time.Time, before, after time.Duration) string {
+	if len(times) == 0 {
+		return ""
+	}
+	first, last := times[0], times[0]
+	for _, at := range times {
+		if at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var prev, next *timedLine
+	for i := range tr.lines {
+		l := &tr.lines[i]
+		if l.at.Before(first.Add(-before)) && (prev == nil || !l.at.Before(prev.at)) {
+			prev = l
+		}
+		if l.at.After(last.Add(after)) && (next == nil || l.at.Before(next.at)) {
+			next = l
+		}
+	}
+	var b strings.Builder
+	b.WriteString("nothing then; the last line before: ")
+	if prev == nil {
+		b.WriteString("none")
+	} else {
+		fmt.Fprintf(&b, "%s %s", prev.at.Format("15:04:05.000"), prev.text)
+	}
+	b.WriteString("; the next after: ")
+	if next == nil {
+		b.WriteString("none")
+	} else {
+		fmt.Fprintf(&b, "%s %s", next.at.Format("15:04:05.000"), next.text)
+	}
+	b.WriteString("\n")
+	return b.String()
 }
 
 // around is every line that arrived from before ahead of one of times
@@ -113,7 +164,7 @@ func (h *Harness) NoDisruption(t *testing.T, res *prober.Result) {
 	}
 	said := h.said.around(times, 10*time.Second, 2*time.Second, 200)
 	if said == "" {
-		said = "(nothing)\n"
+		said = h.said.nearest(times, 10*time.Second, 2*time.Second)
 	}
 	t.Logf("what the upgrade program said from 10 s before to 2 s after each failure:\n%s", said)
 }

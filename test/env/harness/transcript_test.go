@@ -41,4 +41,23 @@ func TestTranscriptKeepsWholeLinesAroundTheFailures(t *testing.T) {
 	if got := tr.around([]time.Time{base}, 10*time.Second, 2*time.Second, 1); !strings.HasSuffix(got, "... 2 lines more\n") {
 		t.Errorf("capped at one line: %q", got)
 	}
+
+	// Nothing said near a failure: the lines either side say whether a
+	// run was under way (a run's start and end are lines too).
+	quiet := base.Add(30 * time.Second)
+	if got := tr.around([]time.Time{quiet}, 10*time.Second, 2*time.Second, 200); got != "" {
+		t.Fatalf("around a quiet time: %q", got)
+	}
+	got = tr.nearest([]time.Time{quiet, quiet.Add(time.Second)}, 10*time.Second, 2*time.Second)
+	if want := "nothing then; the last line before: 11:39:03.000 3 s after; the next after: none\n"; got != want {
+		t.Errorf("nearest: %q, want %q", got, want)
+	}
+	tr.started([]string{"rollback", "--yes"})
+	got = tr.nearest([]time.Time{quiet}, 10*time.Second, 2*time.Second)
+	if !strings.Contains(got, "the next after: ") || !strings.Contains(got, "upgrade rollback: (started: upgrade rollback --yes)") {
+		t.Errorf("nearest after a run started: %q", got)
+	}
+	if got := tr.nearest([]time.Time{base.Add(-time.Hour)}, 10*time.Second, 2*time.Second); !strings.HasPrefix(got, "nothing then; the last line before: none; the next after: 11:38:00.000 long before") {
+		t.Errorf("nearest before every line: %q", got)
+	}
 }
