@@ -80,11 +80,11 @@ kube_release() {
 # dependencies' export data, did not change (v1.31.4 and v1.31.14 differ
 # in 72 files). Built from a module of one's own instead, every package
 # of a release is keyed by the release's version, and each release
-# compiled whole. A staging module the proxy has at no patch of the
-# minor (k8s.io/sample-apiserver) gets only a go.mod: no command imports
-# it.
+# compiled whole. A staging module the proxy does not serve at any
+# patch of the minor (k8s.io/sample-apiserver) gets only a go.mod, said
+# on stderr: no command imports it.
 kube_tree() {
-	local version=$1 dir=$2 m v src staging sedscript=''
+	local version=$1 dir=$2 m v info src staging sedscript=''
 	kube_release "$version" || return 1
 	mkdir -p "$dir"
 	cp -R "$KUBE_SRC/." "$dir/"
@@ -92,12 +92,14 @@ kube_tree() {
 	rm -rf "$dir/vendor" "$dir/go.work" "$dir/go.work.sum"
 	staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/k8s\.io/[^ ]*$#\1#p' "$dir/go.mod")
 	for m in $staging; do
-		v=$(cd / && GOFLAGS='' staging_version "$m" 2>/dev/null)
-		src=$(cd / && GOFLAGS='' go mod download -json "$m@$v" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || src=''
+		v=$(cd / && GOFLAGS='' staging_version "$m")
+		info=$(cd / && GOFLAGS='' go mod download -json "$m@$v") || :
+		src=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 		mkdir -p "$dir/staging/src/$m"
 		if [ -n "$src" ]; then
 			cp -R "$src/." "$dir/staging/src/$m/"
 		else
+			echo "$m@$v: $(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' | head -c 200); only its go.mod is laid out (a command that imports it will fail naming it)" >&2
 			printf 'module %s\n\ngo 1.22.0\n' "$m" >"$dir/staging/src/$m/go.mod"
 		fi
 		sedscript+="s#^\\([[:space:]]*\\(require \\)\\{0,1\\}\\)${m//./\\.} v0\\.[0-9][0-9.]*#\\1$m v0.0.0#;"
