@@ -10,8 +10,8 @@ import (
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
-// Where a node keeps its container runtime when its facts do not say
-// otherwise: containerd's release archive unpacks into /usr/local/bin,
+// Where a node keeps its container runtime when the move names no other
+// place: containerd's release archive unpacks into /usr/local/bin,
 // runc's release goes to /usr/local/sbin (containerd's getting-started
 // guide), and containerd reads /etc/containerd/config.toml.
 const (
@@ -71,7 +71,7 @@ func (o *Ops) runtimeBackupDir() string { return path.Join(o.BackupDirOf(), "run
 // Run again, it ends the same, the first backup kept.
 func (o *Ops) SwapRuntime(ctx context.Context, m RuntimeMove) error {
 	dir, runcBin, config := m.paths()
-	runc, runcSum := release.StagePath(o.StageDir, o.To, "runc"), m.RuncSHA256
+	runc, runcSum := release.StagePath(o.StageDir, o.To, release.FileRunc), m.RuncSHA256
 	if runcSum == "" {
 		runc, runcSum = "-", "-"
 	}
@@ -81,7 +81,7 @@ func (o *Ops) SwapRuntime(ctx context.Context, m RuntimeMove) error {
 	}
 	began := time.Now()
 	out, err := o.Run(ctx, fmt.Sprintf("move containerd %s to %s", m.From, m.To), nodescript.RuntimeSwap,
-		o.runtimeBackupDir(), release.StagePath(o.StageDir, o.To, "containerd"), m.ArchiveSHA256, runc, runcSum, runcBin,
+		o.runtimeBackupDir(), release.StagePath(o.StageDir, o.To, release.FileContainerd), m.ArchiveSHA256, runc, runcSum, runcBin,
 		dir, config, migrate, ContainerdUnit, m.From)
 	if err == nil && o.Restarted != nil {
 		o.Restarted(restartTime(out, time.Since(began)))

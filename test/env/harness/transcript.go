@@ -32,6 +32,9 @@ func (tr *transcript) started(args []string) {
 	tr.add(time.Now(), saidBy(args)+"(started: upgrade "+strings.Join(args, " ")+")")
 }
 
+// String is the line as a failure's report shows it: its time, then it.
+func (l timedLine) String() string { return l.at.Format("15:04:05.000") + " " + l.text }
+
 func (tr *transcript) add(at time.Time, text string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
@@ -72,13 +75,13 @@ func (tr *transcript) nearest(times []time.Time, before, after time.Duration) st
 	if prev == nil {
 		b.WriteString("none")
 	} else {
-		fmt.Fprintf(&b, "%s %s", prev.at.Format("15:04:05.000"), prev.text)
+		b.WriteString(prev.String())
 	}
 	b.WriteString("; the next after: ")
 	if next == nil {
 		b.WriteString("none")
 	} else {
-		fmt.Fprintf(&b, "%s %s", next.at.Format("15:04:05.000"), next.text)
+		b.WriteString(next.String())
 	}
 	b.WriteString("\n")
 	return b.String()
@@ -103,7 +106,7 @@ func (tr *transcript) around(times []time.Time, before, after time.Duration, max
 			continue
 		}
 		if n++; n <= max {
-			fmt.Fprintf(&b, "%s %s\n", l.at.Format("15:04:05.000"), l.text)
+			b.WriteString(l.String() + "\n")
 		}
 	}
 	if n > max {
