@@ -51,7 +51,8 @@ type Options struct {
 	// KubeBin is the directory holding kube-apiserver and
 	// kube-controller-manager (kube.Binaries).
 	KubeBin string
-	// Kwok is the kwok binary (default: built by hack/build-kwok.sh).
+	// Kwok is the kwok binary (default: built by hack/build-kwok.sh), with
+	// KWOK's pod stages beside it (PodStagesFile).
 	Kwok string
 	// Host is the loopback address the API server binds and advertises
 	// (default 127.0.0.1).
@@ -240,8 +241,14 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("kube-controller-manager: %w", err)
 	}
 
+	// KWOK's own pod stages (hack/build-kwok.sh puts them beside the
+	// binary): since v0.8.0 it plays none it is not given.
+	podStages, err := os.ReadFile(filepath.Join(filepath.Dir(o.Kwok), PodStagesFile))
+	if err != nil {
+		return nil, fmt.Errorf("kwok's pod stages: %w", err)
+	}
 	kwokConf := filepath.Join(o.Dir, "kwok.yaml")
-	if err := os.WriteFile(kwokConf, []byte(kwokConfig(o)), 0o644); err != nil {
+	if err := os.WriteFile(kwokConf, []byte(kwokConfig(o, string(podStages))), 0o644); err != nil {
 		return nil, err
 	}
 	o.Log("simcluster: kwok (%s)", o.Kwok)
@@ -261,8 +268,14 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
+// PodStagesFile is the file beside the kwok binary that holds the pod
+// stages KWOK ships (pod-ready, pod-complete, pod-delete), which
+// hack/build-kwok.sh copies from its module.
+const PodStagesFile = "pod-stages.yaml"
+
 // KwokBinary returns the path of the kwok binary, building it with
-// hack/build-kwok.sh if needed (minutes when cold, cached after).
+// hack/build-kwok.sh if needed (minutes when cold, cached after). Its pod
+// stages are beside it (PodStagesFile).
 func KwokBinary(ctx context.Context) (string, error) {
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "..", "..", BuildScript)

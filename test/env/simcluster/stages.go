@@ -30,10 +30,10 @@ func RestartingStatusPatch(kubeletVersion string, now time.Time) []byte {
 	return b
 }
 
-// The Node stages replace KWOK's defaults (v0.7.0 uses its own
-// node-initialize and node-heartbeat only when the configuration has no
-// Node stage at all; the same holds for Pods, whose defaults pod-ready,
-// pod-complete and pod-delete we keep). When several stages match, KWOK
+// The Node stages are kubelift's (KWOK v0.8.0 plays only the stages its
+// configuration names; the pods get KWOK's own pod-ready, pod-complete
+// and pod-delete, which hack/build-kwok.sh copies from its module, and
+// which v0.7.0 played by default). When several stages match, KWOK
 // picks one at random, so the selectors are disjoint on the Ready
 // condition:
 //
@@ -192,9 +192,9 @@ spec:
         lastTransitionTime: {{ $now | Quote }}
 `
 
-// kwokConfig is KWOK's configuration file: its options and the Node
-// stages with the cluster's delays.
-func kwokConfig(o Options) string {
+// kwokConfig is KWOK's configuration file: its options, the Node
+// stages with the cluster's delays, and podStages (KWOK's own).
+func kwokConfig(o Options, podStages string) string {
 	ms := func(d time.Duration) string { return fmt.Sprint(d.Milliseconds()) }
 	secs := func(d time.Duration) string { return fmt.Sprintf("%g", d.Seconds()) }
 	stages := strings.NewReplacer(
@@ -221,5 +221,6 @@ options:
   podsOnNodeSyncParallelism: 4
   cidr: 10.0.0.1/16
 ---
-%s`, int(o.LeaseDuration.Seconds()), stages)
+%s
+%s`, int(o.LeaseDuration.Seconds()), stages, podStages)
 }
