@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
 )
@@ -13,19 +15,25 @@ import (
 // SwapRuntime and RestoreRuntime run runtime-swap and runtime-restore
 // with the staged parts of the target, the backup apart from the
 // kubelet's, and the node's paths (defaults where the move names none);
-// runc is left alone when the bundle carries none; a dry run says the
+// runc is left alone when the bundle carries none; the config is
+// migrated across a major version only; a dry run says the
 // commands and runs nothing.
 func TestRuntimeMoveArguments(t *testing.T) {
+	v := func(major, minor, patch int) catalog.Version {
+		return catalog.Version{Major: major, Minor: minor, Patch: patch}
+	}
 	for _, tc := range []struct {
 		name string
-		m    RuntimeMove
+		m    release.RuntimeMove
+		p    RuntimePaths
 		swap []string
 	}{
 		{"defaults, with runc, migrated",
-			RuntimeMove{From: "v1.7.35", To: "v2.3.7", ArchiveSHA256: "aaa", RuncSHA256: "bbb", Migrate: true},
+			release.RuntimeMove{From: v(1, 7, 35), To: v(2, 3, 7), ArchiveSHA256: "aaa", RuncSHA256: "bbb", Major: true}, RuntimePaths{},
 			[]string{"/b/v1.30.14/runtime", "/s/v1.31.4/containerd", "aaa", "/s/v1.31.4/runc", "bbb", "/usr/local/sbin/runc", "/usr/local/bin", "/etc/containerd/config.toml", "migrate", "containerd", "v1.7.35"}},
 		{"the node's paths, no runc, same major",
-			RuntimeMove{From: "v2.1.0", To: "v2.3.7", ArchiveSHA256: "aaa", ContainerdDir: "/opt/bin", RuncBinary: "/usr/sbin/runc", Config: "/etc/ctd.toml"},
+			release.RuntimeMove{From: v(2, 1, 0), To: v(2, 3, 7), ArchiveSHA256: "aaa"},
+			RuntimePaths{ContainerdDir: "/opt/bin", RuncBinary: "/usr/sbin/runc", Config: "/etc/ctd.toml"},
 			[]string{"/b/v1.30.14/runtime", "/s/v1.31.4/containerd", "aaa", "-", "-", "/usr/sbin/runc", "/opt/bin", "/etc/ctd.toml", "keep", "containerd", "v2.1.0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -37,10 +45,10 @@ func TestRuntimeMoveArguments(t *testing.T) {
 			o := &Ops{Node: node, Name: "worker-1", StageDir: "/s", BackupDir: "/b", From: "v1.30.14", To: "v1.31.4",
 				Restarted: func(d time.Duration) { restarts = append(restarts, d) }}
 			ctx := context.Background()
-			if err := o.SwapRuntime(ctx, tc.m); err != nil {
+			if err := o.SwapRuntime(ctx, &tc.m, tc.p); err != nil {
 				t.Fatal(err)
 			}
-			if err := o.RestoreRuntime(ctx, tc.m); err != nil {
+			if err := o.RestoreRuntime(ctx, tc.p); err != nil {
 				t.Fatal(err)
 			}
 			if len(restarts) != 1 {
@@ -60,7 +68,7 @@ func TestRuntimeMoveArguments(t *testing.T) {
 
 			var said []string
 			o.Dry = func(node, command string) { said = append(said, node+": "+command) }
-			if err := o.SwapRuntime(ctx, tc.m); err != nil {
+			if err := o.SwapRuntime(ctx, &tc.m, tc.p); err != nil {
 				t.Fatal(err)
 			}
 			if n := len(node.Calls()); n != 2 || len(said) != 1 || !strings.HasPrefix(said[0], "worker-1: kubelift-runtime-swap ") {

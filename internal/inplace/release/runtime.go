@@ -23,7 +23,13 @@ type RuntimeMove struct {
 	// Files are staged with the release's own: containerd, and runc where
 	// the bundle carries it.
 	Files []string
-	// Major: the major version changes, and with it the config's schema.
+	// ArchiveSHA256 and RuncSHA256 are the signed manifest's sums of
+	// containerd's archive and runc; RuncSHA256 is empty when the bundle
+	// carries no runc (the node's stays).
+	ArchiveSHA256, RuncSHA256 string
+	// Major: the major version changes, and with it the config's schema
+	// (1.x's version 2, 2.x's version 3), which containerd's own `config
+	// migrate` rewrites.
 	Major bool
 }
 
@@ -48,9 +54,9 @@ func (t *Release) RuntimeMoveFor(rt nodefacts.Runtime, arch string) (*RuntimeMov
 	if rt.Version.Compare(to) >= 0 {
 		return nil, nil
 	}
-	m := &RuntimeMove{From: rt.Version, To: to, Files: []string{FileContainerd}, Major: rt.Version.Major != to.Major}
-	if _, _, ok := t.File(FileRunc, ArchOr(arch)); ok {
-		m.Files = append(m.Files, FileRunc)
+	m := &RuntimeMove{From: rt.Version, To: to, Files: []string{FileContainerd}, ArchiveSHA256: f.SHA256, Major: rt.Version.Major != to.Major}
+	if r, _, ok := t.File(FileRunc, ArchOr(arch)); ok {
+		m.Files, m.RuncSHA256 = append(m.Files, FileRunc), r.SHA256
 	}
 	return m, nil
 }

@@ -11,7 +11,8 @@ import (
 )
 
 // A node is moved to the bundle's containerd only from an older
-// containerd, and gets runc with it where the bundle carries one; a
+// containerd, and gets runc with it where the bundle carries one, each
+// with the signed manifest's sum; a
 // bundle without containerd for the node's arch, another runtime, or one
 // at or past the bundle's is left alone; a signed version that does not
 // parse is refused, naming the file.
@@ -19,8 +20,8 @@ func TestRuntimeMoveFor(t *testing.T) {
 	rel := func(files ...bundle.File) *Release {
 		return &Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Manifest: &bundle.Manifest{Files: files}}
 	}
-	containerd := bundle.File{Name: FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd"}
-	runc := bundle.File{Name: FileRunc, Version: "v1.5.2", Arch: "amd64", Path: "stack/linux/amd64/runc"}
+	containerd := bundle.File{Name: FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd", SHA256: "aaa"}
+	runc := bundle.File{Name: FileRunc, Version: "v1.5.2", Arch: "amd64", Path: "stack/linux/amd64/runc", SHA256: "bbb"}
 	kubelet := bundle.File{Name: "kubelet", Arch: "amd64", Path: "bin/linux/amd64/kubelet"}
 	rt := func(s string) nodefacts.Runtime {
 		r, bad := nodefacts.ParseRuntime("worker-1", s)
@@ -58,6 +59,13 @@ func TestRuntimeMoveFor(t *testing.T) {
 			}
 			if m == nil || !slices.Equal(m.Files, tc.files) || m.Major != tc.major || m.To.String() != "v2.3.7" || m.From != rt(tc.runtime).Version {
 				t.Fatalf("move %+v, want files %v, major %v, to v2.3.7", m, tc.files, tc.major)
+			}
+			runcSum := ""
+			if slices.Contains(tc.files, FileRunc) {
+				runcSum = "bbb"
+			}
+			if m.ArchiveSHA256 != "aaa" || m.RuncSHA256 != runcSum {
+				t.Errorf("sums %q and %q, want the manifest's aaa and %q", m.ArchiveSHA256, m.RuncSHA256, runcSum)
 			}
 		})
 	}
