@@ -288,8 +288,9 @@ func (pc *planCheck) sshReach() {
 	}
 }
 
-// staged: the files each node needs are staged with the right sha256, and
-// there is room for the rest and for the backups.
+// staged: the files each node needs (its binaries, and the parts of the
+// runtime move the bundle makes on it) are staged with the right sha256,
+// and there is room for the rest and for the backups.
 func (pc *planCheck) staged() {
 	version := pc.target.Version.String()
 	for i := range pc.plan.Nodes {
@@ -304,7 +305,11 @@ func (pc *planCheck) staged() {
 		}
 		var missing []string
 		var need int64
-		for _, name := range release.FilesForKind(pc.kind, s.Role) {
+		names, err := pc.target.NodeFiles(pc.kind, s.Role, pc.runtimes[s.Name], arch)
+		if err != nil {
+			pc.add(Blocking, CheckStaged, "node/"+s.Name, err.Error(), "make the bundle again with a catalog whose node stack parses")
+		}
+		for _, name := range names {
 			bf, _, ok := pc.target.File(name, arch)
 			if !ok {
 				continue

@@ -29,10 +29,12 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
+	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -577,4 +579,33 @@ func TestRestartsStaticPods(t *testing.T) {
 	if n := w.Plan(t).Nodes[1]; n.Recreated != 0 || n.Containers != 3 || n.Kubelet != "v1.31.1" {
 		t.Errorf("worker-1 within a minor: %+v", n)
 	}
+}
+
+// A bundle that moves a node's containerd counts its parts among the
+// node's files: a node with the release's files staged but not
+// containerd's is not staged, and the finding names containerd; a node
+// that runs the bundle's containerd needs none.
+func TestStagedRuntimeParts(t *testing.T) {
+	w := preflighttest.New(t)
+	for _, f := range w.Opts.Target.Manifest.Files {
+		w.View.Facts["worker-1"].Staged[f.Name] = f.SHA256
+		w.View.Facts["worker-2"].Staged[f.Name] = f.SHA256
+	}
+	w.Opts.Target.Manifest.Files = append(w.Opts.Target.Manifest.Files,
+		bundle.File{Name: release.FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd", SHA256: strings.Repeat("c", 64), Size: 1 << 20})
+	for i := range w.View.Nodes {
+		switch w.View.Nodes[i].Name {
+		case "worker-1":
+			w.View.Nodes[i].Status.NodeInfo.ContainerRuntimeVersion = "containerd://1.7.35"
+		case "worker-2":
+			w.View.Nodes[i].Status.NodeInfo.ContainerRuntimeVersion = "containerd://2.3.7"
+		}
+	}
+	p := w.Plan(t)
+	for _, n := range p.Nodes {
+		if want := n.Name == "worker-2"; n.Staged != want && n.Name != "cp-1" {
+			t.Errorf("%s staged %v, want %v", n.Name, n.Staged, want)
+		}
+	}
+	preflighttest.Want(t, preflighttest.Only(p, preflight.CheckStaged), preflight.Info, "node/worker-1", "containerd not staged")
 }

@@ -422,8 +422,11 @@ func Read(ctx context.Context, opts PlanOptions) (*View, error) {
 		kind = release.KindKubeadm
 	}
 	arch := map[string]string{}
+	runtimes := map[string]nodefacts.Runtime{}
 	for _, n := range nodes {
 		arch[n.Name] = n.Status.NodeInfo.Architecture
+		// one that does not parse is the plan's to refuse (values)
+		runtimes[n.Name], _ = nodefacts.ParseRuntime(n.Name, n.Status.NodeInfo.ContainerRuntimeVersion)
 	}
 	var mu sync.Mutex
 	opts.Log.Info("reading nodes over SSH", "nodes", len(tgts))
@@ -434,7 +437,7 @@ func Read(ctx context.Context, opts PlanOptions) (*View, error) {
 		}
 		// A node that lacks files: how apply would stage them.
 		var path [2]string
-		if missingFiles(opts.Target, f, kind, t.Role, arch[t.Name]) {
+		if missingFiles(opts.Target, f, kind, t.Role, runtimes[t.Name], arch[t.Name]) {
 			p, why, err := stage.Path(ctx, n, t, opts.Target, arch[t.Name], stage.Options{Source: stage.RegistrySource{Access: opts.Access}, StageDir: opts.StageDir,
 				Kind: kind, Via: opts.StageVia, Codec: opts.StageCodec, NodeCredentials: opts.NodeCredentials})
 			if err != nil {
@@ -453,15 +456,20 @@ func Read(ctx context.Context, opts PlanOptions) (*View, error) {
 	return v, nil
 }
 
-// missingFiles says the node lacks some of the target's files it needs.
-func missingFiles(target *release.Release, f *nodefacts.Facts, kind, role, arch string) bool {
+// missingFiles says the node lacks some of the target's files it needs
+// (its binaries, and its runtime move's parts, rt being its runtime).
+func missingFiles(target *release.Release, f *nodefacts.Facts, kind, role string, rt nodefacts.Runtime, arch string) bool {
 	if target == nil || target.Manifest == nil {
 		return false // rollback and cleanup read nodes without a bundle
 	}
 	if arch == "" {
 		arch = "amd64"
 	}
-	for _, name := range release.FilesForKind(kind, role) {
+	names, err := target.NodeFiles(kind, role, rt, arch)
+	if err != nil {
+		return true // the plan's staged check says why
+	}
+	for _, name := range names {
 		if bf, _, ok := target.File(name, arch); ok && f.Staged[name] != bf.SHA256 {
 			return true
 		}

@@ -3,6 +3,8 @@ package release
 import (
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 )
@@ -59,4 +61,28 @@ func (t *Release) RuntimeMoveFor(rt nodefacts.Runtime, arch string) (*RuntimeMov
 		m.Files, m.RuncSHA256 = append(m.Files, FileRunc), r.SHA256
 	}
 	return m, nil
+}
+
+// NodeFiles are the files a node of role in a cluster of kind is staged
+// from the release: its binaries (FilesForKind), and the parts of the
+// runtime move the bundle makes on the node (rt, its runtime as its Node
+// reports it, for arch), where it makes one.
+func (t *Release) NodeFiles(kind, role string, rt nodefacts.Runtime, arch string) ([]string, error) {
+	names := FilesForKind(kind, role)
+	m, err := t.RuntimeMoveFor(rt, arch)
+	if err != nil || m == nil {
+		return names, err
+	}
+	return append(names, m.Files...), nil
+}
+
+// NodeRuntime is the runtime node n reports
+// (status.nodeInfo.containerRuntimeVersion), parsed; a value that does
+// not parse is an error naming the node, the field and the value.
+func NodeRuntime(n *corev1.Node) (nodefacts.Runtime, error) {
+	rt, bad := nodefacts.ParseRuntime(n.Name, n.Status.NodeInfo.ContainerRuntimeVersion)
+	if bad != nil {
+		return rt, *bad
+	}
+	return rt, nil
 }

@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -73,5 +76,39 @@ func TestRuntimeMoveFor(t *testing.T) {
 	bad.Version = "2.3"
 	if _, err := rel(bad).RuntimeMoveFor(rt("containerd://1.7.35"), "amd64"); err == nil || !strings.Contains(err.Error(), "stack/linux/amd64/containerd") || !strings.Contains(err.Error(), `"2.3"`) {
 		t.Errorf("a containerd whose version does not parse: %v", err)
+	}
+}
+
+// A node's files are its binaries, and its runtime move's parts where the
+// bundle makes one.
+func TestNodeFiles(t *testing.T) {
+	m := &bundle.Manifest{Files: []bundle.File{
+		{Name: FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd"},
+		{Name: "kubelet", Arch: "amd64", Path: "bin/linux/amd64/kubelet"},
+	}}
+	rel := &Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Manifest: m}
+	for _, tc := range []struct {
+		runtime string
+		want    []string
+	}{
+		{"containerd://1.7.35", []string{"kubelet", "kube-proxy", "kubectl", FileContainerd}},
+		{"containerd://2.3.7", []string{"kubelet", "kube-proxy", "kubectl"}},
+		{"", []string{"kubelet", "kube-proxy", "kubectl"}},
+	} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}
+		n.Status.NodeInfo.ContainerRuntimeVersion = tc.runtime
+		rt, err := NodeRuntime(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := rel.NodeFiles(KindBinary, RoleWorker, rt, "amd64")
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%q: %v, %v; want %v", tc.runtime, got, err, tc.want)
+		}
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}
+	n.Status.NodeInfo.ContainerRuntimeVersion = "containerd"
+	if _, err := NodeRuntime(n); err == nil || !strings.Contains(err.Error(), "worker-1") || !strings.Contains(err.Error(), "containerRuntimeVersion") {
+		t.Errorf("a runtime that does not parse: %v", err)
 	}
 }

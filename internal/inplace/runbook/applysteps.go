@@ -220,7 +220,11 @@ func (r *upgradeRun) stageStep(ctx context.Context) error {
 				would(h, release.HopFilesForKind(r.driver.Kind(), t.Role), h.Version.String()+"/")
 			}
 			if !r.nodeState(t.Name).Staged {
-				would(r.target, release.FilesForKind(r.driver.Kind(), t.Role), "")
+				names, err := stage.NodeFiles(r.target, r.driver.Kind(), t.Role, r.viewNode(t.Name), arch)
+				if err != nil {
+					return err
+				}
+				would(r.target, names, "")
 			}
 		}
 		return nil

@@ -214,8 +214,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	version := opts.Release.Version.String()
 	arch := map[string]string{}
-	for _, n := range opts.Nodes {
-		arch[n.Name] = n.Status.NodeInfo.Architecture
+	nodes := map[string]*corev1.Node{}
+	for i, n := range opts.Nodes {
+		arch[n.Name], nodes[n.Name] = n.Status.NodeInfo.Architecture, &opts.Nodes[i]
 	}
 	c := &encodedCache{store: &cas.Store{Dir: filepath.Join(opts.CacheDir, "files")}, dir: opts.CacheDir, source: opts.Source, log: log}
 	res := &Result{Version: version, Dir: dir}
@@ -242,7 +243,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			}
 		}
 		if err == nil {
-			err = s.stage(ctx, opts.Release, release.FilesForKind(opts.Kind, t.Role), "")
+			var names []string
+			if names, err = NodeFiles(opts.Release, opts.Kind, t.Role, nodes[t.Name], s.arch); err == nil {
+				err = s.stage(ctx, opts.Release, names, "")
+			}
 		}
 		ns := s.ns
 		ns.Seconds = time.Since(began).Seconds()
@@ -272,6 +276,20 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return res, fmt.Errorf("%w on %d of %d nodes: %w", ErrStage, len(errs), len(opts.Addresses), errors.Join(errs...))
 	}
 	return res, nil
+}
+
+// NodeFiles are the release's files node n (of role, in a cluster of
+// kind) is staged: its binaries, and its runtime move's parts where the
+// bundle makes one (n nil: a node the API did not list, its binaries).
+func NodeFiles(target *release.Release, kind, role string, n *corev1.Node, arch string) ([]string, error) {
+	if n == nil {
+		return release.FilesForKind(kind, role), nil
+	}
+	rt, err := release.NodeRuntime(n)
+	if err != nil {
+		return nil, err
+	}
+	return target.NodeFiles(kind, role, rt, arch)
 }
 
 // Path says how staging would get the node's missing files there

@@ -429,3 +429,43 @@ func decodeZstd(w io.Writer, r io.Reader) error {
 	_, err = io.Copy(w, zr)
 	return err
 }
+
+// A bundle with a node stack stages containerd's archive and runc on the
+// nodes that run an older containerd, beside the release's files, and
+// not on one that runs the bundle's; a node whose runtime version does
+// not parse is refused, naming the node, the field and the value.
+func TestStageRuntimeParts(t *testing.T) {
+	target, src, nodes, tgts := stageWorld(t)
+	for _, p := range []struct{ name, version string }{{release.FileContainerd, "v2.3.7"}, {release.FileRunc, "v1.5.2"}} {
+		content := bytes.Repeat([]byte(p.name+" "+p.version+" "), 1000)
+		sum := sha256.Sum256(content)
+		path := "stack/linux/amd64/" + p.name
+		target.Manifest.Files = append(target.Manifest.Files, bundle.File{Name: p.name, Version: p.version, Arch: "amd64", Path: path, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(content))})
+		src.content[path] = content
+	}
+	nodes[1].Status.NodeInfo.ContainerRuntimeVersion = "containerd://1.7.35"
+	nodes[2].Status.NodeInfo.ContainerRuntimeVersion = "containerd://2.3.7"
+	dirs := t.TempDir()
+	opts := Options{Release: target, Source: src, Nodes: nodes, Connector: &shellNodes{cmds: map[string]int{}}, CacheDir: t.TempDir()}
+	for i, want := range map[int]string{1: "containerd,kube-proxy,kubectl,kubelet,runc", 2: "kube-proxy,kubectl,kubelet"} {
+		opts.Addresses, opts.StageDir = tgts[i:i+1], filepath.Join(dirs, tgts[i].Name)
+		res, err := Run(context.Background(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(res.Nodes[0].Sent, ","); got != want {
+			t.Errorf("%s: sent %s, want %s", tgts[i].Name, got, want)
+		}
+	}
+	got, err := os.ReadFile(release.StagePath(filepath.Join(dirs, "worker-1"), "v1.31.4", release.FileContainerd))
+	if err != nil || !bytes.Equal(got, src.content["stack/linux/amd64/containerd"]) {
+		t.Errorf("containerd staged wrong (%v)", err)
+	}
+
+	nodes[1].Status.NodeInfo.ContainerRuntimeVersion = "containerd://1.7.35; rm -rf /"
+	opts.Addresses, opts.StageDir = tgts[1:2], filepath.Join(dirs, "worker-1b")
+	_, err = Run(context.Background(), opts)
+	if err == nil || !strings.Contains(err.Error(), "worker-1") || !strings.Contains(err.Error(), "containerRuntimeVersion") || !strings.Contains(err.Error(), "rm -rf") {
+		t.Errorf("a runtime version that does not parse: %v", err)
+	}
+}
