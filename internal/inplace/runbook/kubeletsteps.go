@@ -82,6 +82,9 @@ func (r *upgradeRun) beforeSwapSteps() []nodeStep {
 			k.gate, err = r.gateSnapshot(k.pods)
 			return err
 		}},
+		// containerd (and runc) to the bundle's, where it carries a newer
+		// one: before the kubelet, which may support only the new one.
+		{name: "runtime", do: r.moveRuntime, would: r.wouldMoveRuntime},
 		{name: "swap", do: r.swapKubelet},
 	}
 }

@@ -62,23 +62,12 @@ func (c Checker) Node(ctx context.Context, o *nodeops.Ops, to catalog.Version, b
 			static[p.Name] = &staticPod{uid: p.StaticUID, running: p.Phase == corev1.PodRunning}
 		}
 	}
-	// Gone: the container, or its process (a container restarted in
-	// place keeps its ID but not its PID).
-	var gone []string
-	for id, b := range before {
+	for _, b := range before {
 		if sp := static[b.Pod()]; sp != nil {
 			sp.containers++
-			continue
-		}
-		a, ok := after[id]
-		switch {
-		case !ok:
-			gone = append(gone, b.What)
-		case b.PID != 0 && a.PID != b.PID:
-			gone = append(gone, fmt.Sprintf("%s (process %d, now %d)", b.What, b.PID, a.PID))
 		}
 	}
-	sort.Strings(gone)
+	gone := Gone(before, after, func(c nodeops.Container) bool { return static[c.Pod()] != nil })
 	if len(gone) > 0 && !c.RestartsAllowed {
 		return nil, &RestartedError{Node: o.Name, Containers: gone}
 	}
@@ -110,6 +99,27 @@ func (c Checker) Node(ctx context.Context, o *nodeops.Ops, to catalog.Version, b
 		return nil, fmt.Errorf("node %s: static pods not recreated within %s: %w", o.Name, c.Timeout, err)
 	}
 	return slices.Sorted(maps.Keys(static)), nil
+}
+
+// Gone are the containers of before (but those skip says to pass over)
+// that no longer run in after: the container, or its process (a
+// container restarted in place keeps its ID but not its PID), in order.
+func Gone(before, after map[string]nodeops.Container, skip func(nodeops.Container) bool) []string {
+	var gone []string
+	for id, b := range before {
+		if skip != nil && skip(b) {
+			continue
+		}
+		a, ok := after[id]
+		switch {
+		case !ok:
+			gone = append(gone, b.What)
+		case b.PID != 0 && a.PID != b.PID:
+			gone = append(gone, fmt.Sprintf("%s (process %d, now %d)", b.What, b.PID, a.PID))
+		}
+	}
+	sort.Strings(gone)
+	return gone
 }
 
 // staticPod is a static pod as it ran before the swap: its static UID,

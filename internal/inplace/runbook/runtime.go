@@ -1,0 +1,86 @@
+package runbook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/verify"
+)
+
+// runtimeMove is the move of k's node's containerd the bundle makes
+// (release.RuntimeMoveFor, from the runtime its Node reports); nil when
+// it makes none.
+func (r *upgradeRun) runtimeMove(k *kubeletRun) (*release.RuntimeMove, error) {
+	n := r.viewNode(k.name)
+	if n == nil {
+		return nil, nil
+	}
+	rt, err := release.NodeRuntime(n)
+	if err != nil {
+		return nil, err
+	}
+	return r.target.RuntimeMoveFor(rt, release.ArchOr(k.arch))
+}
+
+// wouldMoveRuntime says, in a dry run, the runtime move the node gets.
+func (r *upgradeRun) wouldMoveRuntime(k *kubeletRun) string {
+	m, err := r.runtimeMove(k)
+	if err != nil {
+		return "refuse the node: " + err.Error()
+	}
+	if m == nil {
+		return ""
+	}
+	what := fmt.Sprintf("move containerd %s to %s", m.From, m.To)
+	if m.RuncSHA256 != "" {
+		what += " and runc to the bundle's"
+	}
+	if m.Major {
+		what += ", its config migrated by the new containerd"
+	}
+	return what + "; restart it; the same containers must run with the same processes, else containerd is put back"
+}
+
+// moveRuntime moves the node's containerd (and runc) to the bundle's
+// before its kubelet, where the bundle carries a newer one than the node
+// runs: once the run still holds the lock, runtime-swap backs the old
+// programs and config up, renames the staged ones into place and
+// restarts containerd. The containers run on under their shims, so the
+// same ones must run after it with the same processes; if they do not,
+// or the swap fails, the old containerd is put back and the node's
+// upgrade stops here, its kubelet not swapped.
+func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
+	m, err := r.runtimeMove(k)
+	if err != nil || m == nil {
+		return err
+	}
+	if err := r.fence(ctx); err != nil {
+		return fmt.Errorf("node %s: containerd not moved: %w", k.name, err)
+	}
+	r.event(ctx, k.name, "MovingRuntime", fmt.Sprintf("kubelift: containerd %s -> %s", m.From, m.To))
+	if err := k.o.SwapRuntime(ctx, m, nodeops.RuntimePaths{}); err != nil {
+		return r.restoreRuntime(ctx, k, err)
+	}
+	after, err := k.o.Containers(ctx)
+	if err != nil {
+		return r.restoreRuntime(ctx, k, fmt.Errorf("node %s: the containers after containerd %s: %w", k.name, m.To, err))
+	}
+	if gone := verify.Gone(k.before, after, nil); len(gone) > 0 {
+		return r.restoreRuntime(ctx, k, &verify.RestartedError{Node: k.name, Containers: gone})
+	}
+	r.log.Info("containerd moved", "node", k.name, "from", m.From.String(), "to", m.To.String(), "containers", len(after))
+	return nil
+}
+
+// restoreRuntime puts the node's old containerd back after cause, and
+// returns cause (with the restore's own failure, if any).
+func (r *upgradeRun) restoreRuntime(ctx context.Context, k *kubeletRun, cause error) error {
+	if err := k.o.RestoreRuntime(context.WithoutCancel(ctx), nodeops.RuntimePaths{}); err != nil {
+		return errors.Join(cause, fmt.Errorf("node %s: putting the old containerd back: %w", k.name, err))
+	}
+	r.event(ctx, k.name, "RuntimeRestored", fmt.Sprintf("kubelift: containerd put back: %v", cause))
+	return fmt.Errorf("%w; the old containerd is back", cause)
+}

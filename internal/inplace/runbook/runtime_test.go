@@ -1,0 +1,110 @@
+package runbook
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/verify"
+	"github.com/kubelift/kubelift/internal/nodefacts"
+	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
+)
+
+// The runtime step moves a node's older containerd to the bundle's and
+// goes on when the same containers run with the same processes after it;
+// it puts the old containerd back and stops the node when a process
+// changed or the swap failed; it does nothing where the node runs the
+// bundle's containerd already, and a dry run says what it would do.
+func TestRuntimeStep(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		runtime  string         // the Node's containerRuntimeVersion
+		after    map[string]int // the tasks' PIDs after the swap
+		swapFail bool
+		ran      string // the scripts run after the first containers read
+		want     string // "" when the step passes
+	}{
+		{name: "moved, same processes", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 202},
+			ran: "runtime-swap containers"},
+		{name: "a process replaced", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 303},
+			ran: "runtime-swap containers runtime-restore", want: "shop/web/app (process 202, now 303); the old containerd is back"},
+		{name: "the swap failed", runtime: "containerd://1.7.35", swapFail: true,
+			ran: "runtime-swap runtime-restore", want: "exit status 66"},
+		{name: "the bundle's already", runtime: "containerd://2.3.7", ran: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := crictlPS(map[string]int{"api-app": 101, "web-app": 202}, "api-app", "web-app")
+			var swapArgs []string
+			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
+				nodescript.RuntimeSwap.Name: func(args []string) (string, error) {
+					swapArgs = args
+					if tc.swapFail {
+						return "", errors.New("exit status 66")
+					}
+					return "### restart 1.0 1.5\n", nil
+				},
+				nodescript.RuntimeRestore.Name: func([]string) (string, error) { return "", nil },
+			}}
+			o := &nodeops.Ops{Node: node, Name: "worker-1", From: "v1.30.14", To: "v1.31.4", StageDir: "/s", BackupDir: "/b", Facts: &nodefacts.Facts{}}
+			n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}
+			n.Status.NodeInfo.ContainerRuntimeVersion = tc.runtime
+			target := &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Manifest: &bundle.Manifest{Files: []bundle.File{
+				{Name: release.FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd", SHA256: "aaa"},
+			}}}
+			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler),
+				view: &preflight.View{Nodes: []corev1.Node{n}}, opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
+			before, err := o.Containers(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := len(node.Calls())
+			k := &kubeletRun{o: o, name: "worker-1", to: "v1.31.4", before: before}
+			out = crictlPS(tc.after, "api-app", "web-app")
+			err = r.moveRuntime(ctx, k)
+			var ran []string
+			for _, c := range node.Calls()[first:] {
+				ran = append(ran, c.Script)
+			}
+			if got := strings.Join(ran, " "); got != tc.ran {
+				t.Errorf("ran %q, want %q", got, tc.ran)
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("runtime step: %v", err)
+				}
+			} else if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("runtime step: %v, want %q", err, tc.want)
+			}
+			if tc.name == "a process replaced" {
+				var re *verify.RestartedError
+				if !errors.As(err, &re) {
+					t.Errorf("%v is not a RestartedError", err)
+				}
+			}
+			if swapArgs != nil && (swapArgs[2] != "aaa" || swapArgs[8] != "migrate" || swapArgs[10] != "v1.7.35") {
+				t.Errorf("runtime-swap %v: want the manifest's sum, the config migrated, from v1.7.35", swapArgs)
+			}
+
+			r.dry = true
+			said := r.wouldMoveRuntime(k)
+			if (tc.ran != "") != strings.HasPrefix(said, "move containerd v1.7.35 to v2.3.7, its config migrated") {
+				t.Errorf("dry run says %q", said)
+			}
+		})
+	}
+}
