@@ -118,6 +118,9 @@ type NodeState struct {
 	// Runtime is the container runtime the Node reports ("containerd
 	// v2.1.4"; "" when it reports none).
 	Runtime string `json:"runtime,omitempty"`
+	// RuntimeMove is the move of the node's runtime apply makes before
+	// its kubelet ("containerd v1.7.35 -> v2.3.7"; "" for none).
+	RuntimeMove string `json:"runtimeMove,omitempty"`
 	// CRI is what the runtime says of itself over CRI, read on the node
 	// ("containerd v2.1.4, CRI v1"; "" when not read), and CgroupDriver
 	// the cgroup driver the running kubelet takes (its configuration's,
@@ -246,6 +249,21 @@ type View struct {
 	// nodeIdx indexes nodes by name (built once, by node).
 	indexOnce sync.Once
 	nodeIdx   map[string]int
+}
+
+// Runtime is the container runtime node name runs: what the runtime
+// said of itself over CRI where the node was read, else what its Node
+// reports (a value that does not parse is an error naming node, field
+// and value); the zero Runtime when neither says.
+func (v *View) Runtime(name string) (nodefacts.Runtime, error) {
+	if f := v.Facts[name]; f != nil && f.CRI != nil {
+		return f.CRI.Runtime, nil
+	}
+	n := v.Node(name)
+	if n == nil {
+		return nodefacts.Runtime{}, nil
+	}
+	return release.NodeRuntime(n)
 }
 
 // node is the Node named name, or nil.

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 )
 
@@ -16,7 +17,8 @@ import (
 // moves straight to the target, so the hops do not count.
 func (pc *planCheck) runtime() {
 	rel := pc.target.Catalog
-	for _, s := range pc.plan.Nodes {
+	for i := range pc.plan.Nodes {
+		s := &pc.plan.Nodes[i]
 		rt, ok := pc.runtimes[s.Name]
 		if f := pc.view.Facts[s.Name]; f != nil && f.CRI != nil {
 			if ok && f.CRI.Runtime != rt {
@@ -32,10 +34,31 @@ func (pc *planCheck) runtime() {
 					"move the node to a runtime that serves CRI v1 (containerd 1.6 or later) before this upgrade")
 			}
 		}
-		if !ok || len(rel.ContainerRuntimes) == 0 {
-			continue // no runtime reported, or a bundle made before the catalog said
+		if !ok {
+			continue // no runtime reported
+		}
+		move, err := pc.target.RuntimeMoveFor(rt, release.ArchOr(s.Arch))
+		if err != nil {
+			pc.add(Blocking, CheckRuntime, "node/"+s.Name, err.Error(), "make the bundle again with a catalog whose node stack parses")
+		}
+		if move != nil {
+			s.RuntimeMove = fmt.Sprintf("%s %s -> %s", rt.Name, move.From, move.To)
+		}
+		if len(rel.ContainerRuntimes) == 0 {
+			continue // a bundle made before the catalog said
 		}
 		supported, listed := rel.RuntimeSupport(rt.Name, rt.Version)
+		if move != nil {
+			if ok, _ := rel.RuntimeSupport(rt.Name, move.To); ok {
+				why := ""
+				if !supported {
+					why = fmt.Sprintf(", which kubelet %s does not support", pc.target.Version)
+				}
+				pc.add(Info, CheckRuntime, "node/"+s.Name,
+					fmt.Sprintf("the node runs %s%s: apply moves it to %s %s (the bundle's) before its kubelet, every container kept", rt, why, rt.Name, move.To), "")
+				continue
+			}
+		}
 		switch {
 		case !listed:
 			pc.add(Warning, CheckRuntime, "node/"+s.Name,
@@ -44,7 +67,7 @@ func (pc *planCheck) runtime() {
 		case !supported:
 			pc.add(Blocking, CheckRuntime, "node/"+s.Name,
 				fmt.Sprintf("the node runs %s, which kubelet %s does not support (it supports %s %s)", rt, pc.target.Version, rt.Name, strings.Join(rel.RuntimeVersions(rt.Name), ", ")),
-				fmt.Sprintf("move the node to a supported %s before this upgrade: kubelift does not move the runtime yet", rt.Name))
+				fmt.Sprintf("move the node to a supported %s before this upgrade, or bundle one the target supports (bundle create --node-stack carries the containerd the catalog pairs with %s)", rt.Name, pc.target.Version))
 		}
 	}
 }

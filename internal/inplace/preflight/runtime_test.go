@@ -4,9 +4,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 )
 
@@ -151,4 +153,51 @@ func TestCgroupDriverStaysTheSame(t *testing.T) {
 	w.Retarget(t, "v1.34.4")
 	fs = preflighttest.Only(w.Plan(t), preflight.CheckCgroup)
 	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "under the cgroupfs cgroup driver (the kubelet's cgroupDriver (kubelet configuration file)); kubelet v1.34.4 would take systemd")
+}
+
+// A bundle that carries a containerd the target supports turns the
+// block into what apply will do: the plan names the move per node, and
+// a node already at the bundle's containerd gets none; a bundled
+// containerd the target does not support leaves the block standing.
+func TestRuntimeMovedByTheBundle(t *testing.T) {
+	w := preflighttest.New(t)
+	for i := range w.View.Nodes {
+		if w.View.Nodes[i].Name == "cp-1" {
+			w.View.Nodes[i].Status.NodeInfo.ContainerRuntimeVersion = "containerd://1.7.22"
+		}
+		if w.View.Nodes[i].Name == "worker-2" {
+			w.View.Nodes[i].Status.NodeInfo.ContainerRuntimeVersion = "containerd://2.3.7"
+		}
+	}
+	w.Retarget(t, "v1.36.3")
+	bundled := func(version string) {
+		files := w.Opts.Target.Manifest.Files[:0:0]
+		for _, f := range w.Opts.Target.Manifest.Files {
+			if f.Name != release.FileContainerd {
+				files = append(files, f)
+			}
+		}
+		w.Opts.Target.Manifest.Files = append(files, bundle.File{Name: release.FileContainerd, Version: version, Arch: "amd64", Path: "stack/linux/amd64/containerd", SHA256: strings.Repeat("c", 64)})
+	}
+	bundled("v2.3.7")
+	p := w.Plan(t)
+	fs := preflighttest.Only(p, preflight.CheckRuntime)
+	preflighttest.Want(t, fs, preflight.Info, "node/cp-1", "the node runs containerd v1.7.22, which kubelet v1.36.3 does not support: apply moves it to containerd v2.3.7 (the bundle's) before its kubelet")
+	preflighttest.Want(t, fs, preflight.Info, "node/worker-1", "the node runs containerd v2.1.4, which kubelet v1.36.3 does not support: apply moves it to containerd v2.3.7")
+	for _, f := range fs {
+		if f.Severity == preflight.Blocking {
+			t.Errorf("blocking %+v", f)
+		}
+	}
+	moves := map[string]string{}
+	for _, n := range p.Nodes {
+		moves[n.Name] = n.RuntimeMove
+	}
+	if moves["cp-1"] != "containerd v1.7.22 -> v2.3.7" || moves["worker-1"] != "containerd v2.1.4 -> v2.3.7" || moves["worker-2"] != "" {
+		t.Errorf("the plan's moves %v", moves)
+	}
+
+	bundled("v2.1.9") // older than every line v1.36 supports
+	fs = preflighttest.Only(w.Plan(t), preflight.CheckRuntime)
+	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "containerd v1.7.22, which kubelet v1.36.3 does not support")
 }

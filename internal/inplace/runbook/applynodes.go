@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
@@ -50,16 +48,6 @@ func (r *upgradeRun) onNodeFromVersion(name string) string {
 // onNodeFrom is onNode with the old version given.
 func (r *upgradeRun) onNodeFrom(ctx context.Context, name, from string, fn func(context.Context, *nodeops.Ops) error) error {
 	return r.onNodeTo(ctx, name, from, r.target.Version.String(), fn)
-}
-
-// viewNode is the Node the run read named name; nil if it read none.
-func (r *upgradeRun) viewNode(name string) *corev1.Node {
-	for i := range r.view.Nodes {
-		if r.view.Nodes[i].Name == name {
-			return &r.view.Nodes[i]
-		}
-	}
-	return nil
 }
 
 // onNodeTo is onNode moving from one given version to another (a hop).

@@ -220,7 +220,7 @@ func (r *upgradeRun) stageStep(ctx context.Context) error {
 				would(h, release.HopFilesForKind(r.driver.Kind(), t.Role), h.Version.String()+"/")
 			}
 			if !r.nodeState(t.Name).Staged {
-				names, err := stage.NodeFiles(r.target, r.driver.Kind(), t.Role, r.viewNode(t.Name), arch)
+				names, err := stage.NodeFiles(r.target, r.driver.Kind(), t.Role, r.view.Node(t.Name), arch)
 				if err != nil {
 					return err
 				}

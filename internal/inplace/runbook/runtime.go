@@ -11,14 +11,10 @@ import (
 )
 
 // runtimeMove is the move of k's node's containerd the bundle makes
-// (release.RuntimeMoveFor, from the runtime its Node reports); nil when
-// it makes none.
+// (release.RuntimeMoveFor, from the runtime the plan held to the target:
+// preflight.View.Runtime); nil when it makes none.
 func (r *upgradeRun) runtimeMove(k *kubeletRun) (*release.RuntimeMove, error) {
-	n := r.viewNode(k.name)
-	if n == nil {
-		return nil, nil
-	}
-	rt, err := release.NodeRuntime(n)
+	rt, err := r.view.Runtime(k.name)
 	if err != nil {
 		return nil, err
 	}
