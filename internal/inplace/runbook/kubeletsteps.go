@@ -36,6 +36,9 @@ type kubeletRun struct {
 	// touched: the swap began; a panic from then on restores the old
 	// kubelet.
 	touched bool
+	// runtimeMoved: this run moved the node's containerd; a rollback of
+	// the node puts the old one back too.
+	runtimeMoved bool
 }
 
 // nodeStep is one step of a node's procedure, named as the runbook names
@@ -120,7 +123,7 @@ func (r *upgradeRun) walk(ctx context.Context, k *kubeletRun, steps []nodeStep) 
 		}
 		if err := s.do(ctx, k); err != nil {
 			if s.rollsBack {
-				return r.rollback(ctx, k.o, "kubelet", err)
+				return r.rollbackNode(ctx, k, err)
 			}
 			return err
 		}
@@ -140,7 +143,7 @@ func (r *upgradeRun) upgradeKubelet(ctx context.Context, name string) error {
 			if p := recover(); p != nil {
 				err = r.recovered(name, p)
 				if k.touched && !r.dry {
-					err = r.rollback(ctx, o, "kubelet", err)
+					err = r.rollbackNode(ctx, k, err)
 				}
 			}
 		}()
@@ -320,7 +323,7 @@ func (r *upgradeRun) swapKubelet(ctx context.Context, k *kubeletRun) error {
 	}
 	k.touched = true
 	if err := k.o.Swap(ctx, "kubelet", r.target.SHA256("kubelet", k.arch)); err != nil {
-		return r.rollback(ctx, k.o, "kubelet", err)
+		return r.rollbackNode(ctx, k, err)
 	}
 	k.swapped = r.wait.Now()
 	return nil
@@ -365,7 +368,7 @@ func (r *upgradeRun) verifyKubelet(ctx context.Context, k *kubeletRun) error {
 	if k.resumed {
 		return errors.Join(fmt.Errorf("node %s: verified against what ran before the swap of the run this one resumes: %w; the kubelet stays at %s (much may have changed since that run: check the node's pods)", k.name, err, k.to), r.clearInFlight(ctx, k.name))
 	}
-	return r.rollback(ctx, k.o, "kubelet", err)
+	return r.rollbackNode(ctx, k, err)
 }
 
 // markKubeletDone marks the node done, saying where its time went.

@@ -67,6 +67,7 @@ func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
 	if gone := verify.Gone(k.before, after, nil); len(gone) > 0 {
 		return r.restoreRuntime(ctx, k, &verify.RestartedError{Node: k.name, Containers: gone})
 	}
+	k.runtimeMoved = true
 	r.log.Info("containerd moved", "node", k.name, "from", m.From.String(), "to", m.To.String(), "containers", len(after))
 	return nil
 }
@@ -79,4 +80,15 @@ func (r *upgradeRun) restoreRuntime(ctx context.Context, k *kubeletRun, cause er
 	}
 	r.event(ctx, k.name, "RuntimeRestored", fmt.Sprintf("kubelift: containerd put back: %v", cause))
 	return fmt.Errorf("%w; the old containerd is back", cause)
+}
+
+// rollbackNode puts k's node back after cause: its old kubelet (which
+// ran on the old containerd and on the new), then, where this run moved
+// it, its old containerd.
+func (r *upgradeRun) rollbackNode(ctx context.Context, k *kubeletRun, cause error) error {
+	err := r.rollback(ctx, k.o, "kubelet", cause)
+	if !k.runtimeMoved {
+		return err
+	}
+	return r.restoreRuntime(ctx, k, err)
 }

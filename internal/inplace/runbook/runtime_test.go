@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/driver/drivertest"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
@@ -21,6 +22,7 @@ import (
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // The runtime step moves a node's older containerd to the bundle's and
@@ -106,5 +108,40 @@ func TestRuntimeStep(t *testing.T) {
 				t.Errorf("dry run says %q", said)
 			}
 		})
+	}
+}
+
+// A node rolled back after its runtime moved gets its old kubelet back
+// first (it runs on either containerd), then its old containerd; a node
+// whose runtime this run did not move keeps it.
+func TestRollbackNodePutsTheRuntimeBack(t *testing.T) {
+	ctx := context.Background()
+	for _, moved := range []bool{true, false} {
+		node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+			nodescript.Restore.Name:        func([]string) (string, error) { return "", nil },
+			nodescript.Running.Name:        func([]string) (string, error) { return "Kubernetes v1.30.14\npid 4242\n", nil },
+			nodescript.RuntimeRestore.Name: func([]string) (string, error) { return "", nil },
+		}}
+		o := &nodeops.Ops{Node: node, Name: "worker-1", From: "v1.30.14", To: "v1.31.4", StageDir: "/s", BackupDir: "/b", Facts: &nodefacts.Facts{}}
+		r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}), log: slog.New(slog.DiscardHandler),
+			target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}},
+			wait:   waiter.Waiter{Clock: drivertest.SteppingClock(t, time.Second)},
+			opts:   ApplyOptions{ReadyTimeout: 10 * time.Second, Plan: preflight.PlanOptions{Now: time.Now}}}
+		k := &kubeletRun{o: o, name: "worker-1", to: "v1.31.4", runtimeMoved: moved}
+		err := r.rollbackNode(ctx, k, errors.New("not Ready"))
+		var ran []string
+		for _, c := range node.Calls() {
+			ran = append(ran, c.Script)
+		}
+		want := "restore running"
+		if moved {
+			want += " runtime-restore"
+		}
+		if got := strings.Join(ran, " "); got != want {
+			t.Errorf("moved %v: ran %q, want %q", moved, got, want)
+		}
+		if err == nil || !strings.Contains(err.Error(), "rolled back to v1.30.14") || strings.Contains(err.Error(), "the old containerd is back") != moved {
+			t.Errorf("moved %v: %v", moved, err)
+		}
 	}
 }
