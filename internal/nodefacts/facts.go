@@ -79,6 +79,9 @@ type Facts struct {
 	// CRIErr says why.
 	CRI    *CRI   `json:"cri,omitempty"`
 	CRIErr string `json:"criError,omitempty"`
+	// Containerd is where the node's containerd and runc run from, each
+	// path checked as it was read; empty where not read.
+	Containerd ContainerdPaths `json:"containerd,omitzero"`
 	// HashSkipEra is the hash era (OldHashEra) of the hash-skip file an
 	// earlier upgrade left in the kubelet's root directory: containers
 	// the kubelet before that one started may still run, kept by it; ""
@@ -175,6 +178,8 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 					f.setCgroupDriver("cgroupDriver (kubelet configuration file)", v)
 				}
 			}
+		case s.head == "containerd":
+			f.Bad = append(f.Bad, f.Containerd.parse(node, s.body)...)
 		case s.head == "cri-version":
 			if sectionsHave(sections, "cri-version-failed") {
 				f.CRIErr = "crictl version: " + strings.TrimSpace(lastLines(s.body, 3))
@@ -482,4 +487,40 @@ func shellWords(s string) []string {
 		words = append(words, w.String())
 	}
 	return words
+}
+
+// ContainerdPaths are where a node's containerd runs from: its program
+// (the unit's main process), the config it was started with (-c or
+// --config; empty: its default) and the runc on the node's PATH.
+type ContainerdPaths struct {
+	Binary string `json:"binary,omitempty"`
+	Config string `json:"config,omitempty"`
+	Runc   string `json:"runc,omitempty"`
+}
+
+// parse reads facts.sh's containerd section ("binary PATH", "config
+// PATH", "runc PATH"), refusing a path that is not absolute and clean.
+func (c *ContainerdPaths) parse(node, body string) []BadValue {
+	var bad []BadValue
+	for _, line := range strings.Split(strings.TrimSpace(body), "\n") {
+		key, value, _ := strings.Cut(line, " ")
+		var field string
+		var to *string
+		switch key {
+		case "binary":
+			field, to = "containerd program (/proc/PID/exe)", &c.Binary
+		case "config":
+			field, to = "containerd --config", &c.Config
+		case "runc":
+			field, to = "runc (command -v runc)", &c.Runc
+		default:
+			continue
+		}
+		if b := CheckPath(node, field, value); b != nil {
+			bad = append(bad, *b)
+			continue
+		}
+		*to = value
+	}
+	return bad
 }

@@ -281,3 +281,27 @@ func TestReadFactsCRI(t *testing.T) {
 		t.Errorf("refused values kept: %+v %+v %q", f.CRI, g.CRI, f.KubeletCgroupDriver)
 	}
 }
+
+// Where containerd and runc run from is read from facts' containerd
+// section, each path checked: one that is not absolute and clean, or
+// holds a shell's characters, is refused naming the node and the field.
+func TestReadContainerdPaths(t *testing.T) {
+	out := "### containerd\nbinary /opt/containerd/bin/containerd\nconfig /etc/containerd/config.toml\nrunc /usr/local/sbin/runc\n### df\n"
+	f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ContainerdPaths{Binary: "/opt/containerd/bin/containerd", Config: "/etc/containerd/config.toml", Runc: "/usr/local/sbin/runc"}
+	if f.Containerd != want || len(f.Bad) != 0 {
+		t.Errorf("containerd %+v, bad %v; want %+v", f.Containerd, f.Bad, want)
+	}
+
+	out = "### containerd\nbinary /usr/bin/containerd\nconfig /etc/c.toml; reboot\nrunc ../runc\n"
+	if f, err = Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4"); err != nil {
+		t.Fatal(err)
+	}
+	if f.Containerd != (ContainerdPaths{Binary: "/usr/bin/containerd"}) || len(f.Bad) != 2 ||
+		f.Bad[0].Field != "containerd --config" || f.Bad[1].Field != "runc (command -v runc)" || f.Bad[0].Node != "worker-1" {
+		t.Errorf("containerd %+v, bad %+v", f.Containerd, f.Bad)
+	}
+}

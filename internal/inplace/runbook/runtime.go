@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
@@ -19,6 +20,22 @@ func (r *upgradeRun) runtimeMove(k *kubeletRun) (*release.RuntimeMove, error) {
 		return nil, err
 	}
 	return r.target.RuntimeMoveFor(rt, release.ArchOr(k.arch))
+}
+
+// runtimePaths are where node name keeps containerd's programs, its
+// config and runc, as the plan read them on the node (nodefacts'
+// containerd section); what it did not read takes nodeops' defaults.
+func (r *upgradeRun) runtimePaths(name string) nodeops.RuntimePaths {
+	var p nodeops.RuntimePaths
+	if r.view == nil || r.view.Facts[name] == nil {
+		return p
+	}
+	c := r.view.Facts[name].Containerd
+	if c.Binary != "" {
+		p.ContainerdDir = path.Dir(c.Binary)
+	}
+	p.Config, p.RuncBinary = c.Config, c.Runc
+	return p
 }
 
 // wouldMoveRuntime says, in a dry run, the runtime move the node gets.
@@ -57,7 +74,7 @@ func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
 		return fmt.Errorf("node %s: containerd not moved: %w", k.name, err)
 	}
 	r.event(ctx, k.name, "MovingRuntime", fmt.Sprintf("kubelift: containerd %s -> %s", m.From, m.To))
-	if err := k.o.SwapRuntime(ctx, m, nodeops.RuntimePaths{}); err != nil {
+	if err := k.o.SwapRuntime(ctx, m, r.runtimePaths(k.name)); err != nil {
 		return r.restoreRuntime(ctx, k, err)
 	}
 	after, err := k.o.Containers(ctx)
@@ -75,7 +92,7 @@ func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
 // restoreRuntime puts the node's old containerd back after cause, and
 // returns cause (with the restore's own failure, if any).
 func (r *upgradeRun) restoreRuntime(ctx context.Context, k *kubeletRun, cause error) error {
-	if err := k.o.RestoreRuntime(context.WithoutCancel(ctx), nodeops.RuntimePaths{}); err != nil {
+	if err := k.o.RestoreRuntime(context.WithoutCancel(ctx), r.runtimePaths(k.name)); err != nil {
 		return errors.Join(cause, fmt.Errorf("node %s: putting the old containerd back: %w", k.name, err))
 	}
 	r.event(ctx, k.name, "RuntimeRestored", fmt.Sprintf("kubelift: containerd put back: %v", cause))

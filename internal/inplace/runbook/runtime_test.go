@@ -25,8 +25,8 @@ import (
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
-// The runtime step moves a node's older containerd to the bundle's and
-// goes on when the same containers run with the same processes after it;
+// The runtime step moves a node's older containerd to the bundle's, where
+// the node keeps it (its facts), and goes on when the same containers run with the same processes after it;
 // it puts the old containerd back and stops the node when a process
 // changed or the swap failed; it does nothing where the node runs the
 // bundle's containerd already, and a dry run says what it would do.
@@ -69,7 +69,9 @@ func TestRuntimeStep(t *testing.T) {
 				{Name: release.FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd", SHA256: "aaa"},
 			}}}
 			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler),
-				view: &preflight.View{Nodes: []corev1.Node{n}}, opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
+				view: &preflight.View{Nodes: []corev1.Node{n}, Facts: map[string]*nodefacts.Facts{"worker-1": {
+					Containerd: nodefacts.ContainerdPaths{Binary: "/opt/bin/containerd", Config: "/etc/ctd.toml", Runc: "/usr/sbin/runc"}}}},
+				opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
 			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -98,8 +100,9 @@ func TestRuntimeStep(t *testing.T) {
 					t.Errorf("%v is not a RestartedError", err)
 				}
 			}
-			if swapArgs != nil && (swapArgs[2] != "aaa" || swapArgs[8] != "migrate" || swapArgs[10] != "v1.7.35") {
-				t.Errorf("runtime-swap %v: want the manifest's sum, the config migrated, from v1.7.35", swapArgs)
+			if swapArgs != nil && (swapArgs[2] != "aaa" || swapArgs[8] != "migrate" || swapArgs[10] != "v1.7.35" ||
+				swapArgs[5] != "/usr/sbin/runc" || swapArgs[6] != "/opt/bin" || swapArgs[7] != "/etc/ctd.toml") {
+				t.Errorf("runtime-swap %v: want the manifest's sum, the node's paths as read, the config migrated, from v1.7.35", swapArgs)
 			}
 
 			r.dry = true

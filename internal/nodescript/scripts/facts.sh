@@ -5,8 +5,8 @@
 # of the running kubelet's configuration file, the hash era of the
 # hash-skip file an earlier upgrade left, the files staged for the target
 # (their checked sums), the free space below the stage directory, the
-# cgroup file system, the runtime's containers and what the runtime says
-# of itself over CRI.
+# cgroup file system, the runtime's containers, where containerd and runc
+# run from and what the runtime says of itself over CRI.
 # Arguments: VERSION_DIR STAGE_DIR COMPONENT...
 export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 vdir=$1
@@ -78,5 +78,17 @@ echo '### crictl'; crictl ps -o json 2>&1 || echo '### crictl-failed'
 # What the runtime says of itself over CRI: its name, version and CRI
 # API version, and the cgroup driver it tells the kubelet (RuntimeConfig;
 # a runtime that does not implement it answers Unimplemented).
+# Where containerd runs from (its unit's main process; " (deleted)" once
+# the file was renamed over), the config it reads (-c or --config; none:
+# its default) and the runc on the PATH: where a runtime move puts the
+# bundle's.
+echo '### containerd'
+pid=$(main_pid containerd)
+if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then
+  printf 'binary %s\n' "$(readlink "/proc/$pid/exe" | sed 's/ (deleted)$//')"
+  tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null |
+    sed -n -e 's/^--config=/config /p' -e 's/^-c=/config /p' -e '/^--config$/{n;s/^/config /p;}' -e '/^-c$/{n;s/^/config /p;}' | head -n 1
+fi
+if r=$(command -v runc 2>/dev/null); then printf 'runc %s\n' "$r"; fi
 echo '### cri-version'; crictl version 2>&1 || echo '### cri-version-failed'
 echo '### cri-config'; crictl runtime-config 2>&1 || echo '### cri-config-failed'
