@@ -75,6 +75,12 @@ func (o *Ops) SwapRuntime(ctx context.Context, m *release.RuntimeMove, p Runtime
 	return err
 }
 
+// RuntimeBackedUp says a runtime move backed the node's containerd up
+// (from o.From), so RestoreRuntime has something to put back.
+func (o *Ops) RuntimeBackedUp(ctx context.Context) (bool, error) {
+	return o.Exists(ctx, path.Join(o.runtimeBackupDir(), "runtime-files"))
+}
+
 // RestoreRuntime puts back the containerd programs, runc and config
 // SwapRuntime backed up (at p), removes the programs it added, and
 // restarts containerd; where it backed up nothing, nothing changes.

@@ -97,8 +97,9 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	return r.res, nil
 }
 
-// kubeletsUndo puts every kube-proxy unit and kubelet back, workers,
-// then control-plane nodes, and uncordons what a run cordoned.
+// kubeletsUndo puts every kube-proxy unit, kubelet and moved containerd
+// back, workers, then control-plane nodes, and uncordons what a run
+// cordoned.
 func (r *upgradeRun) kubeletsUndo(ctx context.Context) error {
 	for _, role := range []bool{false, true} {
 		for _, n := range r.plan.Nodes {
@@ -112,6 +113,11 @@ func (r *upgradeRun) kubeletsUndo(ctx context.Context) error {
 				}
 			}
 			if err := r.undoComponent(ctx, n.Name, "kubelet"); err != nil {
+				return err
+			}
+			// The old kubelet runs on either containerd: the runtime
+			// after it.
+			if err := r.undoRuntime(ctx, n.Name); err != nil {
 				return err
 			}
 			// A run killed after its drain left the node cordoned

@@ -109,3 +109,39 @@ func (r *upgradeRun) rollbackNode(ctx context.Context, k *kubeletRun, cause erro
 	}
 	return r.restoreRuntime(ctx, k, err)
 }
+
+// undoRuntime puts back the containerd a runtime move on node backed up,
+// if one did (putRuntimeBack).
+func (r *upgradeRun) undoRuntime(ctx context.Context, node string) error {
+	return r.onNodeFrom(ctx, node, r.plan.From[0], r.putRuntimeBack)
+}
+
+// putRuntimeBack restores the containerd a runtime move on o's node
+// backed up, if one did, and checks that the same containers run with
+// the same processes after it.
+func (r *upgradeRun) putRuntimeBack(ctx context.Context, o *nodeops.Ops) error {
+	backed, err := o.RuntimeBackedUp(ctx)
+	if err != nil || !backed {
+		return err
+	}
+	if r.dry {
+		r.would(o.Name, "put back the containerd the runtime move replaced; the same containers must run with the same processes", "")
+		return nil
+	}
+	before, err := o.Containers(ctx)
+	if err != nil {
+		return err
+	}
+	if err := o.RestoreRuntime(ctx, r.runtimePaths(o.Name)); err != nil {
+		return err
+	}
+	after, err := o.Containers(ctx)
+	if err != nil {
+		return fmt.Errorf("node %s: the containers after containerd was put back: %w", o.Name, err)
+	}
+	if gone := verify.Gone(before, after, nil); len(gone) > 0 {
+		return &verify.RestartedError{Node: o.Name, Containers: gone}
+	}
+	r.event(ctx, o.Name, "RuntimeRestored", "kubelift: containerd put back by the rollback")
+	return nil
+}

@@ -148,3 +148,56 @@ func TestRollbackNodePutsTheRuntimeBack(t *testing.T) {
 		}
 	}
 }
+
+// The cluster's rollback puts a node's containerd back only where a
+// runtime move backed it up, and holds it to the same containers with
+// the same processes.
+func TestRollbackPutsTheRuntimeBack(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		backed bool
+		after  map[string]int
+		ran    string
+		want   string
+	}{
+		{"moved, kept", true, map[string]int{"api-app": 101}, "exists containers runtime-restore containers", ""},
+		{"moved, a process replaced", true, map[string]int{"api-app": 102}, "exists containers runtime-restore containers", "shop/api/app (process 101, now 102)"},
+		{"never moved", false, nil, "exists", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := crictlPS(map[string]int{"api-app": 101}, "api-app")
+			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+				nodescript.Exists.Name: func(args []string) (string, error) {
+					if args[0] != "/b/v1.30.14/runtime/runtime-files" {
+						t.Errorf("looked for %s", args[0])
+					}
+					if tc.backed {
+						return "yes\n", nil
+					}
+					return "no\n", nil
+				},
+				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
+				nodescript.RuntimeRestore.Name: func([]string) (string, error) {
+					out = crictlPS(tc.after, "api-app")
+					return "", nil
+				},
+			}}
+			o := &nodeops.Ops{Node: node, Name: "worker-1", From: "v1.30.14", To: "v1.31.4", StageDir: "/s", BackupDir: "/b", Facts: &nodefacts.Facts{}}
+			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), log: slog.New(slog.DiscardHandler),
+				target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}}, view: &preflight.View{},
+				opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
+			err := r.putRuntimeBack(ctx, o)
+			var ran []string
+			for _, c := range node.Calls() {
+				ran = append(ran, c.Script)
+			}
+			if got := strings.Join(ran, " "); got != tc.ran {
+				t.Errorf("ran %q, want %q", got, tc.ran)
+			}
+			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("rollback: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
