@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -199,6 +201,9 @@ func RuntimeContainers(ctx context.Context, endpoint string) ([]kubeletcompat.Ru
 	var out []kubeletcompat.RuntimeContainer
 	for _, c := range list.Containers {
 		st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id})
+		if removedSinceListed(err) {
+			continue // the kubelet removed it between the list and its status: gone
+		}
 		if err != nil {
 			return nil, fmt.Errorf("CRI ContainerStatus %s: %w", c.Id, err)
 		}
@@ -211,6 +216,21 @@ func RuntimeContainers(ctx context.Context, endpoint string) ([]kubeletcompat.Ru
 		})
 	}
 	return out, nil
+}
+
+// removedSinceListed says err is a runtime's answer for a container that
+// does not exist: NotFound from a real runtime, and from the CRI
+// stand-in (upstream's fake runtime service, whose plain errors reach
+// gRPC as Unknown) "container ... not found".
+func removedSinceListed(err error) bool {
+	if err == nil {
+		return false
+	}
+	if status.Code(err) == codes.NotFound {
+		return true
+	}
+	msg := status.Convert(err).Message()
+	return strings.HasPrefix(msg, "container ") && strings.HasSuffix(msg, " not found")
 }
 
 // RunningIDs lists "pod/container=ID" of the running containers of pods,
