@@ -77,15 +77,11 @@ func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
 	if err := k.o.SwapRuntime(ctx, m, r.runtimePaths(k.name)); err != nil {
 		return r.restoreRuntime(ctx, k, err)
 	}
-	after, err := k.o.Containers(ctx)
-	if err != nil {
-		return r.restoreRuntime(ctx, k, fmt.Errorf("node %s: the containers after containerd %s: %w", k.name, m.To, err))
-	}
-	if gone := verify.Gone(k.before, after, nil); len(gone) > 0 {
-		return r.restoreRuntime(ctx, k, &verify.RestartedError{Node: k.name, Containers: gone})
+	if err := sameContainers(ctx, k.o, k.before); err != nil {
+		return r.restoreRuntime(ctx, k, err)
 	}
 	k.runtimeMoved = true
-	r.log.Info("containerd moved", "node", k.name, "from", m.From.String(), "to", m.To.String(), "containers", len(after))
+	r.log.Info("containerd moved", "node", k.name, "from", m.From.String(), "to", m.To.String(), "containers", len(k.before))
 	return nil
 }
 
@@ -135,13 +131,22 @@ func (r *upgradeRun) putRuntimeBack(ctx context.Context, o *nodeops.Ops) error {
 	if err := o.RestoreRuntime(ctx, r.runtimePaths(o.Name)); err != nil {
 		return err
 	}
+	if err := sameContainers(ctx, o, before); err != nil {
+		return err
+	}
+	r.event(ctx, o.Name, "RuntimeRestored", "kubelift: containerd put back by the rollback")
+	return nil
+}
+
+// sameContainers: every container of before runs on o's node after
+// containerd restarted, with the same process (verify.Gone).
+func sameContainers(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container) error {
 	after, err := o.Containers(ctx)
 	if err != nil {
-		return fmt.Errorf("node %s: the containers after containerd was put back: %w", o.Name, err)
+		return fmt.Errorf("node %s: the containers after containerd restarted: %w", o.Name, err)
 	}
 	if gone := verify.Gone(before, after, nil); len(gone) > 0 {
 		return &verify.RestartedError{Node: o.Name, Containers: gone}
 	}
-	r.event(ctx, o.Name, "RuntimeRestored", "kubelift: containerd put back by the rollback")
 	return nil
 }
