@@ -96,12 +96,20 @@ func (r *upgradeRun) restoreRuntime(ctx context.Context, k *kubeletRun, cause er
 }
 
 // rollbackNode puts k's node back after cause: its old kubelet (which
-// ran on the old containerd and on the new), then, where this run moved
-// it, its old containerd.
+// ran on the old containerd and on the new), then its old containerd
+// where this run moved it, or a run this one resumes did (the plan then
+// read the bundle's containerd on the node, and this upgrade's backup of
+// the old one is there: a run killed after the node's runtime step).
 func (r *upgradeRun) rollbackNode(ctx context.Context, k *kubeletRun, cause error) error {
 	err := r.rollback(ctx, k.o, "kubelet", cause)
 	if !k.runtimeMoved {
-		return err
+		backed, berr := k.o.RuntimeBackedUp(context.WithoutCancel(ctx))
+		if berr != nil {
+			return errors.Join(err, fmt.Errorf("node %s: whether this upgrade moved its containerd: %w", k.name, berr))
+		}
+		if !backed {
+			return err
+		}
 	}
 	return r.restoreRuntime(ctx, k, err)
 }

@@ -115,36 +115,51 @@ func TestRuntimeStep(t *testing.T) {
 }
 
 // A node rolled back after its runtime moved gets its old kubelet back
-// first (it runs on either containerd), then its old containerd; a node
-// whose runtime this run did not move keeps it.
+// first (it runs on either containerd), then its old containerd: moved
+// by this run, or by a run this one resumes (killed after the node's
+// runtime step: its backup is on the node). A node whose runtime no run
+// of this upgrade moved keeps it.
 func TestRollbackNodePutsTheRuntimeBack(t *testing.T) {
 	ctx := context.Background()
-	for _, moved := range []bool{true, false} {
+	for _, tc := range []struct {
+		name          string
+		moved, backed bool
+		ran           string
+	}{
+		{"moved by this run", true, true, "restore running runtime-restore"},
+		{"moved by the run this one resumes", false, true, "restore running exists runtime-restore"},
+		{"never moved", false, false, "restore running exists"},
+	} {
 		node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
 			nodescript.Restore.Name:        func([]string) (string, error) { return "", nil },
 			nodescript.Running.Name:        func([]string) (string, error) { return "Kubernetes v1.30.14\npid 4242\n", nil },
 			nodescript.RuntimeRestore.Name: func([]string) (string, error) { return "", nil },
+			nodescript.Exists.Name: func(args []string) (string, error) {
+				if args[0] != "/b/v1.30.14/runtime/runtime-files" {
+					t.Errorf("looked for %s", args[0])
+				}
+				if tc.backed {
+					return "yes\n", nil
+				}
+				return "no\n", nil
+			},
 		}}
 		o := &nodeops.Ops{Node: node, Name: "worker-1", From: "v1.30.14", To: "v1.31.4", StageDir: "/s", BackupDir: "/b", Facts: &nodefacts.Facts{}}
 		r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}), log: slog.New(slog.DiscardHandler),
 			target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}},
 			wait:   waiter.Waiter{Clock: drivertest.SteppingClock(t, time.Second)},
 			opts:   ApplyOptions{ReadyTimeout: 10 * time.Second, Plan: preflight.PlanOptions{Now: time.Now}}}
-		k := &kubeletRun{o: o, name: "worker-1", to: "v1.31.4", runtimeMoved: moved}
+		k := &kubeletRun{o: o, name: "worker-1", to: "v1.31.4", runtimeMoved: tc.moved}
 		err := r.rollbackNode(ctx, k, errors.New("not Ready"))
 		var ran []string
 		for _, c := range node.Calls() {
 			ran = append(ran, c.Script)
 		}
-		want := "restore running"
-		if moved {
-			want += " runtime-restore"
+		if got := strings.Join(ran, " "); got != tc.ran {
+			t.Errorf("%s: ran %q, want %q", tc.name, got, tc.ran)
 		}
-		if got := strings.Join(ran, " "); got != want {
-			t.Errorf("moved %v: ran %q, want %q", moved, got, want)
-		}
-		if err == nil || !strings.Contains(err.Error(), "rolled back to v1.30.14") || strings.Contains(err.Error(), "the old containerd is back") != moved {
-			t.Errorf("moved %v: %v", moved, err)
+		if err == nil || !strings.Contains(err.Error(), "rolled back to v1.30.14") || strings.Contains(err.Error(), "the old containerd is back") != tc.backed {
+			t.Errorf("%s: %v", tc.name, err)
 		}
 	}
 }
