@@ -134,15 +134,7 @@ func TestRollbackNodePutsTheRuntimeBack(t *testing.T) {
 			nodescript.Restore.Name:        func([]string) (string, error) { return "", nil },
 			nodescript.Running.Name:        func([]string) (string, error) { return "Kubernetes v1.30.14\npid 4242\n", nil },
 			nodescript.RuntimeRestore.Name: func([]string) (string, error) { return "", nil },
-			nodescript.Exists.Name: func(args []string) (string, error) {
-				if args[0] != "/b/v1.30.14/runtime/runtime-files" {
-					t.Errorf("looked for %s", args[0])
-				}
-				if tc.backed {
-					return "yes\n", nil
-				}
-				return "no\n", nil
-			},
+			nodescript.Exists.Name:         runtimeBackup(t, tc.backed),
 		}}
 		o := &nodeops.Ops{Node: node, Name: "worker-1", From: "v1.30.14", To: "v1.31.4", StageDir: "/s", BackupDir: "/b", Facts: &nodefacts.Facts{}}
 		r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}), log: slog.New(slog.DiscardHandler),
@@ -161,6 +153,20 @@ func TestRollbackNodePutsTheRuntimeBack(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "rolled back to v1.30.14") || strings.Contains(err.Error(), "the old containerd is back") != tc.backed {
 			t.Errorf("%s: %v", tc.name, err)
 		}
+	}
+}
+
+// runtimeBackup answers the exists check for worker-1's runtime backup
+// (From v1.30.14, BackupDir /b): there when backed.
+func runtimeBackup(t *testing.T, backed bool) fakenode.Handler {
+	return func(args []string) (string, error) {
+		if args[0] != "/b/v1.30.14/runtime/runtime-files" {
+			t.Errorf("looked for %s", args[0])
+		}
+		if backed {
+			return "yes\n", nil
+		}
+		return "no\n", nil
 	}
 }
 
@@ -183,15 +189,7 @@ func TestRollbackPutsTheRuntimeBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			out := crictlPS(map[string]int{"api-app": 101}, "api-app")
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
-				nodescript.Exists.Name: func(args []string) (string, error) {
-					if args[0] != "/b/v1.30.14/runtime/runtime-files" {
-						t.Errorf("looked for %s", args[0])
-					}
-					if tc.backed {
-						return "yes\n", nil
-					}
-					return "no\n", nil
-				},
+				nodescript.Exists.Name:     runtimeBackup(t, tc.backed),
 				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
 				nodescript.RuntimeRestore.Name: func([]string) (string, error) {
 					out = crictlPS(tc.after, "api-app")
