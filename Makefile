@@ -68,19 +68,20 @@ lint: deps
 # fill the time the unit tests and the waiting stories leave (a story
 # that asks for a release meanwhile waits for that build; nothing is
 # built twice). kubelift's own programs are built once for every story
-# ($$KUBELIFT_TEST_BIN). The story packages run three at a time, the
-# longest first (TEST_FIRST): at two at a time the slots, not the CPU,
-# ended a cold run (both slots full to its last minute, the CPU 60% busy
-# in its last ten), since every story waits in its slot for the releases
-# it needs. Three sandboxes at once and the run's build cache take the
-# disk about 40 GB above its start on a new machine (hack/disk-check.sh
-# adds the build cache's 15 GB to TEST_DISK_GB). The lint's go vet has
-# vetted every package and its tests: go test does not vet them again
-# (-vet=off: vet took 1.2 CPU-minutes of a cold run, not 3.9), and links
-# test binaries without DWARF (-ldflags=-w: a failing test's stack trace
-# needs none; the linker took 9 of a cold run's CPU-minutes).
-TEST_DISK_GB ?= 27
-TEST_PARALLEL ?= 3
+# ($$KUBELIFT_TEST_BIN). The story packages run two at a time, the
+# longest first (TEST_FIRST): the patch stories need the releases the
+# prebuild makes first, and the kubeadm stories mostly wait on their
+# clusters, leaving the CPU to the builds. Three at a time was tried
+# twice: the first time it filled the disk (40 GB above its start); the
+# second (FC22) put the load average at 51 with three sandboxes up, the
+# apply story's prober saw requests time out, and the niced builds, left
+# a fraction of the CPU, had not built v1.32.13 58 minutes in
+# (docs/development.md). The lint's go vet has vetted every package and
+# its tests: go test does not vet them again (-vet=off: vet took 1.2
+# CPU-minutes of a cold run, not 3.9), and links test binaries without
+# DWARF (-ldflags=-w: a failing test's stack trace needs none).
+TEST_DISK_GB ?= 20
+TEST_PARALLEL ?= 2
 # The prebuild runs in a process group of its own (bash's job control, so
 # that an interrupted run can stop it whole) but in make's session: Linux's
 # autogroup scheduling shares the CPU between sessions before nice values

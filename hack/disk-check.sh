@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
-# make test needs room: three sandboxes at once (its TEST_PARALLEL), each
-# machine with its own binaries, staged files and backups (an HA sandbox
-# is about 7 GB, a 1+2 one 6), the bundles and registry they import, and,
-# on a new machine, the Go build cache and the built Kubernetes releases.
-# Measured on a fresh clone, two sandboxes at once: 17 GB under the
-# temporary directory at the peak; with cold caches the disk's use grew
-# by 33 GB (22 GB of it the Go build cache, mostly Kubernetes releases,
-# which now go to a cache of the run's own, removed at its end); three at
-# once took it 40 GB above its start.
+# make test needs room: two sandboxes at once, each machine with its own
+# binaries, staged files and backups (an HA sandbox is about 7 GB), the
+# bundles and registry they import, and, on a new machine, the Go build
+# cache and the built Kubernetes releases. Measured on a fresh clone: 17 GB
+# under the temporary directory at the peak; with cold caches the disk's
+# use grew by 33 GB (22 GB of it the Go build cache, mostly Kubernetes
+# releases, which now go to a cache of the run's own, removed at its end).
 # This refuses to start a run that would stop half an hour in with "no
 # space left on device", and says what holds the space.
 #   hack/disk-check.sh NEED_GB
