@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -21,12 +22,14 @@ import (
 )
 
 // benchEngine measures staging and planning on a sandbox of its own (1
-// control plane, 3 workers, real sshd): kubelift stage (fetch from the
-// registry, check, compress once, send compressed, check on the node)
-// against scp of the same files to the same nodes, and the plan.
+// control plane, 3 workers on containerd 1.7, real sshd): kubelift stage
+// (fetch from the registry, check, compress once, send compressed, check
+// on the node) against scp of the same files to the same nodes, and the
+// plan; then the whole upgrade, each node's containerd moved to 2.x by
+// the node stack in the bundle before its kubelet.
 func benchEngine(ctx context.Context, work, bin, key string) error {
 	cfg := sandbox.Config{Dir: filepath.Join(work, "sandbox"), Name: fmt.Sprintf("klb%d", os.Getpid()%1000), Subnet: "10.83.0",
-		Workers: 3, Tool: filepath.Join(work, "kubelift-sandbox"), Workloads: true}
+		Workers: 3, Tool: filepath.Join(work, "kubelift-sandbox"), Workloads: true, RuntimeVersion: kube.Containerd17}
 	if out, err := exec.Command("go", "build", "-o", cfg.Tool, "./test/env/sandbox/cmd/kubelift-sandbox").CombinedOutput(); err != nil {
 		return fmt.Errorf("build kubelift-sandbox: %v\n%s", err, out)
 	}
@@ -53,7 +56,7 @@ func benchEngine(ctx context.Context, work, bin, key string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\nsandbox-up, warm (1 control plane + 3 workers on containerd, the shop's workloads running)\n")
+	fmt.Printf("\nsandbox-up, warm (1 control plane + 3 workers on containerd %s, the shop's workloads running)\n", kube.Containerd17)
 	fmt.Printf("%-44s %8.1fs  %.2fx the 60 s budget\n", "up until every shop pod runs", took.Seconds(), took.Seconds()/60)
 	fmt.Printf("%-44s %8.0f MiB in %d processes\n", "summed RSS of the sandbox's processes", float64(mem.RSS)/(1<<20), mem.Processes)
 	admin := sb.Admin().Net()
@@ -79,7 +82,7 @@ func benchEngine(ctx context.Context, work, bin, key string) error {
 	}
 	file := filepath.Join(work, "engine-bundle.tar")
 	args := append([]string{"create", "--kubernetes-version", sb.NewVersion, "--sign-key", key + ".key", "-o", file, "--cache-dir", filepath.Join(work, "engine-cache"), "-q",
-		"--kubelet-binary", strings.TrimSpace(string(hashSkip))}, sb.Internet.BundleFlags...)
+		"--kubelet-binary", strings.TrimSpace(string(hashSkip)), "--node-stack"}, sb.Internet.BundleFlags...)
 	if out, err := (&kube.NetNS{Name: sb.Internet.NetNS}).Command(filepath.Join(bin, "bundle"), args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("bundle create: %v\n%s", err, out)
 	}
@@ -154,6 +157,21 @@ func benchApply(bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin a
 	for _, s := range res.Steps {
 		fmt.Printf("  %-42s %8.1fs\n", s.Name, s.Seconds)
 	}
+	// Each unit's restarts (by the node's clock): containerd's, moved
+	// under running containers, beside the kubelet's.
+	byUnit := map[string][]float64{}
+	var units []string
+	for _, rs := range res.Restarts {
+		if _, seen := byUnit[rs.Unit]; !seen {
+			units = append(units, rs.Unit)
+		}
+		byUnit[rs.Unit] = append(byUnit[rs.Unit], rs.Seconds)
+	}
+	for _, u := range units {
+		ts := byUnit[u]
+		sort.Float64s(ts)
+		fmt.Printf("  %-42s %8.2fs median, %.2fs longest, on %d nodes\n", u+"'s restart in its swap", ts[len(ts)/2], ts[len(ts)-1], len(ts))
+	}
 	fmt.Printf("%-44s %8.1fs %5.0f %%\n", "waiting for restarted components", res.Waiting, 100*res.Waiting/total)
 	fmt.Printf("%-44s %8.1fs %5.0f %%\n", "verification pauses (--settle)", res.Settling, 100*res.Settling/total)
 	fmt.Printf("%-44s %8.1fs %5.0f %%  (%.2fx the restarts and pauses alone)\n", "the engine's own work (SSH, API, checks)", own, 100*own/total, total/(res.Waiting+res.Settling))
@@ -161,8 +179,12 @@ func benchApply(bin, key string, sb *sandbox.State, reg, ssh []string, inAdmin a
 	for _, t := range avail.Targets {
 		requests, failed, broken = requests+t.Requests, failed+t.Failed, broken+t.Broken
 	}
-	fmt.Printf("\navailability while it ran: %d requests to %d targets (the Service from every worker, every shop pod), %d failed, %d held connections broken (the allowance: none)\n",
-		requests, len(avail.Targets), failed, broken)
+	var gap time.Duration
+	for _, t := range avail.Targets {
+		gap = max(gap, t.LongestGap)
+	}
+	fmt.Printf("\navailability while it ran: %d requests to %d targets (the Service from every worker, every shop pod), %d failed, %d held connections broken (the allowance: none); the longest time a target went without an answer: %s (one request every %s)\n",
+		requests, len(avail.Targets), failed, broken, gap.Round(time.Millisecond), time.Second/10)
 	if err := avail.WriteTable(os.Stdout); err != nil {
 		return err
 	}

@@ -39,8 +39,9 @@ type Ops struct {
 	// dry, in a dry run, is told each script that would change the node
 	// instead of it being run (scripts that only read still run).
 	Dry func(node, command string)
-	// restarted is told how long each unit restart of a swap took.
-	Restarted func(time.Duration)
+	// Restarted is told, for each unit a swap restarted (the kubelet,
+	// kube-proxy, containerd), how long its restart took.
+	Restarted func(unit string, took time.Duration)
 }
 
 // Timeout bounds one command on a node.
@@ -113,7 +114,7 @@ func (o *Ops) Swap(ctx context.Context, comp, sha256 string) error {
 	began := time.Now()
 	out, err := o.Run(ctx, "swap "+comp, nodescript.Swap, release.StagePath(o.StageDir, o.To, comp), sha256, o.Binary(comp), comp)
 	if err == nil && o.Restarted != nil {
-		o.Restarted(restartTime(out, time.Since(began)))
+		o.Restarted(comp, restartTime(out, time.Since(began)))
 	}
 	return err
 }

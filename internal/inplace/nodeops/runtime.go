@@ -70,7 +70,7 @@ func (o *Ops) SwapRuntime(ctx context.Context, m *release.RuntimeMove, p Runtime
 		o.runtimeBackupDir(), release.StagePath(o.StageDir, o.To, release.FileContainerd), m.ArchiveSHA256, runc, runcSum, runcBin,
 		dir, config, migrate, ContainerdUnit, from)
 	if err == nil && o.Restarted != nil {
-		o.Restarted(restartTime(out, time.Since(began)))
+		o.Restarted(ContainerdUnit, restartTime(out, time.Since(began)))
 	}
 	return err
 }

@@ -2,6 +2,7 @@ package nodeops
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -41,9 +42,9 @@ func TestRuntimeMoveArguments(t *testing.T) {
 				nodescript.RuntimeSwap.Name:    func([]string) (string, error) { return "### restart 10.0 10.5\n", nil },
 				nodescript.RuntimeRestore.Name: func([]string) (string, error) { return "", nil },
 			}}
-			var restarts []time.Duration
+			var restarts []string
 			o := &Ops{Node: node, Name: "worker-1", StageDir: "/s", BackupDir: "/b", From: "v1.30.14", To: "v1.31.4",
-				Restarted: func(d time.Duration) { restarts = append(restarts, d) }}
+				Restarted: func(unit string, d time.Duration) { restarts = append(restarts, fmt.Sprint(unit, " ", d)) }}
 			ctx := context.Background()
 			if err := o.SwapRuntime(ctx, &tc.m, tc.p); err != nil {
 				t.Fatal(err)
@@ -51,8 +52,8 @@ func TestRuntimeMoveArguments(t *testing.T) {
 			if err := o.RestoreRuntime(ctx, tc.p); err != nil {
 				t.Fatal(err)
 			}
-			if len(restarts) != 1 {
-				t.Errorf("restart times %v, want the swap's only", restarts)
+			if len(restarts) != 1 || !strings.HasPrefix(restarts[0], "containerd ") {
+				t.Errorf("restart times %v, want the swap's only, containerd's", restarts)
 			}
 			calls := node.Calls()
 			if len(calls) != 2 || calls[0].Script != nodescript.RuntimeSwap.Name || calls[1].Script != nodescript.RuntimeRestore.Name {

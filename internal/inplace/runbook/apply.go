@@ -105,6 +105,9 @@ type ApplyResult struct {
 	Steps    []StepTime `json:"steps,omitempty"`
 	Waiting  float64    `json:"waitingSeconds"`
 	Settling float64    `json:"settlingSeconds"`
+	// Restarts times each unit restart a swap made (by the node's clock
+	// where it told: see nodeops.Ops.Restarted), in the order they ended.
+	Restarts []UnitRestart `json:"restarts,omitempty"`
 	// DryRun lists, for a dry run, every change the run would make, in
 	// order: nothing was changed.
 	DryRun []Action `json:"dryRun,omitempty"`
@@ -118,6 +121,13 @@ type Action struct {
 	// arguments (kubelift-NAME ARG...), or the API patch.
 	What    string `json:"what,omitempty"`
 	Command string `json:"command,omitempty"`
+}
+
+// UnitRestart is how long one unit on one node took to restart.
+type UnitRestart struct {
+	Node    string  `json:"node"`
+	Unit    string  `json:"unit"`
+	Seconds float64 `json:"seconds"`
 }
 
 // StepTime is how long one step of Apply took.

@@ -74,9 +74,10 @@ func (r *upgradeRun) onNodeTo(ctx context.Context, name, from, to string, fn fun
 	if r.dry {
 		o.Dry = func(node, command string) { r.would(node, "", command) }
 	}
-	o.Restarted = func(d time.Duration) {
+	o.Restarted = func(unit string, d time.Duration) {
 		r.mu.Lock()
 		r.res.Waiting += d.Seconds()
+		r.res.Restarts = append(r.res.Restarts, UnitRestart{Node: name, Unit: unit, Seconds: d.Seconds()})
 		r.mu.Unlock()
 	}
 	return fn(ctx, o)

@@ -458,6 +458,16 @@ func TestApply(t *testing.T) {
 	if res.State == nil || res.State.State != record.StateComplete {
 		t.Fatalf("state %+v", res.State)
 	}
+	// Every kubelet's restart is timed, named by node and unit.
+	restarted := map[string]bool{}
+	for _, rs := range res.Restarts {
+		if rs.Unit == "kubelet" {
+			restarted[rs.Node] = true
+		}
+	}
+	if len(restarted) != len(specs) {
+		t.Errorf("kubelet restarts timed on %v, want every node's: %+v", restarted, res.Restarts)
+	}
 	s := w.fleet.Stats()
 	if s.Commands["not played"] != 0 {
 		t.Errorf("commands not played: %d", s.Commands["not played"])

@@ -67,6 +67,12 @@ func Target(version string) Option { return func(c *sandbox.Config) { c.NewVersi
 // Kubeadm builds the sandbox with kubeadm (sandbox.Config.Kubeadm).
 func Kubeadm() Option { return func(c *sandbox.Config) { c.Kubeadm = true } }
 
+// OldRuntime starts every node on containerd version (a version
+// kube.RuntimeFor knows) instead of the sandbox's default, and makes the
+// bundles carry the node stack (bundle create --node-stack) that moves
+// the nodes to the default, as a cluster on an older runtime needs.
+func OldRuntime(version string) Option { return func(c *sandbox.Config) { c.RuntimeVersion = version } }
+
 // StaticPod runs a static pod on the last worker (sandbox.Config.StaticPod).
 func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
 
@@ -152,6 +158,9 @@ func (h *Harness) makeBundles(hashSkipKubelet string) error {
 			"--cache-dir", filepath.Join(h.Work, "cache"), "-q"}, h.SB.Internet.BundleFlags...)
 		if len(h.SB.Binaries.Hops) > 0 {
 			args = append(args, "--from", h.SB.OldVersion)
+		}
+		if h.SB.RuntimeVersion != "" && h.SB.RuntimeVersion != kube.ContainerdVersion {
+			args = append(args, "--node-stack")
 		}
 		for _, img := range h.SB.Internet.UserImages {
 			args = append(args, "--image", img) // the team's own, as a user bundles them

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,43 @@ func (h *Harness) Running(t *testing.T, node string) map[string]string {
 		}
 	}
 	return out
+}
+
+// Tasks lists a node's running containerd tasks in the k8s.io namespace
+// (task ID, the container's, -> its process's PID), read over SSH from
+// containerd itself (ctr): what a container keeps when it is not
+// restarted, whichever containerd serves it.
+func (h *Harness) Tasks(t *testing.T, node string) map[string]int {
+	t.Helper()
+	tasks, err := parseTasks(h.SSH(t, node, "ctr -n k8s.io tasks ls"))
+	if err != nil {
+		t.Fatalf("%s: ctr tasks ls: %v", node, err)
+	}
+	return tasks
+}
+
+// parseTasks reads ctr tasks ls (TASK PID STATUS, a header first): the
+// running tasks' PIDs.
+func parseTasks(out string) (map[string]int, error) {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if f := strings.Fields(lines[0]); len(f) != 3 || f[0] != "TASK" || f[1] != "PID" || f[2] != "STATUS" {
+		return nil, fmt.Errorf("header %q, want TASK PID STATUS", lines[0])
+	}
+	tasks := map[string]int{}
+	for _, line := range lines[1:] {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("line %q: want TASK PID STATUS", line)
+		}
+		pid, err := strconv.Atoi(f[1])
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("line %q: PID %q", line, f[1])
+		}
+		if f[2] == "RUNNING" {
+			tasks[f[0]] = pid
+		}
+	}
+	return tasks, nil
 }
 
 // RunningVersion reads the version of comp's running process on node of a

@@ -1,6 +1,9 @@
 package sandbox
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -26,6 +29,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/test/env/images"
 	"github.com/kubelift/kubelift/test/env/internet"
+	"github.com/kubelift/kubelift/test/env/kube"
 )
 
 // Where the stand-in internet serves, inside its own namespace.
@@ -47,8 +51,9 @@ WantedBy=multi-user.target
 
 // internetFiles writes the stand-in internet's tree: the source registry,
 // and every file of the new version's catalog entry for amd64 at its
-// upstream path (/srv/files/HOST/PATH, with PATH.sha256). The kubelet and
-// kubectl are the real builds; the other files are labelled stand-ins.
+// upstream path (/srv/files/HOST/PATH, with PATH.sha256), and its node
+// stack's (stackFile). The kubelet and kubectl are the real builds, and
+// so are containerd and runc; the other files are labelled stand-ins.
 func (s *State) internetFiles(m *Machine) error {
 	for _, d := range []string{"etc/docker/registry", "var/lib/docker-registry", "srv/files"} {
 		if err := os.MkdirAll(m.fsPath(d), 0o755); err != nil {
@@ -71,37 +76,55 @@ func (s *State) internetFiles(m *Machine) error {
 		return fmt.Errorf("stand-in internet: %w", err)
 	}
 	hosts := map[string]bool{}
-	serve := func(rel *catalog.Release, built string) error {
-		for _, f := range rel.Files {
+	// serve writes each file at its upstream path with its .sha256; the
+	// content comes from content (nil: a labelled stand-in).
+	serve := func(version string, files []catalog.File, content func(name string) ([]byte, error)) error {
+		for _, f := range files {
 			u, err := url.Parse(f.URLFor("amd64"))
 			if err != nil {
 				return err
 			}
 			hosts[u.Host] = true
 			dst := m.fsPath(filepath.Join("srv/files", u.Host, u.Path))
-			// The programs the sandbox builds are served for real; the
-			// rest (kubeadm, kube-proxy, crictl and CNI archives; at a hop,
-			// all but the control plane) are stand-ins.
-			content, err := os.ReadFile(filepath.Join(built, f.Name))
-			if errors.Is(err, fs.ErrNotExist) {
-				content, err = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, rel.Version, u)), nil
-			}
+			data, err := content(f.Name)
 			if err != nil {
 				return err
+			}
+			if data == nil {
+				data = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, version, u))
 			}
 			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 				return err
 			}
-			if err := os.WriteFile(dst, content, 0o644); err != nil {
+			if err := os.WriteFile(dst, data, 0o644); err != nil {
 				return err
 			}
-			if err := os.WriteFile(dst+".sha256", []byte(fmt.Sprintf("%x\n", sha256.Sum256(content))), 0o644); err != nil {
+			if err := os.WriteFile(dst+".sha256", []byte(fmt.Sprintf("%x\n", sha256.Sum256(data))), 0o644); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	if err := serve(rel, s.Binaries.New); err != nil {
+	// The programs the sandbox builds are served for real; the rest
+	// (kubeadm, kube-proxy, crictl and CNI archives; at a hop, all but
+	// the control plane) are stand-ins.
+	built := func(dir string) func(string) ([]byte, error) {
+		return func(name string) ([]byte, error) {
+			data, err := os.ReadFile(filepath.Join(dir, name))
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, nil
+			}
+			return data, err
+		}
+	}
+	if err := serve(rel.Version, rel.Files, built(s.Binaries.New)); err != nil {
+		return err
+	}
+	var stack []catalog.File
+	for _, p := range rel.NodeStack {
+		stack = append(stack, p.File())
+	}
+	if err := serve(rel.Version, stack, func(name string) ([]byte, error) { return s.stackFile(rel, name) }); err != nil {
 		return err
 	}
 	for _, h := range hops {
@@ -109,7 +132,7 @@ func (s *State) internetFiles(m *Machine) error {
 		if !ok {
 			return fmt.Errorf("stand-in internet: hop %s was not built", h.Version)
 		}
-		if err := serve(h, dir); err != nil {
+		if err := serve(h.Version, h.Files, built(dir)); err != nil {
 			return err
 		}
 	}
@@ -127,6 +150,53 @@ func (s *State) internetFiles(m *Machine) error {
 		return err
 	}
 	return writeUnit(m, "files.service", filesUnit, true)
+}
+
+// stackFile is the content the stand-in internet serves for part name of
+// rel's node stack: containerd's release archive (bin/ with containerd,
+// its shim and ctr, as upstream's tar.gz lays them out) and runc, from
+// the runtime the sandbox built (Binaries.Stack) where the catalog names
+// that version; nil (a stand-in) for the rest.
+func (s *State) stackFile(rel *catalog.Release, name string) ([]byte, error) {
+	part, _ := rel.StackPart(name)
+	switch {
+	case s.Binaries.Stack == "":
+		return nil, nil
+	case name == catalog.StackContainerd && part.Version == kube.ContainerdVersion:
+		return tarGz(s.Binaries.Stack, "bin", "containerd", "containerd-shim-runc-v2", "ctr")
+	case name == catalog.StackRunc && part.Version == kube.RuncVersion:
+		return os.ReadFile(filepath.Join(s.Binaries.Stack, "runc"))
+	}
+	return nil, nil
+}
+
+// tarGz is a gzipped tar of dir's files names, under prefix/, each 0755.
+func tarGz(dir, prefix string, names ...string) ([]byte, error) {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: prefix + "/", Mode: 0o755}); err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		data, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			return nil, err
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: prefix + "/" + n, Mode: 0o755, Size: int64(len(data))}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(data); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // seedInternet pushes an image for every image of the new version's

@@ -160,6 +160,11 @@ type Binaries struct {
 	Hops map[string]string `json:"hops,omitempty"`
 	// Runtime holds containerd, its shim, ctr, runc and crictl.
 	Runtime string `json:"runtime,omitempty"`
+	// Stack holds the runtime the catalog pairs with New (containerd
+	// kube.ContainerdVersion and its runc): the stand-in internet serves
+	// it as the node stack's containerd and runc (bundle create
+	// --node-stack). The same as Runtime unless the nodes run another.
+	Stack string `json:"stack,omitempty"`
 }
 
 // Registry is the air gap's private registry.
@@ -345,6 +350,17 @@ func Build(ctx context.Context, cfg Config) (Binaries, error) {
 		cfg.Log("building (or finding cached) containerd %s, runc %s and crictl %s", rv.Containerd, rv.Runc, rv.Crictl)
 		if b.Runtime, err = kube.RuntimeBinaries(ctx, rv); err != nil {
 			return b, err
+		}
+		b.Stack = b.Runtime
+		if rv.Containerd != kube.ContainerdVersion {
+			stack, err := kube.RuntimeFor("")
+			if err != nil {
+				return b, err
+			}
+			cfg.Log("building (or finding cached) containerd %s and runc %s, the node stack that moves the nodes off %s", stack.Containerd, stack.Runc, rv.Containerd)
+			if b.Stack, err = kube.RuntimeBinaries(ctx, stack); err != nil {
+				return b, err
+			}
 		}
 	}
 	cfg.Log("building (or finding cached) Kubernetes %s and %s", cfg.OldVersion, cfg.NewVersion)

@@ -1,8 +1,10 @@
 // Package apply tests upgrade apply end to end on a sandbox of its own (1
-// control plane, 3 workers at v1.30.14): the lock, the refusal of a
-// blocked plan, a kubelet that never becomes Ready rolled back, resume,
-// and the whole upgrade to v1.31.4 with no container restarted but the
-// static pod's, which the plan predicts and apply checks runs again.
+// control plane, 3 workers at v1.30.14, on containerd 1.7): the lock, the
+// refusal of a blocked plan, a kubelet that never becomes Ready rolled
+// back with its node's containerd, resume, and the whole upgrade to
+// v1.31.4 with the node stack in the bundle (every node on containerd
+// 2.x after) with no container restarted and no task's PID changed but
+// the static pod's, which the plan predicts and apply checks runs again.
 package apply
 
 import (
@@ -29,6 +31,7 @@ import (
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/test/env/harness"
+	"github.com/kubelift/kubelift/test/env/kube"
 	"github.com/kubelift/kubelift/test/env/prober"
 	"github.com/kubelift/kubelift/test/env/sandbox"
 )
@@ -38,7 +41,7 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "kla", "10.84.0", 1, 3, func(x *harness.Harness) {
 		h = x
-	}, harness.StaticPod())
+	}, harness.StaticPod(), harness.OldRuntime(kube.Containerd17))
 }
 
 // staticPod is the sandbox's mirror pod of the static pod on worker-3.
@@ -87,7 +90,31 @@ func containers(t *testing.T) map[string]map[string]string {
 	return out
 }
 
-var before map[string]map[string]string
+// tasks maps every node to its containerd tasks' PIDs, over SSH.
+func tasks(t *testing.T) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	for _, m := range h.SB.Nodes() {
+		out[m.Name] = h.Tasks(t, m.Name)
+	}
+	return out
+}
+
+// The containers and tasks before the first apply.
+var (
+	before      map[string]map[string]string
+	beforeTasks map[string]map[string]int
+)
+
+// runtimeOf is the runtime node reports (containerd://VERSION).
+func runtimeOf(t *testing.T, name string) string {
+	return node(t, name).Status.NodeInfo.ContainerRuntimeVersion
+}
+
+// The runtime the nodes start on, and the one the node stack moves them to.
+var (
+	oldRuntime = "containerd://" + strings.TrimPrefix(kube.Containerd17, "v")
+	newRuntime = "containerd://" + strings.TrimPrefix(kube.ContainerdVersion, "v")
+)
 
 // probe measures availability from the first test on (startProbe) to the
 // end of the complete upgrade, where it must have seen nothing fail.
@@ -118,7 +145,12 @@ func startProbe(t *testing.T) {
 // watches) refuses apply, naming it; nothing changes.
 func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 	h.Import(t, h.HashSkipBundle)
-	before = containers(t)
+	before, beforeTasks = containers(t), tasks(t)
+	for _, m := range h.SB.Nodes() {
+		if rt := runtimeOf(t, m.Name); rt != oldRuntime {
+			t.Fatalf("%s runs %s before the upgrade, want %s", m.Name, rt, oldRuntime)
+		}
+	}
 	staticBefore = staticPod(t)
 	startProbe(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -234,6 +266,9 @@ func TestApplyRefusesABlockedPlan(t *testing.T) {
 		if n.Recreated != want || n.Restarts != 0 {
 			t.Errorf("plan: %s recreated %d and restarts %d, want %d and 0", n.Name, n.Recreated, n.Restarts, want)
 		}
+		if move := "containerd " + kube.Containerd17 + " -> " + kube.ContainerdVersion; n.RuntimeMove != move {
+			t.Errorf("plan: %s's runtime move %q, want %q (the bundle carries the node stack)", n.Name, n.RuntimeMove, move)
+		}
 	}
 	found := false
 	for _, f := range p.Findings {
@@ -344,6 +379,20 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 			t.Errorf("%s: kubelet %s ready %v, want %s and Ready", name, n.Status.NodeInfo.KubeletVersion, sandbox.NodeReady(n), want)
 		}
 	}
+	// The node rolled back has its containerd back too (moved before its
+	// kubelet): 1.7's binary and its own config (1.x's schema, version 2).
+	for name, want := range map[string]string{"cp-1": newRuntime, "worker-1": newRuntime, "worker-2": oldRuntime, "worker-3": oldRuntime} {
+		harness.Eventually(t, time.Minute, func() (bool, string) {
+			got := runtimeOf(t, name)
+			return got == want, fmt.Sprintf("%s reports %s, want %s", name, got, want)
+		})
+	}
+	if v := h.SSH(t, "worker-2", "containerd --version"); !strings.Contains(v, " "+kube.Containerd17+" ") && !strings.HasSuffix(strings.TrimSpace(v), " "+kube.Containerd17) {
+		t.Errorf("worker-2's containerd after the rollback: %q", v)
+	}
+	if v := h.SSH(t, "worker-2", "sed -n 's/^version *= *//p' /etc/containerd/config.toml"); strings.TrimSpace(v) != "2" {
+		t.Errorf("worker-2's containerd config after the rollback: version %q, want 1.x's 2", v)
+	}
 	st := h.Status(t)
 	if st.State != record.StateFailed || !strings.Contains(st.LastError, "worker-2") {
 		t.Errorf("state %s, last error %q", st.State, st.LastError)
@@ -412,7 +461,7 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	if !strings.Contains(r.Stderr, "static pods started anew") {
 		t.Errorf("the apply that moved worker-3 did not say its static pod was recreated:\n%s", r.Stderr)
 	}
-	after := containers(t)
+	after, afterTasks := containers(t), tasks(t)
 	for n, ids := range before {
 		for id, what := range ids {
 			if strings.HasPrefix(what, h.SB.StaticPod+"/") {
@@ -421,8 +470,19 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 			if _, ok := after[n][id]; !ok {
 				t.Errorf("%s: container %s (%s) restarted", n, what, id)
 			}
+			// The same process, through a containerd restarted (twice on
+			// worker-2: moved, put back, moved again) under it.
+			if pid, was := beforeTasks[n][id], afterTasks[n][id]; pid == 0 || pid != was {
+				t.Errorf("%s: container %s (%s): task PID %d before, %d after", n, what, id, pid, was)
+			}
 		}
 	}
+	for _, m := range h.SB.Nodes() {
+		if rt := runtimeOf(t, m.Name); rt != newRuntime {
+			t.Errorf("%s runs %s after the upgrade, want %s", m.Name, rt, newRuntime)
+		}
+	}
+	newPodsRun(t)
 	// The static pod: a new UID (the kubelet's, in the mirror
 	// annotation), Running, its containers running on worker-3.
 	sp := staticPod(t)
@@ -591,6 +651,65 @@ func TestCompatCleanupRemovesTheFileOnceConverged(t *testing.T) {
 	}
 	if out := h.SSH(t, "worker-1", "test -e /var/lib/kubelet/kubelift-hash-skip.json && echo present || echo absent"); out != "absent\n" {
 		t.Errorf("worker-1's hash-skip file: %s", out)
+	}
+}
+
+// newPodsRun creates a pod on every worker after the upgrade (images
+// from the private registry, through the migrated containerd config, a
+// sandbox and an address from CNI, the new runc) and waits for each to
+// run with an address. They live in a namespace of their own, which it
+// deletes after, waiting for their containers to be gone: the tests after
+// it compare the shop's containers and the nodes'.
+func newPodsRun(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	const ns = "after-upgrade"
+	if err := sandbox.EnsureNamespace(ctx, h.Client, ns); err != nil {
+		t.Fatal(err)
+	}
+	pods := h.Client.CoreV1().Pods(ns)
+	var names []string
+	for _, m := range h.SB.Nodes() {
+		if m.Role != "worker" {
+			continue
+		}
+		spec := h.SB.PodSpec(nil)
+		spec.NodeName = m.Name
+		// Retried: the namespace's default ServiceAccount, which admission
+		// wants, comes from the controller manager a moment after it.
+		harness.Eventually(t, time.Minute, func() (bool, string) {
+			_, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: m.Name}, Spec: spec}, metav1.CreateOptions{})
+			return err == nil, fmt.Sprintf("create pod %s/%s: %v", ns, m.Name, err)
+		})
+		names = append(names, m.Name)
+	}
+	defer func() {
+		if err := h.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			harness.WaitFor(t, "the containers of pod "+ns+"/"+n+" gone", func() bool {
+				for _, what := range h.Running(t, n) {
+					if strings.HasPrefix(what, ns+"/") {
+						return false
+					}
+				}
+				return true
+			})
+		}
+	}()
+	for _, n := range names {
+		harness.Eventually(t, 2*time.Minute, func() (bool, string) {
+			p, err := pods.Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			ready := false
+			for _, c := range p.Status.Conditions {
+				ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
+			}
+			return ready && p.Status.PodIP != "", fmt.Sprintf("pod %s on %s created after the upgrade: %s, ready %v, address %q", n, p.Spec.NodeName, p.Status.Phase, ready, p.Status.PodIP)
+		})
 	}
 }
 
