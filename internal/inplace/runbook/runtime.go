@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"time"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/verify"
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // runtimeMove is the move of k's node's containerd the bundle makes
@@ -77,7 +79,7 @@ func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
 	if err := k.o.SwapRuntime(ctx, m, r.runtimePaths(k.name)); err != nil {
 		return r.restoreRuntime(ctx, k, err)
 	}
-	if err := sameContainers(ctx, k.o, k.before); err != nil {
+	if err := r.sameContainers(ctx, k.o, k.before); err != nil {
 		return r.restoreRuntime(ctx, k, err)
 	}
 	k.runtimeMoved = true
@@ -139,22 +141,32 @@ func (r *upgradeRun) putRuntimeBack(ctx context.Context, o *nodeops.Ops) error {
 	if err := o.RestoreRuntime(ctx, r.runtimePaths(o.Name)); err != nil {
 		return err
 	}
-	if err := sameContainers(ctx, o, before); err != nil {
+	if err := r.sameContainers(ctx, o, before); err != nil {
 		return err
 	}
 	r.event(ctx, o.Name, "RuntimeRestored", "kubelift: containerd put back by the rollback")
 	return nil
 }
 
-// sameContainers: every container of before runs on o's node after
-// containerd restarted, with the same process (verify.Gone).
-func sameContainers(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container) error {
-	after, err := o.Containers(ctx)
-	if err != nil {
-		return fmt.Errorf("node %s: the containers after containerd restarted: %w", o.Name, err)
+// sameContainers waits, up to the run's ReadyTimeout, for every container
+// of before to run on o's node again with the same process (verify.Gone),
+// read over CRI: after `systemctl restart containerd` the socket may not
+// answer yet (a unit started is not a runtime serving), and a runtime
+// that has not reloaded every task lists fewer. What still fails at the
+// end is the answer: the last read's error, or the containers gone.
+func (r *upgradeRun) sameContainers(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container) error {
+	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
+		after, err := o.Containers(ctx)
+		if err != nil {
+			return fmt.Errorf("node %s: the containers after containerd restarted: %w", o.Name, err)
+		}
+		if gone := verify.Gone(before, after, nil); len(gone) > 0 {
+			return &verify.RestartedError{Node: o.Name, Containers: gone}
+		}
+		return nil
+	})
+	if t, ok := errors.AsType[*waiter.TimeoutError](err); ok && t.Last != nil {
+		return fmt.Errorf("%w (still, %s after the restart)", t.Last, t.After)
 	}
-	if gone := verify.Gone(before, after, nil); len(gone) > 0 {
-		return &verify.RestartedError{Node: o.Name, Containers: gone}
-	}
-	return nil
+	return err
 }

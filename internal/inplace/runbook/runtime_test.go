@@ -37,13 +37,20 @@ func TestRuntimeStep(t *testing.T) {
 		runtime  string         // the Node's containerRuntimeVersion
 		after    map[string]int // the tasks' PIDs after the swap
 		swapFail bool
+		refused  int    // the reads after the swap that find no socket
 		ran      string // the scripts run after the first containers read
 		want     string // "" when the step passes
 	}{
 		{name: "moved, same processes", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 202},
 			ran: "runtime-swap containers"},
+		{name: "the socket answers a moment after the restart", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 202},
+			refused: 2, ran: "runtime-swap containers containers containers"},
 		{name: "a process replaced", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 303},
-			ran: "runtime-swap containers runtime-restore", want: "shop/web/app (process 202, now 303); the old containerd is back"},
+			ran:  "runtime-swap containers containers containers containers containers containers runtime-restore",
+			want: "shop/web/app (process 202, now 303) (still, 5s after the restart); the old containerd is back"},
+		{name: "the socket never answers", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 202}, refused: 99,
+			ran:  "runtime-swap containers containers containers containers containers containers runtime-restore",
+			want: `connect: no such file or directory" (still, 5s after the restart); the old containerd is back`},
 		{name: "the swap failed", runtime: "containerd://1.7.35", swapFail: true,
 			ran: "runtime-swap runtime-restore", want: "exit status 66"},
 		{name: "the bundle's already", runtime: "containerd://2.3.7", ran: ""},
@@ -51,10 +58,18 @@ func TestRuntimeStep(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			out := crictlPS(map[string]int{"api-app": 101, "web-app": 202}, "api-app", "web-app")
 			var swapArgs []string
+			swapped := false
+			refused := tc.refused
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
-				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
+				nodescript.Containers.Name: func([]string) (string, error) {
+					if swapped && refused > 0 {
+						refused--
+						return "", errors.New(`exit status 1: level=fatal msg="validate service connection: dial unix /run/containerd/containerd.sock: connect: no such file or directory"`)
+					}
+					return out, nil
+				},
 				nodescript.RuntimeSwap.Name: func(args []string) (string, error) {
-					swapArgs = args
+					swapArgs, swapped = args, true
 					if tc.swapFail {
 						return "", errors.New("exit status 66")
 					}
@@ -71,7 +86,8 @@ func TestRuntimeStep(t *testing.T) {
 			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler),
 				view: &preflight.View{Nodes: []corev1.Node{n}, Facts: map[string]*nodefacts.Facts{"worker-1": {
 					Containerd: nodefacts.ContainerdPaths{Binary: "/opt/bin/containerd", Config: "/etc/ctd.toml", Runc: "/usr/sbin/runc"}}}},
-				opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
+				wait: waiter.Waiter{Clock: drivertest.SteppingClock(t, time.Second)},
+				opts: ApplyOptions{ReadyTimeout: 5 * time.Second, Plan: preflight.PlanOptions{Now: time.Now}}}
 			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)
