@@ -148,12 +148,12 @@ func (r *upgradeRun) putRuntimeBack(ctx context.Context, o *nodeops.Ops) error {
 	return nil
 }
 
-// sameContainers waits, up to the run's ReadyTimeout, for every container
-// of before to run on o's node again with the same process (verify.Gone),
-// read over CRI: after `systemctl restart containerd` the socket may not
-// answer yet (a unit started is not a runtime serving), and a runtime
-// that has not reloaded every task lists fewer. What still fails at the
-// end is the answer: the last read's error, or the containers gone.
+// sameContainers waits, up to the run's ReadyTimeout, for containerd on
+// o's node to answer over CRI (after `systemctl restart containerd` the
+// socket may not be there yet: a unit started is not a runtime serving),
+// then judges its first answer: every container of before runs with the
+// same process (verify.Gone), or the move restarted some. A runtime that
+// never answers fails with its last read's error.
 func (r *upgradeRun) sameContainers(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container) error {
 	err := r.wait.Poll(ctx, time.Second, r.opts.ReadyTimeout, func(ctx context.Context) error {
 		after, err := o.Containers(ctx)
@@ -161,7 +161,7 @@ func (r *upgradeRun) sameContainers(ctx context.Context, o *nodeops.Ops, before 
 			return fmt.Errorf("node %s: the containers after containerd restarted: %w", o.Name, err)
 		}
 		if gone := verify.Gone(before, after, nil); len(gone) > 0 {
-			return &verify.RestartedError{Node: o.Name, Containers: gone}
+			return waiter.Stop(&verify.RestartedError{Node: o.Name, Containers: gone})
 		}
 		return nil
 	})
