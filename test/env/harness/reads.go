@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,28 +49,17 @@ func (h *Harness) Tasks(t *testing.T, node string) map[string]int {
 	return tasks
 }
 
-// parseTasks reads ctr tasks ls (TASK PID STATUS, a header first): the
-// running tasks' PIDs.
+// parseTasks reads ctr tasks ls as the product does
+// (kubeletcompat.ParseTasks: a RUNNING task with PID 0 is not running),
+// but only from output that starts with ctr's header: an empty or
+// foreign answer would be an empty map, and a test comparing two of them
+// would pass on nothing.
 func parseTasks(out string) (map[string]int, error) {
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if f := strings.Fields(lines[0]); len(f) != 3 || f[0] != "TASK" || f[1] != "PID" || f[2] != "STATUS" {
-		return nil, fmt.Errorf("header %q, want TASK PID STATUS", lines[0])
+	first, _, _ := strings.Cut(out, "\n")
+	if f := strings.Fields(first); len(f) != 3 || f[0] != "TASK" || f[1] != "PID" || f[2] != "STATUS" {
+		return nil, fmt.Errorf("header %q, want TASK PID STATUS", first)
 	}
-	tasks := map[string]int{}
-	for _, line := range lines[1:] {
-		f := strings.Fields(line)
-		if len(f) != 3 {
-			return nil, fmt.Errorf("line %q: want TASK PID STATUS", line)
-		}
-		pid, err := strconv.Atoi(f[1])
-		if err != nil || pid <= 0 {
-			return nil, fmt.Errorf("line %q: PID %q", line, f[1])
-		}
-		if f[2] == "RUNNING" {
-			tasks[f[0]] = pid
-		}
-	}
-	return tasks, nil
+	return kubeletcompat.ParseTasks([]byte(out))
 }
 
 // RunningVersion reads the version of comp's running process on node of a
