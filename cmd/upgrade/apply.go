@@ -21,6 +21,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/inplace/window"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 )
@@ -71,7 +72,7 @@ it does not resolve itself. Then, holding the Lease kube-system/kubelift-upgrade
      run detached on the node and followed; --kubeadm-config gives kubeadm
      an UpgradeConfiguration
   5. kubelets, once every API server runs the target: control-plane nodes one
-     at a time, then ` + cli.Wrap(preflight.WindowHelp+" (--soak waits between nodes). Per node:", 21, 78, "     ") + ` back up the kubelet and its checkpoint
+     at a time, then ` + cli.Wrap(window.Help+" (--soak waits between nodes). Per node:", 21, 78, "     ") + ` back up the kubelet and its checkpoint
      files, record the running containers, write the hash-skip file when the
      hash era changes and the bundled kubelet honours it, swap, restart, wait
      (watching Nodes) for Ready at the target, wait --settle, verify that every

@@ -19,6 +19,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/window"
 )
 
 type planOptions struct {
@@ -51,7 +52,7 @@ func newCmdPlan(s *cli.IO, runF func(context.Context, *planOptions) error) *cobr
 nothing. It prints the current state of every node (role, kubelet version,
 and the versions of the control-plane binaries actually running there), the
 ordered plan (the pods' tolerations, control-plane nodes one at a time,
-then kubelets: control-plane nodes one at a time, then ` + cli.Wrap(preflight.WindowHelp+"; the plan shows the waves in which they start when every node takes as long), and findings.", 54, 75, "") + `
+then kubelets: control-plane nodes one at a time, then ` + cli.Wrap(window.Help+"; the plan shows the waves in which they start when every node takes as long), and findings.", 54, 75, "") + `
 
 Each finding has a severity (blocking, warning, info), the object it is
 about, why, and the fix. Checks:
@@ -109,7 +110,7 @@ made, 2 bad flags.`,
 // engine builds what the engine reads the cluster with, from the flags:
 // the API clients, the verified target, the registry, the nodes.
 func (opts *planOptions) engine(ctx context.Context) (*preflight.PlanOptions, error) {
-	if _, err := preflight.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
+	if _, err := window.ParseMaxUnavailable(opts.MaxUnavailable, 1); err != nil {
 		return nil, cli.Usagef("%v", err)
 	}
 	cat, err := catalog.Load(opts.CatalogFile)

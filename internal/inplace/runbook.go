@@ -3,6 +3,7 @@ package inplace
 import (
 	"context"
 
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/runbook"
 )
 
@@ -27,8 +28,8 @@ var (
 
 // What an upgrade leaves on a Node and a kubeadm node.
 const (
-	AnnotationUpgradedTo = runbook.AnnotationUpgradedTo
-	AnnotationBundle     = runbook.AnnotationBundle
+	AnnotationUpgradedTo = record.AnnotationUpgradedTo
+	AnnotationBundle     = record.AnnotationBundle
 	KubeadmRunDir        = runbook.KubeadmRunDir
 )
 

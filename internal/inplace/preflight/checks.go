@@ -14,6 +14,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/inplace/window"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/registry"
 )
@@ -131,7 +132,7 @@ func (pc *planCheck) nodeStates() {
 // steps orders the upgrade: the pods' tolerations, control-plane nodes
 // one at a time, then kubelets: control-plane nodes one at a time and
 // workers in the waves of their Window.
-func (pc *planCheck) steps() ([]Step, Window, error) {
+func (pc *planCheck) steps() ([]Step, window.Window, error) {
 	var cps, workers []string
 	for _, s := range pc.plan.Nodes {
 		if s.Role == release.RoleControlPlane {
@@ -140,9 +141,9 @@ func (pc *planCheck) steps() ([]Step, Window, error) {
 			workers = append(workers, s.Name)
 		}
 	}
-	window, err := NewWindow(pc.opts.MaxUnavailable, pc.opts.Canary, len(workers))
+	win, err := window.New(pc.opts.MaxUnavailable, pc.opts.Canary, len(workers))
 	if err != nil {
-		return nil, Window{}, err
+		return nil, window.Window{}, err
 	}
 	// In apply's order: tolerations before any component restarts.
 	steps := []Step{{Phase: PhaseTolerations}}
@@ -163,10 +164,10 @@ func (pc *planCheck) steps() ([]Step, Window, error) {
 	for _, n := range cps {
 		steps = append(steps, Step{Phase: PhaseKubelets, Nodes: []string{n}, Components: nodeComponents([]string{n}, proxies)})
 	}
-	for _, b := range window.Waves(workers) {
+	for _, b := range win.Waves(workers) {
 		steps = append(steps, Step{Phase: PhaseKubelets, Nodes: b, Components: nodeComponents(b, proxies)})
 	}
-	return steps, window, nil
+	return steps, win, nil
 }
 
 // nodeComponents are what moves on nodes after the control plane: the

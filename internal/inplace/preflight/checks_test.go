@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -451,48 +450,6 @@ func TestKubeadmImagesFollowAPinnedTag(t *testing.T) {
 	for _, f := range preflighttest.Only(w.Plan(t), preflight.CheckKubeadm) {
 		if f.Severity != preflight.Info {
 			t.Errorf("with the pinned image in the registry: %+v", f)
-		}
-	}
-}
-
-// The window plan shows (its waves) and the one apply keeps (its width
-// after so many successes) are one description.
-func TestWindow(t *testing.T) {
-	w := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
-	for _, tc := range []struct {
-		max           int
-		canary        bool
-		waves, widths string
-	}{
-		{1, false, "1 1 1 1 1 1 1 1 1 1", "1 1 1 1 1 1 1 1 1 1"},
-		{4, false, "4 4 2", "4 4 4 4 4 4 4 4 4 4"},
-		{4, true, "1 2 4 3", "1 2 4 4 4 4 4 4 4 4"},
-		{100, true, "1 2 4 3", "1 2 4 4 8 8 8 8 16 16"},
-		{0, false, "1 1 1 1 1 1 1 1 1 1", "1 1 1 1 1 1 1 1 1 1"},
-	} {
-		win := preflight.Window{Limit: tc.max, Canary: tc.canary}
-		var waves, widths []string
-		for _, b := range win.Waves(w) {
-			waves = append(waves, strconv.Itoa(len(b)))
-		}
-		for done := range w {
-			widths = append(widths, strconv.Itoa(win.Width(done)))
-		}
-		if got := strings.Join(waves, " "); got != tc.waves {
-			t.Errorf("max %d canary %v: waves %s, want %s", tc.max, tc.canary, got, tc.waves)
-		}
-		if got := strings.Join(widths, " "); got != tc.widths {
-			t.Errorf("max %d canary %v: widths after 0, 1, ... done %s, want %s", tc.max, tc.canary, got, tc.widths)
-		}
-	}
-	for s, want := range map[string]int{"1": 1, "5": 5, "10%": 10, "1%": 1, "50%": 50} {
-		if got, err := preflight.ParseMaxUnavailable(s, 100); err != nil || got != want {
-			t.Errorf("%s: %d %v", s, got, err)
-		}
-	}
-	for _, bad := range []string{"0", "-1", "x", "0%", "101%"} {
-		if _, err := preflight.ParseMaxUnavailable(bad, 100); err == nil {
-			t.Errorf("%q accepted", bad)
 		}
 	}
 }

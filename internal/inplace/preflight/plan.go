@@ -19,6 +19,8 @@ import (
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/inplace/window"
+	"github.com/kubelift/kubelift/internal/inplace/workloads"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
@@ -175,9 +177,9 @@ type Plan struct {
 	Nodes []NodeState `json:"nodes"`
 	// Steps are the upgrade's order; the workers' kubelet steps are the
 	// waves of Window (when every node takes as long).
-	Steps    []Step    `json:"steps"`
-	Window   Window    `json:"window"`
-	Findings []Finding `json:"findings"`
+	Steps    []Step        `json:"steps"`
+	Window   window.Window `json:"window"`
+	Findings []Finding     `json:"findings"`
 	// HashSkipKubelet says the bundled kubelet honours the hash-skip file.
 	HashSkipKubelet bool `json:"hashSkipKubelet"`
 	Blocked         bool `json:"blocked"`
@@ -376,7 +378,7 @@ func Evaluate(ctx context.Context, opts PlanOptions, v *View) (*Plan, error) {
 	pc.eviction()
 	pc.restarts()
 	if !opts.NoWorkloadGate {
-		gate, err := WorkloadGate(ctx, opts.Client)
+		gate, err := workloads.FullyAvailable(ctx, opts.Client)
 		if err != nil {
 			return nil, err
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/workloads"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/pkg/hashskip"
@@ -58,12 +59,12 @@ func (pc *planCheck) readmission() {
 func (pc *planCheck) eviction() {
 	for i := range pc.view.Pods {
 		pod := &pc.view.Pods[i]
-		if pod.Spec.NodeName == "" || IsDaemonSetPod(pod) {
+		if pod.Spec.NodeName == "" || workloads.IsDaemonSetPod(pod) {
 			continue
 		}
 		var lack []string
 		for _, key := range []string{"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"} {
-			if !Tolerates(pod.Spec.Tolerations, key) {
+			if !workloads.Tolerates(pod.Spec.Tolerations, key) {
 				lack = append(lack, key)
 			}
 		}
@@ -86,29 +87,6 @@ func (pc *planCheck) eviction() {
 			}
 		}
 	}
-}
-
-func IsDaemonSetPod(p *corev1.Pod) bool {
-	for _, o := range p.OwnerReferences {
-		if o.Kind == "DaemonSet" {
-			return true
-		}
-	}
-	return false
-}
-
-// tolerates reports whether tolerations cover key:NoExecute for good (or
-// for a while: tolerationSeconds is what DefaultTolerationSeconds gives).
-func Tolerates(ts []corev1.Toleration, key string) bool {
-	for _, t := range ts {
-		if t.Effect != "" && t.Effect != corev1.TaintEffectNoExecute {
-			continue
-		}
-		if t.Key == key || (t.Key == "" && t.Operator == corev1.TolerationOpExists) {
-			return true
-		}
-	}
-	return false
 }
 
 // restarts predicts, from each node's runtime, which running containers

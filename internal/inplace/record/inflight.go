@@ -3,6 +3,7 @@ package record
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -10,7 +11,9 @@ import (
 	"regexp"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 )
@@ -110,4 +113,78 @@ func DecodeInFlight(node, value string) (*InFlight, error) {
 		}
 	}
 	return &f, nil
+}
+
+// MarkInFlight writes f on node before its kubelet is swapped.
+func MarkInFlight(ctx context.Context, c kubernetes.Interface, node string, f *InFlight) error {
+	value, err := f.Encode()
+	if err != nil {
+		return err
+	}
+	if err := patchInFlight(ctx, c, node, value); err != nil {
+		return fmt.Errorf("node %s: record what runs before the swap: %w", node, err)
+	}
+	return nil
+}
+
+// ClearInFlight removes the record from node: the node is left at the
+// target as it is (a later run does not verify it again).
+func ClearInFlight(ctx context.Context, c kubernetes.Interface, node string) error {
+	if err := patchInFlight(ctx, c, node, nil); err != nil {
+		return fmt.Errorf("node %s: remove %s: %w", node, AnnotationInFlight, err)
+	}
+	return nil
+}
+
+// InFlightOn is the record a run left on n (nil when there is none).
+func InFlightOn(n *corev1.Node) (*InFlight, error) {
+	v, ok := n.Annotations[AnnotationInFlight]
+	if !ok {
+		return nil, nil
+	}
+	return DecodeInFlight(n.Name, v)
+}
+
+// Annotations a run leaves on a Node it upgraded: the cluster itself
+// says what is done (as system-upgrade-controller's label does).
+const (
+	AnnotationUpgradedTo = "kubelift.dev/upgraded-to"
+	AnnotationBundle     = "kubelift.dev/bundle"
+)
+
+// DonePatch marks a Node upgraded to version from bundle (its in-flight
+// record removed): a merge patch, which a dry run shows.
+func DonePatch(version, bundle string) ([]byte, error) {
+	return AnnotationsPatch(map[string]any{AnnotationUpgradedTo: version, AnnotationBundle: bundle, AnnotationInFlight: nil})
+}
+
+// Unmark removes every annotation a run left on node: its kubelet was
+// rolled back.
+func Unmark(ctx context.Context, c kubernetes.Interface, node string) error {
+	patch, err := AnnotationsPatch(map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil, AnnotationInFlight: nil})
+	if err != nil {
+		return err
+	}
+	return PatchNode(ctx, c, node, patch)
+}
+
+// AnnotationsPatch is a merge patch setting (or, for nil, removing) a
+// Node's annotations.
+func AnnotationsPatch(a map[string]any) ([]byte, error) {
+	return json.Marshal(map[string]any{"metadata": map[string]any{"annotations": a}})
+}
+
+// PatchNode applies a merge patch to node.
+func PatchNode(ctx context.Context, c kubernetes.Interface, node string, patch []byte) error {
+	_, err := c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+
+// patchInFlight sets the annotation on node to value (nil removes it).
+func patchInFlight(ctx context.Context, c kubernetes.Interface, node string, value any) error {
+	patch, err := AnnotationsPatch(map[string]any{AnnotationInFlight: value})
+	if err != nil {
+		return err
+	}
+	return PatchNode(ctx, c, node, patch)
 }

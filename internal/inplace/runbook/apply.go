@@ -33,13 +33,6 @@ import (
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
-// Annotations the engine leaves on a Node it upgraded: the cluster itself
-// says what is done (as system-upgrade-controller's label does).
-const (
-	AnnotationUpgradedTo = "kubelift.dev/upgraded-to"
-	AnnotationBundle     = "kubelift.dev/bundle"
-)
-
 // ApplyOptions configure Apply. The plan's options say what to read.
 type ApplyOptions struct {
 	Plan preflight.PlanOptions

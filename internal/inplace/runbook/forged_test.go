@@ -9,6 +9,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/workloads"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -31,12 +32,12 @@ func TestPatchesAreJSON(t *testing.T) {
 	if p, _ := workloads.TolerationsPatch([]corev1.Toleration{{Operator: corev1.TolerationOpExists}}); p != nil {
 		t.Errorf("a pod tolerating everything got %s", p)
 	}
-	a, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: `v1"}`, AnnotationBundle: nil})
+	a, err := record.AnnotationsPatch(map[string]any{record.AnnotationUpgradedTo: `v1"}`, record.AnnotationBundle: nil})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var back map[string]map[string]map[string]any
-	if err := json.Unmarshal(a, &back); err != nil || back["metadata"]["annotations"][AnnotationUpgradedTo] != `v1"}` {
+	if err := json.Unmarshal(a, &back); err != nil || back["metadata"]["annotations"][record.AnnotationUpgradedTo] != `v1"}` {
 		t.Errorf("annotations patch %s: %v", a, err)
 	}
 }

@@ -6,19 +6,17 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
-	"sync"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
-	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/verify"
+	"github.com/kubelift/kubelift/internal/inplace/window"
 	"github.com/kubelift/kubelift/internal/inplace/workloads"
 )
 
@@ -76,71 +74,15 @@ func (r *upgradeRun) kubeletsStep(ctx context.Context) error {
 			return err
 		}
 	}
-	window, err := preflight.NewWindow(r.opts.Plan.MaxUnavailable, r.opts.Plan.Canary, len(workers))
+	w, err := window.New(r.opts.Plan.MaxUnavailable, r.opts.Plan.Canary, len(workers))
 	if err != nil {
 		return err
 	}
-	return r.window(ctx, workers, window)
-}
-
-// window upgrades workers as w says: at most w.Width(done) in flight, a
-// slot freed as soon as a node is done. The first failure stops new
-// nodes; those in flight finish.
-func (r *upgradeRun) window(ctx context.Context, workers []string, w preflight.Window) error {
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		inFlight int
-		done     int
-		firstErr error
-		freed    = make(chan struct{}, len(workers))
-	)
-	for i := 0; i < len(workers); {
-		mu.Lock()
-		stop := firstErr != nil
-		if !stop && inFlight < w.Width(done) {
-			n := workers[i]
-			i++
-			inFlight++
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				err := r.upgradeKubeletRecovered(ctx, n)
-				mu.Lock()
-				inFlight--
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				if err == nil {
-					done++
-				}
-				mu.Unlock()
-				freed <- struct{}{}
-			}()
-			continue
-		}
-		mu.Unlock()
-		if stop {
-			break
-		}
-		select {
-		case <-freed:
-			if r.opts.Soak > 0 {
-				_ = r.wait.Pause(ctx, r.opts.Soak) // a cancel is seen below
-			}
-		case <-ctx.Done():
-			// No new node; those in flight end (undoing themselves), and
-			// their errors say more than the cancel does.
-			wg.Wait()
-			if firstErr == nil {
-				firstErr = ctx.Err()
-			}
-			return firstErr
-		}
+	var soak func(context.Context)
+	if r.opts.Soak > 0 {
+		soak = func(ctx context.Context) { _ = r.wait.Pause(ctx, r.opts.Soak) }
 	}
-	wg.Wait()
-	return firstErr
+	return w.Run(ctx, workers, soak, r.upgradeKubeletRecovered)
 }
 
 // ErrPanic means a step panicked: a bug in kubelift, failing that node
@@ -215,7 +157,7 @@ func (r *upgradeRun) checker() verify.Checker {
 // to, and records it done.
 func (r *upgradeRun) markDone(ctx context.Context, name string, attrs ...any) error {
 	to := r.target.Version.String()
-	patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: to, AnnotationBundle: r.target.Record.BundleDigest, record.AnnotationInFlight: nil})
+	patch, err := record.DonePatch(to, r.target.Record.BundleDigest)
 	if err != nil {
 		return err
 	}
@@ -223,7 +165,7 @@ func (r *upgradeRun) markDone(ctx context.Context, name string, attrs ...any) er
 		r.would(name, "annotate the node upgraded", string(patch))
 		return nil
 	}
-	if _, err := r.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if err := record.PatchNode(ctx, r.client, name, patch); err != nil {
 		return fmt.Errorf("node %s: mark done: %w", name, err)
 	}
 	r.setNode(ctx, name, record.NodeDone, "", nil)

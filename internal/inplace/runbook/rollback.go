@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
@@ -179,11 +177,7 @@ func (r *upgradeRun) undoComponent(ctx context.Context, node, comp string) error
 			}); err != nil {
 				return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
 			}
-			patch, err := annotationsPatch(map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil, record.AnnotationInFlight: nil})
-			if err != nil {
-				return err
-			}
-			if _, err := r.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			if err := record.Unmark(ctx, r.client, node); err != nil {
 				return fmt.Errorf("node %s: %w", node, err)
 			}
 		}

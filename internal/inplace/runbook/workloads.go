@@ -2,7 +2,6 @@ package runbook
 
 import (
 	"context"
-	"encoding/json"
 
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/workloads"
@@ -50,10 +49,4 @@ func (r *upgradeRun) patcher() workloads.Patcher {
 		p.Would = r.would
 	}
 	return p
-}
-
-// annotationsPatch is a merge patch setting (or, for nil, removing) a
-// Node's annotations.
-func annotationsPatch(a map[string]any) ([]byte, error) {
-	return json.Marshal(map[string]any{"metadata": map[string]any{"annotations": a}})
 }

@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
@@ -38,7 +37,7 @@ var ErrUnavailable = errors.New("workloads not fully available again")
 
 // Watch serves the gate from one informer per kind.
 type Watch struct {
-	preflight.Workloads
+	Lists
 	// rsOwner maps a ReplicaSet (NS/NAME) to its Deployment's name.
 	rsOwner func(ns, name string) string
 	stop    context.CancelFunc
@@ -67,7 +66,7 @@ func WatchWorkloads(ctx context.Context, c kubernetes.Interface) (*Watch, error)
 			}
 			return ""
 		},
-		Workloads: preflight.Workloads{
+		Lists: Lists{
 			Deployments:  func() ([]*appsv1.Deployment, error) { return d.Lister().List(all) },
 			StatefulSets: func() ([]*appsv1.StatefulSet, error) { return s.Lister().List(all) },
 			DaemonSets:   func() ([]*appsv1.DaemonSet, error) { return ds.Lister().List(all) },

@@ -1,9 +1,10 @@
 // Package workloads is what an upgrade does for the cluster's running
 // workloads and how it watches them: the not-ready/unreachable
 // tolerations a pod lacks added, the labels pods' nodeSelectors need
-// restored on their nodes (both only add), and the workload gate's watch
-// (gate.go) that holds a node's workloads to being fully available again
-// after its kubelet moved.
+// restored on their nodes (both only add), and the workload gate: which
+// workloads are fully available (available.go, read from the API for the
+// plan), and the watch (gate.go) that holds a node's workloads to being
+// fully available again after its kubelet moved.
 package workloads
 
 import (
@@ -20,8 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/kubelift/kubelift/internal/inplace/preflight"
 )
 
 // Patcher adds to pods and nodes what the upgrade needs.
@@ -41,7 +40,7 @@ func (p Patcher) AddTolerations(ctx context.Context, pods []corev1.Pod) ([]strin
 	var patched []string
 	for i := range pods {
 		pod := &pods[i]
-		if pod.Spec.NodeName == "" || preflight.IsDaemonSetPod(pod) {
+		if pod.Spec.NodeName == "" || IsDaemonSetPod(pod) {
 			continue
 		}
 		patch, err := TolerationsPatch(pod.Spec.Tolerations)
@@ -143,7 +142,7 @@ func TolerationsPatch(have []corev1.Toleration) ([]byte, error) {
 	}
 	seconds := int64(300)
 	for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
-		if !preflight.Tolerates(have, key) {
+		if !Tolerates(have, key) {
 			ops = append(ops, op{Op: "add", Path: "/spec/tolerations/-", Value: corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,
 				Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &seconds}})
 		}

@@ -1,4 +1,4 @@
-package preflight
+package workloads
 
 import (
 	"context"
@@ -6,48 +6,49 @@ import (
 	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
-// Workloads lists the workloads the workload gate judges, of each kind
+// Lists lists the workloads the workload gate judges, of each kind
 // (from the API, or from a run's informers).
-type Workloads struct {
+type Lists struct {
 	Deployments  func() ([]*appsv1.Deployment, error)
 	StatefulSets func() ([]*appsv1.StatefulSet, error)
 	DaemonSets   func() ([]*appsv1.DaemonSet, error)
 }
 
-// WorkloadState is a workload as the gate reads it: why it is not fully
+// State is a workload as the gate reads it: why it is not fully
 // available ("" when it is), and its spec's generation.
-type WorkloadState struct {
+type State struct {
 	Short      string
 	Generation int64
 }
 
 // Available maps each workload ("deployment/NS/NAME") to its state.
-func (w Workloads) Available() (map[string]WorkloadState, error) {
-	out := map[string]WorkloadState{}
+func (w Lists) Available() (map[string]State, error) {
+	out := map[string]State{}
 	deps, err := w.Deployments()
 	if err != nil {
 		return nil, err
 	}
 	for _, d := range deps {
-		out["deployment/"+d.Namespace+"/"+d.Name] = WorkloadState{deploymentShort(d), d.Generation}
+		out["deployment/"+d.Namespace+"/"+d.Name] = State{deploymentShort(d), d.Generation}
 	}
 	sts, err := w.StatefulSets()
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range sts {
-		out["statefulset/"+s.Namespace+"/"+s.Name] = WorkloadState{statefulSetShort(s), s.Generation}
+		out["statefulset/"+s.Namespace+"/"+s.Name] = State{statefulSetShort(s), s.Generation}
 	}
 	dss, err := w.DaemonSets()
 	if err != nil {
 		return nil, err
 	}
 	for _, d := range dss {
-		out["daemonset/"+d.Namespace+"/"+d.Name] = WorkloadState{daemonSetShort(d), d.Generation}
+		out["daemonset/"+d.Namespace+"/"+d.Name] = State{daemonSetShort(d), d.Generation}
 	}
 	return out, nil
 }
@@ -82,12 +83,12 @@ func daemonSetShort(d *appsv1.DaemonSet) string {
 	return ""
 }
 
-// WorkloadGate lists, for the plan, the workloads the gate would hold each
-// node to now: those fully available.
-func WorkloadGate(ctx context.Context, c kubernetes.Interface) ([]string, error) {
+// FullyAvailable lists, for the plan, the workloads the gate would hold
+// each node to now: those fully available.
+func FullyAvailable(ctx context.Context, c kubernetes.Interface) ([]string, error) {
 	// The workloads as the API lists them now, judged as the gate judges
 	// them (available).
-	w := Workloads{
+	w := Lists{
 		Deployments: func() ([]*appsv1.Deployment, error) {
 			l, err := c.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
 			if err != nil {
@@ -131,4 +132,28 @@ func pointers[T any](items []T) []*T {
 		out[i] = &items[i]
 	}
 	return out
+}
+
+// IsDaemonSetPod: a DaemonSet owns p.
+func IsDaemonSetPod(p *corev1.Pod) bool {
+	for _, o := range p.OwnerReferences {
+		if o.Kind == "DaemonSet" {
+			return true
+		}
+	}
+	return false
+}
+
+// Tolerates reports whether tolerations cover key:NoExecute for good (or
+// for a while: tolerationSeconds is what DefaultTolerationSeconds gives).
+func Tolerates(ts []corev1.Toleration, key string) bool {
+	for _, t := range ts {
+		if t.Effect != "" && t.Effect != corev1.TaintEffectNoExecute {
+			continue
+		}
+		if t.Key == key || (t.Key == "" && t.Operator == corev1.TolerationOpExists) {
+			return true
+		}
+	}
+	return false
 }
