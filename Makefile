@@ -83,8 +83,8 @@ lint: deps
 # The unit tests run without the race detector: its build compiles every
 # dependency a second time, instrumented (client-go, the API types, gRPC:
 # 492 CPU-seconds against 64 without it, measured from one empty cache
-# after the lint's), about four minutes of a cold run that the CPU, not
-# the order, bounds. make test-race runs them with it; run it after a
+# after the lint's), about four minutes of a cold run's CPU on 2 cores.
+# make test-race runs them with it; run it after a
 # change to anything that shares memory between goroutines (the
 # runbook's nodes in flight, the stager, the lock's keeper, the waiter).
 TEST_DISK_GB ?= 20
