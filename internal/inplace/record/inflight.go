@@ -121,7 +121,7 @@ func MarkInFlight(ctx context.Context, c kubernetes.Interface, node string, f *I
 	if err != nil {
 		return err
 	}
-	if err := patchInFlight(ctx, c, node, value); err != nil {
+	if err := annotate(ctx, c, node, map[string]any{AnnotationInFlight: value}); err != nil {
 		return fmt.Errorf("node %s: record what runs before the swap: %w", node, err)
 	}
 	return nil
@@ -130,7 +130,7 @@ func MarkInFlight(ctx context.Context, c kubernetes.Interface, node string, f *I
 // ClearInFlight removes the record from node: the node is left at the
 // target as it is (a later run does not verify it again).
 func ClearInFlight(ctx context.Context, c kubernetes.Interface, node string) error {
-	if err := patchInFlight(ctx, c, node, nil); err != nil {
+	if err := annotate(ctx, c, node, map[string]any{AnnotationInFlight: nil}); err != nil {
 		return fmt.Errorf("node %s: remove %s: %w", node, AnnotationInFlight, err)
 	}
 	return nil
@@ -161,11 +161,7 @@ func DonePatch(version, bundle string) ([]byte, error) {
 // Unmark removes every annotation a run left on node: its kubelet was
 // rolled back.
 func Unmark(ctx context.Context, c kubernetes.Interface, node string) error {
-	patch, err := AnnotationsPatch(map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil, AnnotationInFlight: nil})
-	if err != nil {
-		return err
-	}
-	return PatchNode(ctx, c, node, patch)
+	return annotate(ctx, c, node, map[string]any{AnnotationUpgradedTo: nil, AnnotationBundle: nil, AnnotationInFlight: nil})
 }
 
 // AnnotationsPatch is a merge patch setting (or, for nil, removing) a
@@ -180,9 +176,9 @@ func PatchNode(ctx context.Context, c kubernetes.Interface, node string, patch [
 	return err
 }
 
-// patchInFlight sets the annotation on node to value (nil removes it).
-func patchInFlight(ctx context.Context, c kubernetes.Interface, node string, value any) error {
-	patch, err := AnnotationsPatch(map[string]any{AnnotationInFlight: value})
+// annotate sets node's annotations a (nil removes one).
+func annotate(ctx context.Context, c kubernetes.Interface, node string, a map[string]any) error {
+	patch, err := AnnotationsPatch(a)
 	if err != nil {
 		return err
 	}

@@ -24,14 +24,15 @@ func (r *upgradeRun) wouldMoveRuntime(k *kubeletRun) string { return r.stack().W
 // swap fails, the old containerd is put back and the node's upgrade
 // stops here, its kubelet not swapped.
 func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
-	m, err := r.stack().For(k.name, k.arch)
+	s := r.stack()
+	m, err := s.For(k.name, k.arch)
 	if err != nil || m == nil {
 		return err
 	}
 	if err := r.fence(ctx); err != nil {
 		return fmt.Errorf("node %s: containerd not moved: %w", k.name, err)
 	}
-	if err := r.stack().Move(ctx, k.o, m, k.before); err != nil {
+	if err := s.Move(ctx, k.o, m, k.before); err != nil {
 		return err
 	}
 	k.runtimeMoved = true

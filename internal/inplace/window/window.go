@@ -136,10 +136,8 @@ func (w Window) Run(ctx context.Context, nodes []string, between func(context.Co
 			// No new node; those in flight end (undoing themselves), and
 			// their errors say more than the cancel does.
 			wg.Wait()
-			mu.Lock()
-			defer mu.Unlock()
 			if firstErr == nil {
-				return ctx.Err()
+				firstErr = ctx.Err()
 			}
 			return firstErr
 		}
