@@ -37,10 +37,13 @@ mkdir -p "$out"
 built() { local b; for b in "${bins[@]}"; do [ -x "$out/$b" ] || return 1; done; }
 if built; then echo "$out"; exit 0; fi
 # One build at a time per add-on and version: the second waits, then finds
-# the first one's binaries.
-exec 9>"$out/.lock"
-flock 9
-if built; then echo "$out"; exit 0; fi
+# the first one's binaries (under fetch_only, nothing is built: no lock).
+if fetch_only && fetched_before "$name-$version"; then echo "$out"; exit 0; fi
+if ! fetch_only; then
+	exec 9>"$out/.lock"
+	flock 9
+	if built; then echo "$out"; exit 0; fi
+fi
 
 work=$(mktemp -d)
 # Compiled objects are not kept in the user's Go cache: the binaries are
@@ -55,7 +58,7 @@ mkdir -p "$partial"
 cd "$work"
 # The release's commit, as the proxy recorded it (not always: then none).
 commit() { go list -m -json "$1" 2>/dev/null | sed -n 's/^[[:space:]]*"Hash": "\(.*\)",*$/\1/p'; }
-echo "building $name $version" >&2
+fetch_only || echo "building $name $version" >&2
 case $name in
 etcd)
 	mods=(go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3)
@@ -74,6 +77,12 @@ etcd)
 	# the release's go line, so GODEBUG defaults are those etcd was built with
 	go mod edit -go="$(sed -n 's/^go //p' "$gomod")"
 	GOFLAGS=-mod=mod go get "${mods[@]/%/@$version}" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "${mods[@]/%/@$version}"
+	if fetch_only; then
+		GOFLAGS=-mod=mod go list -deps "${mods[@]}" >/dev/null
+		echo "fetched the modules of $name $version" >&2
+		echo "$out"
+		exit 0
+	fi
 	sha=$(commit "go.etcd.io/etcd/etcdctl/v3@$version")
 	ld="-s -w${sha:+ -X go.etcd.io/etcd/api/v3/version.GitSHA=${sha:0:9}}"
 	CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ld" -o "$partial/" "${mods[@]}"
@@ -81,6 +90,16 @@ etcd)
 	mv "$partial/server" "$partial/etcd"
 	;;
 coredns)
+	if fetch_only; then
+		# what go install MODULE@VERSION would download: the module's
+		# own requirements, resolved in a module that requires only it
+		go mod init kubelift.local/addon-build >/dev/null 2>&1
+		GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$version" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$version"
+		GOFLAGS=-mod=mod go list -deps github.com/coredns/coredns >/dev/null
+		echo "fetched the modules of $name $version" >&2
+		echo "$out"
+		exit 0
+	fi
 	sha=$(commit "github.com/coredns/coredns@$version")
 	ld="-s -w${sha:+ -X github.com/coredns/coredns/coremain.GitCommit=${sha:0:7}}"
 	CGO_ENABLED=0 GOBIN=$partial go install -trimpath -ldflags "$ld" "github.com/coredns/coredns@$version"

@@ -39,6 +39,10 @@ cache=${KUBELIFT_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/kubernetes}
 mkdir -p "$cache" && cache=$(CDPATH='' cd -- "$cache" && pwd)
 out=$cache/$version-kubelift
 mkdir -p "$out"
+# Under KUBELIFT_FETCH_ONLY=1 (hack/lib.sh's fetch_only) there is nothing
+# to fetch: the patched kubelet's modules are the stock kubelet's, which
+# the release's own fetch (hack/build-kubernetes.sh) downloaded.
+if [ "${KUBELIFT_FETCH_ONLY:-}" = 1 ]; then echo "$out/kubelet"; exit 0; fi
 # One build at a time per version: test packages run side by side and
 # each asks for the kubelet; the second waits and takes the first's.
 exec 9>"$out/.lock"

@@ -25,6 +25,23 @@ mkdir -p "$out"
 missing=()
 for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
+. "$(dirname "$0")/lib.sh"
+if fetch_only; then
+	todo=()
+	for c in "${missing[@]}"; do fetched_before "$version-$c" || todo+=("$c"); done
+	if [ ${#todo[@]} -eq 0 ]; then echo "$out"; exit 0; fi
+	work=$(mktemp -d)
+	trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+	export GOCACHE=${KUBELIFT_BUILD_CACHE:-$work/go-build}
+	kube_tree "$version" "$work/src"
+	cd "$work/src"
+	pkgs=()
+	for c in "${todo[@]}"; do pkgs+=("./cmd/$c"); done
+	GOWORK=off GOFLAGS=-mod=mod go list -deps "${pkgs[@]}" >/dev/null
+	echo "fetched the modules of ${todo[*]} $version" >&2
+	echo "$out"
+	exit 0
+fi
 # One build at a time per minor (test packages run side by side and ask
 # for the same version, or two of one minor): the second waits, then
 # builds only what the first did not, and two releases of one minor
@@ -50,7 +67,6 @@ work=$(mktemp -d)
 export GOCACHE=${KUBELIFT_BUILD_CACHE:-$work/go-build}
 # (the tree kube_tree copies is read-only until it is done with it)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
-. "$(dirname "$0")/lib.sh"
 # The release laid out as its repository is (hack/lib.sh's kube_tree): a
 # later release's build then takes from the run's cache every package
 # this one compiled and that one did not change.

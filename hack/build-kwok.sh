@@ -34,11 +34,7 @@ partial=
 work=
 trap '[ -z "$partial" ] || rm -rf "$partial"; [ -z "$work" ] || rm -rf "$work"' EXIT
 work=$(mktemp -d)
-# Build into a temporary directory next to the destination, then rename
-# it into place: a half-built or interrupted build is never seen.
-partial=$(mktemp -d "$cache/.kwok-$version.XXXXXX")
-chmod 755 "$partial"
-echo "building kwok $version" >&2
+fetch_only || echo "building kwok $version" >&2
 cd "$work"
 {
 	printf 'module kubelift.local/kwok-build\n\n'
@@ -53,6 +49,17 @@ if ! go get "sigs.k8s.io/kwok@$version" >get.log 2>&1; then
 	cat get.log >&2
 	exit 1
 fi
+# Under fetch_only (hack/lib.sh): the modules the build would compile.
+if fetch_only; then
+	go list -deps sigs.k8s.io/kwok/cmd/kwok >/dev/null
+	echo "fetched the modules of kwok $version" >&2
+	echo "$out/kwok"
+	exit 0
+fi
+# Build into a temporary directory next to the destination, then rename
+# it into place: a half-built or interrupted build is never seen.
+partial=$(mktemp -d "$cache/.kwok-$version.XXXXXX")
+chmod 755 "$partial"
 go build -ldflags "-s -w" -o "$partial/kwok" sigs.k8s.io/kwok/cmd/kwok
 stages=$(go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage/pod/fast
 for s in pod-ready pod-complete pod-delete; do

@@ -27,10 +27,13 @@ bins=(containerd containerd-shim-runc-v2 ctr runc crictl)
 complete() { for b in "${bins[@]}"; do [ -x "$out/$b" ] || return 1; done; }
 mkdir -p "$out"
 if complete; then echo "$out"; exit 0; fi
-# One build at a time (test packages run side by side).
-exec 9>"$out/.lock"
-flock 9
-if complete; then echo "$out"; exit 0; fi
+# One build at a time (test packages run side by side); under fetch_only
+# (hack/lib.sh) nothing is built: no lock.
+if ! fetch_only; then
+	exec 9>"$out/.lock"
+	flock 9
+	if complete; then echo "$out"; exit 0; fi
+fi
 
 work=$(mktemp -d)
 # Compiled objects are not kept in the user's Go cache: the binaries are
@@ -53,19 +56,35 @@ module() {
 	GOFLAGS=-mod=mod go get "$2" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "$2"
 }
 
-echo "building containerd $containerd, runc $runc, crictl $crictl" >&2
-# containerd: no cgo (the btrfs snapshotter, which needs it, is not used);
-# tags as containerd's Makefile sets them for a static build, the shim
-# without gRPC, as there.
 # containerd 1.x is the module without /v2 (its last line, 1.7, is what
 # nodes run that Kubernetes after v1.35 no longer supports).
 case $containerd in
 v1.*) cmod=github.com/containerd/containerd ;;
 *) cmod=github.com/containerd/containerd/v2 ;;
 esac
+tags=no_btrfs,urfave_cli_no_docs,osusergo,netgo,static_build
+
+# Under fetch_only: the modules the builds below would compile (go list
+# -deps of the same packages, tags and cgo setting), and nothing built.
+if fetch_only; then
+	if fetched_before "runtime-$containerd-$runc-$crictl"; then echo "$out"; exit 0; fi
+	module containerd "$cmod@$containerd"
+	CGO_ENABLED=0 GOFLAGS=-mod=mod go list -deps -tags "$tags" "$cmod/cmd/containerd" "$cmod/cmd/ctr" "$cmod/cmd/containerd-shim-runc-v2" >/dev/null
+	module runc "github.com/opencontainers/runc@$runc"
+	CGO_ENABLED=1 GOFLAGS=-mod=mod go list -deps -tags seccomp,urfave_cli_no_docs github.com/opencontainers/runc >/dev/null
+	module crictl "sigs.k8s.io/cri-tools@$crictl"
+	CGO_ENABLED=0 GOFLAGS=-mod=mod go list -deps sigs.k8s.io/cri-tools/cmd/crictl >/dev/null
+	echo "fetched the modules of containerd $containerd, runc $runc, crictl $crictl" >&2
+	echo "$out"
+	exit 0
+fi
+
+echo "building containerd $containerd, runc $runc, crictl $crictl" >&2
+# containerd: no cgo (the btrfs snapshotter, which needs it, is not used);
+# tags as containerd's Makefile sets them for a static build, the shim
+# without gRPC, as there.
 module containerd "$cmod@$containerd"
 ld="-s -w -X $cmod/version.Version=$containerd -X $cmod/version.Revision=module-proxy"
-tags=no_btrfs,urfave_cli_no_docs,osusergo,netgo,static_build
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags" -ldflags "$ld" -o "$partial/" \
 	"$cmod/cmd/containerd" "$cmod/cmd/ctr"
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags,no_grpc" -ldflags "$ld" -o "$partial/" \

@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2034 # sourced: the variables it sets are its callers'
-# Shared by kubelift's build scripts: built_note, and how to build
+# Shared by kubelift's build scripts: built_note, fetch_only, and how to build
 # k8s.io/kubernetes from the Go module proxy. Source it; then
 #   kube_tree VERSION DIR
 # lays the release out in DIR as its repository is, to build its
@@ -29,6 +29,28 @@ built_note() {
 	if [ -n "${KUBELIFT_BUILD_LOG:-}" ]; then
 		echo "$(date -u +%H:%M:%S) $*" >>"$KUBELIFT_BUILD_LOG"
 	fi
+}
+
+# fetch_only: true under KUBELIFT_FETCH_ONLY=1, where a build script
+# downloads the Go modules its build would compile (go list -deps of the
+# same packages) and builds nothing, takes no lock and prints what it
+# would. hack/prebuild.sh fetches every build's modules so, beside the
+# first build: on a cold machine each build downloaded its own when it
+# began, and the CPU stood idle for minutes between builds (FC24: 3.3
+# CPU-minutes of it while etcd's, CoreDNS's and v1.30.14's were fetched).
+fetch_only() { [ "${KUBELIFT_FETCH_ONLY:-}" = 1 ]; }
+
+# fetched_before KEY: under make test (its KUBELIFT_BUILD_CACHE), true if
+# this run has fetched KEY already, and KEY marked fetched otherwise: the
+# prebuild names v1.31.4 and v1.30.14 in three builds each, and each
+# fetch of a release lays out its tree again.
+fetched_before() {
+	[ -n "${KUBELIFT_BUILD_CACHE:-}" ] || return 1
+	local d=$KUBELIFT_BUILD_CACHE/kubelift-fetched
+	mkdir -p "$d"
+	[ ! -e "$d/$1" ] || return 0
+	: >"$d/$1"
+	return 1
 }
 
 # staging_version MODULE: KUBE_STAGING if the module proxy serves it,
