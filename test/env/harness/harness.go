@@ -96,12 +96,14 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 		o(&h.cfg)
 	}
 	h.cfg.Defaults()
-	hashSkipKubelet, err := kube.HashSkipKubelet(ctx, h.cfg.NewVersion)
-	if err != nil {
-		os.RemoveAll(tmp)
+	// The sandbox first: it boots its nodes while the target builds, and
+	// the hash-skip kubelet is built on the target's stock one.
+	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
+		h.Close()
 		return nil, err
 	}
-	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
+	hashSkipKubelet, err := kube.HashSkipKubelet(ctx, h.cfg.NewVersion)
+	if err != nil {
 		h.Close()
 		return nil, err
 	}

@@ -27,14 +27,26 @@ type Binaries struct {
 	Stack string `json:"stack,omitempty"`
 }
 
-// Build builds (or finds cached) every binary a sandbox of cfg runs: the
-// container runtime, the old and new releases (with kubeadm for a kubeadm sandbox), the control
-// plane of every hop between them, and a kubeadm sandbox's etcd and
-// CoreDNS. Up does it first; `kubelift-sandbox build`
-// does only this, so that make test builds the stories' releases while
-// other tests run.
+// Build builds (or finds cached) every binary a sandbox of cfg runs: what
+// it boots on (buildBoot) and the release it is upgraded to
+// (buildTarget). `kubelift-sandbox build` does only this, so that make
+// test builds the stories' releases while other tests run; Up boots the
+// nodes while the target builds.
 func Build(ctx context.Context, cfg Config) (Binaries, error) {
 	cfg.Defaults()
+	b, err := buildBoot(ctx, cfg)
+	if err != nil {
+		return b, err
+	}
+	b.New, b.Hops, err = buildTarget(ctx, cfg)
+	return b, err
+}
+
+// buildBoot builds (or finds cached) what a sandbox of cfg boots on: the
+// container runtime (and the one its node stack moves it to), the old
+// release (with kubeadm for a kubeadm sandbox), and a kubeadm sandbox's
+// etcd and CoreDNS.
+func buildBoot(ctx context.Context, cfg Config) (Binaries, error) {
 	var b Binaries
 	// The runtime first: every sandbox runs it, and it builds in a
 	// fraction of a release's time.
@@ -59,39 +71,14 @@ func Build(ctx context.Context, cfg Config) (Binaries, error) {
 			}
 		}
 	}
-	cfg.Log("building (or finding cached) Kubernetes %s and %s", cfg.OldVersion, cfg.NewVersion)
-	var err error
-	old, upgrade := oldComponents, newComponents
+	cfg.Log("building (or finding cached) Kubernetes %s", cfg.OldVersion)
+	old := oldComponents
 	if cfg.Kubeadm {
-		old, upgrade = append(old, "kubeadm"), append(upgrade, "kubeadm")
+		old = append(old, "kubeadm")
 	}
+	var err error
 	if b.Old, err = buildKubernetes(ctx, cfg.OldVersion, old...); err != nil {
 		return b, err
-	}
-	if b.New, err = buildKubernetes(ctx, cfg.NewVersion, upgrade...); err != nil {
-		return b, err
-	}
-	hops, err := hopsBetween(cfg.OldVersion, cfg.NewVersion)
-	if err != nil {
-		return b, err
-	}
-	for _, h := range hops {
-		if cfg.Kubeadm {
-			return b, fmt.Errorf("%s to %s passes through %s: kubelift moves a kubeadm control plane one minor per run, so a kubeadm sandbox is built for one minor", cfg.OldVersion, cfg.NewVersion, h.Version)
-		}
-		cfg.Log("building (or finding cached) the control plane of %s, a hop on the way to %s", h.Version, cfg.NewVersion)
-		comps := hopComponents
-		if cfg.FullHops {
-			comps = newComponents
-		}
-		dir, err := buildKubernetes(ctx, h.Version, comps...)
-		if err != nil {
-			return b, err
-		}
-		if b.Hops == nil {
-			b.Hops = map[string]string{}
-		}
-		b.Hops[h.Version] = dir
 	}
 	if cfg.Kubeadm {
 		cfg.Log("building (or finding cached) etcd %s and CoreDNS %s", EtcdVersion, CoreDNSVersion)
@@ -103,4 +90,65 @@ func Build(ctx context.Context, cfg Config) (Binaries, error) {
 		}
 	}
 	return b, nil
+}
+
+// buildTarget builds (or finds cached) the release a sandbox of cfg is
+// upgraded to, and the control plane of every hop on the way: the
+// directory of each.
+func buildTarget(ctx context.Context, cfg Config) (string, map[string]string, error) {
+	cfg.Log("building (or finding cached) Kubernetes %s", cfg.NewVersion)
+	upgrade := newComponents
+	if cfg.Kubeadm {
+		upgrade = append(upgrade, "kubeadm")
+	}
+	dir, err := buildKubernetes(ctx, cfg.NewVersion, upgrade...)
+	if err != nil {
+		return "", nil, err
+	}
+	hops, err := hopsBetween(cfg.OldVersion, cfg.NewVersion)
+	if err != nil {
+		return "", nil, err
+	}
+	var byVersion map[string]string
+	for _, h := range hops {
+		if cfg.Kubeadm {
+			return "", nil, fmt.Errorf("%s to %s passes through %s: kubelift moves a kubeadm control plane one minor per run, so a kubeadm sandbox is built for one minor", cfg.OldVersion, cfg.NewVersion, h.Version)
+		}
+		cfg.Log("building (or finding cached) the control plane of %s, a hop on the way to %s", h.Version, cfg.NewVersion)
+		comps := hopComponents
+		if cfg.FullHops {
+			comps = newComponents
+		}
+		hop, err := buildKubernetes(ctx, h.Version, comps...)
+		if err != nil {
+			return "", nil, err
+		}
+		if byVersion == nil {
+			byVersion = map[string]string{}
+		}
+		byVersion[h.Version] = hop
+	}
+	return dir, byVersion, nil
+}
+
+// startTarget starts buildTarget and returns what waits for its result
+// (called again, it returns the same). Up boots the nodes meanwhile: on
+// a cold machine make test's last story (test/stories/multihop) waited
+// for v1.32.13's build and only then booted its nodes, at the end of the
+// run with the CPU half idle.
+func startTarget(ctx context.Context, cfg Config) func() (string, map[string]string, error) {
+	var (
+		dir  string
+		hops map[string]string
+		err  error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		dir, hops, err = buildTarget(ctx, cfg)
+	}()
+	return func() (string, map[string]string, error) {
+		<-done
+		return dir, hops, err
+	}
 }

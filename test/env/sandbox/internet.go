@@ -49,11 +49,10 @@ Restart=on-failure
 WantedBy=multi-user.target
 `
 
-// internetFiles writes the stand-in internet's tree: the source registry,
-// and every file of the new version's catalog entry for amd64 at its
-// upstream path (/srv/files/HOST/PATH, with PATH.sha256), and its node
-// stack's (stackFile). The kubelet and kubectl are the real builds, and
-// so are containerd and runc; the other files are labelled stand-ins.
+// internetFiles writes the stand-in internet's machine: its registry's
+// configuration, its units, and s.Internet (the flags that point bundle
+// create at it). What it serves, serveFiles writes once the target is
+// built.
 func (s *State) internetFiles(m *Machine) error {
 	for _, d := range []string{"etc/docker/registry", "var/lib/docker-registry", "srv/files"} {
 		if err := os.MkdirAll(m.fsPath(d), 0o755); err != nil {
@@ -63,77 +62,18 @@ func (s *State) internetFiles(m *Machine) error {
 	if err := os.WriteFile(m.fsPath("etc/docker/registry/config.yml"), []byte(registryConfig(internetRegistry, "kubelift-sandbox-internet", false)), 0o644); err != nil {
 		return err
 	}
-	cat, err := catalog.Default()
+	sets, err := s.servedSets()
 	if err != nil {
 		return err
 	}
-	rel, err := cat.Lookup(s.NewVersion)
-	if err != nil {
-		return fmt.Errorf("stand-in internet: %w", err)
-	}
-	hops, err := s.Hops()
-	if err != nil {
-		return fmt.Errorf("stand-in internet: %w", err)
-	}
 	hosts := map[string]bool{}
-	// serve writes each file at its upstream path with its .sha256; the
-	// content comes from content (nil: a labelled stand-in).
-	serve := func(version string, files []catalog.File, content func(name string) ([]byte, error)) error {
-		for _, f := range files {
+	for _, set := range sets {
+		for _, f := range set.files {
 			u, err := url.Parse(f.URLFor("amd64"))
 			if err != nil {
 				return err
 			}
 			hosts[u.Host] = true
-			dst := m.fsPath(filepath.Join("srv/files", u.Host, u.Path))
-			data, err := content(f.Name)
-			if err != nil {
-				return err
-			}
-			if data == nil {
-				data = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, version, u))
-			}
-			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-				return err
-			}
-			if err := os.WriteFile(dst, data, 0o644); err != nil {
-				return err
-			}
-			if err := os.WriteFile(dst+".sha256", []byte(fmt.Sprintf("%x\n", sha256.Sum256(data))), 0o644); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	// The programs the sandbox builds are served for real; the rest
-	// (kubeadm, kube-proxy, crictl and CNI archives; at a hop, all but
-	// the control plane) are stand-ins.
-	built := func(dir string) func(string) ([]byte, error) {
-		return func(name string) ([]byte, error) {
-			data, err := os.ReadFile(filepath.Join(dir, name))
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil, nil
-			}
-			return data, err
-		}
-	}
-	if err := serve(rel.Version, rel.Files, built(s.Binaries.New)); err != nil {
-		return err
-	}
-	var stack []catalog.File
-	for _, p := range rel.NodeStack {
-		stack = append(stack, p.File())
-	}
-	if err := serve(rel.Version, stack, func(name string) ([]byte, error) { return s.stackFile(rel, name) }); err != nil {
-		return err
-	}
-	for _, h := range hops {
-		dir, ok := s.Binaries.Hops[h.Version]
-		if !ok {
-			return fmt.Errorf("stand-in internet: hop %s was not built", h.Version)
-		}
-		if err := serve(h.Version, h.Files, built(dir)); err != nil {
-			return err
 		}
 	}
 	s.Internet = Internet{NetNS: m.NetNS, Registry: internetRegistry, Files: "http://" + internetFiles,
@@ -150,6 +90,106 @@ func (s *State) internetFiles(m *Machine) error {
 		return err
 	}
 	return writeUnit(m, "files.service", filesUnit, true)
+}
+
+// servedSet is one release's files the stand-in internet serves, and
+// where their content comes from (nil content: a labelled stand-in).
+type servedSet struct {
+	version string
+	files   []catalog.File
+	content func(name string) ([]byte, error)
+}
+
+// servedSets are the new version's catalog entry for amd64, its node
+// stack's (stackFile), and every hop's. The kubelet and kubectl are the
+// real builds, and so are containerd and runc; the other files are
+// labelled stand-ins.
+func (s *State) servedSets() ([]servedSet, error) {
+	cat, err := catalog.Default()
+	if err != nil {
+		return nil, err
+	}
+	rel, err := cat.Lookup(s.NewVersion)
+	if err != nil {
+		return nil, fmt.Errorf("stand-in internet: %w", err)
+	}
+	hops, err := s.Hops()
+	if err != nil {
+		return nil, fmt.Errorf("stand-in internet: %w", err)
+	}
+	// The programs the sandbox builds are served for real; the rest
+	// (kubeadm, kube-proxy, crictl and CNI archives; at a hop, all but
+	// the control plane) are stand-ins.
+	built := func(dir func() (string, error)) func(string) ([]byte, error) {
+		return func(name string) ([]byte, error) {
+			d, err := dir()
+			if err != nil {
+				return nil, err
+			}
+			data, err := os.ReadFile(filepath.Join(d, name))
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, nil
+			}
+			return data, err
+		}
+	}
+	sets := []servedSet{{rel.Version, rel.Files, built(func() (string, error) {
+		if s.Binaries.New == "" {
+			return "", fmt.Errorf("stand-in internet: %s was not built", s.NewVersion)
+		}
+		return s.Binaries.New, nil
+	})}}
+	var stack []catalog.File
+	for _, p := range rel.NodeStack {
+		stack = append(stack, p.File())
+	}
+	sets = append(sets, servedSet{rel.Version, stack, func(name string) ([]byte, error) { return s.stackFile(rel, name) }})
+	for _, h := range hops {
+		sets = append(sets, servedSet{h.Version, h.Files, built(func() (string, error) {
+			dir, ok := s.Binaries.Hops[h.Version]
+			if !ok {
+				return "", fmt.Errorf("stand-in internet: hop %s was not built", h.Version)
+			}
+			return dir, nil
+		})})
+	}
+	return sets, nil
+}
+
+// serveFiles writes, in the stand-in internet's tree, every file of
+// servedSets at its upstream path (/srv/files/HOST/PATH, with
+// PATH.sha256).
+func (s *State) serveFiles(m *Machine) error {
+	sets, err := s.servedSets()
+	if err != nil {
+		return err
+	}
+	for _, set := range sets {
+		for _, f := range set.files {
+			u, err := url.Parse(f.URLFor("amd64"))
+			if err != nil {
+				return err
+			}
+			dst := m.fsPath(filepath.Join("srv/files", u.Host, u.Path))
+			data, err := set.content(f.Name)
+			if err != nil {
+				return err
+			}
+			if data == nil {
+				data = []byte(fmt.Sprintf("kubelift sandbox stand-in for %s %s (%s)\n", f.Name, set.version, u))
+			}
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(dst, data, 0o644); err != nil {
+				return err
+			}
+			if err := os.WriteFile(dst+".sha256", []byte(fmt.Sprintf("%x\n", sha256.Sum256(data))), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // stackFile is the content the stand-in internet serves for part name of

@@ -316,10 +316,15 @@ func (s *State) matches(cfg Config) bool {
 func (s *State) up(ctx context.Context, cfg Config) error {
 	start := time.Now()
 	var err error
-	if s.Binaries, err = Build(ctx, cfg); err != nil {
+	if s.Binaries, err = buildBoot(ctx, cfg); err != nil {
 		return err
 	}
-	cfg.Log("binaries ready (%s)", time.Since(start).Round(time.Second))
+	cfg.Log("what the nodes boot on is ready (%s); %s builds while they boot", time.Since(start).Round(time.Second), cfg.NewVersion)
+	// The target is needed only by the stand-in internet, last: the
+	// nodes boot while it builds. A boot that fails waits for the build
+	// all the same, so that no build script outlives Up.
+	target := startTarget(ctx, cfg)
+	defer target()
 
 	s.Machines = append(s.Machines, Machine{Name: "admin", Role: "admin", Address: cfg.Subnet + ".1", NetNS: cfg.Name + "-admin"},
 		Machine{Name: "internet", Role: "internet", Address: "127.0.0.1", NetNS: cfg.Name + "-internet"})
@@ -427,6 +432,20 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 		if built, err = s.pushImages(ctx); err != nil {
 			return err
 		}
+	}
+	if s.Binaries.New, s.Binaries.Hops, err = target(); err != nil {
+		return err
+	}
+	cfg.Log("Kubernetes %s ready (%s)", cfg.NewVersion, time.Since(start).Round(time.Second))
+	if err := s.save(); err != nil {
+		return err
+	}
+	inet, err := s.Machine("internet")
+	if err != nil {
+		return err
+	}
+	if err := s.serveFiles(inet); err != nil {
+		return err
 	}
 	cfg.Log("the stand-in internet: seeding %s's images and serving its files (real kubelet, kube-proxy and kubectl; the real pause)", cfg.NewVersion)
 	if err := s.seedInternet(ctx, built); err != nil {

@@ -118,7 +118,8 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 		Use:   "build",
 		Short: "Build (or find cached) every binary a sandbox of these flags runs, and bring nothing up",
 		Long: `Builds from the Go module proxy, or finds in ~/.cache/kubelift, what up
-would build first for the same flags: both releases, the control plane
+would build for the same flags (up boots the nodes on the old release
+while it builds the target): both releases, the control plane
 of every hop between them, the container runtime, and with --kubeadm
 kubeadm, etcd and CoreDNS; --hash-skip adds the target's kubelet with
 kubelift's hash-skip patch. Each build holds a lock per version, so
