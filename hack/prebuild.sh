@@ -6,8 +6,10 @@
 # tests and the waiting stories leave). Each build holds a lock per
 # version: a story that asks for a release meanwhile waits for this
 # build and takes its result, and a story that asks first builds it
-# itself; either way nothing is built twice. A failure here fails
-# nothing: the story that needs the build fails with its own error.
+# itself; either way nothing is built twice. Beside the first build it
+# downloads every build's Go modules (builds, run under fetch_only). A
+# failure here fails nothing: the story that needs the build fails with
+# its own error.
 #
 #   hack/prebuild.sh KUBELIFT-SANDBOX
 set -euo pipefail
@@ -35,9 +37,9 @@ builds() {
 }
 # The Go modules of every build first, beside the builds (hack/lib.sh's
 # fetch_only): each build then finds its modules downloaded, where it
-# waited for them with the CPU idle.
-# Its own log, apart from the builds' (whose end make test prints when
-# one fails), in the run's build cache, which make test removes.
+# waited for them with the CPU idle. The fetch has its own log, apart
+# from the builds' (whose end make test prints when one fails), in the
+# run's build cache, which make test removes.
 fetchlog=$(mktemp -p "${KUBELIFT_BUILD_CACHE:-${TMPDIR:-/tmp}}")
 trap 'rm -f "$fetchlog"' EXIT
 (export KUBELIFT_FETCH_ONLY=1; builds) >/dev/null 2>"$fetchlog" & fetch=$!
