@@ -78,7 +78,7 @@ etcd)
 	go mod edit -go="$(sed -n 's/^go //p' "$gomod")"
 	GOFLAGS=-mod=mod go get "${mods[@]/%/@$version}" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "${mods[@]/%/@$version}"
 	if fetch_only; then
-		GOFLAGS=-mod=mod go list -deps "${mods[@]}" >/dev/null
+		CGO_ENABLED=0 GOFLAGS=-mod=mod go list -deps "${mods[@]}" >/dev/null
 		echo "fetched the modules of $name $version" >&2
 		echo "$out"
 		exit 0
@@ -95,7 +95,7 @@ coredns)
 		# own requirements, resolved in a module that requires only it
 		go mod init kubelift.local/addon-build >/dev/null 2>&1
 		GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$version" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$version"
-		GOFLAGS=-mod=mod go list -deps github.com/coredns/coredns >/dev/null
+		CGO_ENABLED=0 GOFLAGS=-mod=mod go list -deps github.com/coredns/coredns >/dev/null
 		echo "fetched the modules of $name $version" >&2
 		echo "$out"
 		exit 0

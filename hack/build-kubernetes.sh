@@ -37,7 +37,7 @@ if fetch_only; then
 	cd "$work/src"
 	pkgs=()
 	for c in "${todo[@]}"; do pkgs+=("./cmd/$c"); done
-	GOWORK=off GOFLAGS=-mod=mod go list -deps "${pkgs[@]}" >/dev/null
+	CGO_ENABLED=0 GOWORK=off GOFLAGS=-mod=mod go list -deps "${pkgs[@]}" >/dev/null
 	echo "fetched the modules of ${todo[*]} $version" >&2
 	echo "$out"
 	exit 0

@@ -40,11 +40,18 @@ builds() {
 # waited for them with the CPU idle. The fetch has its own log, apart
 # from the builds' (whose end make test prints when one fails), in the
 # run's build cache, which make test removes.
-fetchlog=$(mktemp -p "${KUBELIFT_BUILD_CACHE:-${TMPDIR:-/tmp}}")
-trap 'rm -f "$fetchlog"' EXIT
+logdir=${KUBELIFT_BUILD_CACHE:-${TMPDIR:-/tmp}}
+mkdir -p "$logdir"
+fetchlog=$(mktemp -p "$logdir")
+fetch=
+# A build that fails ends this script (set -e): it waits for the fetch
+# first, so that make test's kill of its process group still reaches
+# the fetch, and nothing outlives the run.
+trap '[ -z "$fetch" ] || wait "$fetch" 2>/dev/null || :; rm -f "$fetchlog"' EXIT
 (export KUBELIFT_FETCH_ONLY=1; builds) >/dev/null 2>"$fetchlog" & fetch=$!
 builds
 if ! wait "$fetch"; then
 	echo "fetching the builds' modules failed (each build fetched its own); its end:" >&2
 	tail -n 5 "$fetchlog" >&2
 fi
+fetch=

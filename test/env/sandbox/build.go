@@ -28,26 +28,35 @@ type Binaries struct {
 }
 
 // Build builds (or finds cached) every binary a sandbox of cfg runs: what
-// it boots on (buildBoot) and the release it is upgraded to
-// (buildTarget). `kubelift-sandbox build` does only this, so that make
-// test builds the stories' releases while other tests run; Up boots the
-// nodes while the target builds.
+// it boots on (buildBoot), the release it is upgraded to (buildTarget),
+// and a kubeadm sandbox's etcd and CoreDNS (buildAddons), in that order:
+// `kubelift-sandbox build` does only this, so that make test builds the
+// stories' releases while other tests run, and its patch stories' binary
+// cluster needs no add-on (with them before the target, FC25's applyha
+// waited five minutes longer for v1.31.14). Up builds the add-ons before
+// it boots, and boots the nodes while the target builds.
 func Build(ctx context.Context, cfg Config) (Binaries, error) {
 	cfg.Defaults()
 	b, err := buildBoot(ctx, cfg)
 	if err != nil {
 		return b, err
 	}
-	b.New, b.Hops, err = buildTarget(ctx, cfg)
-	return b, err
+	if b.New, b.Hops, err = buildTarget(ctx, cfg); err != nil {
+		return b, err
+	}
+	return b, buildAddons(ctx, cfg)
 }
 
-// buildBoot builds (or finds cached) what a sandbox of cfg boots on: the
-// container runtime (and the one its node stack moves it to), the old
-// release (with kubeadm for a kubeadm sandbox), and a kubeadm sandbox's
-// etcd and CoreDNS.
+// buildBoot builds (or finds cached) the container runtime of a sandbox
+// of cfg (and the one its node stack moves it to) and the old release
+// (with kubeadm for a kubeadm sandbox). It first refuses a kubeadm
+// sandbox whose target is more than a minor ahead, before anything is
+// built or booted.
 func buildBoot(ctx context.Context, cfg Config) (Binaries, error) {
 	var b Binaries
+	if err := checkHops(cfg); err != nil {
+		return b, err
+	}
 	// The runtime first: every sandbox runs it, and it builds in a
 	// fraction of a release's time.
 	if cfg.Runtime == RuntimeContainerd {
@@ -77,19 +86,39 @@ func buildBoot(ctx context.Context, cfg Config) (Binaries, error) {
 		old = append(old, "kubeadm")
 	}
 	var err error
-	if b.Old, err = buildKubernetes(ctx, cfg.OldVersion, old...); err != nil {
-		return b, err
+	b.Old, err = buildKubernetes(ctx, cfg.OldVersion, old...)
+	return b, err
+}
+
+// buildAddons builds (or finds cached) a kubeadm sandbox's etcd and
+// CoreDNS, which its control plane runs from images; nothing for a
+// binary sandbox.
+func buildAddons(ctx context.Context, cfg Config) error {
+	if !cfg.Kubeadm {
+		return nil
 	}
-	if cfg.Kubeadm {
-		cfg.Log("building (or finding cached) etcd %s and CoreDNS %s", EtcdVersion, CoreDNSVersion)
-		if _, err := kube.Addon(ctx, "etcd", EtcdVersion); err != nil {
-			return b, err
-		}
-		if _, err := kube.Addon(ctx, "coredns", CoreDNSVersion); err != nil {
-			return b, err
-		}
+	cfg.Log("building (or finding cached) etcd %s and CoreDNS %s", EtcdVersion, CoreDNSVersion)
+	if _, err := kube.Addon(ctx, "etcd", EtcdVersion); err != nil {
+		return err
 	}
-	return b, nil
+	_, err := kube.Addon(ctx, "coredns", CoreDNSVersion)
+	return err
+}
+
+// checkHops refuses a kubeadm sandbox whose target is more than a minor
+// ahead of its old release.
+func checkHops(cfg Config) error {
+	if !cfg.Kubeadm {
+		return nil
+	}
+	hops, err := hopsBetween(cfg.OldVersion, cfg.NewVersion)
+	if err != nil {
+		return err
+	}
+	if len(hops) > 0 {
+		return fmt.Errorf("%s to %s passes through %s: kubelift moves a kubeadm control plane one minor per run, so a kubeadm sandbox is built for one minor", cfg.OldVersion, cfg.NewVersion, hops[0].Version)
+	}
+	return nil
 }
 
 // buildTarget builds (or finds cached) the release a sandbox of cfg is
@@ -111,9 +140,6 @@ func buildTarget(ctx context.Context, cfg Config) (string, map[string]string, er
 	}
 	var byVersion map[string]string
 	for _, h := range hops {
-		if cfg.Kubeadm {
-			return "", nil, fmt.Errorf("%s to %s passes through %s: kubelift moves a kubeadm control plane one minor per run, so a kubeadm sandbox is built for one minor", cfg.OldVersion, cfg.NewVersion, h.Version)
-		}
 		cfg.Log("building (or finding cached) the control plane of %s, a hop on the way to %s", h.Version, cfg.NewVersion)
 		comps := hopComponents
 		if cfg.FullHops {

@@ -319,6 +319,9 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	if s.Binaries, err = buildBoot(ctx, cfg); err != nil {
 		return err
 	}
+	if err := buildAddons(ctx, cfg); err != nil {
+		return err
+	}
 	cfg.Log("what the nodes boot on is ready (%s); %s builds while they boot", time.Since(start).Round(time.Second), cfg.NewVersion)
 	// The target is needed only by the stand-in internet, last: the
 	// nodes boot while it builds. A boot that fails waits for the build
