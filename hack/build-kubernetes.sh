@@ -27,35 +27,27 @@ for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
 . "$(dirname "$0")/lib.sh"
 if fetch_only; then
+	# no lock (nothing is built), and each release's modules once a run
 	todo=()
 	for c in "${missing[@]}"; do fetched_before "$version-$c" || todo+=("$c"); done
 	if [ ${#todo[@]} -eq 0 ]; then echo "$out"; exit 0; fi
-	work=$(mktemp -d)
-	trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
-	export GOCACHE=${KUBELIFT_BUILD_CACHE:-$work/go-build}
-	kube_tree "$version" "$work/src"
-	cd "$work/src"
-	pkgs=()
-	for c in "${todo[@]}"; do pkgs+=("./cmd/$c"); done
-	CGO_ENABLED=0 GOWORK=off GOFLAGS=-mod=mod go list -deps "${pkgs[@]}" >/dev/null
-	echo "fetched the modules of ${todo[*]} $version" >&2
-	echo "$out"
-	exit 0
+	missing=("${todo[@]}")
+else
+	# One build at a time per minor (test packages run side by side and
+	# ask for the same version, or two of one minor): the second waits,
+	# then builds only what the first did not, and two releases of one
+	# minor share nearly every package (kube_tree), which the second then
+	# takes from the run's build cache. Side by side, each compiled them
+	# all (2026-11-28: v1.31.14's kubelet 436 s beside v1.31.4's 381 s).
+	minor=${version#v1.}
+	minor=${minor%%.*}
+	exec 9>"$cache/.lock-v1.$minor"
+	flock 9
+	SECONDS=0 # the build log times the build, not the wait for the lock
+	missing=()
+	for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
+	if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
 fi
-# One build at a time per minor (test packages run side by side and ask
-# for the same version, or two of one minor): the second waits, then
-# builds only what the first did not, and two releases of one minor
-# share nearly every package (kube_tree), which the second then takes
-# from the run's build cache. Side by side, each compiled them all
-# (2026-11-28: v1.31.14's kubelet 436 s beside v1.31.4's 381 s).
-minor=${version#v1.}
-minor=${minor%%.*}
-exec 9>"$cache/.lock-v1.$minor"
-flock 9
-SECONDS=0 # the build log times the build, not the wait for the lock
-missing=()
-for c in "$@"; do [ -x "$out/$c" ] || missing+=("$c"); done
-if [ ${#missing[@]} -eq 0 ]; then echo "$out"; exit 0; fi
 
 work=$(mktemp -d)
 # Compiled objects are not kept in the user's Go cache: the binaries are
@@ -75,6 +67,12 @@ cd "$work/src"
 export GOWORK=off GOFLAGS=-mod=mod
 pkgs=()
 for c in "${missing[@]}"; do pkgs+=("./cmd/$c"); done
+if fetch_only; then
+	CGO_ENABLED=0 go list -deps "${pkgs[@]}" >/dev/null
+	echo "fetched the modules of ${missing[*]} $version" >&2
+	echo "$out"
+	exit 0
+fi
 echo "building ${missing[*]} $version (staging modules $KUBE_STAGING)" >&2
 ld="-s -w $KUBE_LDFLAGS"
 # One go build for all of them: shared packages compile once and the links
