@@ -22,14 +22,17 @@ import (
 // /readyz answers ok, checked every second as haproxy's `check-ssl`
 // does, and a connection to a backend that refuses is tried on the next.
 // A backend whose /readyz fails downFails times in a row is down, and the
-// connections forwarded to it are closed, as haproxy's `on-marked-down
-// shutdown-sessions` does: a kubelet's one HTTP/2 connection stays with
+// connections forwarded to it are closed while another backend is ready,
+// as haproxy's `on-marked-down shutdown-sessions` does: a kubelet's one HTTP/2 connection stays with
 // the API server it reached, and when that server's local etcd member
 // is restarted every request on it times out, the kubelet's deletion of
 // etcd's old mirror pod among them, which keeps the new etcd from
 // starting for 35 s (kubernetes/kubernetes#99602; 47 s from kill to
 // start on each control plane of test/stories/kubeadmha). Closed, the
-// kubelet dials again and reaches a ready one.
+// kubelet dials again and reaches a ready one. With no other backend
+// ready they are kept: closed, they would have nowhere better to go, and
+// on a busy machine (a cold make test) every API server's check can time
+// out at once. Each backend going down or coming back is logged.
 
 // lbPort is the load balancer's port on the admin machine.
 const lbPort = 6443
@@ -39,9 +42,13 @@ const lbPort = 6443
 // busy machine only routes new connections elsewhere.
 const downFails = 3
 
+// checkTimeout bounds one check (haproxy's `timeout check` defaults to
+// its `inter`, 2 s); checks start every second.
+const checkTimeout = 2 * time.Second
+
 // ServeLB forwards connections on listen to the ready backends until ctx
-// ends.
-func ServeLB(ctx context.Context, listen string, backends []string) error {
+// ends, saying with logf when a backend goes down or comes back.
+func ServeLB(ctx context.Context, listen string, backends []string, logf func(format string, args ...any)) error {
 	if len(backends) == 0 {
 		return errors.New("lb: no backends")
 	}
@@ -49,7 +56,7 @@ func ServeLB(ctx context.Context, listen string, backends []string) error {
 	if err != nil {
 		return err
 	}
-	lb := &loadBalancer{backends: backends, ready: make([]atomic.Bool, len(backends)), fails: make([]int, len(backends)), conns: map[net.Conn]int{}}
+	lb := &loadBalancer{backends: backends, ready: make([]atomic.Bool, len(backends)), fails: make([]int, len(backends)), lastErr: make([]string, len(backends)), conns: map[net.Conn]int{}, logf: logf}
 	go lb.check(ctx)
 	go func() { <-ctx.Done(); l.Close() }()
 	var wg sync.WaitGroup
@@ -74,28 +81,44 @@ type loadBalancer struct {
 	backends []string
 	ready    []atomic.Bool
 	next     atomic.Uint32
-	// fails counts each backend's failed checks in a row (only check
-	// touches it); conns maps each forwarded client connection to its
-	// backend.
-	fails []int
-	mu    sync.Mutex
-	conns map[net.Conn]int
+	// fails counts each backend's failed checks in a row and lastErr
+	// says why the last one failed (only check touches them); conns maps
+	// each forwarded client connection to its backend.
+	fails   []int
+	lastErr []string
+	mu      sync.Mutex
+	conns   map[net.Conn]int
+	logf    func(format string, args ...any)
 }
 
-// shutdown closes the connections forwarded to backend i.
-func (lb *loadBalancer) shutdown(i int) {
+// shutdown closes the connections forwarded to backend i, and says how
+// many.
+func (lb *loadBalancer) shutdown(i int) int {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
+	n := 0
 	for c, b := range lb.conns {
 		if b == i {
 			c.Close()
+			n++
 		}
 	}
+	return n
+}
+
+// anyReady says a backend other than i is ready.
+func (lb *loadBalancer) anyReady(i int) bool {
+	for k := range lb.backends {
+		if k != i && lb.ready[k].Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // check reads every backend's /readyz each second.
 func (lb *loadBalancer) check(ctx context.Context) {
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+	client := &http.Client{Timeout: checkTimeout, Transport: &http.Transport{
 		// The API servers' certificates are checked by the clients the
 		// connections are forwarded for; this only asks ready or not.
 		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a health check, as haproxy's check-ssl verify none
@@ -116,6 +139,12 @@ func (lb *loadBalancer) check(ctx context.Context) {
 				}
 				resp, err := client.Do(req)
 				ok := err == nil && resp.StatusCode == http.StatusOK
+				switch {
+				case err != nil:
+					lb.lastErr[i] = err.Error()
+				case !ok:
+					lb.lastErr[i] = resp.Status
+				}
 				if err == nil {
 					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 					resp.Body.Close()
@@ -124,14 +153,22 @@ func (lb *loadBalancer) check(ctx context.Context) {
 			}()
 		}
 		wg.Wait()
-		for i := range lb.backends {
+		for i, b := range lb.backends {
 			if lb.ready[i].Load() {
+				if lb.fails[i] >= downFails {
+					lb.logf("%s is back: /readyz ok", b)
+				}
 				lb.fails[i] = 0
 				continue
 			}
-			if lb.fails[i]++; lb.fails[i] == downFails {
-				lb.shutdown(i)
+			if lb.fails[i]++; lb.fails[i] != downFails {
+				continue
 			}
+			if !lb.anyReady(i) {
+				lb.logf("%s down after %d failed checks (last: %s); no other API server is ready, so its connections are kept", b, downFails, lb.lastErr[i])
+				continue
+			}
+			lb.logf("%s down after %d failed checks (last: %s): %d connections to it closed", b, downFails, lb.lastErr[i], lb.shutdown(i))
 		}
 		select {
 		case <-ctx.Done():

@@ -219,8 +219,11 @@ func (s *State) labelNodes(ctx context.Context) error {
 		if m.Role == "control-plane" {
 			patch = `{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}},"spec":{"taints":[{"key":"node-role.kubernetes.io/control-plane","effect":"NoSchedule"}]}}`
 		}
-		if _, err := client.CoreV1().Nodes().Patch(ctx, m.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("label node %s: %w", m.Name, err)
+		if err := write(ctx, "label node "+m.Name, func() error {
+			_, err := client.CoreV1().Nodes().Patch(ctx, m.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+			return err
+		}); err != nil {
+			return err
 		}
 	}
 	return nil

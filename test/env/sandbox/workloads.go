@@ -8,7 +8,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -88,15 +87,21 @@ func (s *State) createWorkloads(ctx context.Context) error {
 	api.Spec.Template.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname,
 		WhenUnsatisfiable: corev1.DoNotSchedule, NodeTaintsPolicy: &honor, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}}}
 	for _, d := range []*appsv1.Deployment{deploy("web", 3, NotReadyTolerations()), api} {
-		if _, err := client.AppsV1().Deployments(WorkloadNamespace).Create(ctx, d, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("deployment %s: %w", d.Name, err)
+		if err := write(ctx, "deployment "+d.Name, func() error {
+			_, err := client.AppsV1().Deployments(WorkloadNamespace).Create(ctx, d, metav1.CreateOptions{})
+			return created(err)
+		}); err != nil {
+			return err
 		}
 	}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: APIService, Namespace: WorkloadNamespace},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "api"},
 			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
-	if _, err := client.CoreV1().Services(WorkloadNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("service %s: %w", svc.Name, err)
+	if err := write(ctx, "service "+svc.Name, func() error {
+		_, err := client.CoreV1().Services(WorkloadNamespace).Create(ctx, svc, metav1.CreateOptions{})
+		return created(err)
+	}); err != nil {
+		return err
 	}
 	agent := map[string]string{"app": "node-agent"}
 	ds := &appsv1.DaemonSet{
@@ -104,8 +109,11 @@ func (s *State) createWorkloads(ctx context.Context) error {
 		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: agent},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: agent}, Spec: s.PodSpec(nil)}},
 	}
-	if _, err := client.AppsV1().DaemonSets(WorkloadNamespace).Create(ctx, ds, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("daemonset: %w", err)
+	if err := write(ctx, "daemonset "+ds.Name, func() error {
+		_, err := client.AppsV1().DaemonSets(WorkloadNamespace).Create(ctx, ds, metav1.CreateOptions{})
+		return created(err)
+	}); err != nil {
+		return err
 	}
 	bare := []*corev1.Pod{
 		{ObjectMeta: metav1.ObjectMeta{Name: "batch-legacy", Namespace: WorkloadNamespace}, Spec: s.PodSpec(nil)},
@@ -115,7 +123,10 @@ func (s *State) createWorkloads(ctx context.Context) error {
 	if len(workers) > 0 {
 		pinnedNode = workers[len(workers)-1].Name
 		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"ssd"}}}`, PinnedLabel)
-		if _, err := client.CoreV1().Nodes().Patch(ctx, pinnedNode, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if err := write(ctx, "label node "+pinnedNode, func() error {
+			_, err := client.CoreV1().Nodes().Patch(ctx, pinnedNode, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+			return err
+		}); err != nil {
 			return err
 		}
 		pinned := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pinned-ssd", Namespace: WorkloadNamespace}, Spec: s.PodSpec(nil)}
@@ -123,8 +134,11 @@ func (s *State) createWorkloads(ctx context.Context) error {
 		bare = append(bare, pinned)
 	}
 	for _, p := range bare {
-		if _, err := client.CoreV1().Pods(WorkloadNamespace).Create(ctx, p, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("pod %s: %w", p.Name, err)
+		if err := write(ctx, "pod "+p.Name, func() error {
+			_, err := client.CoreV1().Pods(WorkloadNamespace).Create(ctx, p, metav1.CreateOptions{})
+			return created(err)
+		}); err != nil {
+			return err
 		}
 	}
 	if err := WaitPodsRunning(ctx, client, WorkloadNamespace, 3*time.Minute); err != nil {
@@ -132,7 +146,10 @@ func (s *State) createWorkloads(ctx context.Context) error {
 	}
 	if pinnedNode != "" {
 		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, PinnedLabel)
-		if _, err := client.CoreV1().Nodes().Patch(ctx, pinnedNode, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if err := write(ctx, "unlabel node "+pinnedNode, func() error {
+			_, err := client.CoreV1().Nodes().Patch(ctx, pinnedNode, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+			return err
+		}); err != nil {
 			return err
 		}
 	}
@@ -144,8 +161,11 @@ func (s *State) createWorkloads(ctx context.Context) error {
 // creates and pods need.
 func EnsureNamespace(ctx context.Context, client kubernetes.Interface, namespace string) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
-	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("namespace %s: %w", namespace, err)
+	if err := write(ctx, "namespace "+namespace, func() error {
+		_, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+		return created(err)
+	}); err != nil {
+		return err
 	}
 	if err := poll(ctx, time.Minute, func() (bool, error) {
 		_, err := client.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -265,7 +266,10 @@ the stories find their releases built.`,
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return sandbox.ServeLB(cmd.Context(), lbListen, lbBackends)
+			logf := func(format string, args ...any) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+			}
+			return sandbox.ServeLB(cmd.Context(), lbListen, lbBackends, logf)
 		},
 	}
 	lb.Flags().StringVar(&lbListen, "listen", "", "address to listen on")
