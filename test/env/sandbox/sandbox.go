@@ -294,7 +294,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, RuntimeVersion: cfg.RuntimeVersion, Kubeadm: cfg.Kubeadm}
 	if err := s.up(ctx, cfg); err != nil {
-		err = fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the logs under nodes/)", err, dir)
+		err = fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the unit logs under machines/NODE/var/log/units/)", err, dir)
 		if _, merr := s.Machine("admin"); merr == nil && s.Kubeadm && s.HA() {
 			// what the API servers' balancer saw (a test's harness
 			// removes the state; CI keeps only this)
