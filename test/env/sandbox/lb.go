@@ -22,17 +22,18 @@ import (
 // /readyz answers ok, checked every second as haproxy's `check-ssl`
 // does, and a connection to a backend that refuses is tried on the next.
 // A backend whose /readyz fails downFails times in a row is down, and the
-// connections forwarded to it are closed while another backend is ready,
-// as haproxy's `on-marked-down shutdown-sessions` does: a kubelet's one HTTP/2 connection stays with
-// the API server it reached, and when that server's local etcd member
-// is restarted every request on it times out, the kubelet's deletion of
-// etcd's old mirror pod among them, which keeps the new etcd from
-// starting for 35 s (kubernetes/kubernetes#99602; 47 s from kill to
-// start on each control plane of test/stories/kubeadmha). Closed, the
-// kubelet dials again and reaches a ready one. With no other backend
-// ready they are kept: closed, they would have nowhere better to go, and
-// on a busy machine (a cold make test) every API server's check can time
-// out at once. Each backend going down or coming back is logged.
+// connections forwarded to it are closed once another backend is ready,
+// as haproxy's `on-marked-down shutdown-sessions` does: a kubelet's one
+// HTTP/2 connection stays with the API server it reached, and when that
+// server's local etcd member is restarted every request on it times
+// out, the kubelet's deletion of etcd's old mirror pod among them, which
+// keeps the new etcd from starting for 35 s (kubernetes/kubernetes#99602;
+// 47 s from kill to start on each control plane of
+// test/stories/kubeadmha). Closed, the kubelet dials again and reaches a
+// ready one. While no other backend is ready they are kept: closed, they
+// would have nowhere better to go, and on a busy machine (a cold make
+// test) every API server's check can time out at once. Each backend
+// going down or coming back is logged.
 
 // lbPort is the load balancer's port on the admin machine.
 const lbPort = 6443
@@ -56,7 +57,7 @@ func ServeLB(ctx context.Context, listen string, backends []string, logf func(fo
 	if err != nil {
 		return err
 	}
-	lb := &loadBalancer{backends: backends, ready: make([]atomic.Bool, len(backends)), fails: make([]int, len(backends)), lastErr: make([]string, len(backends)), conns: map[net.Conn]int{}, logf: logf}
+	lb := &loadBalancer{backends: backends, ready: make([]atomic.Bool, len(backends)), fails: make([]int, len(backends)), lastErr: make([]string, len(backends)), closed: make([]bool, len(backends)), conns: map[net.Conn]int{}, logf: logf}
 	go lb.check(ctx)
 	go func() { <-ctx.Done(); l.Close() }()
 	var wg sync.WaitGroup
@@ -81,11 +82,13 @@ type loadBalancer struct {
 	backends []string
 	ready    []atomic.Bool
 	next     atomic.Uint32
-	// fails counts each backend's failed checks in a row and lastErr
-	// says why the last one failed (only check touches them); conns maps
+	// fails counts each backend's failed checks in a row, lastErr says
+	// why the last one failed, and closed that its connections were
+	// closed since it went down (only check touches them); conns maps
 	// each forwarded client connection to its backend.
 	fails   []int
 	lastErr []string
+	closed  []bool
 	mu      sync.Mutex
 	conns   map[net.Conn]int
 	logf    func(format string, args ...any)
@@ -158,17 +161,23 @@ func (lb *loadBalancer) check(ctx context.Context) {
 				if lb.fails[i] >= downFails {
 					lb.logf("%s is back: /readyz ok", b)
 				}
-				lb.fails[i] = 0
+				lb.fails[i], lb.closed[i] = 0, false
 				continue
 			}
-			if lb.fails[i]++; lb.fails[i] != downFails {
+			lb.fails[i]++
+			if lb.fails[i] < downFails || lb.closed[i] {
 				continue
 			}
+			// Down: its connections are closed once another is ready
+			// (checked again each round while it stays down).
 			if !lb.anyReady(i) {
-				lb.logf("%s down after %d failed checks (last: %s); no other API server is ready, so its connections are kept", b, downFails, lb.lastErr[i])
+				if lb.fails[i] == downFails {
+					lb.logf("%s down after %d failed checks (last: %s); no other API server is ready, so its connections are kept", b, downFails, lb.lastErr[i])
+				}
 				continue
 			}
-			lb.logf("%s down after %d failed checks (last: %s): %d connections to it closed", b, downFails, lb.lastErr[i], lb.shutdown(i))
+			lb.closed[i] = true
+			lb.logf("%s down after %d failed checks (last: %s): %d connections to it closed", b, lb.fails[i], lb.lastErr[i], lb.shutdown(i))
 		}
 		select {
 		case <-ctx.Done():

@@ -150,9 +150,10 @@ func TestLBClosesConnectionsToABackendMarkedDown(t *testing.T) {
 
 // With no other API server ready (every check timing out on a busy
 // machine), the balancer keeps the connections to the one marked down:
-// closing them would break the requests on them for nothing. FC27: a
-// kubeadm HA sandbox's Up failed on such a closed connection.
-func TestLBKeepsConnectionsWhenNoOtherBackendIsReady(t *testing.T) {
+// closing them would break the requests on them for nothing (FC27: a
+// kubeadm HA sandbox's Up failed on such a closed connection). Once
+// another is ready, they are closed.
+func TestLBKeepsConnectionsUntilAnotherBackendIsReady(t *testing.T) {
 	listen, backends, logs := startLB(t, "a", "b")
 	conn, br, reached := lbConn(t, listen)
 	for _, b := range backends {
@@ -165,8 +166,15 @@ func TestLBKeepsConnectionsWhenNoOtherBackendIsReady(t *testing.T) {
 	if again := lbGet(t, conn, br); again != reached {
 		t.Fatalf("the held connection was answered by %s, not %s", again, reached)
 	}
-	backends[0].ready.Store(true)
-	waitLog(t, logs, "is back")
+	for _, b := range backends {
+		if b.name != reached {
+			b.ready.Store(true)
+		}
+	}
+	waitLog(t, logs, "connections to it closed")
+	if _, err := io.ReadAll(conn); !isClosed(err) {
+		t.Fatalf("the connection to %s, down while another is ready: %v", reached, err)
+	}
 }
 
 // isClosed says err is what reading a connection the balancer closed
