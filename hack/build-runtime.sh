@@ -64,42 +64,42 @@ v1.*) cmod=github.com/containerd/containerd ;;
 esac
 tags=no_btrfs,urfave_cli_no_docs,osusergo,netgo,static_build
 
-# Under fetch_only: the modules the builds below would compile (go list
-# -deps of the same packages, tags and cgo setting), and nothing built.
-if fetch_only; then
-	if fetched_before "runtime-$containerd-$runc-$crictl"; then echo "$out"; exit 0; fi
-	module containerd "$cmod@$containerd"
-	CGO_ENABLED=0 GOFLAGS=-mod=mod go list -deps -tags "$tags" "$cmod/cmd/containerd" "$cmod/cmd/ctr" "$cmod/cmd/containerd-shim-runc-v2" >/dev/null
-	module runc "github.com/opencontainers/runc@$runc"
-	CGO_ENABLED=1 GOFLAGS=-mod=mod go list -deps -tags seccomp,urfave_cli_no_docs github.com/opencontainers/runc >/dev/null
-	module crictl "sigs.k8s.io/cri-tools@$crictl"
-	CGO_ENABLED=0 GOFLAGS=-mod=mod go list -deps sigs.k8s.io/cri-tools/cmd/crictl >/dev/null
-	echo "fetched the modules of containerd $containerd, runc $runc, crictl $crictl" >&2
-	echo "$out"
-	exit 0
-fi
+if fetch_only && fetched_before "runtime-$containerd-$runc-$crictl"; then echo "$out"; exit 0; fi
+# gobuild CGO TAGS LDFLAGS PKG...: go build into $partial, or under
+# fetch_only (hack/lib.sh) go list -deps of the same packages, tags and
+# cgo setting: the modules the build would compile, downloaded, and
+# nothing built.
+gobuild() {
+	local cgo=$1 tags=$2 ld=$3
+	shift 3
+	if fetch_only; then
+		CGO_ENABLED=$cgo GOFLAGS=-mod=mod go list -deps -tags "$tags" "$@" >/dev/null
+		return
+	fi
+	CGO_ENABLED=$cgo GOFLAGS=-mod=mod go build -trimpath -tags "$tags" -ldflags "$ld" -o "$partial/" "$@"
+}
 
-echo "building containerd $containerd, runc $runc, crictl $crictl" >&2
+fetch_only || echo "building containerd $containerd, runc $runc, crictl $crictl" >&2
 # containerd: no cgo (the btrfs snapshotter, which needs it, is not used);
 # tags as containerd's Makefile sets them for a static build, the shim
 # without gRPC, as there.
 module containerd "$cmod@$containerd"
 ld="-s -w -X $cmod/version.Version=$containerd -X $cmod/version.Revision=module-proxy"
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags" -ldflags "$ld" -o "$partial/" \
-	"$cmod/cmd/containerd" "$cmod/cmd/ctr"
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -tags "$tags,no_grpc" -ldflags "$ld" -o "$partial/" \
-	"$cmod/cmd/containerd-shim-runc-v2"
+gobuild 0 "$tags" "$ld" "$cmod/cmd/containerd" "$cmod/cmd/ctr"
+gobuild 0 "$tags,no_grpc" "$ld" "$cmod/cmd/containerd-shim-runc-v2"
 
 # runc: its nsenter is C (cgo), seccomp through libseccomp (Debian's -dev).
 module runc "github.com/opencontainers/runc@$runc"
-CGO_ENABLED=1 GOFLAGS=-mod=mod go build -trimpath -tags seccomp,urfave_cli_no_docs \
-	-ldflags "-s -w -X main.version=${runc#v} -X main.gitCommit=module-proxy" \
-	-o "$partial/runc" github.com/opencontainers/runc
+gobuild 1 seccomp,urfave_cli_no_docs "-s -w -X main.version=${runc#v} -X main.gitCommit=module-proxy" \
+	github.com/opencontainers/runc
 
 module crictl "sigs.k8s.io/cri-tools@$crictl"
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
-	-ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl" \
-	-o "$partial/crictl" sigs.k8s.io/cri-tools/cmd/crictl
+gobuild 0 "" "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl" sigs.k8s.io/cri-tools/cmd/crictl
+if fetch_only; then
+	echo "fetched the modules of containerd $containerd, runc $runc, crictl $crictl" >&2
+	echo "$out"
+	exit 0
+fi
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done
 built_note "built containerd $containerd, runc $runc, crictl $crictl in ${SECONDS}s"
 echo "$out"
