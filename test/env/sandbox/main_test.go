@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -244,32 +243,6 @@ func getNode(t *testing.T, name string) *corev1.Node {
 
 func kubeletLog(m sandbox.Machine) func() string {
 	return func() string { return "kubelet log tail:\n" + sb.UnitLog(m, "kubelet", 3000) }
-}
-
-// The sandbox's cgroup, which holds every node's pods, weighs as many
-// machines as it has nodes, and each node's pods are under it: at the
-// default weight all of them shared one machine's against each node's
-// services (a session each, weighed as one), and a kubeadm sandbox's shop
-// pods starved on a busy host while its control planes restarted (FC28).
-func TestPodsWeighedAsTheirNodes(t *testing.T) {
-	top := "kubelift-" + sb.Name
-	file, want := filepath.Join("/sys/fs/cgroup/cpu", top, "cpu.shares"), 1024*len(sb.Nodes())
-	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.shares"); err != nil {
-		// cgroup v2: cpu.weight, 100 a machine
-		file, want = filepath.Join("/sys/fs/cgroup", top, "cpu.weight"), 100*len(sb.Nodes())
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatalf("the sandbox's CPU weight: %v", err)
-	}
-	if got := strings.TrimSpace(string(data)); got != strconv.Itoa(want) {
-		t.Errorf("%s = %s, want %d (%d nodes)", file, got, want, len(sb.Nodes()))
-	}
-	for _, m := range sb.Nodes() {
-		if _, err := os.Stat(filepath.Join(filepath.Dir(file), m.Name, "kubepods")); err != nil {
-			t.Errorf("%s's pods are not under the sandbox's cgroup: %v", m.Name, err)
-		}
-	}
 }
 
 func TestNodesReadyAtOldVersion(t *testing.T) {

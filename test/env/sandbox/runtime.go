@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -256,12 +255,8 @@ func (s *State) runtimeFiles(m *Machine) error {
 }
 
 // makeCgroups makes every node's cgroup root in each hierarchy (cpuset's
-// with its parent's CPUs and memory nodes, which a new cpuset lacks), and
-// weighs the sandbox's CPU as its nodes' (weighCPU).
+// with its parent's CPUs and memory nodes, which a new cpuset lacks).
 func (s *State) makeCgroups() error {
-	if err := s.weighCPU(); err != nil {
-		return err
-	}
 	for _, m := range s.Nodes() {
 		for _, h := range cgroupHierarchies {
 			base := filepath.Join("/sys/fs/cgroup", h)
@@ -287,51 +282,6 @@ func (s *State) makeCgroups() error {
 				}
 			}
 		}
-	}
-	return nil
-}
-
-// cpuShares is cgroup v1's default weight, one machine's: the sandbox's
-// cgroup gets it once per node.
-const cpuShares = 1024
-
-// weighCPU gives the sandbox's cgroup, which holds every node's pods (and
-// a kubeadm control plane's static pods), the CPU weight of as many
-// machines as it has nodes. The nodes' own services (kubelet, containerd,
-// sshd; a binary control plane) run in the host's root cgroup, each in a
-// session of its own, and the kernel weighs each session as one
-// (autogroup); at the default weight every pod of every node shared the
-// weight of one. On a cold make test's busy machine a kubeadm sandbox's
-// shop pods then got a sliver of a core while the control planes' static
-// pods restarted beside them: FC28's kubeadmha saw 30 requests to
-// worker-1's pods over the prober's 2 s during cp-1's kubeadm upgrade
-// apply (FC18 likewise), and the binary sandboxes, whose control planes
-// are services, none. On a cgroup v2 host the same weight is cpu.weight
-// (100 a machine), where the cpu controller is on.
-func (s *State) weighCPU() error {
-	top := "kubelift-" + s.Name
-	nodes := len(s.Nodes())
-	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.shares"); err == nil {
-		dir := filepath.Join("/sys/fs/cgroup/cpu", top)
-		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
-			return fmt.Errorf("cgroup %s: %w", dir, err)
-		}
-		return writeCgroup(filepath.Join(dir, "cpu.shares"), strconv.Itoa(cpuShares*nodes))
-	}
-	controllers, err := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control")
-	if err != nil || !slices.Contains(strings.Fields(string(controllers)), "cpu") {
-		return nil // no CPU control of cgroups here: nothing is weighed
-	}
-	dir := filepath.Join("/sys/fs/cgroup", top)
-	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
-		return fmt.Errorf("cgroup %s: %w", dir, err)
-	}
-	return writeCgroup(filepath.Join(dir, "cpu.weight"), strconv.Itoa(min(100*nodes, 10000)))
-}
-
-func writeCgroup(path, value string) error {
-	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("cgroup %s: %w", path, err)
 	}
 	return nil
 }
