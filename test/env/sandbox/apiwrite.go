@@ -9,39 +9,36 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 )
 
-// writeLimit bounds how long write tries one API write again.
-const writeLimit = time.Minute
+// writeTries bounds how often write makes one API write: a second apart,
+// about a minute in all.
+var writeTries = wait.Backoff{Duration: time.Second, Factor: 1, Steps: 60}
 
 // write makes one of the sandbox's API writes, and makes it again while
-// it fails on the way to the API server: client-go tries a GET again
+// it fails on the way to the API server (retry.OnError, as the engine's
+// record writer retries its conflicts): client-go tries a GET again
 // after a broken connection, never a write. Through a three-control-plane
 // sandbox's load balancer a write's connection is closed when its API
 // server is marked down (FC27: a node's Patch failed with "unexpected
 // EOF" as Up labelled the nodes for the workloads, on a cold make test's
 // busy machine), and an API server that kubeadm restarts refuses
 // connections for a while. Every write the sandbox makes may be made
-// twice: creates take AlreadyExists as done, patches are merges.
+// twice: creates take AlreadyExists as done, patches are merges. Each
+// try runs under ctx, so one cut off by ctx ends it.
 func write(ctx context.Context, what string, do func() error) error {
-	deadline := time.Now().Add(writeLimit)
-	for tries := 1; ; tries++ {
-		err := do()
-		if err == nil || !transient(err) {
-			if err != nil {
-				return fmt.Errorf("%s: %w", what, err)
-			}
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: still failing after %d tries in %s: %w", what, tries, writeLimit, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: %w (last: %v)", what, ctx.Err(), err)
-		case <-time.After(time.Second):
-		}
+	err := retry.OnError(writeTries, func(err error) bool { return ctx.Err() == nil && transient(err) }, do)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s: %w (last: %v)", what, ctx.Err(), err)
+	case transient(err):
+		return fmt.Errorf("%s: still failing after %d tries a second apart: %w", what, writeTries.Steps, err)
 	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // transient says err is a failure on the way to the API server (the
