@@ -40,9 +40,6 @@ type Harness struct {
 	// here, timed: a failed availability check shows the steps around
 	// each failure (NoDisruption).
 	said transcript
-	// leaveCPU takes the test process out of its admin cgroup
-	// (joinAdminCPU) and removes it.
-	leaveCPU func() error
 }
 
 // Option changes the sandbox Setup brings up.
@@ -99,10 +96,6 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 		o(&h.cfg)
 	}
 	h.cfg.Defaults()
-	if h.leaveCPU, err = joinAdminCPU(h.cfg.Name); err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
 	// The sandbox first: it boots its nodes while the target builds, and
 	// the hash-skip kubelet is built on the target's stock one.
 	if h.SB, err = sandbox.Up(ctx, h.cfg); err != nil {
@@ -142,11 +135,6 @@ func Main(m *testing.M, name, subnet string, controlPlanes, workers int, use fun
 // Close takes the sandbox down and removes every file.
 func (h *Harness) Close() {
 	_ = sandbox.Down(context.Background(), h.cfg.Dir, h.cfg.Log)
-	if h.leaveCPU != nil {
-		if err := h.leaveCPU(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-	}
 	os.RemoveAll(h.tmp)
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -19,14 +18,8 @@ import (
 // their mount points made inside overlays of PrivateHostDirs,
 // plus the systemctl stand-in over /usr/bin/systemctl), then runs the
 // service manager until ctx ends (SIGTERM), stopping every service. log
-// receives what goes wrong while booting units. A non-empty cgroup (a
-// node's cgroup root) is joined first in the CPU hierarchies (joinCPU).
-func RunInit(ctx context.Context, root, hostname, cgroup string, log func(format string, args ...any)) error {
-	if cgroup != "" {
-		if err := joinCPU(cgroup); err != nil {
-			return err
-		}
-	}
+// receives what goes wrong while booting units.
+func RunInit(ctx context.Context, root, hostname string, log func(format string, args ...any)) error {
 	if err := syscall.Sethostname([]byte(hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
@@ -92,26 +85,4 @@ func RunInit(ctx context.Context, root, hostname, cgroup string, log func(format
 	m := systemd.NewManager()
 	m.Log = log
 	return m.Boot(ctx, systemd.Socket)
-}
-
-// joinCPU moves this process into cgroup (relative to each hierarchy) in
-// cgroup v1's cpu and cpuacct hierarchies, before it starts any service:
-// a node's services and everything they start (containerd's shims, sshd's
-// sessions and what runs in them) are then weighed with the node's pods,
-// one machine's CPU weight for the whole node, as a virtual machine's
-// would be. Left in the host's root cgroup, each service's session was
-// weighed as one machine (autogroup) and every pod of a sandbox together
-// as one: a kubeadm sandbox's shop pods starved on a busy host while its
-// control planes' static pods restarted beside them.
-func joinCPU(cgroup string) error {
-	for _, h := range []string{"cpu", "cpuacct"} {
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", h)); err != nil {
-			continue // not a cgroup v1 host: nothing was made there
-		}
-		procs := filepath.Join("/sys/fs/cgroup", h, cgroup, "cgroup.procs")
-		if err := os.WriteFile(procs, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-			return fmt.Errorf("join cgroup %s: %w", procs, err)
-		}
-	}
-	return nil
 }

@@ -30,9 +30,7 @@ import (
 // boot starts the machine's init (the service manager) inside the
 // machine's network namespace and a new mount and UTS namespace, detached
 // from the caller so that the sandbox outlives "make sandbox-up". The init
-// bind-mounts the machine's tree and starts its enabled units. A node of a
-// sandbox that made cgroups boots in its cgroup root (CPU only; see
-// joinCPU), which makeCgroups weighs.
+// bind-mounts the machine's tree and starts its enabled units.
 func (s *State) boot(m *Machine, tool string) error {
 	logPath := filepath.Join(s.Dir, "machines", m.Name+".init.log")
 	logf, err := os.Create(logPath)
@@ -40,11 +38,8 @@ func (s *State) boot(m *Machine, tool string) error {
 		return err
 	}
 	defer logf.Close()
-	args := []string{"node-init", "--root", m.Root, "--hostname", m.Name}
-	if s.CgroupsMade && (m.Role == "control-plane" || m.Role == "worker") {
-		args = append(args, "--cgroup", s.CgroupRoot(*m))
-	}
-	cmd := m.Net().Command("unshare", append([]string{"--mount", "--uts", "--propagation", "private", "--", tool}, args...)...)
+	cmd := m.Net().Command("unshare", "--mount", "--uts", "--propagation", "private", "--",
+		tool, "node-init", "--root", m.Root, "--hostname", m.Name)
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

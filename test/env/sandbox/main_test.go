@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -244,32 +243,6 @@ func getNode(t *testing.T, name string) *corev1.Node {
 
 func kubeletLog(m sandbox.Machine) func() string {
 	return func() string { return "kubelet log tail:\n" + sb.UnitLog(m, "kubelet", 3000) }
-}
-
-// A node weighs as one machine: its services, what they start (an SSH
-// session, a container's shim) and its pods are in its own cgroup root,
-// and the sandbox's cgroup weighs as many machines as it has nodes. In the
-// host's root cgroup each service's session was weighed as one machine
-// and every pod of the sandbox together as one: a kubeadm sandbox's shop
-// pods starved on a busy host while its static pods restarted (FC28).
-func TestEachNodeWeighsAsOneMachine(t *testing.T) {
-	shares, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", "kubelift-"+sb.Name, "cpu.shares"))
-	if err != nil {
-		t.Fatalf("the sandbox's CPU weight: %v", err)
-	}
-	if got, want := strings.TrimSpace(string(shares)), strconv.Itoa(1024*len(sb.Nodes())); got != want {
-		t.Errorf("the sandbox's cpu.shares = %s, want %s (%d nodes)", got, want, len(sb.Nodes()))
-	}
-	for _, m := range sb.Nodes() {
-		want := sb.CgroupRoot(m)
-		out := ssh(t, m.Name, `set -e; pid=$(systemctl show kubelet -p MainPID); pid=${pid#MainPID=}; echo "session $(grep -E '^[0-9]+:[^:]*cpu[,:]' /proc/self/cgroup)"; echo "kubelet $(grep -E '^[0-9]+:[^:]*cpu[,:]' "/proc/$pid/cgroup")"`, nil)
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			what, entry, _ := strings.Cut(line, " ")
-			if parts := strings.SplitN(entry, ":", 3); len(parts) != 3 || parts[2] != want {
-				t.Errorf("%s: the %s's CPU cgroup is %q, want %s (its node's)", m.Name, what, entry, want)
-			}
-		}
-	}
 }
 
 func TestNodesReadyAtOldVersion(t *testing.T) {

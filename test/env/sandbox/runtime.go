@@ -255,12 +255,7 @@ func (s *State) runtimeFiles(m *Machine) error {
 }
 
 // makeCgroups makes every node's cgroup root in each hierarchy (cpuset's
-// with its parent's CPUs and memory nodes, which a new cpuset lacks), and
-// gives the sandbox's cgroup the CPU weight of as many machines as it has
-// nodes (cpu.shares, cpuShares a node). Each node's init joins its own
-// (joinCPU) with every service it starts; the pods are below it: a node
-// weighs as one machine, as a virtual machine would, against the host's
-// other work (make test's session, a build).
+// with its parent's CPUs and memory nodes, which a new cpuset lacks).
 func (s *State) makeCgroups() error {
 	for _, m := range s.Nodes() {
 		for _, h := range cgroupHierarchies {
@@ -288,18 +283,8 @@ func (s *State) makeCgroups() error {
 			}
 		}
 	}
-	shares := filepath.Join("/sys/fs/cgroup/cpu", "kubelift-"+s.Name, "cpu.shares")
-	if _, err := os.Stat(shares); err != nil {
-		return nil // no cgroup v1 CPU hierarchy: nothing weighed
-	}
-	if err := os.WriteFile(shares, []byte(strconv.Itoa(cpuShares*len(s.Nodes()))), 0o644); err != nil {
-		return fmt.Errorf("cgroup %s: %w", shares, err)
-	}
 	return nil
 }
-
-// cpuShares is cgroup v1's default CPU weight, one machine's.
-const cpuShares = 1024
 
 // CgroupDirs are the cgroups of the sandbox called name that exist, in
 // every hierarchy, not only those it made (runc also makes the pods'

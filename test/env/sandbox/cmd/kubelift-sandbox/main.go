@@ -216,7 +216,7 @@ the stories find their releases built.`,
 		},
 	}
 
-	var root_, hostname, cgroup string
+	var root_, hostname string
 	nodeInit := &cobra.Command{
 		Use:    "node-init",
 		Short:  "A sandbox machine's init (started by up inside the machine's namespaces)",
@@ -224,14 +224,13 @@ the stories find their releases built.`,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintf(os.Stderr, "init: %s, tree %s\n", hostname, root_)
-			return sandbox.RunInit(cmd.Context(), root_, hostname, cgroup, func(format string, args ...any) {
+			return sandbox.RunInit(cmd.Context(), root_, hostname, func(format string, args ...any) {
 				fmt.Fprintf(os.Stderr, "systemd: "+format+"\n", args...)
 			})
 		},
 	}
 	nodeInit.Flags().StringVar(&root_, "root", "", "the machine's file tree")
 	nodeInit.Flags().StringVar(&hostname, "hostname", "", "the machine's name")
-	nodeInit.Flags().StringVar(&cgroup, "cgroup", "", "the node's cgroup root, joined in the CPU hierarchies before any service starts")
 
 	var endpoint string
 	var imageSize uint64
