@@ -140,15 +140,26 @@ type Writer struct {
 	wrote  bool
 }
 
+// writeRetry is how a write is made again after a conflict, a record
+// deleted under it or a transient failure (cluster.Transient: an HA
+// control plane's etcd changing leaders answers "etcdserver: leader
+// changed" for a moment): after a quarter second, doubling, about 30 s in
+// all.
+var writeRetry = wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 8}
+
 // Write stores what snapshot returns, taken once the previous write is
-// done.
+// done. The fence is asked again before each attempt.
 func (w *Writer) Write(ctx context.Context, snapshot func() ([]byte, error)) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.Fence != nil {
-		if err := w.Fence(ctx); err != nil {
-			return fmt.Errorf("configmap kube-system/%s: not written: %w", Name, err)
+	fence := func() error {
+		if w.Fence == nil {
+			return nil
 		}
+		return w.Fence(ctx)
+	}
+	if err := fence(); err != nil {
+		return fmt.Errorf("configmap kube-system/%s: not written: %w", Name, err)
 	}
 	data, err := snapshot()
 	if err != nil {
@@ -156,9 +167,18 @@ func (w *Writer) Write(ctx context.Context, snapshot func() ([]byte, error)) err
 	}
 	cms := w.Client.CoreV1().ConfigMaps("kube-system")
 	// A conflict (another writer, or a cached copy gone stale) or a
-	// ConfigMap deleted under us: read it again and write once more.
+	// ConfigMap deleted under us: read it again and write once more. A
+	// transient failure: the same, a moment later (an update whose answer
+	// was lost is read back first: its holder is this run's).
 	gone := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsNotFound(err) }
-	err = retry.OnError(wait.Backoff{Steps: 2}, gone, func() error {
+	attempt := 0
+	var fenced error // the lock lost between two attempts
+	err = retry.OnError(writeRetry, func(err error) bool { return gone(err) || cluster.Transient(err) }, func() error {
+		if attempt++; attempt > 1 {
+			if fenced = fence(); fenced != nil {
+				return fenced
+			}
+		}
 		if w.cm == nil {
 			cm, err := cms.Get(ctx, Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
@@ -189,6 +209,9 @@ func (w *Writer) Write(ctx context.Context, snapshot func() ([]byte, error)) err
 		w.cm, w.wrote = updated, true
 		return nil
 	})
+	if fenced != nil {
+		return fmt.Errorf("configmap kube-system/%s: not written: %w", Name, fenced)
+	}
 	if err != nil {
 		return fmt.Errorf("configmap kube-system/%s: %w", Name, err)
 	}

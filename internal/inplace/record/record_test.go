@@ -3,7 +3,9 @@ package record
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -61,5 +63,52 @@ func TestStateWriterPutsWithoutReading(t *testing.T) {
 	}
 	if st, _ := Read(ctx, c); st.State != StateComplete {
 		t.Errorf("state %s after the retried write", st.State)
+	}
+}
+
+// An HA control plane's etcd changing leaders fails a write for a moment
+// ("etcdserver: leader changed", an internal error): the write is made
+// again, not the run failed (a kubeadm HA story's apply ended at its
+// record step on it). An internal error that is an answer is not retried.
+func TestWriterWritesAgainWhileEtcdChangesLeader(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewSimpleClientset()
+	fenced := 0
+	w := &Writer{Client: c, Holder: "run-1", Fence: func(context.Context) error { fenced++; return nil }}
+	if err := w.Write(ctx, func() ([]byte, error) { return json.Marshal(&Upgrade{Holder: "run-1", State: StateStarted}) }); err != nil {
+		t.Fatal(err)
+	}
+	c.ClearActions()
+	fenced = 0
+	failures := []error{apierrors.NewInternalError(errors.New("etcdserver: leader changed")), apierrors.NewInternalError(errors.New("etcdserver: leader changed"))}
+	c.PrependReactor("update", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if len(failures) > 0 {
+			err := failures[0]
+			failures = failures[1:]
+			return true, nil, err
+		}
+		return false, nil, nil
+	})
+	if err := w.Write(ctx, func() ([]byte, error) { return json.Marshal(&Upgrade{Holder: "run-1", State: StateComplete}) }); err != nil {
+		t.Fatalf("write through a leader change: %v", err)
+	}
+	if got, want := verbs(c), []string{"update", "get", "update", "get", "update"}; !slices.Equal(got, want) {
+		t.Errorf("requests %v, want %v", got, want)
+	}
+	if fenced != 3 {
+		t.Errorf("the fence was asked %d times, want 3 (once before each attempt)", fenced)
+	}
+	if st, _ := Read(ctx, c); st.State != StateComplete {
+		t.Errorf("state %s after the write", st.State)
+	}
+
+	c.ClearActions()
+	failures = []error{apierrors.NewInternalError(errors.New(`admission webhook "deny" denied the request`))}
+	err := w.Write(ctx, func() ([]byte, error) { return json.Marshal(&Upgrade{Holder: "run-1", State: StateFailed}) })
+	if err == nil || !strings.Contains(err.Error(), "admission webhook") {
+		t.Fatalf("write refused by a webhook: %v, want its error", err)
+	}
+	if got := verbs(c); len(got) != 1 {
+		t.Errorf("requests %v after a refusal, want the one update", got)
 	}
 }

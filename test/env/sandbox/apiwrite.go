@@ -2,15 +2,14 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/kubelift/kubelift/internal/cluster"
 )
 
 // writeTries bounds how often write makes one API write: a second apart,
@@ -19,7 +18,7 @@ var writeTries = wait.Backoff{Duration: time.Second, Factor: 1, Steps: 60}
 
 // write makes one of the sandbox's API writes, and makes it again while
 // it fails on the way to the API server (retry.OnError, as the engine's
-// record writer retries its conflicts): client-go tries a GET again
+// record writer does): client-go tries a GET again
 // after a broken connection, never a write. Through a three-control-plane
 // sandbox's load balancer a write's connection is closed when its API
 // server is marked down (FC27: a node's Patch failed with "unexpected
@@ -29,32 +28,16 @@ var writeTries = wait.Backoff{Duration: time.Second, Factor: 1, Steps: 60}
 // twice: creates take AlreadyExists as done, patches are merges. Each
 // try runs under ctx, so one cut off by ctx ends it.
 func write(ctx context.Context, what string, do func() error) error {
-	err := retry.OnError(writeTries, func(err error) bool { return ctx.Err() == nil && transient(err) }, do)
+	err := retry.OnError(writeTries, func(err error) bool { return ctx.Err() == nil && cluster.Transient(err) }, do)
 	switch {
 	case err == nil:
 		return nil
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: %w (last: %v)", what, ctx.Err(), err)
-	case transient(err):
+	case cluster.Transient(err):
 		return fmt.Errorf("%s: still failing after %d tries a second apart: %w", what, writeTries.Steps, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
-}
-
-// transient says err is a failure on the way to the API server (the
-// connection broken or refused, a timeout, an API server not ready or
-// shedding load), not the server's answer to the request.
-func transient(err error) bool {
-	var ne net.Error
-	switch {
-	case utilnet.IsProbableEOF(err), utilnet.IsConnectionReset(err), utilnet.IsConnectionRefused(err), utilnet.IsHTTP2ConnectionLost(err):
-		return true
-	case errors.As(err, &ne) && ne.Timeout():
-		return true
-	case apierrors.IsServerTimeout(err), apierrors.IsTimeout(err), apierrors.IsServiceUnavailable(err), apierrors.IsTooManyRequests(err):
-		return true
-	}
-	return false
 }
 
 // created takes a create's AlreadyExists as done: the object is there,

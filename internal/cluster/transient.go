@@ -1,0 +1,48 @@
+package cluster
+
+import (
+	"errors"
+	"net"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+)
+
+// etcdTransient are the messages of etcd's errors that say "try again"
+// (go.etcd.io/etcd/api/v3/v3rpc/rpctypes): an API server passes them on
+// as an internal error (500) with etcd's message, its only trace.
+var etcdTransient = []string{
+	"etcdserver: leader changed",
+	"etcdserver: no leader",
+	"etcdserver: request timed out",
+	"etcdserver: too many requests",
+}
+
+// Transient says err is what an API server answers while it, its etcd or
+// the way to it is busy or changing hands: an HA control plane's etcd
+// electing a leader, an API server restarting behind a balancer, a server
+// timeout, 429 or 503. The same request is worth making again a moment
+// later; anything else is an answer.
+func Transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	switch {
+	case apierrors.IsServerTimeout(err), apierrors.IsTimeout(err),
+		apierrors.IsTooManyRequests(err), apierrors.IsServiceUnavailable(err):
+		return true
+	case apierrors.IsInternalError(err):
+		msg := err.Error()
+		for _, m := range etcdTransient {
+			if strings.Contains(msg, m) {
+				return true
+			}
+		}
+		return false
+	case utilnet.IsConnectionReset(err), utilnet.IsConnectionRefused(err), utilnet.IsProbableEOF(err), utilnet.IsHTTP2ConnectionLost(err):
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
