@@ -4,10 +4,18 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
+
+// TransientRetry is how a write that failed with a Transient error (or a
+// conflict, read again) is made again: after a quarter second, doubling,
+// about 30 s in all (an etcd election takes a second or two; an API
+// server restarting behind a balancer, some more).
+var TransientRetry = wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 8}
 
 // etcdTransient are the messages of etcd's errors that say "try again"
 // (go.etcd.io/etcd/api/v3/v3rpc/rpctypes): an API server passes them on

@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	kubectldrain "k8s.io/kubectl/pkg/drain"
+
+	"github.com/kubelift/kubelift/internal/cluster"
 )
 
 // AnnotationCordoned marks a Node this tool cordoned, so that only those
@@ -68,13 +70,18 @@ func (d *Drainer) Mine(name string) bool {
 // recreate) keeps a node from being drained.
 var ErrDrainBlocked = errors.New("drain blocked")
 
+// conflictOrTransient: a cordon or uncordon is read again and made again
+// after a conflict, and after a transient failure (an HA control plane's
+// etcd changing leaders): it is conditional on the Node as read.
+func conflictOrTransient(err error) bool { return apierrors.IsConflict(err) || cluster.Transient(err) }
+
 // Cordon marks the node unschedulable, remembering that it did; a node
 // already unschedulable is left as the operator made it.
 func (d *Drainer) Cordon(ctx context.Context, name string) error {
 	// Conditional on the Node as read: a cordon made by hand between the
 	// read and the patch is a conflict, read again (and then left alone),
 	// never marked as kubelift's.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.OnError(cluster.TransientRetry, conflictOrTransient, func() error {
 		n, err := d.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -123,7 +130,7 @@ func (d *Drainer) Uncordon(ctx context.Context, name string) error {
 		}
 	}
 	// Conditional on the Node as read, as cordon is.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.OnError(cluster.TransientRetry, conflictOrTransient, func() error {
 		n, err := d.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err

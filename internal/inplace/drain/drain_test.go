@@ -181,3 +181,33 @@ func TestDrainCancelledSaysSo(t *testing.T) {
 		t.Fatalf("cancelled drain: %v", err)
 	}
 }
+
+// A cordon and an uncordon made while an HA control plane's etcd changes
+// leaders are made again (each is conditional on the Node as read), not
+// left half done: an uncordon that failed so left the node cordoned.
+func TestCordonAndUncordonThroughALeaderChange(t *testing.T) {
+	r, c := drainWorld(t, nil, nil)
+	leaderChanges := 0
+	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if leaderChanges > 0 {
+			leaderChanges--
+			return true, nil, apierrors.NewInternalError(errors.New("etcdserver: leader changed"))
+		}
+		return false, nil, nil
+	})
+	ctx := context.Background()
+	leaderChanges = 1
+	if err := r.Cordon(ctx, "n1"); err != nil {
+		t.Fatalf("cordon: %v", err)
+	}
+	if n := drainedNode(t, c); !n.Spec.Unschedulable || n.Annotations[AnnotationCordoned] != "true" {
+		t.Fatalf("after cordon: unschedulable %v, annotations %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	leaderChanges = 2
+	if err := r.Uncordon(ctx, "n1"); err != nil {
+		t.Fatalf("uncordon: %v", err)
+	}
+	if n := drainedNode(t, c); n.Spec.Unschedulable {
+		t.Error("left cordoned")
+	}
+}

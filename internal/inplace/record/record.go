@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
@@ -140,13 +139,6 @@ type Writer struct {
 	wrote  bool
 }
 
-// writeRetry is how a write is made again after a conflict, a record
-// deleted under it or a transient failure (cluster.Transient: an HA
-// control plane's etcd changing leaders answers "etcdserver: leader
-// changed" for a moment): after a quarter second, doubling, about 30 s in
-// all.
-var writeRetry = wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 8}
-
 // Write stores what snapshot returns, taken once the previous write is
 // done. The fence is asked again before each attempt.
 func (w *Writer) Write(ctx context.Context, snapshot func() ([]byte, error)) error {
@@ -173,7 +165,7 @@ func (w *Writer) Write(ctx context.Context, snapshot func() ([]byte, error)) err
 	gone := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsNotFound(err) }
 	attempt := 0
 	var fenced error // the lock lost between two attempts
-	err = retry.OnError(writeRetry, func(err error) bool { return gone(err) || cluster.Transient(err) }, func() error {
+	err = retry.OnError(cluster.TransientRetry, func(err error) bool { return gone(err) || cluster.Transient(err) }, func() error {
 		if attempt++; attempt > 1 {
 			if fenced = fence(); fenced != nil {
 				return fenced
