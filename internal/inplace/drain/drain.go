@@ -70,10 +70,13 @@ func (d *Drainer) Mine(name string) bool {
 // recreate) keeps a node from being drained.
 var ErrDrainBlocked = errors.New("drain blocked")
 
-// conflictOrTransient: a cordon or uncordon is read again and made again
+// againAfter says when a cordon or uncordon is read again and made again:
 // after a conflict, and after a transient failure (an HA control plane's
-// etcd changing leaders): it is conditional on the Node as read.
-func conflictOrTransient(err error) bool { return apierrors.IsConflict(err) || cluster.Transient(err) }
+// etcd changing leaders) while ctx lasts. Each is conditional on the Node
+// as read.
+func againAfter(ctx context.Context) func(error) bool {
+	return func(err error) bool { return ctx.Err() == nil && (apierrors.IsConflict(err) || cluster.Transient(err)) }
+}
 
 // Cordon marks the node unschedulable, remembering that it did; a node
 // already unschedulable is left as the operator made it.
@@ -81,7 +84,7 @@ func (d *Drainer) Cordon(ctx context.Context, name string) error {
 	// Conditional on the Node as read: a cordon made by hand between the
 	// read and the patch is a conflict, read again (and then left alone),
 	// never marked as kubelift's.
-	err := retry.OnError(cluster.TransientRetry, conflictOrTransient, func() error {
+	err := retry.OnError(cluster.TransientRetry, againAfter(ctx), func() error {
 		n, err := d.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -130,7 +133,7 @@ func (d *Drainer) Uncordon(ctx context.Context, name string) error {
 		}
 	}
 	// Conditional on the Node as read, as cordon is.
-	err := retry.OnError(cluster.TransientRetry, conflictOrTransient, func() error {
+	err := retry.OnError(cluster.TransientRetry, againAfter(ctx), func() error {
 		n, err := d.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err

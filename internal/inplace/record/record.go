@@ -165,7 +165,7 @@ func (w *Writer) Write(ctx context.Context, snapshot func() ([]byte, error)) err
 	gone := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsNotFound(err) }
 	attempt := 0
 	var fenced error // the lock lost between two attempts
-	err = retry.OnError(cluster.TransientRetry, func(err error) bool { return gone(err) || cluster.Transient(err) }, func() error {
+	err = retry.OnError(cluster.TransientRetry, func(err error) bool { return ctx.Err() == nil && (gone(err) || cluster.Transient(err)) }, func() error {
 		if attempt++; attempt > 1 {
 			if fenced = fence(); fenced != nil {
 				return fenced

@@ -112,3 +112,20 @@ func TestWriterWritesAgainWhileEtcdChangesLeader(t *testing.T) {
 		t.Errorf("requests %v after a refusal, want the one update", got)
 	}
 }
+
+// A run that is ending (its context done) does not wait out the retries.
+func TestWriterStopsRetryingOnceItsContextEnds(t *testing.T) {
+	c := fake.NewSimpleClientset()
+	ctx, cancel := context.WithCancel(context.Background())
+	c.PrependReactor("*", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		cancel() // the run ends while its write is under way
+		return true, nil, apierrors.NewServiceUnavailable("starting")
+	})
+	w := &Writer{Client: c}
+	if err := w.Write(ctx, func() ([]byte, error) { return json.Marshal(&Upgrade{State: StateFailed}) }); err == nil {
+		t.Fatal("written, want the 503")
+	}
+	if got := verbs(c); len(got) != 1 {
+		t.Errorf("requests %v, want one: none after the context ended", got)
+	}
+}
