@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"net"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 )
 
 // TransientRetry is how a write that failed with a Transient error (or a
@@ -53,4 +55,14 @@ func Transient(err error) bool {
 	}
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// OnTransient makes do again, after backoff's pauses, while it fails with
+// a Transient error or one also accepts (nil: none), and while ctx lasts:
+// a cancelled request's error reads as a timeout, and an ending run must
+// not wait out the pauses.
+func OnTransient(ctx context.Context, backoff wait.Backoff, also func(error) bool, do func() error) error {
+	return retry.OnError(backoff, func(err error) bool {
+		return ctx.Err() == nil && (Transient(err) || also != nil && also(err))
+	}, do)
 }

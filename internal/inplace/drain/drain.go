@@ -20,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 	kubectldrain "k8s.io/kubectl/pkg/drain"
 
 	"github.com/kubelift/kubelift/internal/cluster"
@@ -70,21 +69,14 @@ func (d *Drainer) Mine(name string) bool {
 // recreate) keeps a node from being drained.
 var ErrDrainBlocked = errors.New("drain blocked")
 
-// againAfter says when a cordon or uncordon is read again and made again:
-// after a conflict, and after a transient failure (an HA control plane's
-// etcd changing leaders) while ctx lasts. Each is conditional on the Node
-// as read.
-func againAfter(ctx context.Context) func(error) bool {
-	return func(err error) bool { return ctx.Err() == nil && (apierrors.IsConflict(err) || cluster.Transient(err)) }
-}
-
 // Cordon marks the node unschedulable, remembering that it did; a node
 // already unschedulable is left as the operator made it.
 func (d *Drainer) Cordon(ctx context.Context, name string) error {
 	// Conditional on the Node as read: a cordon made by hand between the
 	// read and the patch is a conflict, read again (and then left alone),
-	// never marked as kubelift's.
-	err := retry.OnError(cluster.TransientRetry, againAfter(ctx), func() error {
+	// never marked as kubelift's. A transient failure (an HA control
+	// plane's etcd changing leaders) is read again and made again too.
+	err := cluster.OnTransient(ctx, cluster.TransientRetry, apierrors.IsConflict, func() error {
 		n, err := d.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -133,7 +125,7 @@ func (d *Drainer) Uncordon(ctx context.Context, name string) error {
 		}
 	}
 	// Conditional on the Node as read, as cordon is.
-	err := retry.OnError(cluster.TransientRetry, againAfter(ctx), func() error {
+	err := cluster.OnTransient(ctx, cluster.TransientRetry, apierrors.IsConflict, func() error {
 		n, err := d.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err

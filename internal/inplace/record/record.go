@@ -17,7 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/release"
@@ -165,7 +164,7 @@ func (w *Writer) Write(ctx context.Context, snapshot func() ([]byte, error)) err
 	gone := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsNotFound(err) }
 	attempt := 0
 	var fenced error // the lock lost between two attempts
-	err = retry.OnError(cluster.TransientRetry, func(err error) bool { return ctx.Err() == nil && (gone(err) || cluster.Transient(err)) }, func() error {
+	err = cluster.OnTransient(ctx, cluster.TransientRetry, gone, func() error {
 		if attempt++; attempt > 1 {
 			if fenced = fence(); fenced != nil {
 				return fenced

@@ -7,7 +7,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/kubelift/kubelift/internal/cluster"
 )
@@ -17,8 +16,8 @@ import (
 var writeTries = wait.Backoff{Duration: time.Second, Factor: 1, Steps: 60}
 
 // write makes one of the sandbox's API writes, and makes it again while
-// it fails on the way to the API server (retry.OnError, as the engine's
-// record writer does): client-go tries a GET again
+// it fails on the way to the API server (cluster.OnTransient, as the
+// engine's record writer does): client-go tries a GET again
 // after a broken connection, never a write. Through a three-control-plane
 // sandbox's load balancer a write's connection is closed when its API
 // server is marked down (FC27: a node's Patch failed with "unexpected
@@ -28,7 +27,7 @@ var writeTries = wait.Backoff{Duration: time.Second, Factor: 1, Steps: 60}
 // twice: creates take AlreadyExists as done, patches are merges. Each
 // try runs under ctx, so one cut off by ctx ends it.
 func write(ctx context.Context, what string, do func() error) error {
-	err := retry.OnError(writeTries, func(err error) bool { return ctx.Err() == nil && cluster.Transient(err) }, do)
+	err := cluster.OnTransient(ctx, writeTries, nil, do)
 	switch {
 	case err == nil:
 		return nil
