@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
 )
 
 // AnnotationInFlight marks a Node whose kubelet a run swapped and has not
@@ -170,10 +171,14 @@ func AnnotationsPatch(a map[string]any) ([]byte, error) {
 	return json.Marshal(map[string]any{"metadata": map[string]any{"annotations": a}})
 }
 
-// PatchNode applies a merge patch to node.
+// PatchNode applies a merge patch to node, again while the API server
+// answers with a transient error (cluster.Transient): a merge patch of
+// annotations leaves the same Node however often it applies.
 func PatchNode(ctx context.Context, c kubernetes.Interface, node string, patch []byte) error {
-	_, err := c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
-	return err
+	return cluster.OnTransient(ctx, cluster.TransientRetry, nil, func() error {
+		_, err := c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	})
 }
 
 // annotate sets node's annotations a (nil removes one).

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
@@ -127,5 +129,59 @@ func TestWriterStopsRetryingOnceItsContextEnds(t *testing.T) {
 	}
 	if got := verbs(c); len(got) != 1 {
 		t.Errorf("requests %v, want one: none after the context ended", got)
+	}
+}
+
+// A node's in-flight record and its done mark are written through an
+// etcd leader change (the API server's 500 "etcdserver: leader changed"):
+// without it the run stops at the node before its swap, or leaves a
+// swapped node unmarked.
+func TestNodeAnnotationsWrittenThroughALeaderChange(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}})
+	leaderChanges := 0
+	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if leaderChanges > 0 {
+			leaderChanges--
+			return true, nil, apierrors.NewInternalError(errors.New("etcdserver: leader changed"))
+		}
+		return false, nil, nil
+	})
+	node := func() *corev1.Node {
+		t.Helper()
+		n, err := c.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	leaderChanges = 2
+	if err := MarkInFlight(ctx, c, "worker-1", &InFlight{From: "v1.31.4"}); err != nil {
+		t.Fatalf("in-flight record: %v", err)
+	}
+	if f, err := InFlightOn(node()); err != nil || f == nil || f.From != "v1.31.4" {
+		t.Fatalf("in-flight record read back %+v, %v", f, err)
+	}
+	leaderChanges = 1
+	patch, err := DonePatch("v1.31.14", "sha256:abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := PatchNode(ctx, c, "worker-1", patch); err != nil {
+		t.Fatalf("done mark: %v", err)
+	}
+	if a := node().Annotations; a[AnnotationUpgradedTo] != "v1.31.14" || a[AnnotationInFlight] != "" {
+		t.Errorf("annotations after the done mark: %v", a)
+	}
+
+	c.ClearActions()
+	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "worker-1", errors.New("no"))
+	})
+	if err := ClearInFlight(ctx, c, "worker-1"); !apierrors.IsForbidden(err) {
+		t.Fatalf("refused patch: %v, want the refusal", err)
+	}
+	if got := verbs(c); len(got) != 1 {
+		t.Errorf("requests %v after a refusal, want the one patch", got)
 	}
 }
