@@ -21,6 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/cluster"
 )
 
 // Patcher adds to pods and nodes what the upgrade needs.
@@ -55,7 +57,7 @@ func (p Patcher) AddTolerations(ctx context.Context, pods []corev1.Pod) ([]strin
 			patched = append(patched, pod.Namespace+"/"+pod.Name)
 			continue
 		}
-		if _, err := p.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); apierrors.IsNotFound(err) {
+		if err := p.addTolerations(ctx, pod, patch); apierrors.IsNotFound(err) {
 			// Gone since the plan listed it (a rollout replaced it): its
 			// replacement is the plan's next run's business.
 			p.Log.Info("pod gone before its tolerations were added", "pod", pod.Namespace+"/"+pod.Name)
@@ -69,6 +71,29 @@ func (p Patcher) AddTolerations(ctx context.Context, pods []corev1.Pod) ([]strin
 		p.Log.Info("tolerations added", "pods", len(patched))
 	}
 	return patched, nil
+}
+
+// addTolerations applies patch, TolerationsPatch's for pod. Through a
+// transient API failure (cluster.Transient) it reads the pod again and
+// adds what it still lacks: the failed patch may have applied, and one
+// that appends is not the same made twice.
+func (p Patcher) addTolerations(ctx context.Context, pod *corev1.Pod, patch []byte) error {
+	pods := p.Client.CoreV1().Pods(pod.Namespace)
+	again := false
+	return cluster.OnTransient(ctx, cluster.TransientRetry, nil, func() error {
+		if again {
+			fresh, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if patch, err = TolerationsPatch(fresh.Spec.Tolerations); err != nil || patch == nil {
+				return err
+			}
+		}
+		again = true
+		_, err := pods.Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
+		return err
+	})
 }
 
 // LabelsWanted are, per node, the labels its pods' nodeSelectors need
@@ -118,7 +143,12 @@ func (p Patcher) RestoreLabels(ctx context.Context, want map[string]map[string]s
 			p.Would(n, "restore labels "+strings.Join(kv, ", "), string(patch))
 			continue
 		}
-		if _, err := p.Client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		// A merge patch of labels: the same however often it applies.
+		err = cluster.OnTransient(ctx, cluster.TransientRetry, nil, func() error {
+			_, err := p.Client.CoreV1().Nodes().Patch(ctx, n, types.MergePatchType, patch, metav1.PatchOptions{})
+			return err
+		})
+		if err != nil {
 			return restored, fmt.Errorf("node %s: restore labels: %w", n, err)
 		}
 		p.Event(ctx, n, "LabelsRestored", "kubelift: labels restored for pods' nodeSelectors: "+strings.Join(kv, ", "))
