@@ -84,16 +84,26 @@ func RecordAvailable(ctx context.Context, c kubernetes.Interface, a *Available) 
 	if err != nil {
 		return nil, err
 	}
-	created, err := c.CoreV1().ConfigMaps(Namespace).Create(ctx, cm, metav1.CreateOptions{})
+	// Made again through a transient failure (the create may have
+	// applied: the next one then finds the record, and compares it).
+	var created *corev1.ConfigMap
+	err = OnTransient(ctx, TransientRetry, nil, func() (err error) {
+		created, err = c.CoreV1().ConfigMaps(Namespace).Create(ctx, cm, metav1.CreateOptions{})
+		return err
+	})
 	if err == nil {
 		return created, nil
 	}
 	if !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("configmap %s/%s: %w", Namespace, cm.Name, err)
 	}
-	existing, gerr := c.CoreV1().ConfigMaps(Namespace).Get(ctx, cm.Name, metav1.GetOptions{})
-	if gerr != nil {
-		return nil, fmt.Errorf("configmap %s/%s: %w", Namespace, cm.Name, gerr)
+	var existing *corev1.ConfigMap
+	err = OnTransient(ctx, TransientRetry, nil, func() (err error) {
+		existing, err = c.CoreV1().ConfigMaps(Namespace).Get(ctx, cm.Name, metav1.GetOptions{})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("configmap %s/%s: %w", Namespace, cm.Name, err)
 	}
 	if !maps.Equal(existing.Data, cm.Data) || !mapsEqualBytes(existing.BinaryData, cm.BinaryData) {
 		return nil, fmt.Errorf("configmap %s/%s: %w", Namespace, cm.Name, ErrRecordConflict)

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func TestListAvailableOrdersVersionsNumerically(t *testing.T) {
@@ -49,5 +52,37 @@ func TestRecordAvailableIsImmutable(t *testing.T) {
 	b.Registry = "elsewhere:5000"
 	if _, err := RecordAvailable(ctx, c, &b); !errors.Is(err, ErrRecordConflict) {
 		t.Fatalf("other content under the same name: %v, want ErrRecordConflict", err)
+	}
+}
+
+// The available-release record is written through etcd changing leader:
+// a create whose answer was lost had applied, and the one made again
+// finds the same record there (no ErrRecordConflict); a read that failed
+// is made again.
+func TestRecordAvailableThroughALeaderChange(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	leaderChanged := apierrors.NewInternalError(errors.New("etcdserver: leader changed"))
+	fail := map[string]int{"create": 1, "get": 1}
+	c.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if fail[a.GetVerb()] == 0 {
+			return false, nil, nil
+		}
+		fail[a.GetVerb()]--
+		if a.GetVerb() == "create" {
+			// Applied, and the answer lost on the way back.
+			if _, _, err := k8stesting.ObjectReaction(c.Tracker())(a); err != nil {
+				t.Fatalf("create: %v", err)
+			}
+		}
+		return true, nil, leaderChanged
+	})
+	a := &Available{KubernetesVersion: "v1.31.4", BundleDigest: "sha256:abc", Manifest: []byte("{}")}
+	cm, err := RecordAvailable(ctx, c, a)
+	if err != nil || cm.Name != RecordName("v1.31.4", "sha256:abc") {
+		t.Fatalf("record through a leader change: %v, %v", cm, err)
+	}
+	if fail["create"]+fail["get"] != 0 {
+		t.Errorf("failures not reached: %v", fail)
 	}
 }

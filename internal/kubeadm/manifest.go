@@ -9,14 +9,16 @@ import (
 	"strconv"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
 )
 
 // StaticPods are the static pods kubeadm writes on a control-plane node,
@@ -107,10 +109,11 @@ func EtcdMinor(tag string) (string, error) {
 // SetVersion sets the ClusterConfiguration's kubernetesVersion in the
 // kubeadm-config ConfigMap to v when it says from (a rollback puts back
 // what `kubeadm upgrade apply` wrote); it says whether it changed it. A
-// document that does not parse is refused.
+// document that does not parse is refused. It reads and writes again
+// through a conflict or a transient API failure (cluster.Transient).
 func SetVersion(ctx context.Context, c kubernetes.Interface, from, v string) (bool, error) {
-	changed := false
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	changed, updated := false, false
+	err := cluster.OnTransient(ctx, cluster.TransientRetry, apierrors.IsConflict, func() error {
 		changed = false
 		cm, err := c.CoreV1().ConfigMaps(ConfigNamespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
 		if err != nil {
@@ -121,6 +124,8 @@ func SetVersion(ctx context.Context, c kubernetes.Interface, from, v string) (bo
 			return fmt.Errorf("configmap %s/%s %s: %w", ConfigNamespace, ConfigMapName, ClusterConfigKey, err)
 		}
 		if doc["kubernetesVersion"] != from {
+			// An update that failed transiently may have applied.
+			changed = updated && doc["kubernetesVersion"] == v
 			return nil
 		}
 		doc["kubernetesVersion"] = v
@@ -129,6 +134,7 @@ func SetVersion(ctx context.Context, c kubernetes.Interface, from, v string) (bo
 			return err
 		}
 		cm.Data[ClusterConfigKey] = string(out)
+		updated = true
 		if _, err := c.CoreV1().ConfigMaps(ConfigNamespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
@@ -145,7 +151,11 @@ func SetVersion(ctx context.Context, c kubernetes.Interface, from, v string) (bo
 // container to tag when it is from (`kubeadm upgrade apply` sets it to the
 // version); it says whether it changed it.
 func SetProxyTag(ctx context.Context, c kubernetes.Interface, from, tag string) (bool, error) {
-	ds, err := c.AppsV1().DaemonSets(ConfigNamespace).Get(ctx, "kube-proxy", metav1.GetOptions{})
+	var ds *appsv1.DaemonSet
+	err := cluster.OnTransient(ctx, cluster.TransientRetry, nil, func() (err error) {
+		ds, err = c.AppsV1().DaemonSets(ConfigNamespace).Get(ctx, "kube-proxy", metav1.GetOptions{})
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("daemonset %s/kube-proxy: %w", ConfigNamespace, err)
 	}
@@ -162,7 +172,12 @@ func SetProxyTag(ctx context.Context, c kubernetes.Interface, from, tag string) 
 		if err != nil {
 			return false, err
 		}
-		if _, err := c.AppsV1().DaemonSets(ConfigNamespace).Patch(ctx, "kube-proxy", types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		// A patch of the image: the same however often it applies.
+		err = cluster.OnTransient(ctx, cluster.TransientRetry, nil, func() error {
+			_, err := c.AppsV1().DaemonSets(ConfigNamespace).Patch(ctx, "kube-proxy", types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+			return err
+		})
+		if err != nil {
 			return false, fmt.Errorf("daemonset %s/kube-proxy: set image %s: %w", ConfigNamespace, image, err)
 		}
 		return true, nil
