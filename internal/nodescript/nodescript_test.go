@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -351,24 +352,86 @@ func TestStagedFileSumFallsBack(t *testing.T) {
 	}
 }
 
+// TestStagingYieldsToWorkloads: stage-file runs its decoder at nice 19
+// and best-effort I/O level 7; in its own session (an SSH session's) the
+// session's autogroup takes nice 19 too, and in a caller's session it
+// leaves the caller's alone. A fake zstd reports what it runs with.
+func TestStagingYieldsToWorkloads(t *testing.T) {
+	content := []byte(strings.Repeat("kubelet bytes ", 1000))
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	zstd := "#!/bin/sh\n{ nice; ionice -p $$; cat /proc/self/autogroup; } >\"$MARK\"\nexec cat\n"
+	if err := os.WriteFile(filepath.Join(bin, "zstd"), []byte(zstd), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stage := func(t *testing.T, vdir string, nested bool) (mark, leader string) {
+		t.Helper()
+		markFile := filepath.Join(dir, filepath.Base(vdir)+".mark")
+		cmd := StageFile.Command(filepath.Join(dir, vdir), "kubelet", sha256hex(content), strconv.Itoa(len(content)), "zstd", "0")
+		c := exec.Command("sh", "-c", cmd)
+		if nested {
+			// The session's leader runs a shell that runs the script:
+			// the session is not the script's own.
+			c = exec.Command("sh", "-c", `sh -c "$1; true"; cat /proc/$$/autogroup`, "leader", cmd)
+		}
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		c.Env = []string{"PATH=" + bin + ":" + os.Getenv("PATH"), "MARK=" + markFile}
+		c.Stdin = bytes.NewReader(content)
+		out, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("stage-file: %v: %s", err, out)
+		}
+		b, err := os.ReadFile(markFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b), string(out)
+	}
+	t.Run("own session", func(t *testing.T) {
+		mark, _ := stage(t, "own", false)
+		lines := strings.Split(strings.TrimSpace(mark), "\n")
+		if len(lines) != 3 || lines[0] != "19" || lines[1] != "best-effort: prio 7" || !strings.HasSuffix(lines[2], " nice 19") {
+			t.Errorf("the decoder ran with\n%s\nwant nice 19, best-effort: prio 7, its autogroup at nice 19", mark)
+		}
+	})
+	t.Run("a caller's session", func(t *testing.T) {
+		mark, leader := stage(t, "nested", true)
+		if !strings.HasPrefix(mark, "19\nbest-effort: prio 7\n") {
+			t.Errorf("the decoder ran with\n%s\nwant nice 19 and best-effort 7", mark)
+		}
+		if !strings.HasSuffix(mark, " nice 0\n") || !strings.HasSuffix(leader, " nice 0\n") {
+			t.Errorf("the caller's session was lowered: the decoder's %q, the leader's %q", mark, leader)
+		}
+	})
+}
+
 func sha256hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
 
-// TestSumFunctionsAgree: pull-file carries the same sha256_of as
-// stage-file (each script stands alone), so the test above holds for it.
+// TestSumFunctionsAgree: pull-file carries the same sha256_of and
+// yield_to_workloads as stage-file (each script stands alone), so the
+// tests above hold for it.
 func TestSumFunctionsAgree(t *testing.T) {
-	fn := func(s Script) string {
-		_, rest, ok := strings.Cut(s.Text, "\nsha256_of() {\n")
+	fn := func(s Script, name string) string {
+		_, rest, ok := strings.Cut(s.Text, "\n"+name+"() {\n")
 		body, _, ok2 := strings.Cut(rest, "\n}\n")
 		if !ok || !ok2 {
-			t.Fatalf("%s has no sha256_of", s.Name)
+			t.Fatalf("%s has no %s", s.Name, name)
 		}
 		return body
 	}
-	if a, b := fn(StageFile), fn(PullFile); a != b {
-		t.Fatalf("stage-file's sha256_of:\n%s\npull-file's:\n%s", a, b)
+	for _, name := range []string{"sha256_of", "yield_to_workloads"} {
+		if a, b := fn(StageFile, name), fn(PullFile, name); a != b {
+			t.Errorf("stage-file's %s:\n%s\npull-file's:\n%s", name, a, b)
+		}
+	}
+	if !strings.Contains(PullFile.Text, "\nyield_to_workloads\n") {
+		t.Error("pull-file does not call yield_to_workloads")
 	}
 }
 

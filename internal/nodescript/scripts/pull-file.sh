@@ -38,6 +38,23 @@ sha256_of() {
   if [ "${#s}" -ne 64 ]; then s=$(sha256sum <"$1" | cut -d ' ' -f 1); fi
   printf '%s\n' "$s"
 }
+# Staging is background work: the node's workloads come first. This
+# process and what it starts (the decoder, the sums) take the lowest CPU
+# priority and the lowest best-effort I/O level: they slow only while
+# something else wants the machine. Where the kernel groups the CPU by
+# session (autogroup: a root-cgroup session weighs as much as a cgroup
+# of pods), the session takes nice 19 too, when it is this script's own
+# (an SSH session's: its leader is this shell or its parent), never a
+# caller's. A node without the tools or the rights stages as before.
+yield_to_workloads() {
+  renice -n 19 -p $$ >/dev/null 2>&1 || :
+  ionice -c 2 -n 7 -p $$ >/dev/null 2>&1 || :
+  sid=$(cut -d ' ' -f 6 "/proc/$$/stat" 2>/dev/null) || sid=
+  if [ -n "$sid" ] && { [ "$sid" = "$$" ] || [ "$sid" = "$PPID" ]; }; then
+    { echo 19 >/proc/self/autogroup; } 2>/dev/null || :
+  fi
+}
+yield_to_workloads
 mkdir -p "$dir"
 hdr=$(cat)
 set --
