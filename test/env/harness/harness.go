@@ -36,6 +36,9 @@ type Harness struct {
 	HashSkipBundle, UpstreamBundle string
 	tmp                            string
 	cfg                            sandbox.Config
+	// teardown takes the sandbox down and removes tmp, at Close or at
+	// the first interrupt.
+	teardown *sandbox.Teardown
 	// said is every line the upgrade program wrote to standard error
 	// here, timed: a failed availability check shows the steps around
 	// each failure (NoDisruption).
@@ -77,21 +80,25 @@ func OldRuntime(version string) Option { return func(c *sandbox.Config) { c.Runt
 func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
 
 // Setup builds the programs, brings up a sandbox (controlPlanes, workers)
-// named name on subnet, and makes the bundles. Close takes it all down.
+// named name on subnet, and makes the bundles. Close takes it all down,
+// and so does an interrupt (sandbox.DownOnInterrupt), which then ends the
+// process.
 func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Harness, error) {
-	ctx := context.Background()
 	tmp, err := os.MkdirTemp("", "kubelift-"+name+"-")
 	if err != nil {
 		return nil, err
 	}
 	h := &Harness{tmp: tmp, Work: filepath.Join(tmp, "work")}
+	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
+		ControlPlanes: controlPlanes, Workers: workers, Workloads: true,
+		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
+	h.teardown = sandbox.DownOnInterrupt(h.cfg.Dir, h.cfg.Log, tmp)
+	ctx := h.teardown.Ctx
 	if h.Bin, err = programs.Dir(filepath.Join(tmp, "bin")); err != nil {
-		os.RemoveAll(tmp)
+		h.Close()
 		return nil, err
 	}
-	h.cfg = sandbox.Config{Dir: filepath.Join(tmp, "sandbox"), Name: fmt.Sprintf("%s%d", name, os.Getpid()%1000), Subnet: subnet,
-		ControlPlanes: controlPlanes, Workers: workers, Tool: filepath.Join(h.Bin, "kubelift-sandbox"), Workloads: true,
-		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
+	h.cfg.Tool = filepath.Join(h.Bin, "kubelift-sandbox")
 	for _, o := range opts {
 		o(&h.cfg)
 	}
@@ -133,10 +140,7 @@ func Main(m *testing.M, name, subnet string, controlPlanes, workers int, use fun
 }
 
 // Close takes the sandbox down and removes every file.
-func (h *Harness) Close() {
-	_ = sandbox.Down(context.Background(), h.cfg.Dir, h.cfg.Log)
-	os.RemoveAll(h.tmp)
-}
+func (h *Harness) Close() { _ = h.teardown.Down() }
 
 // makeBundles makes the bundles outside the air gap, on the stand-in
 // internet. The upstream bundle is made a second later: of two imported

@@ -33,6 +33,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(interruptChildEnv); dir != "" {
+		interruptChild(dir)
+		return
+	}
 	code, err := run(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -42,7 +46,6 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) (int, error) {
-	ctx := context.Background()
 	tmp, err := os.MkdirTemp("", "kubelift-sandbox-test-")
 	if err != nil {
 		return 1, err
@@ -64,13 +67,14 @@ func run(m *testing.M) (int, error) {
 		Workers: 4, Tool: tool, Workloads: true,
 		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "sandbox: "+format+"\n", args...) }}
 	cfg.Defaults()
-	sb, err = sandbox.Up(ctx, cfg)
+	teardown := sandbox.DownOnInterrupt(cfg.Dir, cfg.Log)
+	sb, err = sandbox.Up(teardown.Ctx, cfg)
 	if err != nil {
-		_ = sandbox.Down(ctx, cfg.Dir, nil)
+		_ = teardown.Down()
 		return 1, err
 	}
 	if client, err = sb.Client(); err != nil {
-		_ = sandbox.Down(ctx, cfg.Dir, nil)
+		_ = teardown.Down()
 		return 1, err
 	}
 	// The machines' mount namespaces, where containerd's shims run: after
@@ -83,7 +87,7 @@ func run(m *testing.M) (int, error) {
 	}
 	code := m.Run()
 	state := *sb
-	if err := sandbox.Down(ctx, cfg.Dir, cfg.Log); err != nil {
+	if err := teardown.Down(); err != nil {
 		return 1, err
 	}
 	// Down leaves nothing behind: no process, no namespace, no directory.
