@@ -22,9 +22,10 @@ type Teardown struct {
 	dir      string
 	log      func(string, ...any)
 	remove   []string
+	cancel   context.CancelFunc
+	sigs     chan os.Signal
 	once     sync.Once
 	err      error
-	stop     func()
 	released chan struct{}
 }
 
@@ -37,15 +38,13 @@ type Teardown struct {
 // package's.
 func DownOnInterrupt(dir string, log func(string, ...any), remove ...string) *Teardown {
 	ctx, cancel := context.WithCancel(context.Background())
-	td := &Teardown{Ctx: ctx, dir: dir, log: log, remove: remove, released: make(chan struct{})}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	td.stop = func() { signal.Stop(sigs); cancel() }
+	td := &Teardown{Ctx: ctx, dir: dir, log: log, remove: remove, cancel: cancel,
+		sigs: make(chan os.Signal, 1), released: make(chan struct{})}
+	signal.Notify(td.sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		select {
-		case sig := <-sigs:
-			signal.Stop(sigs)
-			cancel()
+		case sig := <-td.sigs:
+			signal.Stop(td.sigs) // a second interrupt ends the process at once
 			fmt.Fprintf(os.Stderr, "sandbox: %v: taking the sandbox in %s down\n", sig, dir)
 			_ = td.Down()
 			code := 130
@@ -59,16 +58,18 @@ func DownOnInterrupt(dir string, log func(string, ...any), remove ...string) *Te
 	return td
 }
 
-// Down takes the sandbox down and removes the other paths (once,
-// whoever asks first; a second caller waits for the first and gets its
-// result), and stops watching for an interrupt.
+// Down cancels Ctx, takes the sandbox down and removes the other paths
+// (once, whoever asks first; a second caller waits for the first and
+// gets its result), then stops watching for an interrupt (one meanwhile
+// waits for this Down).
 func (td *Teardown) Down() error {
 	td.once.Do(func() {
+		td.cancel()
 		td.err = Down(context.Background(), td.dir, td.log)
 		for _, p := range td.remove {
 			_ = os.RemoveAll(p)
 		}
-		td.stop()
+		signal.Stop(td.sigs)
 		close(td.released)
 	})
 	return td.err

@@ -29,17 +29,18 @@ func interruptChild(dir string) {
 		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "child sandbox: "+format+"\n", args...) }}
 	c.Defaults()
 	td := sandbox.DownOnInterrupt(c.Dir, c.Log)
-	s, err := sandbox.Up(td.Ctx, c)
-	if err != nil {
+	fail := func(err error) {
 		fmt.Fprintln(os.Stderr, err)
 		_ = td.Down()
 		os.Exit(1)
 	}
+	s, err := sandbox.Up(td.Ctx, c)
+	if err != nil {
+		fail(err)
+	}
 	b, err := json.Marshal(s)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		_ = td.Down()
-		os.Exit(1)
+		fail(err)
 	}
 	fmt.Printf("up %s\n", b)
 	select {}
