@@ -425,10 +425,7 @@ func TestNodeAffinityAfterLabelRemoval(t *testing.T) {
 	if err := sandbox.EnsureNamespace(ctx, client, ns); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := sandbox.WaitPodsRunning(ctx, client, ns, 3*time.Minute); err != nil {
+	if err := sandbox.CreateSelectingPod(ctx, client, p, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := client.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{}); got.Spec.NodeName != m.Name {

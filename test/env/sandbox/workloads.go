@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -129,15 +130,19 @@ func (s *State) createWorkloads(ctx context.Context) error {
 		}); err != nil {
 			return err
 		}
-		pinned := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pinned-ssd", Namespace: WorkloadNamespace}, Spec: s.PodSpec(nil)}
-		pinned.Spec.NodeSelector = map[string]string{PinnedLabel: "ssd"}
-		bare = append(bare, pinned)
 	}
 	for _, p := range bare {
 		if err := write(ctx, "pod "+p.Name, func() error {
 			_, err := client.CoreV1().Pods(WorkloadNamespace).Create(ctx, p, metav1.CreateOptions{})
 			return created(err)
 		}); err != nil {
+			return err
+		}
+	}
+	if pinnedNode != "" {
+		pinned := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pinned-ssd", Namespace: WorkloadNamespace}, Spec: s.PodSpec(nil)}
+		pinned.Spec.NodeSelector = map[string]string{PinnedLabel: "ssd"}
+		if err := CreateSelectingPod(ctx, client, pinned, 3*time.Minute); err != nil {
 			return err
 		}
 	}
@@ -152,6 +157,79 @@ func (s *State) createWorkloads(ctx context.Context) error {
 		}); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// selectingPodTries bounds how often CreateSelectingPod creates a pod
+// its kubelet refused.
+const selectingPodTries = 5
+
+// CreateSelectingPod creates pod, whose nodeSelector needs a label just
+// put on a node, and waits (up to limit) until its containers run.
+//
+// A kubelet before v1.35 admits a pod against its informer's copy of its
+// Node, which may not hold the new label yet although the scheduler saw
+// it: the kubelet then fails the pod with reason NodeAffinity
+// (kubernetes/kubernetes#133997, fixed in v1.35 by #134445, which
+// fetches the Node again). A CI run met it on a busy machine. That race
+// is the set-up's, not what a test asks about, so such a pod is deleted
+// and created again, up to selectingPodTries times; a pod that fails
+// for another reason is an error at once.
+func CreateSelectingPod(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod, limit time.Duration) error {
+	pods := client.CoreV1().Pods(pod.Namespace)
+	create := func() error {
+		return write(ctx, "pod "+pod.Name, func() error {
+			_, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+			return created(err)
+		})
+	}
+	if err := create(); err != nil {
+		return err
+	}
+	tries, last := 1, "not created"
+	err := poll(ctx, limit, func() (bool, error) {
+		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			// Deleted after a refusal: create it again.
+			last = "deleted after a NodeAffinity refusal"
+			return false, create()
+		case err != nil:
+			last = err.Error()
+			return false, nil
+		}
+		last = fmt.Sprintf("%s on %q", p.Status.Phase, p.Spec.NodeName)
+		switch {
+		case p.DeletionTimestamp != nil:
+			// Going after a refusal.
+			return false, nil
+		case p.Status.Phase == corev1.PodFailed && p.Status.Reason == "NodeAffinity":
+			if tries == selectingPodTries {
+				return false, fmt.Errorf("refused by the kubelet on %s %d times: %s", p.Spec.NodeName, tries, p.Status.Message)
+			}
+			tries++
+			zero := int64(0)
+			return false, write(ctx, "delete refused pod "+pod.Name, func() error {
+				err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+				if apierrors.IsNotFound(err) {
+					return nil
+				}
+				return err
+			})
+		case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
+			return false, fmt.Errorf("%s on %q: %s %s", p.Status.Phase, p.Spec.NodeName, p.Status.Reason, p.Status.Message)
+		}
+		running := 0
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.State.Running != nil {
+				running++
+			}
+		}
+		return running == len(p.Spec.Containers), nil
+	})
+	if err != nil {
+		return fmt.Errorf("pod %s/%s not running (last: %s): %w", pod.Namespace, pod.Name, last, err)
 	}
 	return nil
 }
