@@ -30,10 +30,11 @@ func TestCreateSelectingPodAfterRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	label := "kubelift.io/refusal-test"
+	// setLabel runs in the test's cleanup too, after ctx is cancelled.
 	setLabel := func(value string) {
 		body := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, label, value)
-		if _, err := client.CoreV1().Nodes().Patch(ctx, m.Name, types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
+		if _, err := client.CoreV1().Nodes().Patch(context.Background(), m.Name, types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("label %s on %s: %v", value, m.Name, err)
 		}
 	}
 	t.Cleanup(func() { setLabel("null") })
