@@ -63,6 +63,10 @@ var (
 	// swapped in place, its config migrated, and put back.
 	RuntimeSwap    = load("runtime-swap", writes)
 	RuntimeRestore = load("runtime-restore", writes)
+	// The node's tools: the CNI plugins and crictl replaced in place
+	// where they differ from the bundle's, and put back.
+	ToolsSwap    = load("tools-swap", writes)
+	ToolsRestore = load("tools-restore", writes)
 )
 
 const (

@@ -53,6 +53,9 @@ var goldenArgs = map[string][]string{
 	"runtime-swap": {"/var/lib/kubelift/backup/" + hostile, "/var/lib/kubelift/staged/v1.31.4/containerd", hostile, "/var/lib/kubelift/staged/v1.31.4/runc", hostile,
 		"/usr/local/sbin/runc", "/usr/local/bin", "/etc/containerd/config.toml", "migrate", "containerd", hostile},
 	"runtime-restore": {"/var/lib/kubelift/backup/" + hostile, "/usr/local/bin", "/usr/local/sbin/runc", "/etc/containerd/config.toml", "containerd"},
+	"tools-swap": {"/var/lib/kubelift/backup/" + hostile, "/var/lib/kubelift/staged/v1.31.4/cni-plugins", hostile, "/opt/cni/bin",
+		"/var/lib/kubelift/staged/v1.31.4/crictl", hostile, "/usr/local/bin/crictl"},
+	"tools-restore": {"/var/lib/kubelift/backup/" + hostile, "/opt/cni/bin", "/usr/local/bin/crictl"},
 }
 
 // TestGolden pins each script's command, byte for byte, with a hostile
