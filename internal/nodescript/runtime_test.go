@@ -66,14 +66,7 @@ func newRuntimeNode(t *testing.T) *runtimeNode {
 		},
 		oldConfig: oldRuntimeConfig,
 	}
-	write := func(p, content string, mode os.FileMode) {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), mode); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := n.write
 	for name, content := range n.oldPrograms {
 		write(filepath.Join(n.bin, name), content, 0o755)
 	}
@@ -111,6 +104,17 @@ func newRuntimeNode(t *testing.T) *runtimeNode {
 	write(n.newRunc, "runc 1.5\n", 0o644)
 	n.newRuncSum = sha256hex([]byte("runc 1.5\n"))
 	return n
+}
+
+// write writes content to p with mode, making its directories.
+func (n *runtimeNode) write(p, content string, mode os.FileMode) {
+	n.t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), mode); err != nil {
+		n.t.Fatal(err)
+	}
 }
 
 func (n *runtimeNode) run(cmd string) (string, int) {

@@ -68,14 +68,7 @@ func newToolsNode(t *testing.T) *toolsNode {
 		"portmap":  "#!/bin/sh\necho portmap v1.5.1\n",
 	}
 	n.oldCrictl, n.bundleCrictl = "#!/bin/sh\necho crictl v1.30.0\n", "#!/bin/sh\necho crictl v1.31.0\n"
-	write := func(p, content string, mode os.FileMode) {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), mode); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := n.write
 	for name, content := range n.oldPlugins {
 		write(filepath.Join(n.cniDir, name), content, 0o755)
 	}
