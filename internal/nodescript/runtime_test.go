@@ -1,9 +1,6 @@
 package nodescript
 
 import (
-	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"errors"
 	"os"
 	"os/exec"
@@ -66,42 +63,25 @@ func newRuntimeNode(t *testing.T) *runtimeNode {
 		},
 		oldConfig: oldRuntimeConfig,
 	}
-	write := n.write
 	for name, content := range n.oldPrograms {
-		write(filepath.Join(n.bin, name), content, 0o755)
+		n.write(filepath.Join(n.bin, name), content, 0o755)
 	}
-	write(n.runc, "runc 1.1\n", 0o755)
-	write(n.config, n.oldConfig, 0o600)
-	write(filepath.Join(n.stubs, "systemctl"), "#!/bin/sh\necho \"$*\" >>"+quoteForTest(n.systemctlLog)+"\n", 0o755)
+	n.write(n.runc, "runc 1.1\n", 0o755)
+	n.write(n.config, n.oldConfig, 0o600)
+	n.write(filepath.Join(n.stubs, "systemctl"), "#!/bin/sh\necho \"$*\" >>"+quoteForTest(n.systemctlLog)+"\n", 0o755)
 
 	// containerd v2's release archive, as its project ships it: bin/...
-	var buf bytes.Buffer
-	zw := gzip.NewWriter(&buf)
-	tw := tar.NewWriter(zw)
-	for _, f := range []struct{ name, content string }{
-		{"bin/containerd", fakeContainerd("v2.3.7")},
-		{"bin/ctr", "#!/bin/sh\necho ctr 2.3\n"},
-		{"bin/containerd-shim-runc-v2", "#!/bin/sh\necho shim 2.3\n"},
-		{"bin/containerd-stress", "#!/bin/sh\necho stress 2.3\n"},
-	} {
-		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o755, Size: int64(len(f.content)), Typeflag: tar.TypeReg}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write([]byte(f.content)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
+	archive := tgz(t, [][3]string{
+		{"bin/containerd", fakeContainerd("v2.3.7"), "x"},
+		{"bin/ctr", "#!/bin/sh\necho ctr 2.3\n", "x"},
+		{"bin/containerd-shim-runc-v2", "#!/bin/sh\necho shim 2.3\n", "x"},
+		{"bin/containerd-stress", "#!/bin/sh\necho stress 2.3\n", "x"},
+	})
 	n.archive = filepath.Join(root, "var/lib/kubelift/staged/v1.31.4/containerd")
-	write(n.archive, buf.String(), 0o644)
-	n.archiveSum = sha256hex(buf.Bytes())
+	n.write(n.archive, string(archive), 0o644)
+	n.archiveSum = sha256hex(archive)
 	n.newRunc = filepath.Join(root, "var/lib/kubelift/staged/v1.31.4/runc")
-	write(n.newRunc, "runc 1.5\n", 0o644)
+	n.write(n.newRunc, "runc 1.5\n", 0o644)
 	n.newRuncSum = sha256hex([]byte("runc 1.5\n"))
 	return n
 }

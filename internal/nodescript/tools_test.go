@@ -68,11 +68,10 @@ func newToolsNode(t *testing.T) *toolsNode {
 		"portmap":  "#!/bin/sh\necho portmap v1.5.1\n",
 	}
 	n.oldCrictl, n.bundleCrictl = "#!/bin/sh\necho crictl v1.30.0\n", "#!/bin/sh\necho crictl v1.31.0\n"
-	write := n.write
 	for name, content := range n.oldPlugins {
-		write(filepath.Join(n.cniDir, name), content, 0o755)
+		n.write(filepath.Join(n.cniDir, name), content, 0o755)
 	}
-	write(n.crictl, n.oldCrictl, 0o755)
+	n.write(n.crictl, n.oldCrictl, 0o755)
 	// As the projects ship them: the CNI plugins at the archive's top
 	// with a LICENSE and README.md beside them; crictl alone.
 	cni := tgz(t, [][3]string{
@@ -85,8 +84,8 @@ func newToolsNode(t *testing.T) *toolsNode {
 	crictl := tgz(t, [][3]string{{"crictl", n.bundleCrictl, "x"}})
 	n.cniArchive = filepath.Join(n.root, "var/lib/kubelift/staged/v1.31.4/cni-plugins")
 	n.crictlArchive = filepath.Join(n.root, "var/lib/kubelift/staged/v1.31.4/crictl")
-	write(n.cniArchive, string(cni), 0o644)
-	write(n.crictlArchive, string(crictl), 0o644)
+	n.write(n.cniArchive, string(cni), 0o644)
+	n.write(n.crictlArchive, string(crictl), 0o644)
 	n.cniSum, n.crictlSum = sha256hex(cni), sha256hex(crictl)
 	return n
 }
