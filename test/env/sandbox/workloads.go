@@ -187,7 +187,7 @@ func CreateSelectingPod(ctx context.Context, client kubernetes.Interface, pod *c
 	if err := create(); err != nil {
 		return err
 	}
-	tries, last := 1, "not created"
+	tries, last := 1, ""
 	err := poll(ctx, limit, func() (bool, error) {
 		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
 		switch {
@@ -220,13 +220,7 @@ func CreateSelectingPod(ctx context.Context, client kubernetes.Interface, pod *c
 		case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
 			return false, fmt.Errorf("%s on %q: %s %s", p.Status.Phase, p.Spec.NodeName, p.Status.Reason, p.Status.Message)
 		}
-		running := 0
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.State.Running != nil {
-				running++
-			}
-		}
-		return running == len(p.Spec.Containers), nil
+		return containersRunning(p), nil
 	})
 	if err != nil {
 		return fmt.Errorf("pod %s/%s not running (last: %s): %w", pod.Namespace, pod.Name, last, err)
@@ -265,13 +259,7 @@ func WaitPodsRunning(ctx context.Context, client kubernetes.Interface, namespace
 		}
 		waiting = waiting[:0]
 		for _, p := range pods.Items {
-			running := 0
-			for _, cs := range p.Status.ContainerStatuses {
-				if cs.State.Running != nil {
-					running++
-				}
-			}
-			if running != len(p.Spec.Containers) {
+			if !containersRunning(&p) {
 				waiting = append(waiting, fmt.Sprintf("%s (%s on %q)", p.Name, p.Status.Phase, p.Spec.NodeName))
 			}
 		}
@@ -335,4 +323,15 @@ func (s *State) createStaticPod(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// containersRunning says every container of p runs.
+func containersRunning(p *corev1.Pod) bool {
+	running := 0
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Running != nil {
+			running++
+		}
+	}
+	return running == len(p.Spec.Containers)
 }
