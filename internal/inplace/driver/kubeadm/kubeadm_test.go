@@ -81,24 +81,38 @@ func TestRunKubeadm(t *testing.T) {
 	const log = "[upgrade/staticpods] Preparing for \"kube-scheduler\" upgrade\n[upgrade/staticpods] Moving new manifest\n" +
 		"error execution phase control-plane: couldn't upgrade control plane. kubeadm has tried to recover everything into the earlier state. Errors faced: timed out waiting for the condition\n" +
 		"To see the stack trace of this error execute with --v=5 or higher\n"
+	// kubeadm before v1.36 gives its health check's Job 15 seconds.
+	const health = "[preflight] Running pre-flight checks.\n[upgrade] Running cluster health checks\n[upgrade/health] FATAL: [preflight] Some fatal errors occurred:\n" +
+		"\t[ERROR CreateJob]: Job \"upgrade-health-check-mldkx\" in the namespace \"kube-system\" did not complete in 15s: no condition of type Complete\n"
+	// ... and the same line after kubeadm began to move static pods is
+	// not a health check's (never so, but it must not start kubeadm again).
+	const moved = "[upgrade/staticpods] Preparing for \"kube-apiserver\" upgrade\n" + health
 	for _, tc := range []struct {
 		name     string
 		statuses []string
+		starts   int
 		want     string // "" when it succeeds
 	}{
-		{"succeeds", []string{"running\n", "running\n", "exit 0\n"}, ""},
-		{"fails", []string{"running\n", "exit 1\n" + log}, "kubeadm upgrade apply v1.31.4 --yes exited 1: while it moved kube-scheduler: error execution phase control-plane"},
-		{"vanishes", []string{"lost\n"}, "stopped without an exit status"},
-		{"garbage", []string{"exit x$(reboot)\n"}, `kubeadm status "exit x$(reboot)"`},
+		{"succeeds", []string{"running\n", "running\n", "exit 0\n"}, 1, ""},
+		{"fails", []string{"running\n", "exit 1\n" + log}, 1, "kubeadm upgrade apply v1.31.4 --yes exited 1: while it moved kube-scheduler: error execution phase control-plane"},
+		{"health job late once", []string{"running\n", "exit 1\n" + health, "running\n", "exit 0\n"}, 2, ""},
+		{"health job late always", []string{"exit 1\n" + health}, healthJobAttempts, "exited 1: [upgrade/health] FATAL: [preflight] Some fatal errors occurred: | \t[ERROR CreateJob]: Job \"upgrade-health-check-mldkx\" in the namespace \"kube-system\" did not complete in 15s: no condition of type Complete (kubeadm started 4 times)"},
+		{"failed after moving", []string{"exit 1\n" + moved}, 1, "exited 1: while it moved kube-apiserver"},
+		{"vanishes", []string{"lost\n"}, 1, "stopped without an exit status"},
+		{"garbage", []string{"exit x$(reboot)\n"}, 1, `kubeadm status "exit x$(reboot)"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			clk := drivertest.SteppingClock(t, 2*time.Second)
-			polls := 0
+			polls, starts := 0, 0
 			var started, checked []string
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
-				nodescript.CheckFile.Name:    func(args []string) (string, error) { checked = args; return "", nil },
-				nodescript.KubeadmStart.Name: func(args []string) (string, error) { started = args; return "started\n", nil },
+				nodescript.CheckFile.Name: func(args []string) (string, error) { checked = args; return "", nil },
+				nodescript.KubeadmStart.Name: func(args []string) (string, error) {
+					started = args
+					starts++
+					return "started\n", nil
+				},
 				nodescript.KubeadmStatus.Name: func([]string) (string, error) {
 					s := tc.statuses[min(polls, len(tc.statuses)-1)]
 					polls++
@@ -116,6 +130,9 @@ func TestRunKubeadm(t *testing.T) {
 			if want := []string{RunDir, "upgrade-apply-v1.31.4-1", "/var/lib/kubelift/staged/v1.31.4/kubeadm", "upgrade", "apply", "v1.31.4", "--yes"}; strings.Join(started, " ") != strings.Join(want, " ") {
 				t.Errorf("kubeadm-start %q, want %q", started, want)
 			}
+			if starts != tc.starts {
+				t.Errorf("kubeadm started %d times, want %d", starts, tc.starts)
+			}
 			if tc.want == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -126,7 +143,7 @@ func TestRunKubeadm(t *testing.T) {
 				t.Fatalf("err = %v, want one naming cp-1 and %q", err, tc.want)
 			}
 			// Only an exit status says kubeadm put back what it moved.
-			if errors.Is(err, errKubeadmFailed) != (tc.name == "fails") || errors.Is(err, driver.ErrNodeFailed) {
+			if errors.Is(err, errKubeadmFailed) != strings.Contains(tc.statuses[len(tc.statuses)-1], "exit 1") || errors.Is(err, driver.ErrNodeFailed) {
 				t.Errorf("err = %v: kubeadm failed %v, node rolled back %v", err, errors.Is(err, errKubeadmFailed), errors.Is(err, driver.ErrNodeFailed))
 			}
 		})

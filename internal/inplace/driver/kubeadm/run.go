@@ -71,7 +71,8 @@ func runName(r *driver.Run, verb string) string {
 // runKubeadm starts the staged kubeadm on the node with args, detached,
 // as run NAME (or follows the one already going), and waits until it
 // ends; an exit other than 0 is the node failed, with kubeadm's last
-// lines for its reason.
+// lines for its reason. A kubeadm that failed at its health check's Job,
+// before it moved anything, is started again (healthJobAttempts).
 func runKubeadm(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, args []string) error {
 	prog := release.StagePath(r.StageDir, r.Target.Version.String(), "kubeadm")
 	start := append([]string{RunDir, run, prog}, args...)
@@ -84,12 +85,39 @@ func runKubeadm(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, 
 	if _, err := o.Run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.Target.SHA256("kubeadm", r.Node(o.Name).Arch)); err != nil {
 		return err
 	}
+	defer r.Fx.Timed()()
+	for attempt := 1; ; attempt++ {
+		err := startAndWait(ctx, r, o, run, args, start)
+		if !errors.Is(err, errHealthJob) {
+			return err
+		}
+		if attempt == healthJobAttempts {
+			return fmt.Errorf("%w (kubeadm started %d times)", err, attempt)
+		}
+		r.Log.Warn("kubeadm's health check Job did not complete in kubeadm's time; nothing moved: kubeadm again", "node", o.Name, "run", run, "attempt", attempt+1, "of", healthJobAttempts)
+	}
+}
+
+// healthJobAttempts is how many times one kubeadm run is started when it
+// fails at its health check's Job ("[ERROR CreateJob]"), before it moved
+// anything. kubeadm before v1.36 gives the Job 15 seconds to complete, which
+// a busy cluster can miss while the Job's pod runs well
+// (kubernetes/kubeadm#3282; kubeadm v1.36 waits 60 seconds, as 4 attempts
+// do); kubeadm changes nothing before that check.
+const healthJobAttempts = 4
+
+// errHealthJob: kubeadm failed at its pre-flight health check's Job,
+// before it moved anything.
+var errHealthJob = errors.New("its health check's Job did not complete")
+
+// startAndWait starts (or follows) kubeadm run NAME on the node and waits
+// until it ends.
+func startAndWait(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, args, start []string) error {
 	out, err := o.Run(ctx, "start kubeadm", nodescript.KubeadmStart, start...)
 	if err != nil {
 		return err
 	}
 	r.Log.Info("kubeadm", "node", o.Name, "run", run, "args", strings.Join(args, " "), "state", strings.TrimSpace(out))
-	defer r.Fx.Timed()()
 	var tail string
 	err = r.Wait.Poll(ctx, 2*time.Second, kubeadmTimeout, func(ctx context.Context) error {
 		out, err := o.Run(ctx, "kubeadm status", nodescript.KubeadmStatus, RunDir, run)
@@ -108,6 +136,9 @@ func runKubeadm(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, 
 			if err != nil {
 				return waiter.Stop(fmt.Errorf("node %s: kubeadm status %q: not an exit status", o.Name, status))
 			}
+			if healthJobFailed(tail) {
+				return waiter.Stop(fmt.Errorf("%w (%w): node %s: kubeadm %s exited %d: %s", errKubeadmFailed, errHealthJob, o.Name, strings.Join(args, " "), code, kubeadmReason(tail)))
+			}
 			return waiter.Stop(fmt.Errorf("%w: node %s: kubeadm %s exited %d: %s", errKubeadmFailed, o.Name, strings.Join(args, " "), code, kubeadmReason(tail)))
 		default:
 			return waiter.Stop(fmt.Errorf("node %s: kubeadm %s stopped without an exit status (%q; killed?), what it moved may not be back: %s", o.Name, strings.Join(args, " "), status, kubeadmReason(tail)))
@@ -117,6 +148,12 @@ func runKubeadm(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, 
 		return fmt.Errorf("node %s: kubeadm %s still running after %s (it goes on; %s/%s.log on the node says how): %s", o.Name, strings.Join(args, " "), kubeadmTimeout, RunDir, run, kubeadmReason(tail))
 	}
 	return err
+}
+
+// healthJobFailed says whether kubeadm's output ends at its pre-flight
+// health check's Job, before it prepared to move any static pod.
+func healthJobFailed(log string) bool {
+	return strings.Contains(log, "[ERROR CreateJob]") && !strings.Contains(log, "Preparing for ")
 }
 
 // kubeadmReason is what kubeadm said last, for an error message: the
@@ -134,7 +171,7 @@ func kubeadmReason(log string) string {
 		}
 	}
 	for i, l := range lines {
-		if strings.Contains(l, "error execution phase") || strings.Contains(l, "[upgrade/apply] FATAL") || strings.HasPrefix(l, "error: ") {
+		if strings.Contains(l, "error execution phase") || strings.Contains(l, "] FATAL") || strings.HasPrefix(l, "error: ") {
 			lines = lines[i:]
 			break
 		}
