@@ -1,14 +1,26 @@
 package nodefacts
 
-import "strings"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // ContainerdPaths are where a node's containerd runs from: its program
 // (the unit's main process), the config it was started with (-c or
-// --config; empty: its default) and the runc on the node's PATH.
+// --config; empty: its default), the runc and crictl on the node's PATH,
+// and where it takes the CNI plugins from.
 type ContainerdPaths struct {
 	Binary string `json:"binary,omitempty"`
 	Config string `json:"config,omitempty"`
 	Runc   string `json:"runc,omitempty"`
+	// Crictl is the crictl on the node's PATH.
+	Crictl string `json:"crictl,omitempty"`
+	// CNIBinDir is where the runtime takes the CNI plugins from, as it
+	// says in `crictl info` (its CRI config's first cni.binDirs, or 1.x's
+	// cni.binDir); CNIErr says why it is empty when crictl info failed or
+	// named none.
+	CNIBinDir string `json:"cniBinDir,omitempty"`
+	CNIErr    string `json:"cniError,omitempty"`
 }
 
 // parse reads facts.sh's containerd section ("binary PATH", "config
@@ -26,6 +38,8 @@ func (c *ContainerdPaths) parse(node, body string) []BadValue {
 			field, to = "containerd --config", &c.Config
 		case "runc":
 			field, to = "runc (command -v runc)", &c.Runc
+		case "crictl":
+			field, to = "crictl (command -v crictl)", &c.Crictl
 		default:
 			continue
 		}
@@ -36,4 +50,49 @@ func (c *ContainerdPaths) parse(node, body string) []BadValue {
 		*to = value
 	}
 	return bad
+}
+
+// setCNI reads the CNI plugins' directory from `crictl info`'s JSON (the
+// runtime's CRI config, "config": {"cni": {...}}), or says why there is
+// none: crictl info failed, or the runtime names no directory (not
+// containerd). JSON that does not parse, or a directory that is not an
+// absolute clean path, is refused.
+func (c *ContainerdPaths) setCNI(node, body string, failed bool) *BadValue {
+	if failed {
+		c.CNIErr = "crictl info failed"
+		return nil
+	}
+	var info struct {
+		Config struct {
+			CNI struct {
+				BinDir  string   `json:"binDir"`
+				BinDirs []string `json:"binDirs"`
+			} `json:"cni"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal([]byte(body), &info); err != nil {
+		return &BadValue{Node: node, Field: "crictl info", Value: firstLine(body), Reason: "not JSON: " + err.Error()}
+	}
+	dir := info.Config.CNI.BinDir
+	if len(info.Config.CNI.BinDirs) > 0 {
+		dir = info.Config.CNI.BinDirs[0]
+	}
+	if dir == "" {
+		c.CNIErr = "crictl info names no cni.binDirs or cni.binDir"
+		return nil
+	}
+	if b := CheckPath(node, "crictl info: config.cni.binDirs", dir); b != nil {
+		return b
+	}
+	c.CNIBinDir = dir
+	return nil
+}
+
+// firstLine is s's first line, cut at 80 bytes, for an error message.
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	if len(l) > 80 {
+		l = l[:80] + "..."
+	}
+	return l
 }

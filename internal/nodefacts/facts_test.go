@@ -296,6 +296,49 @@ func TestReadContainerdPaths(t *testing.T) {
 		t.Errorf("containerd %+v, bad %v; want %+v", f.Containerd, f.Bad, want)
 	}
 
+	// crictl on the PATH; the CNI plugins' directory as crictl info says
+	// it: containerd 2.x's binDirs (its first), 1.x's binDir.
+	for _, tc := range []struct{ info, want string }{
+		{`{"status":{},"config":{"containerd":{},"cni":{"binDir":"","binDirs":["/usr/libexec/cni","/opt/cni/bin"],"confDir":"/etc/cni/net.d"}}}`, "/usr/libexec/cni"},
+		{`{"status":{},"config":{"cni":{"binDir":"/opt/cni/bin","confDir":"/etc/cni/net.d","maxConfNum":1}}}`, "/opt/cni/bin"},
+	} {
+		out := "### containerd\ncrictl /usr/local/bin/crictl\n### cri-info\n" + tc.info + "\n### df\n"
+		f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (ContainerdPaths{Crictl: "/usr/local/bin/crictl", CNIBinDir: tc.want}); f.Containerd != want || len(f.Bad) != 0 {
+			t.Errorf("containerd %+v, bad %v; want %+v", f.Containerd, f.Bad, want)
+		}
+	}
+	// crictl info failed, or names no directory: said, not refused.
+	for out, why := range map[string]string{
+		"### cri-info\n### cri-info-failed\n":           "crictl info failed",
+		"### cri-info\n{\"status\":{},\"config\":{}}\n": "names no cni.binDirs",
+	} {
+		f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(f.Bad) != 0 || f.Containerd.CNIBinDir != "" || !strings.Contains(f.Containerd.CNIErr, why) {
+			t.Errorf("%q: containerd %+v, bad %v; want why %q", out, f.Containerd, f.Bad, why)
+		}
+	}
+	// What does not parse, or is not a clean path, is refused.
+	for out, field := range map[string]string{
+		"### cri-info\nWARN[0000] not JSON\n":                                            "crictl info",
+		"### cri-info\n{\"config\":{\"cni\":{\"binDirs\":[\"/opt/cni/bin;reboot\"]}}}\n": "crictl info: config.cni.binDirs",
+		"### containerd\ncrictl crictl\n":                                                "crictl (command -v crictl)",
+	} {
+		f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(f.Bad) != 1 || f.Bad[0].Field != field || f.Bad[0].Node != "worker-1" || f.Containerd.CNIBinDir != "" || f.Containerd.Crictl != "" {
+			t.Errorf("%q: containerd %+v, bad %+v; want %q refused", out, f.Containerd, f.Bad, field)
+		}
+	}
+
 	out = "### containerd\nbinary /usr/bin/containerd\nconfig /etc/c.toml; reboot\nrunc ../runc\n"
 	if f, err = Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4"); err != nil {
 		t.Fatal(err)

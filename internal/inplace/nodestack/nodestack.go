@@ -1,10 +1,11 @@
-// Package nodestack moves one node's container runtime in place, before
-// its kubelet: containerd (and runc) to the bundle's where the bundle
-// carries a newer one than the node runs, every container kept with its
-// process, the old runtime put back on any failure; and puts such a move
-// back for a rollback. The runbook says when (a node's "runtime" step,
-// its rollback, the kubelets' undo); this room says how, and, for a dry
-// run, in words.
+// Package nodestack moves what runs under and beside one node's kubelet in
+// place, before its kubelet: containerd (and runc) to the bundle's where
+// the bundle carries a newer one than the node runs, every container kept
+// with its process, the old runtime put back on any failure; the CNI
+// plugins and crictl to the bundle's where they differ (tools.go); and
+// puts such moves back for a rollback. The runbook says when (a node's
+// "runtime" and "tools" steps, its rollback, the kubelets' undo); this
+// room says how, and, for a dry run, in words.
 package nodestack
 
 import (
@@ -112,6 +113,50 @@ func (m Mover) PutBack(ctx context.Context, o *nodeops.Ops) error {
 	}
 	m.Event(ctx, o.Name, "RuntimeRestored", "kubelift: containerd put back by the rollback")
 	return nil
+}
+
+// PutBackAfter puts o's node's runtime and tools back after cause, for a
+// node whose kubelet was just put back (the old kubelet runs on either
+// containerd): its old containerd where this run moved it (moved), or a
+// run this one resumes did (the plan then read the bundle's containerd on
+// the node, and this upgrade's backup of the old one is there: a run
+// killed after the node's runtime step); then its old CNI plugins and
+// crictl where a tools move backed them up. It returns cause, joined with
+// what failed on the way.
+func (m Mover) PutBackAfter(ctx context.Context, o *nodeops.Ops, moved bool, cause error) error {
+	err := cause
+	if !moved {
+		var berr error
+		if moved, berr = o.RuntimeBackedUp(context.WithoutCancel(ctx)); berr != nil {
+			err = errors.Join(err, fmt.Errorf("node %s: whether this upgrade moved its containerd: %w", o.Name, berr))
+		}
+	}
+	if moved {
+		err = m.Restore(ctx, o, err)
+	}
+	if terr := m.undoTools(context.WithoutCancel(ctx), o, nil); terr != nil {
+		return errors.Join(err, terr)
+	}
+	return err
+}
+
+// Undo puts back, for the cluster's rollback, what moves on o's node
+// backed up: its containerd (PutBack: the same containers must run with
+// the same processes after it), then its CNI plugins and crictl. With
+// would (a dry run), it says what it would put back instead.
+func (m Mover) Undo(ctx context.Context, o *nodeops.Ops, would func(node, what string)) error {
+	backed, err := o.RuntimeBackedUp(ctx)
+	switch {
+	case err != nil:
+		return err
+	case backed && would != nil:
+		would(o.Name, "put back the containerd the runtime move replaced; the same containers must run with the same processes")
+	case backed:
+		if err := m.PutBack(ctx, o); err != nil {
+			return err
+		}
+	}
+	return m.undoTools(ctx, o, would)
 }
 
 // paths are where node keeps containerd's programs, its config and

@@ -369,3 +369,25 @@ func Components(kind string, n *NodeState) []string {
 	}
 	return out
 }
+
+// missingFiles says the node lacks some of the target's files it needs
+// (its binaries, its runtime move's parts, rt being its runtime, and its
+// tools' archives: release.Release.NodeFiles).
+func missingFiles(target *release.Release, f *nodefacts.Facts, kind, role string, rt nodefacts.Runtime, arch string) bool {
+	if target == nil || target.Manifest == nil {
+		return false // rollback and cleanup read nodes without a bundle
+	}
+	if arch == "" {
+		arch = "amd64"
+	}
+	names, err := target.NodeFiles(kind, role, rt, arch)
+	if err != nil {
+		return true // the plan's staged check says why
+	}
+	for _, name := range names {
+		if bf, _, ok := target.File(name, arch); ok && f.Staged[name] != bf.SHA256 {
+			return true
+		}
+	}
+	return false
+}

@@ -123,6 +123,9 @@ type NodeState struct {
 	// RuntimeMove is the move of the node's runtime apply makes before
 	// its kubelet ("containerd v1.7.35 -> v2.3.7"; "" for none).
 	RuntimeMove string `json:"runtimeMove,omitempty"`
+	// ToolsMove says where apply moves the node's CNI plugins and crictl
+	// to the bundle's, where it carries the node stack ("" for none).
+	ToolsMove string `json:"toolsMove,omitempty"`
 	// CRI is what the runtime says of itself over CRI, read on the node
 	// ("containerd v2.1.4, CRI v1"; "" when not read), and CgroupDriver
 	// the cgroup driver the running kubelet takes (its configuration's,
@@ -372,6 +375,7 @@ func Evaluate(ctx context.Context, opts PlanOptions, v *View) (*Plan, error) {
 	pc.removedFlags()
 	pc.cgroupV1()
 	pc.runtime()
+	pc.tools()
 	pc.cgroupDriver()
 	pc.removedAPIs(ctx)
 	pc.readmission()
@@ -474,25 +478,4 @@ func Read(ctx context.Context, opts PlanOptions) (*View, error) {
 		return nil
 	})
 	return v, nil
-}
-
-// missingFiles says the node lacks some of the target's files it needs
-// (its binaries, and its runtime move's parts, rt being its runtime).
-func missingFiles(target *release.Release, f *nodefacts.Facts, kind, role string, rt nodefacts.Runtime, arch string) bool {
-	if target == nil || target.Manifest == nil {
-		return false // rollback and cleanup read nodes without a bundle
-	}
-	if arch == "" {
-		arch = "amd64"
-	}
-	names, err := target.NodeFiles(kind, role, rt, arch)
-	if err != nil {
-		return true // the plan's staged check says why
-	}
-	for _, name := range names {
-		if bf, _, ok := target.File(name, arch); ok && f.Staged[name] != bf.SHA256 {
-			return true
-		}
-	}
-	return false
 }

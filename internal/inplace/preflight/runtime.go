@@ -72,6 +72,37 @@ func (pc *planCheck) runtime() {
 	}
 }
 
+// tools: where the bundle carries the node stack, apply moves each node's
+// CNI plugins and crictl to the bundle's, into the directory the node's
+// runtime takes the plugins from (crictl info, read with the facts). A
+// node whose runtime was asked and did not say is blocked: the bundle's
+// plugins would go where nothing runs them.
+func (pc *planCheck) tools() {
+	for i := range pc.plan.Nodes {
+		s := &pc.plan.Nodes[i]
+		if pc.target.ToolsMoveFor(release.ArchOr(s.Arch)) == nil {
+			continue
+		}
+		cni, crictl := release.DefaultCNIBinDir, release.DefaultCrictl
+		if f := pc.view.Facts[s.Name]; f != nil {
+			c := f.Containerd
+			if c.CNIBinDir == "" && c.CNIErr != "" {
+				pc.add(Blocking, CheckRuntime, "node/"+s.Name,
+					fmt.Sprintf("the bundle carries the node stack, but where the node's runtime takes the CNI plugins from was not read (%s)", c.CNIErr),
+					"make crictl on the node reach the runtime (crictl info), then plan again")
+				continue
+			}
+			if c.CNIBinDir != "" {
+				cni = c.CNIBinDir
+			}
+			if c.Crictl != "" {
+				crictl = c.Crictl
+			}
+		}
+		s.ToolsMove = fmt.Sprintf("CNI plugins in %s, crictl at %s", cni, crictl)
+	}
+}
+
 // cgroupDriver: the cgroup driver the kubelet runs pods under stays the
 // same across the upgrade. A kubelet from v1.31 takes the driver from the
 // runtime (CRI RuntimeConfig, KubeletCgroupDriverFromCRI: beta and on by

@@ -201,3 +201,38 @@ func TestRuntimeMovedByTheBundle(t *testing.T) {
 	fs = preflighttest.Only(w.Plan(t), preflight.CheckRuntime)
 	preflighttest.Want(t, fs, preflight.Blocking, "node/cp-1", "containerd v1.7.22, which kubelet v1.36.3 does not support")
 }
+
+// With the node stack in the bundle, the plan says where each node's CNI
+// plugins and crictl move (where the runtime takes the plugins from, as
+// crictl info said; the defaults where the node did not say), and blocks
+// a node whose runtime was asked and did not say; without it, none move.
+func TestToolsMovedByTheBundle(t *testing.T) {
+	w := preflighttest.New(t)
+	w.View.Facts["worker-1"].Containerd = nodefacts.ContainerdPaths{CNIBinDir: "/usr/libexec/cni", Crictl: "/usr/bin/crictl"}
+	w.View.Facts["worker-2"].Containerd = nodefacts.ContainerdPaths{CNIErr: "crictl info failed"}
+	plan := func() (map[string]string, []preflight.Finding) {
+		p := w.Plan(t)
+		moves := map[string]string{}
+		for _, n := range p.Nodes {
+			moves[n.Name] = n.ToolsMove
+		}
+		return moves, preflighttest.Only(p, preflight.CheckRuntime)
+	}
+	if moves, _ := plan(); moves["worker-1"] != "" || moves["cp-1"] != "" {
+		t.Errorf("without the node stack: moves %v", moves)
+	}
+	w.Opts.Target.Manifest.Files = append(w.Opts.Target.Manifest.Files,
+		bundle.File{Name: release.FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd", SHA256: strings.Repeat("c", 64)},
+		bundle.File{Name: release.FileCNIPlugins, Arch: "amd64", Path: "bin/linux/amd64/cni-plugins", SHA256: strings.Repeat("d", 64)},
+		bundle.File{Name: release.FileCrictl, Arch: "amd64", Path: "bin/linux/amd64/crictl", SHA256: strings.Repeat("e", 64)})
+	moves, fs := plan()
+	if moves["worker-1"] != "CNI plugins in /usr/libexec/cni, crictl at /usr/bin/crictl" || moves["cp-1"] != "CNI plugins in /opt/cni/bin, crictl at /usr/local/bin/crictl" || moves["worker-2"] != "" {
+		t.Errorf("the plan's tools moves %v", moves)
+	}
+	preflighttest.Want(t, fs, preflight.Blocking, "node/worker-2", "where the node's runtime takes the CNI plugins from was not read (crictl info failed)")
+	for _, f := range fs {
+		if f.Severity == preflight.Blocking && f.Object != "node/worker-2" {
+			t.Errorf("blocking %+v", f)
+		}
+	}
+}

@@ -63,17 +63,72 @@ func (t *Release) RuntimeMoveFor(rt nodefacts.Runtime, arch string) (*RuntimeMov
 	return m, nil
 }
 
+// The release files a node's tools come from, in every bundle: the CNI
+// plugins' release archive and crictl's (the catalog's names).
+const (
+	FileCNIPlugins = "cni-plugins"
+	FileCrictl     = "crictl"
+)
+
+// Where a node keeps its tools when it did not say: the CNI plugins'
+// release archive unpacks into /opt/cni/bin (containerd's default cni
+// bin_dir), crictl's into /usr/local/bin (cri-tools' install guide).
+const (
+	DefaultCNIBinDir = "/opt/cni/bin"
+	DefaultCrictl    = "/usr/local/bin/crictl"
+)
+
+// ToolsMove is the move of a node's CNI plugins and crictl to the
+// bundle's, with the files staged for it. Each tool's SHA256 is the signed
+// manifest's sum of its archive; empty when the bundle carries none for
+// the node's arch (that tool stays).
+type ToolsMove struct {
+	Files                   []string
+	CNISHA256, CrictlSHA256 string
+}
+
+// ToolsMoveFor is what the bundle does to the CNI plugins and crictl of a
+// node of arch: where it carries the node stack (a containerd for arch),
+// it moves them to its own, each it carries; nil otherwise. Which programs
+// differ from the node's is for the node to say (nodeops.Ops.SwapTools).
+func (t *Release) ToolsMoveFor(arch string) *ToolsMove {
+	if t == nil || t.Manifest == nil {
+		return nil
+	}
+	if _, _, ok := t.File(FileContainerd, ArchOr(arch)); !ok {
+		return nil
+	}
+	m := &ToolsMove{}
+	if f, _, ok := t.File(FileCNIPlugins, ArchOr(arch)); ok {
+		m.Files, m.CNISHA256 = append(m.Files, FileCNIPlugins), f.SHA256
+	}
+	if f, _, ok := t.File(FileCrictl, ArchOr(arch)); ok {
+		m.Files, m.CrictlSHA256 = append(m.Files, FileCrictl), f.SHA256
+	}
+	if len(m.Files) == 0 {
+		return nil
+	}
+	return m
+}
+
 // NodeFiles are the files a node of role in a cluster of kind is staged
-// from the release: its binaries (FilesForKind), and the parts of the
-// runtime move the bundle makes on the node (rt, its runtime as its Node
-// reports it, for arch), where it makes one.
+// from the release: its binaries (FilesForKind), the parts of the runtime
+// move the bundle makes on the node (rt, its runtime as its Node reports
+// it, for arch), where it makes one, and its tools' archives where the
+// bundle carries the node stack (ToolsMoveFor).
 func (t *Release) NodeFiles(kind, role string, rt nodefacts.Runtime, arch string) ([]string, error) {
 	names := FilesForKind(kind, role)
 	m, err := t.RuntimeMoveFor(rt, arch)
-	if err != nil || m == nil {
+	if err != nil {
 		return names, err
 	}
-	return append(names, m.Files...), nil
+	if m != nil {
+		names = append(names, m.Files...)
+	}
+	if tm := t.ToolsMoveFor(arch); tm != nil {
+		names = append(names, tm.Files...)
+	}
+	return names, nil
 }
 
 // NodeRuntime is the runtime node n reports

@@ -79,21 +79,55 @@ func TestRuntimeMoveFor(t *testing.T) {
 	}
 }
 
-// A node's files are its binaries, and its runtime move's parts where the
-// bundle makes one.
+// With the node stack in the bundle, a node's CNI plugins and crictl move
+// to the bundle's (each it carries for the node's arch, with the signed
+// sum), whatever runtime the node runs; without it, they stay.
+func TestToolsMoveFor(t *testing.T) {
+	rel := func(files ...bundle.File) *Release {
+		return &Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Manifest: &bundle.Manifest{Files: files}}
+	}
+	containerd := bundle.File{Name: FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd", SHA256: "aaa"}
+	cni := bundle.File{Name: FileCNIPlugins, Arch: "amd64", Path: "bin/linux/amd64/cni-plugins", SHA256: "ccc"}
+	crictl := bundle.File{Name: FileCrictl, Arch: "amd64", Path: "bin/linux/amd64/crictl", SHA256: "ddd"}
+	for _, tc := range []struct {
+		name   string
+		target *Release
+		arch   string
+		want   *ToolsMove
+	}{
+		{"both", rel(containerd, cni, crictl), "", &ToolsMove{Files: []string{FileCNIPlugins, FileCrictl}, CNISHA256: "ccc", CrictlSHA256: "ddd"}},
+		{"crictl only", rel(containerd, crictl), "amd64", &ToolsMove{Files: []string{FileCrictl}, CrictlSHA256: "ddd"}},
+		{"no node stack", rel(cni, crictl), "amd64", nil},
+		{"no tools", rel(containerd), "amd64", nil},
+		{"none for the node's arch", rel(containerd, cni, crictl), "arm64", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.target.ToolsMoveFor(tc.arch)
+			if (got == nil) != (tc.want == nil) || got != nil && (!slices.Equal(got.Files, tc.want.Files) || got.CNISHA256 != tc.want.CNISHA256 || got.CrictlSHA256 != tc.want.CrictlSHA256) {
+				t.Errorf("move %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A node's files are its binaries, its runtime move's parts where the
+// bundle makes one, and its tools' archives with the node stack.
 func TestNodeFiles(t *testing.T) {
 	m := &bundle.Manifest{Files: []bundle.File{
 		{Name: FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd"},
 		{Name: "kubelet", Arch: "amd64", Path: "bin/linux/amd64/kubelet"},
+		{Name: FileCrictl, Arch: "amd64", Path: "bin/linux/amd64/crictl"},
+		{Name: FileCNIPlugins, Arch: "amd64", Path: "bin/linux/amd64/cni-plugins"},
 	}}
 	rel := &Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Manifest: m}
+	tools := []string{FileCNIPlugins, FileCrictl}
 	for _, tc := range []struct {
 		runtime string
 		want    []string
 	}{
-		{"containerd://1.7.35", []string{"kubelet", "kube-proxy", "kubectl", FileContainerd}},
-		{"containerd://2.3.7", []string{"kubelet", "kube-proxy", "kubectl"}},
-		{"", []string{"kubelet", "kube-proxy", "kubectl"}},
+		{"containerd://1.7.35", append([]string{"kubelet", "kube-proxy", "kubectl", FileContainerd}, tools...)},
+		{"containerd://2.3.7", append([]string{"kubelet", "kube-proxy", "kubectl"}, tools...)},
+		{"", append([]string{"kubelet", "kube-proxy", "kubectl"}, tools...)},
 	} {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}
 		n.Status.NodeInfo.ContainerRuntimeVersion = tc.runtime
@@ -105,6 +139,11 @@ func TestNodeFiles(t *testing.T) {
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("%q: %v, %v; want %v", tc.runtime, got, err, tc.want)
 		}
+	}
+	// Without the node stack, the binaries alone.
+	withoutStack := &Release{Version: rel.Version, Manifest: &bundle.Manifest{Files: m.Files[1:]}}
+	if got, err := withoutStack.NodeFiles(KindBinary, RoleWorker, nodefacts.Runtime{}, "amd64"); err != nil || !slices.Equal(got, []string{"kubelet", "kube-proxy", "kubectl"}) {
+		t.Errorf("without the node stack: %v, %v", got, err)
 	}
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}
 	n.Status.NodeInfo.ContainerRuntimeVersion = "containerd"

@@ -85,6 +85,10 @@ func (r *upgradeRun) beforeSwapSteps() []nodeStep {
 			k.gate, err = r.gateSnapshot(k.pods)
 			return err
 		}},
+		// The CNI plugins and crictl to the bundle's, where it carries
+		// the node stack: first, since they restart nothing and a failure
+		// leaves the node as it was.
+		{name: "tools", do: r.moveTools, would: r.wouldMoveTools},
 		// containerd (and runc) to the bundle's, where it carries a newer
 		// one: before the kubelet, which may support only the new one.
 		{name: "runtime", do: r.moveRuntime, would: r.wouldMoveRuntime},

@@ -2,7 +2,6 @@ package runbook
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
@@ -39,42 +38,48 @@ func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
 	return nil
 }
 
-// rollbackNode puts k's node back after cause: its old kubelet (which
-// ran on the old containerd and on the new), then its old containerd
-// where this run moved it, or a run this one resumes did (the plan then
-// read the bundle's containerd on the node, and this upgrade's backup of
-// the old one is there: a run killed after the node's runtime step).
-func (r *upgradeRun) rollbackNode(ctx context.Context, k *kubeletRun, cause error) error {
-	err := r.rollback(ctx, k.o, "kubelet", cause)
-	if !k.runtimeMoved {
-		backed, berr := k.o.RuntimeBackedUp(context.WithoutCancel(ctx))
-		if berr != nil {
-			return errors.Join(err, fmt.Errorf("node %s: whether this upgrade moved its containerd: %w", k.name, berr))
-		}
-		if !backed {
-			return err
-		}
-	}
-	return r.stack().Restore(ctx, k.o, err)
+// wouldMoveTools says, in a dry run, the tools move the node gets.
+func (r *upgradeRun) wouldMoveTools(k *kubeletRun) string {
+	return r.stack().WouldTools(k.name, k.arch)
 }
 
-// undoRuntime puts back the containerd a runtime move on node backed up,
-// if one did (putRuntimeBack).
-func (r *upgradeRun) undoRuntime(ctx context.Context, node string) error {
-	return r.onNodeFrom(ctx, node, r.plan.From[0], r.putRuntimeBack)
-}
-
-// putRuntimeBack restores the containerd a runtime move on o's node
-// backed up, if one did, and checks that the same containers run with
-// the same processes after it (nodestack.Mover.PutBack).
-func (r *upgradeRun) putRuntimeBack(ctx context.Context, o *nodeops.Ops) error {
-	backed, err := o.RuntimeBackedUp(ctx)
-	if err != nil || !backed {
-		return err
-	}
-	if r.dry {
-		r.would(o.Name, "put back the containerd the runtime move replaced; the same containers must run with the same processes", "")
+// moveTools moves the node's CNI plugins and crictl to the bundle's where
+// the bundle carries the node stack and they differ, once the run still
+// holds the lock (nodestack.Mover.MoveTools): if the swap fails, the old
+// ones are put back and the node's upgrade stops here, nothing else
+// moved.
+func (r *upgradeRun) moveTools(ctx context.Context, k *kubeletRun) error {
+	s := r.stack()
+	tm := s.ToolsFor(k.arch)
+	if tm == nil {
 		return nil
 	}
-	return r.stack().PutBack(ctx, o)
+	if err := r.fence(ctx); err != nil {
+		return fmt.Errorf("node %s: CNI plugins and crictl not moved: %w", k.name, err)
+	}
+	return s.MoveTools(ctx, k.o, tm)
+}
+
+// rollbackNode puts k's node back after cause: its old kubelet (which
+// ran on the old containerd and on the new), then what a move of its
+// runtime and tools backed up (nodestack.Mover.PutBackAfter).
+func (r *upgradeRun) rollbackNode(ctx context.Context, k *kubeletRun, cause error) error {
+	return r.stack().PutBackAfter(ctx, k.o, k.runtimeMoved, r.rollback(ctx, k.o, "kubelet", cause))
+}
+
+// undoRuntime puts back, for the cluster's rollback, the containerd and
+// the CNI plugins and crictl that moves on node backed up, where they did
+// (putBack).
+func (r *upgradeRun) undoRuntime(ctx context.Context, node string) error {
+	return r.onNodeFrom(ctx, node, r.plan.From[0], r.putBack)
+}
+
+// putBack restores what moves on o's node backed up (nodestack.Mover.Undo);
+// a dry run says it instead.
+func (r *upgradeRun) putBack(ctx context.Context, o *nodeops.Ops) error {
+	var would func(node, what string)
+	if r.dry {
+		would = func(node, what string) { r.would(node, what, "") }
+	}
+	return r.stack().Undo(ctx, o, would)
 }

@@ -133,23 +133,27 @@ func TestRuntimeStep(t *testing.T) {
 // first (it runs on either containerd), then its old containerd: moved
 // by this run, or by a run this one resumes (killed after the node's
 // runtime step: its backup is on the node). A node whose runtime no run
-// of this upgrade moved keeps it.
+// of this upgrade moved keeps it. Then its old CNI plugins and crictl,
+// where a tools move backed them up.
 func TestRollbackNodePutsTheRuntimeBack(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name          string
-		moved, backed bool
-		ran           string
+		name                 string
+		moved, backed, tools bool
+		ran                  string
 	}{
-		{"moved by this run", true, true, "restore running runtime-restore"},
-		{"moved by the run this one resumes", false, true, "restore running exists runtime-restore"},
-		{"never moved", false, false, "restore running exists"},
+		{"moved by this run", true, true, false, "restore running runtime-restore exists"},
+		{"moved by the run this one resumes", false, true, false, "restore running exists runtime-restore exists"},
+		{"never moved", false, false, false, "restore running exists exists"},
+		{"tools moved too", true, true, true, "restore running runtime-restore exists tools-restore"},
+		{"only the tools moved", false, false, true, "restore running exists exists tools-restore"},
 	} {
 		node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
 			nodescript.Restore.Name:        func([]string) (string, error) { return "", nil },
 			nodescript.Running.Name:        func([]string) (string, error) { return "Kubernetes v1.30.14\npid 4242\n", nil },
 			nodescript.RuntimeRestore.Name: func([]string) (string, error) { return "", nil },
-			nodescript.Exists.Name:         runtimeBackup(t, tc.backed),
+			nodescript.ToolsRestore.Name:   func([]string) (string, error) { return "", nil },
+			nodescript.Exists.Name:         backups(t, tc.backed, tc.tools),
 		}}
 		o := &nodeops.Ops{Node: node, Name: "worker-1", From: "v1.30.14", To: "v1.31.4", StageDir: "/s", BackupDir: "/b", Facts: &nodefacts.Facts{}}
 		r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}), log: slog.New(slog.DiscardHandler),
@@ -171,17 +175,92 @@ func TestRollbackNodePutsTheRuntimeBack(t *testing.T) {
 	}
 }
 
-// runtimeBackup answers the exists check for worker-1's runtime backup
-// (From v1.30.14, BackupDir /b): there when backed.
-func runtimeBackup(t *testing.T, backed bool) fakenode.Handler {
+// backups answers the exists checks for worker-1's runtime backup and
+// tools backup (From v1.30.14, BackupDir /b): each there when asked.
+func backups(t *testing.T, runtime, tools bool) fakenode.Handler {
 	return func(args []string) (string, error) {
-		if args[0] != "/b/v1.30.14/runtime/runtime-files" {
+		there := false
+		switch args[0] {
+		case "/b/v1.30.14/runtime/runtime-files":
+			there = runtime
+		case "/b/v1.30.14/tools/tools-files":
+			there = tools
+		default:
 			t.Errorf("looked for %s", args[0])
 		}
-		if backed {
+		if there {
 			return "yes\n", nil
 		}
 		return "no\n", nil
+	}
+}
+
+// The tools step, where the bundle carries the node stack, moves the
+// node's CNI plugins and crictl where the node keeps them (its facts),
+// and goes on whether they moved or were the bundle's already; a failed
+// swap puts the old ones back and stops the node; a node whose runtime
+// did not say where it takes the plugins from is refused before anything
+// runs; without the node stack nothing runs; a dry run says what it would
+// do.
+func TestToolsStep(t *testing.T) {
+	ctx := context.Background()
+	stack := []bundle.File{
+		{Name: release.FileContainerd, Version: "v2.3.7", Arch: "amd64", Path: "stack/linux/amd64/containerd", SHA256: "aaa"},
+		{Name: release.FileCNIPlugins, Arch: "amd64", Path: "bin/linux/amd64/cni-plugins", SHA256: "ccc"},
+		{Name: release.FileCrictl, Arch: "amd64", Path: "bin/linux/amd64/crictl", SHA256: "ddd"},
+	}
+	read := nodefacts.ContainerdPaths{Crictl: "/usr/bin/crictl", CNIBinDir: "/usr/libexec/cni"}
+	for _, tc := range []struct {
+		name  string
+		files []bundle.File
+		paths nodefacts.ContainerdPaths
+		said  string // tools-swap's output; "fail": it fails
+		ran   string
+		would string
+		want  string // "" when the step passes
+	}{
+		{"moved", stack, read, "### moved 3\n", "tools-swap", "move the CNI plugins in /usr/libexec/cni and crictl at /usr/bin/crictl", ""},
+		{"the bundle's already", stack, read, "### same\n", "tools-swap", "move the CNI plugins", ""},
+		{"the swap failed", stack, read, "fail", "tools-swap tools-restore", "move the CNI plugins", "exit status 65; the old CNI plugins and crictl are back"},
+		{"where the plugins are not read", stack, nodefacts.ContainerdPaths{CNIErr: "crictl info failed"}, "", "", "refuse the node: node worker-1: where its runtime takes the CNI plugins from was not read (crictl info failed)", "crictl info failed"},
+		{"no node stack", stack[1:], read, "", "", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var swapArgs []string
+			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+				nodescript.ToolsSwap.Name: func(args []string) (string, error) {
+					swapArgs = args
+					if tc.said == "fail" {
+						return "", errors.New("exit status 65")
+					}
+					return tc.said, nil
+				},
+				nodescript.ToolsRestore.Name: func([]string) (string, error) { return "", nil },
+			}}
+			o := &nodeops.Ops{Node: node, Name: "worker-1", From: "v1.30.14", To: "v1.31.4", StageDir: "/s", BackupDir: "/b", Facts: &nodefacts.Facts{}}
+			target := &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}, Manifest: &bundle.Manifest{Files: tc.files}}
+			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), target: target, log: slog.New(slog.DiscardHandler),
+				view: &preflight.View{Facts: map[string]*nodefacts.Facts{"worker-1": {Containerd: tc.paths}}},
+				opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
+			k := &kubeletRun{o: o, name: "worker-1", to: "v1.31.4"}
+			err := r.moveTools(ctx, k)
+			var ran []string
+			for _, c := range node.Calls() {
+				ran = append(ran, c.Script)
+			}
+			if got := strings.Join(ran, " "); got != tc.ran {
+				t.Errorf("ran %q, want %q", got, tc.ran)
+			}
+			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("tools step: %v, want %q", err, tc.want)
+			}
+			if swapArgs != nil && strings.Join(swapArgs, " ") != "/b/v1.30.14/tools /s/v1.31.4/cni-plugins ccc /usr/libexec/cni /s/v1.31.4/crictl ddd /usr/bin/crictl" {
+				t.Errorf("tools-swap %q: want the staged archives with the manifest's sums and the node's paths as read", swapArgs)
+			}
+			if said := r.wouldMoveTools(k); !strings.HasPrefix(said, tc.would) || (tc.would == "") != (said == "") {
+				t.Errorf("dry run says %q, want %q", said, tc.would)
+			}
+		})
 	}
 }
 
@@ -197,15 +276,17 @@ func TestRollbackPutsTheRuntimeBack(t *testing.T) {
 		ran    string
 		want   string
 	}{
-		{"moved, kept", true, map[string]int{"api-app": 101}, "exists containers runtime-restore containers", ""},
+		{"moved, kept", true, map[string]int{"api-app": 101}, "exists containers runtime-restore containers exists", ""},
 		{"moved, a process replaced", true, map[string]int{"api-app": 102}, "exists containers runtime-restore containers", "shop/api/app (process 101, now 102)"},
-		{"never moved", false, nil, "exists", ""},
+		{"never moved", false, nil, "exists exists", ""},
+		{"only the tools moved", false, nil, "exists exists tools-restore", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := crictlPS(map[string]int{"api-app": 101}, "api-app")
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
-				nodescript.Exists.Name:     runtimeBackup(t, tc.backed),
-				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
+				nodescript.Exists.Name:       backups(t, tc.backed, tc.name == "only the tools moved"),
+				nodescript.ToolsRestore.Name: func([]string) (string, error) { return "", nil },
+				nodescript.Containers.Name:   func([]string) (string, error) { return out, nil },
 				nodescript.RuntimeRestore.Name: func([]string) (string, error) {
 					out = crictlPS(tc.after, "api-app")
 					return "", nil
@@ -215,7 +296,7 @@ func TestRollbackPutsTheRuntimeBack(t *testing.T) {
 			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), log: slog.New(slog.DiscardHandler),
 				target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}}, view: &preflight.View{},
 				opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
-			err := r.putRuntimeBack(ctx, o)
+			err := r.putBack(ctx, o)
 			var ran []string
 			for _, c := range node.Calls() {
 				ran = append(ran, c.Script)

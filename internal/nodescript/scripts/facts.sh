@@ -80,8 +80,8 @@ echo '### crictl'; crictl ps -o json 2>&1 || echo '### crictl-failed'
 # a runtime that does not implement it answers Unimplemented).
 # Where containerd runs from (its unit's main process; " (deleted)" once
 # the file was renamed over), the config it reads (-c or --config; none:
-# its default) and the runc on the PATH: where a runtime move puts the
-# bundle's.
+# its default) and the runc and crictl on the PATH: where a runtime move
+# puts the bundle's.
 echo '### containerd'
 pid=$(main_pid containerd)
 if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then
@@ -90,5 +90,10 @@ if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -e "/proc/$pid/exe" ]; then
     sed -n -e 's/^--config=/config /p' -e 's/^-c=/config /p' -e '/^--config$/{n;s/^/config /p;}' -e '/^-c$/{n;s/^/config /p;}' | head -n 1
 fi
 if r=$(command -v runc 2>/dev/null); then printf 'runc %s\n' "$r"; fi
+if r=$(command -v crictl 2>/dev/null); then printf 'crictl %s\n' "$r"; fi
 echo '### cri-version'; crictl version 2>&1 || echo '### cri-version-failed'
 echo '### cri-config'; crictl runtime-config 2>&1 || echo '### cri-config-failed'
+# The runtime's status and config (JSON): where it takes the CNI plugins
+# from (cni.binDirs, or 1.x's cni.binDir), where a tools move puts the
+# bundle's. crictl's warnings are left out of the JSON.
+echo '### cri-info'; crictl info 2>/dev/null || echo '### cri-info-failed'
