@@ -7,12 +7,20 @@
 #            pkg@version` refuses), each sibling replaced instead by the
 #            published version the release requires (v3.5.N, v2.305.N).
 #   coredns  coredns: `go install github.com/coredns/coredns@VERSION`.
+#   cni      the CNI plugins a node's bridge network runs (bridge,
+#            host-local, loopback, portmap): `go install` of each from
+#            github.com/containernetworking/plugins@VERSION, with the
+#            module's LICENSE and README.md beside them, as its release
+#            archive has them.
 # The version is a constant in each (etcd's api/v3/version.Version,
 # CoreDNS's coremain.CoreVersion); the ldflags stamp the release's git
-# commit where the proxy tells it, as the projects' own builds do.
+# commit where the proxy tells it, as the projects' own builds do (the
+# CNI plugins' version, which is no constant, as build_linux.sh stamps
+# it).
 #
 #   hack/build-addons.sh etcd v3.5.15
 #   hack/build-addons.sh coredns v1.11.3
+#   hack/build-addons.sh cni v1.5.1
 #
 # Binaries land in $KUBELIFT_ADDON_CACHE/NAME/VERSION/ (default
 # ~/.cache/kubelift/addons); existing ones are kept. Prints the directory.
@@ -21,12 +29,13 @@ set -euo pipefail
 # beside it whose pods and prober must not wait behind the compiler.
 renice -n 10 -p $$ >/dev/null
 . "$(dirname "$0")/lib.sh"
-usage="usage: $0 etcd|coredns VERSION"
+usage="usage: $0 etcd|coredns|cni VERSION"
 name=${1:?$usage}
 version=${2:?$usage}
 case $name in
 etcd) bins=(etcd etcdctl) ;;
 coredns) bins=(coredns) ;;
+cni) bins=(bridge host-local loopback portmap) ;;
 *) echo "$usage" >&2; exit 2 ;;
 esac
 cache=${KUBELIFT_ADDON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelift/addons}
@@ -103,6 +112,23 @@ coredns)
 	sha=$(commit "github.com/coredns/coredns@$version")
 	ld="-s -w${sha:+ -X github.com/coredns/coredns/coremain.GitCommit=${sha:0:7}}"
 	CGO_ENABLED=0 GOBIN=$partial go install -trimpath -ldflags "$ld" "github.com/coredns/coredns@$version"
+	;;
+cni)
+	mod=github.com/containernetworking/plugins
+	pkgs=("$mod/plugins/main/bridge@$version" "$mod/plugins/ipam/host-local@$version" "$mod/plugins/main/loopback@$version" "$mod/plugins/meta/portmap@$version")
+	if fetch_only; then
+		# what go install PKG@VERSION would download, as for coredns
+		go mod init kubelift.local/addon-build >/dev/null 2>&1
+		GOFLAGS=-mod=mod go get "$mod@$version" >/dev/null 2>&1 || GOFLAGS=-mod=mod go get "$mod@$version"
+		CGO_ENABLED=0 GOFLAGS=-mod=mod go list -deps "${pkgs[@]%@*}" >/dev/null
+		echo "fetched the modules of $name $version" >&2
+		echo "$out"
+		exit 0
+	fi
+	ld="-s -w -X $mod/pkg/utils/buildversion.BuildVersion=$version"
+	CGO_ENABLED=0 GOBIN=$partial go install -trimpath -ldflags "$ld" "${pkgs[@]}"
+	src=$(go mod download -json "$mod@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	install -m 0644 "$src/LICENSE" "$src/README.md" "$out/"
 	;;
 esac
 for b in "${bins[@]}"; do mv "$partial/$b" "$out/$b"; done

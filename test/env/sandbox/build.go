@@ -6,6 +6,9 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"regexp"
+
+	"github.com/kubelift/kubelift/internal/catalog"
 
 	"github.com/kubelift/kubelift/test/env/kube"
 )
@@ -25,6 +28,11 @@ type Binaries struct {
 	// it as the node stack's containerd and runc (bundle create
 	// --node-stack). The same as Runtime unless the nodes run another.
 	Stack string `json:"stack,omitempty"`
+	// CNI holds the CNI plugins a node's bridge network runs (and the
+	// project's LICENSE and README.md), built at the version the
+	// catalog pairs with New: the stand-in internet serves them as New's
+	// cni-plugins archive, which a bundle with the node stack installs.
+	CNI string `json:"cni,omitempty"`
 }
 
 // Build builds (or finds cached) every binary a sandbox of cfg runs: what
@@ -80,6 +88,16 @@ func buildBoot(ctx context.Context, cfg Config) (Binaries, error) {
 			}
 		}
 	}
+	if cfg.Runtime == RuntimeContainerd {
+		v, err := cniVersion(cfg.NewVersion)
+		if err != nil {
+			return b, err
+		}
+		cfg.Log("building (or finding cached) the CNI plugins %s (%s's)", v, cfg.NewVersion)
+		if b.CNI, err = kube.Addon(ctx, "cni", v); err != nil {
+			return b, err
+		}
+	}
 	cfg.Log("building (or finding cached) Kubernetes %s", cfg.OldVersion)
 	old := oldComponents
 	if cfg.Kubeadm {
@@ -89,6 +107,32 @@ func buildBoot(ctx context.Context, cfg Config) (Binaries, error) {
 	b.Old, err = buildKubernetes(ctx, cfg.OldVersion, old...)
 	return b, err
 }
+
+// cniVersion is the version of the CNI plugins the catalog pairs with
+// Kubernetes version: the one its cni-plugins file's URL names.
+func cniVersion(version string) (string, error) {
+	cat, err := catalog.Default()
+	if err != nil {
+		return "", err
+	}
+	rel, err := cat.Lookup(version)
+	if err != nil {
+		return "", err
+	}
+	for _, f := range rel.Files {
+		if f.Name != "cni-plugins" {
+			continue
+		}
+		if m := releaseTag.FindStringSubmatch(f.URL); m != nil {
+			return m[1], nil
+		}
+		return "", fmt.Errorf("catalog: %s's cni-plugins URL %q names no release (/download/vX.Y.Z/)", version, f.URL)
+	}
+	return "", fmt.Errorf("catalog: %s has no cni-plugins file", version)
+}
+
+// releaseTag is the release a GitHub release download URL names.
+var releaseTag = regexp.MustCompile(`/releases/download/(v[0-9]+\.[0-9]+\.[0-9]+)/`)
 
 // buildAddons builds (or finds cached) a kubeadm sandbox's etcd and
 // CoreDNS, which its control plane runs from images; nothing for a

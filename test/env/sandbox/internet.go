@@ -102,8 +102,8 @@ type servedSet struct {
 
 // servedSets are the new version's catalog entry for amd64, its node
 // stack's (stackFile), and every hop's. The kubelet and kubectl are the
-// real builds, and so are containerd and runc; the other files are
-// labelled stand-ins.
+// real builds, and so are containerd, runc, the CNI plugins and crictl
+// (toolFile); the other files are labelled stand-ins.
 func (s *State) servedSets() ([]servedSet, error) {
 	cat, err := catalog.Default()
 	if err != nil {
@@ -118,8 +118,9 @@ func (s *State) servedSets() ([]servedSet, error) {
 		return nil, fmt.Errorf("stand-in internet: %w", err)
 	}
 	// The programs the sandbox builds are served for real; the rest
-	// (kubeadm, kube-proxy, crictl and CNI archives; at a hop, all but
-	// the control plane) are stand-ins.
+	// (kubeadm, kube-proxy; the CNI and crictl archives of a stand-in
+	// runtime's sandbox; at a hop, all but the control plane) are
+	// stand-ins.
 	built := func(dir func() (string, error)) func(string) ([]byte, error) {
 		return func(name string) ([]byte, error) {
 			d, err := dir()
@@ -133,12 +134,18 @@ func (s *State) servedSets() ([]servedSet, error) {
 			return data, err
 		}
 	}
-	sets := []servedSet{{rel.Version, rel.Files, built(func() (string, error) {
+	newFile := built(func() (string, error) {
 		if s.Binaries.New == "" {
 			return "", fmt.Errorf("stand-in internet: %s was not built", s.NewVersion)
 		}
 		return s.Binaries.New, nil
-	})}}
+	})
+	sets := []servedSet{{rel.Version, rel.Files, func(name string) ([]byte, error) {
+		if data, err := s.toolFile(name); data != nil || err != nil {
+			return data, err
+		}
+		return newFile(name)
+	}}}
 	var stack []catalog.File
 	for _, p := range rel.NodeStack {
 		stack = append(stack, p.File())
@@ -210,20 +217,47 @@ func (s *State) stackFile(rel *catalog.Release, name string) ([]byte, error) {
 	return nil, nil
 }
 
-// tarGz is a gzipped tar of dir's files names, under prefix/, each 0755.
+// toolFile is the content the stand-in internet serves for the new
+// release's tools, where the sandbox has real ones (nil: none):
+//   - cni-plugins: the CNI plugins the sandbox built at the catalog's
+//     version (Binaries.CNI) with the project's LICENSE and README.md,
+//     laid out as upstream's archive (./NAME);
+//   - crictl: the crictl the sandbox built (kube.CrictlVersion: cri-tools
+//     at the catalog's version, v1.31.0 for v1.31, is not on the module
+//     proxy), as upstream's archive holds it (crictl at its root). The
+//     nodes run a build of the same, so a tools move finds it the same.
+func (s *State) toolFile(name string) ([]byte, error) {
+	switch {
+	case name == "cni-plugins" && s.Binaries.CNI != "":
+		return tarGz(s.Binaries.CNI, ".", append(append([]string{}, cniPlugins...), "LICENSE", "README.md")...)
+	case name == "crictl" && s.Binaries.Stack != "":
+		return tarGz(s.Binaries.Stack, "", "crictl")
+	}
+	return nil, nil
+}
+
+// tarGz is a gzipped tar of dir's files names, each with its mode, under
+// prefix/ (a directory entry first), or at the root for prefix "".
 func tarGz(dir, prefix string, names ...string) ([]byte, error) {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
 	tw := tar.NewWriter(zw)
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: prefix + "/", Mode: 0o755}); err != nil {
-		return nil, err
+	if prefix != "" {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: prefix + "/", Mode: 0o755}); err != nil {
+			return nil, err
+		}
+		prefix += "/"
 	}
 	for _, n := range names {
+		fi, err := os.Stat(filepath.Join(dir, n))
+		if err != nil {
+			return nil, err
+		}
 		data, err := os.ReadFile(filepath.Join(dir, n))
 		if err != nil {
 			return nil, err
 		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: prefix + "/" + n, Mode: 0o755, Size: int64(len(data))}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: prefix + n, Mode: int64(fi.Mode().Perm()), Size: int64(len(data))}); err != nil {
 			return nil, err
 		}
 		if _, err := tw.Write(data); err != nil {

@@ -99,11 +99,42 @@ func tasks(t *testing.T) map[string]map[string]int {
 	return out
 }
 
-// The containers and tasks before the first apply.
+// The containers and tasks before the first apply, and the workloads'
+// pods' addresses (by UID).
 var (
 	before      map[string]map[string]string
 	beforeTasks map[string]map[string]int
+	beforeIPs   map[string]string
 )
+
+// podIPs maps every workload pod with an address of its own (not the
+// node's) to it, by UID.
+func podIPs(t *testing.T) map[string]string {
+	pods, err := h.Client.CoreV1().Pods(sandbox.WorkloadNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ips := map[string]string{}
+	for _, p := range pods.Items {
+		if !p.Spec.HostNetwork && p.Status.PodIP != "" {
+			ips[string(p.UID)] = p.Namespace + "/" + p.Name + " " + p.Status.PodIP
+		}
+	}
+	return ips
+}
+
+// bridgeOn is what node's CNI bridge plugin says of its version, over
+// SSH ("CNI bridge plugin v1.5.1"; Debian's, which the sandbox's nodes
+// start with, says "version unknown").
+func bridgeOn(t *testing.T, node string) string {
+	out := h.SSH(t, node, "/opt/cni/bin/bridge --version")
+	first, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	return first
+}
+
+// bundledBridge is what the bundle's bridge plugin says: the CNI plugins
+// the sandbox built at the catalog's version (its cache directory's name).
+func bundledBridge() string { return "CNI bridge plugin " + filepath.Base(h.SB.Binaries.CNI) }
 
 // runtimeOf is the runtime node reports (containerd://VERSION).
 func runtimeOf(t *testing.T, name string) string {
@@ -145,10 +176,13 @@ func startProbe(t *testing.T) {
 // watches) refuses apply, naming it; nothing changes.
 func TestApplyRefusedWhileAnotherHolds(t *testing.T) {
 	h.Import(t, h.HashSkipBundle)
-	before, beforeTasks = containers(t), tasks(t)
+	before, beforeTasks, beforeIPs = containers(t), tasks(t), podIPs(t)
 	for _, m := range h.SB.Nodes() {
 		if rt := runtimeOf(t, m.Name); rt != oldRuntime {
 			t.Fatalf("%s runs %s before the upgrade, want %s", m.Name, rt, oldRuntime)
+		}
+		if b := bridgeOn(t, m.Name); b == bundledBridge() {
+			t.Fatalf("%s's CNI plugins are the bundle's before the upgrade (%s): the tools move would be moot", m.Name, b)
 		}
 	}
 	staticBefore = staticPod(t)
@@ -268,6 +302,10 @@ func TestApplyRefusesABlockedPlan(t *testing.T) {
 		}
 		if move := "containerd " + kube.Containerd17 + " -> " + kube.ContainerdVersion; n.RuntimeMove != move {
 			t.Errorf("plan: %s's runtime move %q, want %q (the bundle carries the node stack)", n.Name, n.RuntimeMove, move)
+		}
+		// Where containerd 1.7 says it takes the CNI plugins from.
+		if move := "CNI plugins in /opt/cni/bin, crictl at /usr/local/bin/crictl"; n.ToolsMove != move {
+			t.Errorf("plan: %s's tools move %q, want %q", n.Name, n.ToolsMove, move)
 		}
 	}
 	found := false
@@ -393,6 +431,13 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	if v := h.SSH(t, "worker-2", "sed -n 's/^version *= *//p' /etc/containerd/config.toml"); strings.TrimSpace(v) != "2" {
 		t.Errorf("worker-2's containerd config after the rollback: version %q, want 1.x's 2", v)
 	}
+	// ... and its CNI plugins (moved before its containerd), where the
+	// nodes that went on keep the bundle's.
+	for name, moved := range map[string]bool{"cp-1": true, "worker-1": true, "worker-2": false} {
+		if got := bridgeOn(t, name); (got == bundledBridge()) != moved {
+			t.Errorf("%s's CNI bridge plugin after worker-2's rollback says %q; the bundle's says %q (want it: %v)", name, got, bundledBridge(), moved)
+		}
+	}
 	st := h.Status(t)
 	if st.State != record.StateFailed || !strings.Contains(st.LastError, "worker-2") {
 		t.Errorf("state %s, last error %q", st.State, st.LastError)
@@ -480,6 +525,17 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	for _, m := range h.SB.Nodes() {
 		if rt := runtimeOf(t, m.Name); rt != newRuntime {
 			t.Errorf("%s runs %s after the upgrade, want %s", m.Name, rt, newRuntime)
+		}
+		if b := bridgeOn(t, m.Name); b != bundledBridge() {
+			t.Errorf("%s's CNI bridge plugin after the upgrade says %q, want the bundle's %q", m.Name, b, bundledBridge())
+		}
+	}
+	// The pods that ran before keep their addresses; pods created now get
+	// theirs from the bundle's plugins.
+	afterIPs := podIPs(t)
+	for uid, was := range beforeIPs {
+		if now, ok := afterIPs[uid]; ok && now != was {
+			t.Errorf("pod %s after the upgrade: %s", was, now)
 		}
 	}
 	newPodsRun(t)
