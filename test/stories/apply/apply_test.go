@@ -124,10 +124,10 @@ func podIPs(t *testing.T) map[string]string {
 }
 
 // bridgeOn is what node's CNI bridge plugin says of its version, over
-// SSH ("CNI bridge plugin v1.5.1"; Debian's, which the sandbox's nodes
-// start with, says "version unknown").
+// SSH ("CNI bridge plugin v1.5.1", on stderr; Debian's, which the
+// sandbox's nodes start with, says "version unknown", on stdout).
 func bridgeOn(t *testing.T, node string) string {
-	out := h.SSH(t, node, "/opt/cni/bin/bridge --version")
+	out := h.SSH(t, node, "/opt/cni/bin/bridge --version 2>&1")
 	first, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
 	return first
 }
