@@ -95,11 +95,7 @@ func TestRuntimeStep(t *testing.T) {
 			k := &kubeletRun{o: o, name: "worker-1", to: "v1.31.4", before: before}
 			out = crictlPS(tc.after, "api-app", "web-app")
 			err = r.moveRuntime(ctx, k)
-			var ran []string
-			for _, c := range node.Calls()[first:] {
-				ran = append(ran, c.Script)
-			}
-			if got := strings.Join(ran, " "); got != tc.ran {
+			if got := scriptsRun(node, first); got != tc.ran {
 				t.Errorf("ran %q, want %q", got, tc.ran)
 			}
 			if tc.want == "" {
@@ -162,11 +158,7 @@ func TestRollbackNodePutsTheRuntimeBack(t *testing.T) {
 			opts:   ApplyOptions{ReadyTimeout: 10 * time.Second, Plan: preflight.PlanOptions{Now: time.Now}}}
 		k := &kubeletRun{o: o, name: "worker-1", to: "v1.31.4", runtimeMoved: tc.moved}
 		err := r.rollbackNode(ctx, k, errors.New("not Ready"))
-		var ran []string
-		for _, c := range node.Calls() {
-			ran = append(ran, c.Script)
-		}
-		if got := strings.Join(ran, " "); got != tc.ran {
+		if got := scriptsRun(node, 0); got != tc.ran {
 			t.Errorf("%s: ran %q, want %q", tc.name, got, tc.ran)
 		}
 		if err == nil || !strings.Contains(err.Error(), "rolled back to v1.30.14") || strings.Contains(err.Error(), "the old containerd is back") != tc.backed {
@@ -244,11 +236,7 @@ func TestToolsStep(t *testing.T) {
 				opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
 			k := &kubeletRun{o: o, name: "worker-1", to: "v1.31.4"}
 			err := r.moveTools(ctx, k)
-			var ran []string
-			for _, c := range node.Calls() {
-				ran = append(ran, c.Script)
-			}
-			if got := strings.Join(ran, " "); got != tc.ran {
+			if got := scriptsRun(node, 0); got != tc.ran {
 				t.Errorf("ran %q, want %q", got, tc.ran)
 			}
 			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
@@ -297,11 +285,7 @@ func TestRollbackPutsTheRuntimeBack(t *testing.T) {
 				target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}}, view: &preflight.View{},
 				opts: ApplyOptions{Plan: preflight.PlanOptions{Now: time.Now}}}
 			err := r.putBack(ctx, o)
-			var ran []string
-			for _, c := range node.Calls() {
-				ran = append(ran, c.Script)
-			}
-			if got := strings.Join(ran, " "); got != tc.ran {
+			if got := scriptsRun(node, 0); got != tc.ran {
 				t.Errorf("ran %q, want %q", got, tc.ran)
 			}
 			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
@@ -309,4 +293,14 @@ func TestRollbackPutsTheRuntimeBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scriptsRun names the node scripts node ran from its call from on, in
+// order, space-separated.
+func scriptsRun(node *fakenode.Node, from int) string {
+	var ran []string
+	for _, c := range node.Calls()[from:] {
+		ran = append(ran, c.Script)
+	}
+	return strings.Join(ran, " ")
 }
