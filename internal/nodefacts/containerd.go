@@ -2,6 +2,8 @@ package nodefacts
 
 import (
 	"encoding/json"
+	"fmt"
+	"path"
 	"strings"
 )
 
@@ -54,13 +56,15 @@ func (c *ContainerdPaths) parse(node, body string) []BadValue {
 
 // setCNI reads the CNI plugins' directory from `crictl info`'s JSON (the
 // runtime's CRI config, "config": {"cni": {...}}), or says why there is
-// none: crictl info failed, or the runtime names no directory (not
-// containerd). JSON that does not parse, or a directory that is not an
-// absolute clean path, is refused.
-func (c *ContainerdPaths) setCNI(node, body string, failed bool) *BadValue {
+// none (CNIErr): crictl info failed, its output is not JSON, the runtime
+// names no directory (not containerd), or one that is not an absolute
+// path of plain characters (named, with its value). Only a tools move
+// needs the directory, so what does not parse refuses that move (plan
+// blocks it), not the whole node.
+func (c *ContainerdPaths) setCNI(node, body string, failed bool) {
 	if failed {
 		c.CNIErr = "crictl info failed"
-		return nil
+		return
 	}
 	var info struct {
 		Config struct {
@@ -71,21 +75,26 @@ func (c *ContainerdPaths) setCNI(node, body string, failed bool) *BadValue {
 		} `json:"config"`
 	}
 	if err := json.Unmarshal([]byte(body), &info); err != nil {
-		return &BadValue{Node: node, Field: "crictl info", Value: firstLine(body), Reason: "not JSON: " + err.Error()}
+		c.CNIErr = fmt.Sprintf("crictl info is not JSON (%v): %q", err, firstLine(body))
+		return
 	}
 	dir := info.Config.CNI.BinDir
 	if len(info.Config.CNI.BinDirs) > 0 {
 		dir = info.Config.CNI.BinDirs[0]
 	}
 	if dir == "" {
-		c.CNIErr = "crictl info names no cni.binDirs or cni.binDir"
-		return nil
+		c.CNIErr = "crictl info names no config.cni.binDirs or config.cni.binDir"
+		return
+	}
+	// "/opt/cni/bin/" as written in a config is /opt/cni/bin.
+	if strings.HasPrefix(dir, "/") {
+		dir = path.Clean(dir)
 	}
 	if b := CheckPath(node, "crictl info: config.cni.binDirs", dir); b != nil {
-		return b
+		c.CNIErr = b.Error()
+		return
 	}
 	c.CNIBinDir = dir
-	return nil
 }
 
 // firstLine is s's first line, cut at 80 bytes, for an error message.

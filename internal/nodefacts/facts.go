@@ -181,9 +181,7 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 		case s.head == "containerd":
 			f.Bad = append(f.Bad, f.Containerd.parse(node, s.body)...)
 		case s.head == "cri-info":
-			if bad := f.Containerd.setCNI(node, s.body, sectionsHave(sections, "cri-info-failed")); bad != nil {
-				f.Bad = append(f.Bad, *bad)
-			}
+			f.Containerd.setCNI(node, s.body, sectionsHave(sections, "cri-info-failed"))
 		case s.head == "cri-version":
 			if sectionsHave(sections, "cri-version-failed") {
 				f.CRIErr = "crictl version: " + strings.TrimSpace(lastLines(s.body, 3))

@@ -311,32 +311,37 @@ func TestReadContainerdPaths(t *testing.T) {
 			t.Errorf("containerd %+v, bad %v; want %+v", f.Containerd, f.Bad, want)
 		}
 	}
-	// crictl info failed, or names no directory: said, not refused.
+	// A directory as a config may write it is taken clean.
+	out = "### cri-info\n" + `{"config":{"cni":{"binDir":"/opt/cni/bin/"}}}` + "\n"
+	if f, err = Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4"); err != nil {
+		t.Fatal(err)
+	}
+	if f.Containerd.CNIBinDir != "/opt/cni/bin" || len(f.Bad) != 0 {
+		t.Errorf("containerd %+v, bad %v; want /opt/cni/bin", f.Containerd, f.Bad)
+	}
+	// crictl info failed, is not JSON, names no directory or one that is
+	// not a plain absolute path: said (CNIErr, refusing a tools move),
+	// not refused with the node, whose other facts stand.
 	for out, why := range map[string]string{
-		"### cri-info\n### cri-info-failed\n":           "crictl info failed",
-		"### cri-info\n{\"status\":{},\"config\":{}}\n": "names no cni.binDirs",
+		"### cri-info\n### cri-info-failed\n":                                            "crictl info failed",
+		"### cri-info\n{\"status\":{},\"config\":{}}\n":                                  "names no config.cni.binDirs",
+		"### cri-info\nWARN[0000] not JSON\n":                                            `crictl info is not JSON (invalid character 'W' looking for beginning of value): "WARN[0000] not JSON"`,
+		"### cri-info\n{\"config\":{\"cni\":{\"binDirs\":[\"/opt/cni/bin;reboot\"]}}}\n": `crictl info: config.cni.binDirs "/opt/cni/bin;reboot" refused`,
 	} {
-		f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
+		f, err := Read(context.Background(), replay{[]byte("### containerd\nrunc /usr/sbin/runc\n" + out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(f.Bad) != 0 || f.Containerd.CNIBinDir != "" || !strings.Contains(f.Containerd.CNIErr, why) {
+		if len(f.Bad) != 0 || f.Containerd.CNIBinDir != "" || !strings.Contains(f.Containerd.CNIErr, why) || f.Containerd.Runc != "/usr/sbin/runc" {
 			t.Errorf("%q: containerd %+v, bad %v; want why %q", out, f.Containerd, f.Bad, why)
 		}
 	}
-	// What does not parse, or is not a clean path, is refused.
-	for out, field := range map[string]string{
-		"### cri-info\nWARN[0000] not JSON\n":                                            "crictl info",
-		"### cri-info\n{\"config\":{\"cni\":{\"binDirs\":[\"/opt/cni/bin;reboot\"]}}}\n": "crictl info: config.cni.binDirs",
-		"### containerd\ncrictl crictl\n":                                                "crictl (command -v crictl)",
-	} {
-		f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(f.Bad) != 1 || f.Bad[0].Field != field || f.Bad[0].Node != "worker-1" || f.Containerd.CNIBinDir != "" || f.Containerd.Crictl != "" {
-			t.Errorf("%q: containerd %+v, bad %+v; want %q refused", out, f.Containerd, f.Bad, field)
-		}
+	// crictl that is not a clean path is refused, as runc is.
+	if f, err = Read(context.Background(), replay{[]byte("### containerd\ncrictl crictl\n")}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4"); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Bad) != 1 || f.Bad[0].Field != "crictl (command -v crictl)" || f.Containerd.Crictl != "" {
+		t.Errorf("containerd %+v, bad %+v; want crictl refused", f.Containerd, f.Bad)
 	}
 
 	out = "### containerd\nbinary /usr/bin/containerd\nconfig /etc/c.toml; reboot\nrunc ../runc\n"

@@ -99,7 +99,7 @@ func (n *toolsNode) swapTools(cniSum, crictlArchive string) (string, int) {
 }
 
 func (n *toolsNode) restoreTools() (string, int) {
-	return n.run(ToolsRestore.Command(n.backup, n.cniDir, n.crictl))
+	return n.run(ToolsRestore.Command(n.backup))
 }
 
 // has checks dir holds exactly want (name to content) and nothing of
@@ -159,8 +159,12 @@ func TestToolsSwapAndRestore(t *testing.T) {
 		n.noLeftovers(when)
 	}
 	moved("after tools-swap")
-	if got := n.read(filepath.Join(n.backup, "tools-files")); got != "cni/bridge\ncni/loopback\ncrictl\n" {
+	// What it replaces, not what is the same (loopback), and where.
+	if got := n.read(filepath.Join(n.backup, "tools-files")); got != "cni/bridge\ncrictl\n" {
 		t.Errorf("backed up %q", got)
+	}
+	if got, want := n.read(filepath.Join(n.backup, "tools-paths")), "cni "+n.cniDir+"\ncrictl "+n.crictl+"\n"; got != want {
+		t.Errorf("tools-paths %q, want %q", got, want)
 	}
 	if got := n.read(filepath.Join(n.backup, "tools-added")); got != "cni/portmap\n" {
 		t.Errorf("listed as added %q", got)
@@ -239,8 +243,53 @@ func TestToolsSwapRefusesAndKeeps(t *testing.T) {
 		if got := n.read(n.crictl); got != n.oldCrictl {
 			t.Errorf("crictl changed without an archive: %q", got)
 		}
+		if got := n.read(filepath.Join(n.backup, "tools-files")); got != "cni/bridge\n" {
+			t.Errorf("backed up %q", got)
+		}
+	})
+	// A second archive (the same upgrade's, after a rollback, at another
+	// patch) that replaces a program the first did not: backed up then,
+	// the first backup of the rest kept, and restore puts back what the
+	// node had before the first.
+	t.Run("a second archive", func(t *testing.T) {
+		n := newToolsNode(t)
+		if out, code := n.swapTools(n.cniSum, "-"); code != 0 {
+			t.Fatalf("tools-swap: exit %d: %q", code, out)
+		}
+		second := tgz(t, [][3]string{
+			{"./bridge", "#!/bin/sh\necho bridge v1.5.2\n", "x"},
+			{"./loopback", "#!/bin/sh\necho loopback v1.5.2\n", "x"},
+		})
+		n.write(n.cniArchive, string(second), 0o644)
+		if out, code := n.swapTools(sha256hex(second), "-"); code != 0 || !strings.Contains(out, "### moved 2") {
+			t.Fatalf("tools-swap of a second archive: exit %d: %q", code, out)
+		}
 		if got := n.read(filepath.Join(n.backup, "tools-files")); got != "cni/bridge\ncni/loopback\n" {
 			t.Errorf("backed up %q", got)
+		}
+		if got := n.read(filepath.Join(n.backup, "cni/bridge")); got != n.oldPlugins["bridge"] {
+			t.Errorf("the second archive's run took the first's bridge for the old: %q", got)
+		}
+		if out, code := n.restoreTools(); code != 0 {
+			t.Fatalf("tools-restore: exit %d: %s", code, out)
+		}
+		n.has("after tools-restore", n.cniDir, n.oldPlugins)
+	})
+	// A backup that does not say where the tools were is refused, and
+	// nothing is put back.
+	t.Run("no paths", func(t *testing.T) {
+		n := newToolsNode(t)
+		if out, code := n.swapTools(n.cniSum, n.crictlArchive); code != 0 {
+			t.Fatalf("tools-swap: exit %d: %q", code, out)
+		}
+		if err := os.Remove(filepath.Join(n.backup, "tools-paths")); err != nil {
+			t.Fatal(err)
+		}
+		if out, code := n.restoreTools(); code != ExitDataErr || !strings.Contains(out, "names no CNI directory") {
+			t.Errorf("tools-restore without tools-paths: exit %d: %q", code, out)
+		}
+		if got := n.read(n.crictl); got != n.bundleCrictl {
+			t.Errorf("crictl put back without tools-paths: %q", got)
 		}
 	})
 }

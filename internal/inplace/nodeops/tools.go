@@ -81,11 +81,10 @@ func (o *Ops) ToolsBackedUp(ctx context.Context) (bool, error) {
 	return o.Exists(ctx, path.Join(o.toolsBackupDir(), "tools-files"))
 }
 
-// RestoreTools puts back the CNI plugins and crictl SwapTools backed up
-// (at p) and removes the programs it added; where it backed up nothing,
-// nothing changes.
-func (o *Ops) RestoreTools(ctx context.Context, p ToolsPaths) error {
-	cniDir, crictlBin := p.resolved()
-	_, err := o.Run(ctx, "put the CNI plugins and crictl back", nodescript.ToolsRestore, o.toolsBackupDir(), cniDir, crictlBin)
+// RestoreTools puts back the CNI plugins and crictl SwapTools backed up,
+// where the backup says it found them, and removes the programs it added;
+// where it backed up nothing, nothing changes.
+func (o *Ops) RestoreTools(ctx context.Context) error {
+	_, err := o.Run(ctx, "put the CNI plugins and crictl back", nodescript.ToolsRestore, o.toolsBackupDir())
 	return err
 }

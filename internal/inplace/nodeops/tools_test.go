@@ -11,8 +11,9 @@ import (
 )
 
 // SwapTools and RestoreTools run tools-swap and tools-restore with the
-// staged archives of the target, the backup apart from the kubelet's and
-// the runtime's, and the node's paths (defaults where it said none); a
+// backup apart from the kubelet's and the runtime's, tools-swap with the
+// staged archives of the target and the node's paths (defaults where it
+// said none; tools-restore reads them from the backup); a
 // tool the bundle does not carry is "-"; what tools-swap says it did is
 // read, and anything else refused, naming the node.
 func TestToolsMoveArguments(t *testing.T) {
@@ -27,10 +28,10 @@ func TestToolsMoveArguments(t *testing.T) {
 	}{
 		{"defaults, both", release.ToolsMove{CNISHA256: "ccc", CrictlSHA256: "ddd"}, ToolsPaths{}, "### moved 5\n", 5,
 			[]string{"/b/v1.30.14/tools", "/s/v1.31.4/cni-plugins", "ccc", "/opt/cni/bin", "/s/v1.31.4/crictl", "ddd", "/usr/local/bin/crictl"},
-			[]string{"/b/v1.30.14/tools", "/opt/cni/bin", "/usr/local/bin/crictl"}},
+			[]string{"/b/v1.30.14/tools"}},
 		{"the node's paths, crictl only, the same", release.ToolsMove{CrictlSHA256: "ddd"}, ToolsPaths{CNIBinDir: "/usr/libexec/cni", Crictl: "/usr/bin/crictl"}, "### same\n", 0,
 			[]string{"/b/v1.30.14/tools", "-", "-", "/usr/libexec/cni", "/s/v1.31.4/crictl", "ddd", "/usr/bin/crictl"},
-			[]string{"/b/v1.30.14/tools", "/usr/libexec/cni", "/usr/bin/crictl"}},
+			[]string{"/b/v1.30.14/tools"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
@@ -43,7 +44,7 @@ func TestToolsMoveArguments(t *testing.T) {
 			if err != nil || moved != tc.moved {
 				t.Fatalf("moved %d, %v; want %d", moved, err, tc.moved)
 			}
-			if err := o.RestoreTools(ctx, tc.p); err != nil {
+			if err := o.RestoreTools(ctx); err != nil {
 				t.Fatal(err)
 			}
 			calls := node.Calls()

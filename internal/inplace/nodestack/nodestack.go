@@ -134,29 +134,25 @@ func (m Mover) PutBackAfter(ctx context.Context, o *nodeops.Ops, moved bool, cau
 	if moved {
 		err = m.Restore(ctx, o, err)
 	}
-	if terr := m.undoTools(context.WithoutCancel(ctx), o, nil); terr != nil {
-		return errors.Join(err, terr)
-	}
-	return err
+	return m.PutToolsBackAfter(ctx, o, err)
 }
 
 // Undo puts back, for the cluster's rollback, what moves on o's node
 // backed up: its containerd (PutBack: the same containers must run with
-// the same processes after it), then its CNI plugins and crictl. With
-// would (a dry run), it says what it would put back instead.
+// the same processes after it), then, whether that worked or not, its CNI
+// plugins and crictl. With would (a dry run), it says what it would put
+// back instead.
 func (m Mover) Undo(ctx context.Context, o *nodeops.Ops, would func(node, what string)) error {
 	backed, err := o.RuntimeBackedUp(ctx)
 	switch {
 	case err != nil:
-		return err
 	case backed && would != nil:
 		would(o.Name, "put back the containerd the runtime move replaced; the same containers must run with the same processes")
 	case backed:
-		if err := m.PutBack(ctx, o); err != nil {
-			return err
-		}
+		err = m.PutBack(ctx, o)
 	}
-	return m.undoTools(ctx, o, would)
+	// The tools whatever became of the runtime: they do not depend on it.
+	return errors.Join(err, m.undoTools(ctx, o, would))
 }
 
 // paths are where node keeps containerd's programs, its config and

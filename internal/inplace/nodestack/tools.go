@@ -41,7 +41,7 @@ func (m Mover) MoveTools(ctx context.Context, o *nodeops.Ops, tm *release.ToolsM
 	}
 	moved, err := o.SwapTools(ctx, tm, p)
 	if err != nil {
-		if rerr := o.RestoreTools(context.WithoutCancel(ctx), p); rerr != nil {
+		if rerr := o.RestoreTools(context.WithoutCancel(ctx)); rerr != nil {
 			return errors.Join(err, fmt.Errorf("node %s: putting the old CNI plugins and crictl back: %w", o.Name, rerr))
 		}
 		return fmt.Errorf("%w; the old CNI plugins and crictl are back", err)
@@ -61,14 +61,18 @@ func (m Mover) undoTools(ctx context.Context, o *nodeops.Ops, would func(node, w
 		return err
 	}
 	if would != nil {
-		would(o.Name, "put back the CNI plugins and crictl the tools move replaced")
+		would(o.Name, "put back the CNI plugins and crictl the tools move replaced, where it found them")
 		return nil
 	}
-	p, err := m.toolsPaths(o.Name)
-	if err != nil {
-		return err
-	}
-	if err := o.RestoreTools(ctx, p); err != nil {
+	return m.putToolsBack(ctx, o)
+}
+
+// putToolsBack restores the CNI plugins and crictl a tools move on o's
+// node backed up, into the places the backup names (not the facts read
+// now: a runtime that does not answer, a common reason to roll back, must
+// not stop it).
+func (m Mover) putToolsBack(ctx context.Context, o *nodeops.Ops) error {
+	if err := o.RestoreTools(ctx); err != nil {
 		return err
 	}
 	m.Event(ctx, o.Name, "ToolsRestored", "kubelift: CNI plugins and crictl put back")
@@ -97,4 +101,24 @@ func orDefault(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// PutToolsBackAfter puts back the CNI plugins and crictl a tools move on
+// o's node backed up, after cause: a later step of the node's, before its
+// kubelet moved, failed and put back what it moved (the runtime), so the
+// node is left as it was. It returns cause, saying so, or joined with
+// what failed.
+func (m Mover) PutToolsBackAfter(ctx context.Context, o *nodeops.Ops, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	backed, err := o.ToolsBackedUp(ctx)
+	if err != nil {
+		return errors.Join(cause, fmt.Errorf("node %s: whether this upgrade moved its CNI plugins and crictl: %w", o.Name, err))
+	}
+	if !backed {
+		return cause
+	}
+	if err := m.putToolsBack(ctx, o); err != nil {
+		return errors.Join(cause, fmt.Errorf("node %s: putting the old CNI plugins and crictl back: %w", o.Name, err))
+	}
+	return fmt.Errorf("%w; the old CNI plugins and crictl are back", cause)
 }

@@ -76,20 +76,25 @@ func (pc *planCheck) runtime() {
 // CNI plugins and crictl to the bundle's, into the directory the node's
 // runtime takes the plugins from (crictl info, read with the facts). A
 // node whose runtime was asked and did not say is blocked: the bundle's
-// plugins would go where nothing runs them.
+// plugins would go where nothing runs them. A node at the target already
+// is not walked again, so not said.
 func (pc *planCheck) tools() {
 	for i := range pc.plan.Nodes {
 		s := &pc.plan.Nodes[i]
-		if pc.target.ToolsMoveFor(release.ArchOr(s.Arch)) == nil {
+		// A node at the target already is not walked again.
+		if pc.target.ToolsMoveFor(release.ArchOr(s.Arch)) == nil || s.Kubelet == pc.target.Version.String() {
 			continue
 		}
 		cni, crictl := release.DefaultCNIBinDir, release.DefaultCrictl
 		if f := pc.view.Facts[s.Name]; f != nil {
 			c := f.Containerd
 			if c.CNIBinDir == "" && c.CNIErr != "" {
+				fix := "make the runtime's CRI config name its CNI plugins' directory (containerd: the cri plugin's cni bin_dirs), or make the bundle without --node-stack"
+				if c.CNIErr == "crictl info failed" {
+					fix = "make crictl on the node reach the runtime (crictl info), then plan again"
+				}
 				pc.add(Blocking, CheckRuntime, "node/"+s.Name,
-					fmt.Sprintf("the bundle carries the node stack, but where the node's runtime takes the CNI plugins from was not read (%s)", c.CNIErr),
-					"make crictl on the node reach the runtime (crictl info), then plan again")
+					fmt.Sprintf("the bundle carries the node stack, but where the node's runtime takes the CNI plugins from was not read (%s)", c.CNIErr), fix)
 				continue
 			}
 			if c.CNIBinDir != "" {

@@ -88,10 +88,10 @@ func (r *upgradeRun) beforeSwapSteps() []nodeStep {
 		// The CNI plugins and crictl to the bundle's, where it carries
 		// the node stack: first, since they restart nothing and a failure
 		// leaves the node as it was.
-		{name: "tools", do: r.moveTools, would: r.wouldMoveTools},
+		{name: "tools", do: r.moveTools, would: func(k *kubeletRun) string { return r.stack().WouldTools(k.name, k.arch) }},
 		// containerd (and runc) to the bundle's, where it carries a newer
 		// one: before the kubelet, which may support only the new one.
-		{name: "runtime", do: r.moveRuntime, would: r.wouldMoveRuntime},
+		{name: "runtime", do: r.moveRuntime, would: func(k *kubeletRun) string { return r.stack().Would(k.name, k.arch) }},
 		{name: "swap", do: r.swapKubelet},
 	}
 }

@@ -13,34 +13,32 @@ func (r *upgradeRun) stack() nodestack.Mover {
 	return nodestack.Mover{View: r.view, Target: r.target, Wait: r.wait, ReadyTimeout: r.opts.ReadyTimeout, Event: r.event, Log: r.log}
 }
 
-// wouldMoveRuntime says, in a dry run, the runtime move the node gets.
-func (r *upgradeRun) wouldMoveRuntime(k *kubeletRun) string { return r.stack().Would(k.name, k.arch) }
-
 // moveRuntime moves the node's containerd (and runc) to the bundle's
 // before its kubelet, where the bundle carries a newer one than the node
 // runs, once the run still holds the lock (nodestack.Mover.Move): if the
 // same containers do not run after it with the same processes, or the
-// swap fails, the old containerd is put back and the node's upgrade
-// stops here, its kubelet not swapped.
+// swap fails, the old containerd is put back, and the old CNI plugins and
+// crictl where the tools step moved them, and the node's upgrade stops
+// here, its kubelet not swapped.
 func (r *upgradeRun) moveRuntime(ctx context.Context, k *kubeletRun) error {
 	s := r.stack()
 	m, err := s.For(k.name, k.arch)
-	if err != nil || m == nil {
-		return err
+	if err != nil {
+		return s.PutToolsBackAfter(ctx, k.o, err)
 	}
+	if m == nil {
+		return nil
+	}
+	// A lost lock stops the run where it is (the next apply resumes the
+	// node); nothing is put back by a run that no longer holds it.
 	if err := r.fence(ctx); err != nil {
 		return fmt.Errorf("node %s: containerd not moved: %w", k.name, err)
 	}
 	if err := s.Move(ctx, k.o, m, k.before); err != nil {
-		return err
+		return s.PutToolsBackAfter(ctx, k.o, err)
 	}
 	k.runtimeMoved = true
 	return nil
-}
-
-// wouldMoveTools says, in a dry run, the tools move the node gets.
-func (r *upgradeRun) wouldMoveTools(k *kubeletRun) string {
-	return r.stack().WouldTools(k.name, k.arch)
 }
 
 // moveTools moves the node's CNI plugins and crictl to the bundle's where

@@ -37,6 +37,7 @@ func TestRuntimeStep(t *testing.T) {
 		runtime  string         // the Node's containerRuntimeVersion
 		after    map[string]int // the tasks' PIDs after the swap
 		swapFail bool
+		tools    bool   // the tools step backed the node's tools up
 		refused  int    // the reads after the swap that find no socket
 		ran      string // the scripts run after the first containers read
 		want     string // "" when the step passes
@@ -46,12 +47,16 @@ func TestRuntimeStep(t *testing.T) {
 		{name: "the socket answers a moment after the restart", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 202},
 			refused: 2, ran: "runtime-swap containers containers containers"},
 		{name: "a process replaced", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 303},
-			ran: "runtime-swap containers runtime-restore", want: "shop/web/app (process 202, now 303); the old containerd is back"},
+			ran: "runtime-swap containers runtime-restore exists", want: "shop/web/app (process 202, now 303); the old containerd is back"},
 		{name: "the socket never answers", runtime: "containerd://1.7.35", after: map[string]int{"api-app": 101, "web-app": 202}, refused: 99,
-			ran:  "runtime-swap containers containers containers containers containers containers runtime-restore",
+			ran:  "runtime-swap containers containers containers containers containers containers runtime-restore exists",
 			want: `connect: no such file or directory" (still, 5s after the restart); the old containerd is back`},
 		{name: "the swap failed", runtime: "containerd://1.7.35", swapFail: true,
-			ran: "runtime-swap runtime-restore", want: "exit status 66"},
+			ran: "runtime-swap runtime-restore exists", want: "exit status 66"},
+		// The tools step before it moved the CNI plugins: back too, so
+		// the node is as it was.
+		{name: "the swap failed after the tools moved", runtime: "containerd://1.7.35", swapFail: true, tools: true,
+			ran: "runtime-swap runtime-restore exists tools-restore", want: "exit status 66; the old containerd is back; the old CNI plugins and crictl are back"},
 		{name: "the bundle's already", runtime: "containerd://2.3.7", ran: ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,6 +80,8 @@ func TestRuntimeStep(t *testing.T) {
 					return "### restart 1.0 1.5\n", nil
 				},
 				nodescript.RuntimeRestore.Name: func([]string) (string, error) { return "", nil },
+				nodescript.Exists.Name:         backups(t, false, tc.tools),
+				nodescript.ToolsRestore.Name:   func([]string) (string, error) { return "", nil },
 			}}
 			o := &nodeops.Ops{Node: node, Name: "worker-1", From: "v1.30.14", To: "v1.31.4", StageDir: "/s", BackupDir: "/b", Facts: &nodefacts.Facts{}}
 			n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}}
@@ -117,7 +124,7 @@ func TestRuntimeStep(t *testing.T) {
 			}
 
 			r.dry = true
-			said := r.wouldMoveRuntime(k)
+			said := r.stack().Would(k.name, k.arch)
 			if (tc.ran != "") != strings.HasPrefix(said, "move containerd v1.7.35 to v2.3.7, its config migrated") {
 				t.Errorf("dry run says %q", said)
 			}
@@ -245,7 +252,7 @@ func TestToolsStep(t *testing.T) {
 			if swapArgs != nil && strings.Join(swapArgs, " ") != "/b/v1.30.14/tools /s/v1.31.4/cni-plugins ccc /usr/libexec/cni /s/v1.31.4/crictl ddd /usr/bin/crictl" {
 				t.Errorf("tools-swap %q: want the staged archives with the manifest's sums and the node's paths as read", swapArgs)
 			}
-			if said := r.wouldMoveTools(k); !strings.HasPrefix(said, tc.would) || (tc.would == "") != (said == "") {
+			if said := r.stack().WouldTools(k.name, k.arch); !strings.HasPrefix(said, tc.would) || (tc.would == "") != (said == "") {
 				t.Errorf("dry run says %q, want %q", said, tc.would)
 			}
 		})
@@ -254,7 +261,8 @@ func TestToolsStep(t *testing.T) {
 
 // The cluster's rollback puts a node's containerd back only where a
 // runtime move backed it up, and holds it to the same containers with
-// the same processes.
+// the same processes; then its CNI plugins and crictl, where a tools move
+// backed them up, even when containerd's put-back failed.
 func TestRollbackPutsTheRuntimeBack(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -265,7 +273,7 @@ func TestRollbackPutsTheRuntimeBack(t *testing.T) {
 		want   string
 	}{
 		{"moved, kept", true, map[string]int{"api-app": 101}, "exists containers runtime-restore containers exists", ""},
-		{"moved, a process replaced", true, map[string]int{"api-app": 102}, "exists containers runtime-restore containers", "shop/api/app (process 101, now 102)"},
+		{"moved, a process replaced", true, map[string]int{"api-app": 102}, "exists containers runtime-restore containers exists", "shop/api/app (process 101, now 102)"},
 		{"never moved", false, nil, "exists exists", ""},
 		{"only the tools moved", false, nil, "exists exists tools-restore", ""},
 	} {

@@ -3,16 +3,17 @@
 # staged archive's sha256 (exit 65), unpacks the CNI plugins beside
 # CNI_DIR and crictl beside CRICTL, and compares each program with the
 # one in place. When every one is the same, it changes nothing and says
-# "### same". Else it backs up once, into BACKUP_DIR, every program it
-# replaces (listed in BACKUP_DIR/tools-files as cni/NAME or crictl; the
-# ones it adds in tools-added; tools-files written last), then renames
+# "### same". Else it backs up, into BACKUP_DIR, each program it replaces
+# that no earlier run backed up (listed in BACKUP_DIR/tools-files as
+# cni/NAME or crictl; the ones it adds in tools-added; where they live in
+# tools-paths; tools-files written last, each list whole), then renames
 # each program that differs over the old one (atomic: a plugin the
 # runtime starts meanwhile is the old or the new, whole). Nothing
 # restarts: a CNI plugin runs only when a pod's network is set up or
 # torn down, and crictl only when called. Files of the CNI archive that
 # are not programs (its LICENSE, README.md) are left out. A run cut off
-# at any point runs again to the same end; the backup taken first is
-# kept.
+# at any point runs again to the same end; what was backed up first is
+# kept, so tools-restore puts back what the node had before the first.
 # Arguments: BACKUP_DIR CNI_ARCHIVE CNI_SHA256 CNI_DIR CRICTL_ARCHIVE CRICTL_SHA256 CRICTL
 # (an ARCHIVE "-": the bundle carries none, and that tool stays.)
 set -eu
@@ -65,30 +66,36 @@ if [ "$changes" = 0 ]; then
   echo "### same"
   exit 0
 fi
-mkdir -p "$b"
-if [ ! -f "$b/tools-files" ]; then
-  mkdir -p "$b/cni"
-  : >"$b/.tools-files.partial"
-  : >"$b/.tools-added.partial"
-  # keep OLD NAME: back OLD up as NAME, or list NAME as added.
-  keep() {
-    if [ -f "$1" ]; then
-      cp -p "$1" "$b/.tools.partial"
-      mv -f "$b/.tools.partial" "$b/$2"
-      echo "$2" >>"$b/.tools-files.partial"
-    else
-      echo "$2" >>"$b/.tools-added.partial"
-    fi
-  }
-  if [ "$cni" != - ]; then
-    for f in "$newcni"/*; do
-      if [ -f "$f" ]; then keep "$cnidir/${f##*/}" "cni/${f##*/}"; fi
-    done
-  fi
-  if [ "$crictl" != - ]; then keep "$crictlbin" crictl; fi
-  mv -f "$b/.tools-added.partial" "$b/tools-added"
-  mv -f "$b/.tools-files.partial" "$b/tools-files"
+mkdir -p "$b/cni"
+if [ ! -f "$b/tools-paths" ]; then
+  printf 'cni %s\ncrictl %s\n' "$cnidir" "$crictlbin" >"$b/.tools-paths.partial"
+  mv -f "$b/.tools-paths.partial" "$b/tools-paths"
 fi
+# The lists as they stand, extended below and renamed back whole.
+if [ -f "$b/tools-files" ]; then cp "$b/tools-files" "$b/.tools-files.partial"; else : >"$b/.tools-files.partial"; fi
+if [ -f "$b/tools-added" ]; then cp "$b/tools-added" "$b/.tools-added.partial"; else : >"$b/.tools-added.partial"; fi
+# keep OLD NAME: back OLD up as NAME, or list NAME as added, unless an
+# earlier run did (its backup is what the node had first).
+keep() {
+  if grep -qxF "$2" "$b/.tools-files.partial" "$b/.tools-added.partial"; then
+    return 0
+  fi
+  if [ -f "$1" ]; then
+    cp -p "$1" "$b/.tools.partial"
+    mv -f "$b/.tools.partial" "$b/$2"
+    echo "$2" >>"$b/.tools-files.partial"
+  else
+    echo "$2" >>"$b/.tools-added.partial"
+  fi
+}
+if [ "$cni" != - ]; then
+  for f in "$newcni"/*; do
+    if [ -f "$f" ] && differ "$f" "$cnidir/${f##*/}"; then keep "$cnidir/${f##*/}" "cni/${f##*/}"; fi
+  done
+fi
+if [ "$crictl" != - ] && differ "$newcrictl/crictl" "$crictlbin"; then keep "$crictlbin" crictl; fi
+mv -f "$b/.tools-added.partial" "$b/tools-added"
+mv -f "$b/.tools-files.partial" "$b/tools-files"
 if [ "$cni" != - ]; then
   for f in "$newcni"/*; do
     if [ -f "$f" ] && differ "$f" "$cnidir/${f##*/}"; then

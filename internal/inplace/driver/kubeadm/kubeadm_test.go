@@ -87,6 +87,9 @@ func TestRunKubeadm(t *testing.T) {
 	// ... and the same line after kubeadm began to move static pods is
 	// not a health check's (never so, but it must not start kubeadm again).
 	const moved = "[upgrade/staticpods] Preparing for \"kube-apiserver\" upgrade\n" + health
+	// ... nor one whose Job could not be created (RBAC, admission).
+	const created = "[upgrade/health] FATAL: [preflight] Some fatal errors occurred:\n" +
+		"\t[ERROR CreateJob]: could not create a Job with the prefix \"upgrade-health-check\" in the namespace \"kube-system\": jobs.batch is forbidden\n"
 	for _, tc := range []struct {
 		name     string
 		statuses []string
@@ -98,6 +101,7 @@ func TestRunKubeadm(t *testing.T) {
 		{"health job late once", []string{"running\n", "exit 1\n" + health, "running\n", "exit 0\n"}, 2, ""},
 		{"health job late always", []string{"exit 1\n" + health}, healthJobAttempts, "exited 1: [upgrade/health] FATAL: [preflight] Some fatal errors occurred: | \t[ERROR CreateJob]: Job \"upgrade-health-check-mldkx\" in the namespace \"kube-system\" did not complete in 15s: no condition of type Complete (kubeadm started 4 times)"},
 		{"failed after moving", []string{"exit 1\n" + moved}, 1, "exited 1: while it moved kube-apiserver"},
+		{"health job not created", []string{"exit 1\n" + created}, 1, `could not create a Job with the prefix "upgrade-health-check"`},
 		{"vanishes", []string{"lost\n"}, 1, "stopped without an exit status"},
 		{"garbage", []string{"exit x$(reboot)\n"}, 1, `kubeadm status "exit x$(reboot)"`},
 	} {

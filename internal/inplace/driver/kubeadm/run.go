@@ -95,6 +95,10 @@ func runKubeadm(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, 
 			return fmt.Errorf("%w (kubeadm started %d times)", err, attempt)
 		}
 		r.Log.Warn("kubeadm's health check Job did not complete in kubeadm's time; nothing moved: kubeadm again", "node", o.Name, "run", run, "attempt", attempt+1, "of", healthJobAttempts)
+		// The Job's pod may still be finishing on a busy node.
+		if err := r.Wait.Pause(ctx, healthJobPause); err != nil {
+			return err
+		}
 	}
 }
 
@@ -105,6 +109,9 @@ func runKubeadm(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, 
 // (kubernetes/kubeadm#3282; kubeadm v1.36 waits 60 seconds, as 4 attempts
 // do); kubeadm changes nothing before that check.
 const healthJobAttempts = 4
+
+// healthJobPause is the pause between such attempts.
+const healthJobPause = 5 * time.Second
 
 // errHealthJob: kubeadm failed at its pre-flight health check's Job,
 // before it moved anything.
@@ -151,9 +158,13 @@ func startAndWait(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string
 }
 
 // healthJobFailed says whether kubeadm's output ends at its pre-flight
-// health check's Job, before it prepared to move any static pod.
+// health check's Job not completing in time (not at one it could not
+// create: RBAC, admission, quota), before it prepared to move any static
+// pod.
 func healthJobFailed(log string) bool {
-	return strings.Contains(log, "[ERROR CreateJob]") && !strings.Contains(log, "Preparing for ")
+	_, job, ok := strings.Cut(log, "[ERROR CreateJob]")
+	job, _, _ = strings.Cut(job, "\n")
+	return ok && strings.Contains(job, "did not complete in") && !strings.Contains(log, "Preparing for ")
 }
 
 // kubeadmReason is what kubeadm said last, for an error message: the
