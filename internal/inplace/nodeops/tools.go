@@ -11,25 +11,6 @@ import (
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
-// ToolsPaths are where a node keeps its CNI plugins and crictl; an empty
-// field takes its default (release.DefaultCNIBinDir,
-// release.DefaultCrictl).
-type ToolsPaths struct {
-	CNIBinDir, Crictl string
-}
-
-// resolved are p with the defaults filled in.
-func (p ToolsPaths) resolved() (cni, crictl string) {
-	cni, crictl = p.CNIBinDir, p.Crictl
-	if cni == "" {
-		cni = release.DefaultCNIBinDir
-	}
-	if crictl == "" {
-		crictl = release.DefaultCrictl
-	}
-	return cni, crictl
-}
-
 // toolsBackupDir is BACKUP/FROM/tools: the tools' files apart from the
 // kubelet's and the runtime's.
 func (o *Ops) toolsBackupDir() string { return path.Join(o.BackupDirOf(), "tools") }
@@ -41,8 +22,8 @@ func (o *Ops) toolsBackupDir() string { return path.Join(o.BackupDirOf(), "tools
 // new ones into place (nothing restarts). It says how many programs it
 // replaced or added: 0 when the node had the bundle's already. Run again,
 // it ends the same, the first backup kept.
-func (o *Ops) SwapTools(ctx context.Context, m *release.ToolsMove, p ToolsPaths) (int, error) {
-	cniDir, crictlBin := p.resolved()
+func (o *Ops) SwapTools(ctx context.Context, m *release.ToolsMove, p release.ToolsPaths) (int, error) {
+	cniDir, crictlBin := p.Resolved()
 	cni, crictl := release.StagePath(o.StageDir, o.To, release.FileCNIPlugins), release.StagePath(o.StageDir, o.To, release.FileCrictl)
 	cniSum, crictlSum := m.CNISHA256, m.CrictlSHA256
 	if cniSum == "" {

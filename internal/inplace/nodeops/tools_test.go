@@ -20,16 +20,16 @@ func TestToolsMoveArguments(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		m       release.ToolsMove
-		p       ToolsPaths
+		p       release.ToolsPaths
 		said    string
 		moved   int
 		swap    []string
 		restore []string
 	}{
-		{"defaults, both", release.ToolsMove{CNISHA256: "ccc", CrictlSHA256: "ddd"}, ToolsPaths{}, "### moved 5\n", 5,
+		{"defaults, both", release.ToolsMove{CNISHA256: "ccc", CrictlSHA256: "ddd"}, release.ToolsPaths{}, "### moved 5\n", 5,
 			[]string{"/b/v1.30.14/tools", "/s/v1.31.4/cni-plugins", "ccc", "/opt/cni/bin", "/s/v1.31.4/crictl", "ddd", "/usr/local/bin/crictl"},
 			[]string{"/b/v1.30.14/tools"}},
-		{"the node's paths, crictl only, the same", release.ToolsMove{CrictlSHA256: "ddd"}, ToolsPaths{CNIBinDir: "/usr/libexec/cni", Crictl: "/usr/bin/crictl"}, "### same\n", 0,
+		{"the node's paths, crictl only, the same", release.ToolsMove{CrictlSHA256: "ddd"}, release.ToolsPaths{CNIBinDir: "/usr/libexec/cni", Crictl: "/usr/bin/crictl"}, "### same\n", 0,
 			[]string{"/b/v1.30.14/tools", "-", "-", "/usr/libexec/cni", "/s/v1.31.4/crictl", "ddd", "/usr/bin/crictl"},
 			[]string{"/b/v1.30.14/tools"}},
 	} {
@@ -62,7 +62,7 @@ func TestToolsMoveArguments(t *testing.T) {
 	for _, said := range []string{"", "### moved 0\n", "### moved x\n", "### moved 2; reboot\n"} {
 		node := &fakenode.Node{Scripts: map[string]fakenode.Handler{nodescript.ToolsSwap.Name: func([]string) (string, error) { return said, nil }}}
 		o := &Ops{Node: node, Name: "worker-1", StageDir: "/s", BackupDir: "/b", From: "v1.30.14", To: "v1.31.4"}
-		if _, err := o.SwapTools(context.Background(), &release.ToolsMove{CNISHA256: "ccc"}, ToolsPaths{}); err == nil || !strings.Contains(err.Error(), "node worker-1") {
+		if _, err := o.SwapTools(context.Background(), &release.ToolsMove{CNISHA256: "ccc"}, release.ToolsPaths{}); err == nil || !strings.Contains(err.Error(), "node worker-1") {
 			t.Errorf("tools-swap said %q: %v", said, err)
 		}
 	}

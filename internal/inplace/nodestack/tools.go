@@ -24,8 +24,8 @@ func (m Mover) WouldTools(node, arch string) string {
 	if err != nil {
 		return "refuse the node: " + err.Error()
 	}
-	return fmt.Sprintf("move the CNI plugins in %s and crictl at %s to the bundle's where they differ (nothing restarts; put back on failure)",
-		orDefault(p.CNIBinDir, release.DefaultCNIBinDir), orDefault(p.Crictl, release.DefaultCrictl))
+	cni, crictl := p.Resolved()
+	return fmt.Sprintf("move the CNI plugins in %s and crictl at %s to the bundle's where they differ (nothing restarts; put back on failure)", cni, crictl)
 }
 
 // MoveTools moves o's node's CNI plugins and crictl as tm says: tools-swap
@@ -49,7 +49,8 @@ func (m Mover) MoveTools(ctx context.Context, o *nodeops.Ops, tm *release.ToolsM
 	if moved > 0 {
 		m.Event(ctx, o.Name, "MovedTools", fmt.Sprintf("kubelift: %d CNI plugins and crictl moved to the bundle's", moved))
 	}
-	m.Log.Info("tools moved", "node", o.Name, "programs", moved, "cniBinDir", orDefault(p.CNIBinDir, release.DefaultCNIBinDir))
+	cni, crictl := p.Resolved()
+	m.Log.Info("tools moved", "node", o.Name, "programs", moved, "cniBinDir", cni, "crictl", crictl)
 	return nil
 }
 
@@ -84,23 +85,15 @@ func (m Mover) putToolsBack(ctx context.Context, o *nodeops.Ops) error {
 // whose facts were not read takes nodeops' defaults. A node whose runtime
 // did not say where it takes the plugins from is refused: the bundle's
 // would go where nothing runs them.
-func (m Mover) toolsPaths(name string) (nodeops.ToolsPaths, error) {
+func (m Mover) toolsPaths(name string) (release.ToolsPaths, error) {
 	if m.View == nil || m.View.Facts[name] == nil {
-		return nodeops.ToolsPaths{}, nil
+		return release.ToolsPaths{}, nil
 	}
 	c := m.View.Facts[name].Containerd
 	if c.CNIBinDir == "" && c.CNIErr != "" {
-		return nodeops.ToolsPaths{}, fmt.Errorf("node %s: where its runtime takes the CNI plugins from was not read (%s): the CNI plugins and crictl not moved", name, c.CNIErr)
+		return release.ToolsPaths{}, fmt.Errorf("node %s: where its runtime takes the CNI plugins from was not read (%s): the CNI plugins and crictl not moved", name, c.CNIErr)
 	}
-	return nodeops.ToolsPaths{CNIBinDir: c.CNIBinDir, Crictl: c.Crictl}, nil
-}
-
-// orDefault is s, or def when s is empty.
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
+	return release.ToolsPaths{CNIBinDir: c.CNIBinDir, Crictl: c.Crictl}, nil
 }
 
 // PutToolsBackAfter puts back the CNI plugins and crictl a tools move on

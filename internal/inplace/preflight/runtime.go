@@ -85,7 +85,7 @@ func (pc *planCheck) tools() {
 		if pc.target.ToolsMoveFor(release.ArchOr(s.Arch)) == nil || s.Kubelet == pc.target.Version.String() {
 			continue
 		}
-		cni, crictl := release.DefaultCNIBinDir, release.DefaultCrictl
+		var p release.ToolsPaths
 		if f := pc.view.Facts[s.Name]; f != nil {
 			c := f.Containerd
 			if c.CNIBinDir == "" && c.CNIErr != "" {
@@ -97,13 +97,9 @@ func (pc *planCheck) tools() {
 					fmt.Sprintf("the bundle carries the node stack, but where the node's runtime takes the CNI plugins from was not read (%s)", c.CNIErr), fix)
 				continue
 			}
-			if c.CNIBinDir != "" {
-				cni = c.CNIBinDir
-			}
-			if c.Crictl != "" {
-				crictl = c.Crictl
-			}
+			p = release.ToolsPaths{CNIBinDir: c.CNIBinDir, Crictl: c.Crictl}
 		}
+		cni, crictl := p.Resolved()
 		s.ToolsMove = fmt.Sprintf("CNI plugins in %s, crictl at %s", cni, crictl)
 	}
 }

@@ -78,6 +78,24 @@ const (
 	DefaultCrictl    = "/usr/local/bin/crictl"
 )
 
+// ToolsPaths are where a node keeps its CNI plugins and crictl, as the
+// node said; an empty field takes its default above.
+type ToolsPaths struct {
+	CNIBinDir, Crictl string
+}
+
+// Resolved are p's places with the defaults filled in.
+func (p ToolsPaths) Resolved() (cni, crictl string) {
+	cni, crictl = p.CNIBinDir, p.Crictl
+	if cni == "" {
+		cni = DefaultCNIBinDir
+	}
+	if crictl == "" {
+		crictl = DefaultCrictl
+	}
+	return cni, crictl
+}
+
 // ToolsMove is the move of a node's CNI plugins and crictl to the
 // bundle's, with the files staged for it. Each tool's SHA256 is the signed
 // manifest's sum of its archive; empty when the bundle carries none for
