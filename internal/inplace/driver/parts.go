@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/kubelift/kubelift/internal/cluster"
@@ -95,4 +96,35 @@ func UndoPart(ctx context.Context, r *Run, o *nodeops.Ops, part string) (bool, e
 		return true, err
 	}
 	return true, WaitPart(ctx, r, o, part, o.From)
+}
+
+// Moved records, per node, the parts a run swapped or restored since the
+// node's control plane was last settled ("" for the node's control plane
+// as a whole, kubeadm's). Safe for concurrent use; the zero value is
+// empty.
+type Moved struct {
+	mu sync.Mutex
+	m  map[string]map[string]bool
+}
+
+// Mark records that part moved on node.
+func (m *Moved) Mark(node, part string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[string]map[string]bool{}
+	}
+	if m.m[node] == nil {
+		m.m[node] = map[string]bool{}
+	}
+	m.m[node][part] = true
+}
+
+// Take is what moved on node since the last Take (nil: nothing).
+func (m *Moved) Take(node string) map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	parts := m.m[node]
+	delete(m.m, node)
+	return parts
 }

@@ -175,8 +175,8 @@ type upgradeRun struct {
 	// node step and record write asks it first (fence).
 	lock *upgradelock.Lock
 	// moved: control-plane nodes a part of which was swapped or restored
-	// since the node was last settled (settle.go); under mu.
-	moved map[string]map[string]bool
+	// since the node was last settled (settle.go).
+	moved driver.Moved
 	// workloads serves the workload gate (gate.go) while kubelets move;
 	// nil in a dry run or with NoWorkloadGate.
 	workloads *workloads.Watch

@@ -70,7 +70,7 @@ func (r *upgradeRun) controlPlaneStep(ctx context.Context) error {
 			if err := r.driver.Upgrade(ctx, r.driverRun(), n.Name, t); err != nil {
 				return err
 			}
-			if moved := r.takeMoved(n.Name); moved != nil {
+			if moved := r.moved.Take(n.Name); moved != nil {
 				if err := r.settleControlPlane(ctx, n.Name, to, t != r.target, moved); err != nil {
 					r.setNode(ctx, n.Name, record.NodeFailed, "control plane at "+to, err)
 					return err

@@ -62,7 +62,7 @@ func (e effects) Event(ctx context.Context, node, reason, msg string) {
 func (e effects) Would(node, what, command string) { e.r.would(node, what, command) }
 func (e effects) Fence(ctx context.Context) error  { return e.r.fence(ctx) }
 func (e effects) Lost() error                      { return e.r.lostForGood() }
-func (e effects) MarkMoved(node, part string)      { e.r.markMoved(node, part) }
+func (e effects) MarkMoved(node, part string)      { e.r.moved.Mark(node, part) }
 func (e effects) Timed() func()                    { return e.r.timed(&e.r.res.Waiting) }
 
 var _ driver.Effects = effects{}

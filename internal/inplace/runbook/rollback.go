@@ -142,7 +142,7 @@ func (r *upgradeRun) controlPlaneUndo(ctx context.Context) error {
 		if err := r.driver.Undo(ctx, r.driverRun(), n.Name); err != nil {
 			return err
 		}
-		if moved := r.takeMoved(n.Name); moved != nil {
+		if moved := r.moved.Take(n.Name); moved != nil {
 			if err := r.settleControlPlane(ctx, n.Name, from, false, moved); err != nil {
 				r.setNode(ctx, n.Name, record.NodeFailed, "control plane at "+from, err)
 				return err

@@ -31,27 +31,3 @@ func (r *upgradeRun) settleControlPlane(ctx context.Context, node, version strin
 	defer r.timed(&r.res.Waiting)()
 	return r.driver.Settle(ctx, r.driverRun(), node, version, atLeast, moved)
 }
-
-// markMoved records that part comp on node was swapped or restored in
-// this run ("" for the node's control plane as a whole, kubeadm's): the
-// node is settled after its step.
-func (r *upgradeRun) markMoved(node, comp string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.moved == nil {
-		r.moved = map[string]map[string]bool{}
-	}
-	if r.moved[node] == nil {
-		r.moved[node] = map[string]bool{}
-	}
-	r.moved[node][comp] = true
-}
-
-// takeMoved is what moved on node since the last call (nil: nothing).
-func (r *upgradeRun) takeMoved(node string) map[string]bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m := r.moved[node]
-	delete(r.moved, node)
-	return m
-}
