@@ -17,6 +17,7 @@ require (
 )
 
 require (
+	github.com/coredns/corefile-migration v1.0.36
 	golang.org/x/crypto v0.59.0
 	k8s.io/component-helpers v0.37.2
 	k8s.io/kubectl v0.37.2
@@ -27,6 +28,7 @@ require (
 	github.com/MakeNowJust/heredoc v1.0.0 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/chai2010/gettext-go v1.0.2 // indirect
+	github.com/coredns/caddy v1.1.1 // indirect
 	github.com/exponent-io/jsonpath v0.0.0-20210407135951-1de76d718b3f // indirect
 	github.com/go-errors/errors v1.4.2 // indirect
 	github.com/go-openapi/swag/cmdutils v0.27.1 // indirect

@@ -203,6 +203,13 @@ func printPlan(w io.Writer, p *preflight.Plan) {
 			fmt.Fprintf(w, "  %2d. %s on %s\n", i+1, strings.Join(s.Components, " then "), strings.Join(s.Nodes, ", "))
 		}
 	}
+	if c := p.CoreDNS; c != nil {
+		corefile := "its Corefile as it is"
+		if c.MigratesCorefile {
+			corefile = "its Corefile migrated (" + strings.Join(c.Notices, " ") + ")"
+		}
+		fmt.Fprintf(w, "  CoreDNS: %s to %s (%s) after the control plane, before the kubelets, rolled by its Deployment; %s.\n", c.From, c.To, c.Image, corefile)
+	}
 	if slices.ContainsFunc(p.Nodes, func(n preflight.NodeState) bool { return n.Role != release.RoleControlPlane }) {
 		canary := ""
 		if p.Window.Canary {

@@ -58,6 +58,7 @@ const (
 	CheckRemovedFlags Check = "removed-flags"
 	CheckCgroup       Check = "cgroup"
 	CheckRuntime      Check = "runtime"
+	CheckCoreDNS      Check = "coredns"
 	CheckRemovedAPIs  Check = "removed-apis"
 	CheckReadmission  Check = "readmission"
 	CheckEviction     Check = "eviction"
@@ -65,7 +66,7 @@ const (
 )
 
 // Checks the plan runs, in the order findings are listed.
-var Checks = []Check{CheckValues, CheckPath, CheckSkew, CheckImported, CheckImages, CheckKubeadm, CheckSSH, CheckHealth, CheckStaged, CheckDisk, CheckRemovedFlags, CheckCgroup, CheckRuntime, CheckRemovedAPIs, CheckReadmission, CheckEviction, CheckRestarts}
+var Checks = []Check{CheckValues, CheckPath, CheckSkew, CheckImported, CheckImages, CheckKubeadm, CheckSSH, CheckHealth, CheckStaged, CheckDisk, CheckRemovedFlags, CheckCgroup, CheckRuntime, CheckCoreDNS, CheckRemovedAPIs, CheckReadmission, CheckEviction, CheckRestarts}
 
 // ParseCheck reads a check's name (as --ignore-preflight takes it).
 func ParseCheck(s string) (Check, error) {
@@ -189,6 +190,8 @@ type Plan struct {
 	// WorkloadGate lists the workloads fully available now, which apply
 	// holds each node to (none with NoWorkloadGate).
 	WorkloadGate []string `json:"workloadGate,omitempty"`
+	// CoreDNS is a binary cluster's CoreDNS move (kubeadm moves its own).
+	CoreDNS *CoreDNSMove `json:"coreDNS,omitempty"`
 }
 
 // ErrBlocked means the plan has blocking findings.
@@ -377,6 +380,7 @@ func Evaluate(ctx context.Context, opts PlanOptions, v *View) (*Plan, error) {
 	pc.runtime()
 	pc.tools()
 	pc.cgroupDriver()
+	pc.coreDNS(ctx)
 	pc.removedAPIs(ctx)
 	pc.readmission()
 	pc.eviction()

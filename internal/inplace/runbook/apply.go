@@ -212,9 +212,9 @@ type upgradeRun struct {
 // kill, or on a cluster already upgraded) continues where the first
 // stopped:
 //
-//	lock -> plan -> stage -> back up etcd -> control plane, node by node
-//	-> tolerations (and labels) -> kubelets, control-plane nodes then
-//	worker batches -> complete
+//	lock -> plan -> stage -> tolerations (and labels) -> back up etcd ->
+//	control plane, node by node -> CoreDNS (binary clusters) -> kubelets,
+//	control-plane nodes then worker batches -> complete
 func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
@@ -294,6 +294,7 @@ func (r *upgradeRun) runbook() []step {
 		{name: "workloads", do: r.workloadsStep},
 		{name: "back up etcd", do: r.etcdStep},
 		{name: "control plane", do: r.controlPlaneStep, undo: r.controlPlaneUndo},
+		{name: "coredns", do: r.corednsStep, undo: r.corednsUndo},
 		{name: "kubelets", do: r.kubeletsStep, undo: r.kubeletsUndo},
 		{name: "complete", do: r.completeStep},
 	}

@@ -1,0 +1,210 @@
+package coredns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/kubelift/kubelift/internal/waiter"
+)
+
+// DrainTime is how long an old CoreDNS pod goes on answering after it
+// left its Services, before its Deployment stops it: longer than the
+// kernel keeps a UDP conntrack entry that still points at it (30 s,
+// nf_conntrack_udp_timeout). Without it, a query whose source port
+// matches such an entry goes to the old pod past its exit (its lameduck,
+// 5 s in kubeadm's Corefile, ends it while kube-proxy still flushes
+// those entries only once the pod is gone: kubernetes#129617): a lookup
+// lost, that the client waits out.
+const DrainTime = 40 * time.Second
+
+// revisionAnnotation is the Deployment controller's, on a Deployment and
+// on each of its ReplicaSets.
+const revisionAnnotation = "deployment.kubernetes.io/revision"
+
+// knobs are what a roll changes while it runs and puts back after: the
+// Deployment's strategy and minReadySeconds, and the selector of every
+// Service in front of its pods.
+type knobs struct {
+	Strategy        appsv1.DeploymentStrategy    `json:"strategy"`
+	MinReadySeconds int32                        `json:"minReadySeconds"`
+	Services        map[string]map[string]string `json:"services,omitempty"`
+}
+
+// knobsOf reads d's knobs and the Services whose selector picks its pods.
+func (r Roller) knobsOf(ctx context.Context, d *appsv1.Deployment) (knobs, error) {
+	k := knobs{Strategy: d.Spec.Strategy, MinReadySeconds: d.Spec.MinReadySeconds, Services: map[string]map[string]string{}}
+	svcs, err := r.Client.CoreV1().Services(Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return k, fmt.Errorf("services in %s: %w", Namespace, err)
+	}
+	for _, s := range svcs.Items {
+		if len(s.Spec.Selector) > 0 && labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) {
+			k.Services[s.Name] = s.Spec.Selector
+		}
+	}
+	return k, nil
+}
+
+// drainRoll writes next so that every new replica starts before any old
+// one stops (maxSurge 100%, maxUnavailable 0) and is ready DrainTime
+// before they do (minReadySeconds); once every new replica is ready, the
+// Services in front of the pods select the new ones only (their
+// pod-template-hash), so that the old ones leave every node's rules while
+// they still answer; then it waits until the old ones are gone. The
+// knobs are put back after (restore), whatever happened.
+func (r Roller) drainRoll(ctx context.Context, next *appsv1.Deployment, b *Backup) error {
+	err := r.drain(ctx, next, b)
+	return errors.Join(err, r.restore(context.WithoutCancel(ctx), b))
+}
+
+func (r Roller) drain(ctx context.Context, next *appsv1.Deployment, b *Backup) error {
+	all, none := intstr.FromString("100%"), intstr.FromInt32(0)
+	next.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: &all, MaxUnavailable: &none}}
+	next.Spec.MinReadySeconds = max(b.Knobs.MinReadySeconds, int32(r.drainTime()/time.Second))
+	if err := r.updateDeployment(ctx, func(d *appsv1.Deployment) {
+		d.Spec.Template, d.Spec.Strategy, d.Spec.MinReadySeconds = next.Spec.Template, next.Spec.Strategy, next.Spec.MinReadySeconds
+	}); err != nil {
+		return err
+	}
+	hash, err := r.waitNewReady(ctx, next.Name)
+	if err != nil {
+		return err
+	}
+	for name, sel := range b.Knobs.Services {
+		only := maps.Clone(sel)
+		only[appsv1.DefaultDeploymentUniqueLabelKey] = hash
+		if err := r.setSelector(ctx, name, only); err != nil {
+			return err
+		}
+	}
+	return r.waitRolled(ctx, next.Name)
+}
+
+// updateDeployment applies change to the Deployment as the API holds it
+// now, again on a conflict (its controller writes it too: the revision).
+func (r Roller) updateDeployment(ctx context.Context, change func(*appsv1.Deployment)) error {
+	deps := r.Client.AppsV1().Deployments(Namespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		d, err := deps.Get(ctx, Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(d)
+		_, err = deps.Update(ctx, d, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("deployment %s/%s: %w", Namespace, Name, err)
+	}
+	return nil
+}
+
+func (r Roller) drainTime() time.Duration {
+	if r.Drain > 0 {
+		return r.Drain
+	}
+	return DrainTime
+}
+
+// waitNewReady waits until the Deployment's newest ReplicaSet (the
+// controller's revision) has every replica ready, and returns its
+// pod-template-hash.
+func (r Roller) waitNewReady(ctx context.Context, name string) (string, error) {
+	var hash string
+	err := r.Wait.Poll(ctx, time.Second, r.Timeout, func(ctx context.Context) error {
+		d, err := r.Client.AppsV1().Deployments(Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		rev := d.Annotations[revisionAnnotation]
+		if d.Status.ObservedGeneration < d.Generation || rev == "" {
+			return errors.New("the controller has not seen the new template yet")
+		}
+		sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+		if err != nil {
+			return waiter.Stop(fmt.Errorf("spec.selector: %w", err))
+		}
+		rss, err := r.Client.AppsV1().ReplicaSets(Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+		if err != nil {
+			return err
+		}
+		for _, rs := range rss.Items {
+			if rs.Annotations[revisionAnnotation] != rev || !metav1.IsControlledBy(&rs, d) {
+				continue
+			}
+			want := replicas(d)
+			if rs.Spec.Replicas == nil || *rs.Spec.Replicas != want || rs.Status.ReadyReplicas != want {
+				return fmt.Errorf("replicaset %s: %d of %d new replicas ready", rs.Name, rs.Status.ReadyReplicas, want)
+			}
+			if hash = rs.Labels[appsv1.DefaultDeploymentUniqueLabelKey]; hash == "" {
+				return waiter.Stop(fmt.Errorf("replicaset %s has no %s label", rs.Name, appsv1.DefaultDeploymentUniqueLabelKey))
+			}
+			return nil
+		}
+		return fmt.Errorf("no replicaset of revision %s yet", rev)
+	})
+	if err != nil {
+		return "", fmt.Errorf("deployment %s/%s: new replicas: %w", Namespace, name, err)
+	}
+	return hash, nil
+}
+
+// restore puts the knobs back where they differ from b's: the
+// Deployment's strategy and minReadySeconds (its template unchanged: no
+// rollout), each Service's selector.
+func (r Roller) restore(ctx context.Context, b *Backup) error {
+	d, err := r.Client.AppsV1().Deployments(Namespace).Get(ctx, Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("deployment %s/%s: %w", Namespace, Name, err)
+	}
+	if !apiequality.Semantic.DeepEqual(d.Spec.Strategy, b.Knobs.Strategy) || d.Spec.MinReadySeconds != b.Knobs.MinReadySeconds {
+		if err := r.updateDeployment(ctx, func(d *appsv1.Deployment) {
+			d.Spec.Strategy, d.Spec.MinReadySeconds = b.Knobs.Strategy, b.Knobs.MinReadySeconds
+		}); err != nil {
+			return fmt.Errorf("put its strategy back: %w", err)
+		}
+	}
+	for name, sel := range b.Knobs.Services {
+		if err := r.setSelector(ctx, name, sel); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setSelector sets Service name's selector, where it differs.
+func (r Roller) setSelector(ctx context.Context, name string, sel map[string]string) error {
+	svcs := r.Client.CoreV1().Services(Namespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := svcs.Get(ctx, name, metav1.GetOptions{})
+		if err != nil || maps.Equal(s.Spec.Selector, sel) {
+			return err
+		}
+		s.Spec.Selector = sel
+		_, err = svcs.Update(ctx, s, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("service %s/%s: selector: %w", Namespace, name, err)
+	}
+	return nil
+}
+
+// replicas is d's desired replicas (1 when unset).
+func replicas(d *appsv1.Deployment) int32 {
+	if d.Spec.Replicas != nil {
+		return *d.Spec.Replicas
+	}
+	return 1
+}
