@@ -1,8 +1,8 @@
 // Package coredns moves a binary-deployed cluster's CoreDNS to the
 // release's: the Deployment's image to the one import pushed, its Corefile
 // migrated by the library kubeadm uses (github.com/coredns/corefile-migration),
-// rolled by the Deployment's own strategy and waited for, with what it
-// replaced kept in a ConfigMap (Backup) so that Undo puts both back.
+// rolled so that no lookup is lost (drain.go) and waited for, with what
+// it replaced kept in a ConfigMap (Backup) so that Undo puts both back.
 // kubeadm clusters are left to kubeadm, whose `upgrade apply` moves
 // CoreDNS itself. The runbook says when (its "coredns" step and undo);
 // this room says how.
@@ -11,6 +11,7 @@ package coredns
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path"
 	"regexp"
 	"slices"
@@ -46,9 +47,12 @@ type Found struct {
 	Image      string
 	// Version is the image tag's, without its "v" ("1.11.1").
 	Version string
-	// ConfigMap and Key hold the Corefile it runs (Corefile).
-	ConfigMap, Key string
-	Corefile       string
+	// ConfigMap and Key hold the Corefile it runs (Corefile); File is
+	// the name it has in the volume ("Corefile"), Keys every key of the
+	// ConfigMap.
+	ConfigMap, Key, File string
+	Corefile             string
+	Keys                 []string
 	// Volume is the pod volume the Corefile is mounted from.
 	Volume int
 }
@@ -77,6 +81,7 @@ func Find(ctx context.Context, c kubernetes.Interface) (*Found, error) {
 		return nil, fmt.Errorf("configmap %s/%s: no key %q (the Corefile deployment %s mounts)", Namespace, f.ConfigMap, f.Key, Name)
 	}
 	f.Corefile = cf
+	f.Keys = slices.Sorted(maps.Keys(cm.Data))
 	return f, nil
 }
 
@@ -117,8 +122,13 @@ func parse(d *appsv1.Deployment) (*Found, error) {
 	}
 	conf := "/etc/coredns/Corefile"
 	args := append(slices.Clone(ctr.Command), ctr.Args...)
-	if i := slices.Index(args, "-conf"); i >= 0 && i+1 < len(args) {
-		conf = args[i+1]
+	for i, a := range args {
+		switch {
+		case (a == "-conf" || a == "--conf") && i+1 < len(args):
+			conf = args[i+1]
+		case strings.HasPrefix(a, "-conf=") || strings.HasPrefix(a, "--conf="):
+			_, conf, _ = strings.Cut(a, "=")
+		}
 	}
 	dir, file := path.Split(conf)
 	mi := slices.IndexFunc(ctr.VolumeMounts, func(m corev1.VolumeMount) bool {
@@ -128,17 +138,22 @@ func parse(d *appsv1.Deployment) (*Found, error) {
 		return nil, fmt.Errorf("container %s: no volume mounted at %s, where -conf %s is", ctr.Name, dir, conf)
 	}
 	vi := slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == ctr.VolumeMounts[mi].Name })
-	if vi < 0 || spec.Volumes[vi].ConfigMap == nil {
-		return nil, fmt.Errorf("volume %s (mounted at %s): not a configMap volume", ctr.VolumeMounts[mi].Name, dir)
+	if vi < 0 {
+		return nil, fmt.Errorf("container %s mounts volume %s at %s: spec.template.spec.volumes has no such volume", ctr.Name, ctr.VolumeMounts[mi].Name, dir)
 	}
 	src := spec.Volumes[vi].ConfigMap
-	key := file
-	for _, it := range src.Items {
-		if it.Path == file {
-			key = it.Key
-		}
+	if src == nil {
+		return nil, fmt.Errorf("volume %s (mounted at %s): not a configMap volume", ctr.VolumeMounts[mi].Name, dir)
 	}
-	return &Found{Deployment: d, Container: ci, Image: ctr.Image, Version: v, ConfigMap: src.Name, Key: key, Volume: vi}, nil
+	key := file
+	if len(src.Items) > 0 {
+		i := slices.IndexFunc(src.Items, func(it corev1.KeyToPath) bool { return it.Path == file })
+		if i < 0 {
+			return nil, fmt.Errorf("volume %s: none of its items is the file %s, where -conf %s is", spec.Volumes[vi].Name, file, conf)
+		}
+		key = src.Items[i].Key
+	}
+	return &Found{Deployment: d, Container: ci, Image: ctr.Image, Version: v, ConfigMap: src.Name, Key: key, File: file, Volume: vi}, nil
 }
 
 // Move is what moving a cluster's CoreDNS to a release's changes.

@@ -82,13 +82,39 @@ func deployment(image string) *appsv1.Deployment {
 func cluster(t *testing.T, image, corefile string, notReady ...string) (*fake.Clientset, *[]string) {
 	t.Helper()
 	d := deployment(image)
-	d.UID, d.Generation, d.Annotations = "dep-uid", 1, map[string]string{revisionAnnotation: "1"}
+	d.UID, d.Generation = "dep-uid", 1
 	d.Status = appsv1.DeploymentStatus{ObservedGeneration: 1, Replicas: 2, UpdatedReplicas: 2, AvailableReplicas: 2}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: Namespace}, Spec: corev1.ServiceSpec{Selector: map[string]string{"k8s-app": "kube-dns"}}}
 	other := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: Namespace}, Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "other"}}}
 	c := fake.NewClientset(d, svc, other, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: Name, Namespace: Namespace}, Data: map[string]string{"Corefile": corefile}})
 	var rolled []string
-	revision := 1
+	revision := 0
+	// The controller's ReplicaSet for a template: the one it made for an
+	// equal one before (a roll back to it), else a new one.
+	replicaSet := func(d *appsv1.Deployment, ready int32) error {
+		rss, err := c.Tracker().List(appsv1.SchemeGroupVersion.WithResource("replicasets"), appsv1.SchemeGroupVersion.WithKind("ReplicaSet"), Namespace)
+		if err != nil {
+			return err
+		}
+		for _, rs := range rss.(*appsv1.ReplicaSetList).Items {
+			if sameTemplate(rs.Spec.Template, d.Spec.Template) {
+				rs.Status.ReadyReplicas = ready
+				return c.Tracker().Update(appsv1.SchemeGroupVersion.WithResource("replicasets"), &rs, Namespace)
+			}
+		}
+		revision++
+		rev := strconv.Itoa(revision)
+		two := int32(2)
+		tpl := *d.Spec.Template.DeepCopy()
+		tpl.Labels = map[string]string{"k8s-app": "kube-dns", appsv1.DefaultDeploymentUniqueLabelKey: "h" + rev}
+		return c.Tracker().Add(&appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "coredns-" + rev, Namespace: Namespace,
+			Labels:          map[string]string{"k8s-app": "kube-dns", appsv1.DefaultDeploymentUniqueLabelKey: "h" + rev},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(d, appsv1.SchemeGroupVersion.WithKind("Deployment"))}},
+			Spec: appsv1.ReplicaSetSpec{Replicas: &two, Template: tpl}, Status: appsv1.ReplicaSetStatus{ReadyReplicas: ready}})
+	}
+	if err := replicaSet(d, 2); err != nil {
+		t.Fatal(err)
+	}
 	c.PrependReactor("update", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		d := a.(k8stesting.UpdateAction).GetObject().(*appsv1.Deployment)
 		was, err := c.Tracker().Get(appsv1.SchemeGroupVersion.WithResource("deployments"), Namespace, d.Name)
@@ -100,22 +126,13 @@ func cluster(t *testing.T, image, corefile string, notReady ...string) (*fake.Cl
 			d.Status.ObservedGeneration = d.Generation // knobs only: no rollout
 			return false, nil, nil
 		}
-		revision++
-		rev := strconv.Itoa(revision)
-		d.Annotations = map[string]string{revisionAnnotation: rev}
 		spec := d.Spec.Template.Spec
 		ready := int32(2)
 		if slices.Contains(notReady, spec.Containers[0].Image) {
 			ready = 1
 		}
 		d.Status = appsv1.DeploymentStatus{ObservedGeneration: d.Generation, Replicas: 2, UpdatedReplicas: 2, AvailableReplicas: ready}
-		two := int32(2)
-		rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "coredns-" + rev, Namespace: Namespace,
-			Labels:          map[string]string{"k8s-app": "kube-dns", appsv1.DefaultDeploymentUniqueLabelKey: "h" + rev},
-			Annotations:     map[string]string{revisionAnnotation: rev},
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(d, appsv1.SchemeGroupVersion.WithKind("Deployment"))}},
-			Spec: appsv1.ReplicaSetSpec{Replicas: &two}, Status: appsv1.ReplicaSetStatus{ReadyReplicas: ready}}
-		if err := c.Tracker().Add(rs); err != nil {
+		if err := replicaSet(d, ready); err != nil {
 			return true, nil, err
 		}
 		mu := d.Spec.Strategy.RollingUpdate.MaxUnavailable
@@ -337,6 +354,10 @@ func TestApplyMigratesTheCorefileInKubeadmsOrder(t *testing.T) {
 	if b, err := r.Backup(ctx); err != nil || b.Key != "Corefile" || b.Corefile != transferCorefile {
 		t.Fatalf("backup after a resumed move: %+v, %v", b, err)
 	}
+	// Undo, in the mirror order: the new version's pods onto the copy of
+	// the old Corefile first (the old version's pods would read the
+	// migrated one else), then the old Corefile back, then the old pods.
+	*rolled = nil
 	if undone, err := r.Undo(ctx); !undone || err != nil {
 		t.Fatalf("undo = %v, %v", undone, err)
 	}
@@ -344,8 +365,91 @@ func TestApplyMigratesTheCorefileInKubeadmsOrder(t *testing.T) {
 	if _, extra := data[backupKey]; extra || data["Corefile"] != transferCorefile {
 		t.Fatalf("configmap after undo: %v", data)
 	}
-	if got := lastTemplate(*rolled); got != "reg/coredns:1.7.1 Corefile (maxUnavailable 0, minReadySeconds 40)" {
-		t.Fatalf("after undo the template runs %s", got)
+	if got, want := strings.Join(*rolled, ", "), "reg/coredns:1.7.1 Corefile-backup (maxUnavailable 0, minReadySeconds 40), "+
+		"kube-dns map[k8s-app:kube-dns pod-template-hash:h2], kube-dns map[k8s-app:kube-dns], "+
+		"reg/coredns:1.7.1 Corefile (maxUnavailable 0, minReadySeconds 40), "+
+		"kube-dns map[k8s-app:kube-dns pod-template-hash:h1], kube-dns map[k8s-app:kube-dns]"; got != want {
+		t.Fatalf("undo rolled %s\nwant        %s", got, want)
+	}
+	knobsAsBefore(t, c)
+}
+
+// A run killed in a drain (the Service selecting the new pods only, the
+// Deployment surging) is settled by the next one, whichever upgrade's:
+// what it changed put back before anything else, and never kept as what
+// ran before.
+func TestADrainKilledHalfWayIsSettled(t *testing.T) {
+	ctx := context.Background()
+	for _, next := range []string{"resumed", "another upgrade", "rolled back"} {
+		t.Run(next, func(t *testing.T) {
+			c, _ := cluster(t, "reg/coredns:v1.11.1", kubeadmCorefile)
+			kill := errors.New("killed")
+			c.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				s, _ := c.Tracker().Get(corev1.SchemeGroupVersion.WithResource("services"), Namespace, "kube-dns")
+				if _, pinned := s.(*corev1.Service).Spec.Selector[appsv1.DefaultDeploymentUniqueLabelKey]; pinned && kill != nil {
+					return true, nil, kill // the run dies once the Service is pinned: nothing more reaches the API
+				}
+				return false, nil, nil
+			})
+			r := roller(c)
+			r.Upgrade = "v1.30.14 to v1.31.4"
+			r.Timeout, r.Drain = 0, time.Millisecond // no wait for what the kill stopped
+			f, err := Find(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := Plan(f, "priv/coredns:v1.11.3")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Apply(ctx, f, m); !errors.Is(err, kill) {
+				t.Fatalf("apply: %v", err)
+			}
+			kill = nil
+			r.Timeout, r.Drain = time.Minute, 0
+			if b, _ := r.Backup(ctx); b == nil || !b.Draining {
+				t.Fatalf("backup after a kill in the drain: %+v", b)
+			}
+			switch next {
+			case "resumed":
+				f, err := Find(ctx, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ok, err := r.Rolled(ctx, f); !ok || err != nil {
+					t.Fatalf("rolled = %v, %v", ok, err)
+				}
+			case "another upgrade":
+				r.Upgrade = "v1.30.14 to v1.32.13"
+				if err := r.Move(ctx, "priv/coredns:v1.11.3", func(context.Context) error { return nil }); err != nil {
+					t.Fatal(err)
+				}
+				b, err := r.Backup(ctx)
+				if err != nil || b.Knobs.MinReadySeconds != 0 || b.Knobs.Strategy.RollingUpdate.MaxUnavailable.String() != "1" ||
+					fmt.Sprint(b.Knobs.Services) != "map[kube-dns:map[k8s-app:kube-dns]]" {
+					t.Fatalf("the other upgrade's backup keeps %+v (%v)", b.Knobs, err)
+				}
+			case "rolled back":
+				if undone, err := r.Undo(ctx); !undone || err != nil {
+					t.Fatalf("undo = %v, %v", undone, err)
+				}
+			}
+			knobsAsBefore(t, c)
+			if b, _ := r.Backup(ctx); b.Draining {
+				t.Error("the backup still says a drain is under way")
+			}
+		})
+	}
+}
+
+// A Corefile volume that gives every key of its ConfigMap (no items)
+// gives them still when the Corefile file is pointed at its copy.
+func TestMountKeyKeepsTheOtherKeys(t *testing.T) {
+	s := deployment("reg/coredns:v1.11.1").Spec.Template.Spec
+	s.Volumes[0].ConfigMap.Items = nil
+	mountKey(&s, 0, "Corefile", backupKey, []string{"Corefile", "NodeHosts", backupKey})
+	if got := fmt.Sprint(s.Volumes[0].ConfigMap.Items); got != "[{NodeHosts NodeHosts <nil> <nil>} {Corefile-backup Corefile <nil> <nil>}]" {
+		t.Errorf("items %s", got)
 	}
 }
 
@@ -387,7 +491,7 @@ func TestApplyWaitsForTheRollout(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = roller(c)
-	r.Timeout = 0
+	r.Timeout, r.Drain = 0, time.Millisecond
 	if err := r.Apply(ctx, f, m); err == nil || !strings.Contains(err.Error(), "pod coredns-old-x still terminating") {
 		t.Fatalf("with an old pod terminating: %v", err)
 	}
@@ -424,7 +528,7 @@ func TestMove(t *testing.T) {
 		// The new pods never ready: the Service never left the old ones.
 		if got, want := strings.Join(*rolled, ", "), "priv/coredns:v1.11.3 Corefile (maxUnavailable 0, minReadySeconds 40), "+
 			"reg/coredns:v1.11.1 Corefile (maxUnavailable 0, minReadySeconds 40), "+
-			"kube-dns map[k8s-app:kube-dns pod-template-hash:h3], kube-dns map[k8s-app:kube-dns]"; got != want {
+			"kube-dns map[k8s-app:kube-dns pod-template-hash:h1], kube-dns map[k8s-app:kube-dns]"; got != want {
 			t.Fatalf("rolled %s\nwant   %s", got, want)
 		}
 		knobsAsBefore(t, c)

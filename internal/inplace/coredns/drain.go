@@ -8,7 +8,9 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -26,10 +28,6 @@ import (
 // those entries only once the pod is gone: kubernetes#129617): a lookup
 // lost, that the client waits out.
 const DrainTime = 40 * time.Second
-
-// revisionAnnotation is the Deployment controller's, on a Deployment and
-// on each of its ReplicaSets.
-const revisionAnnotation = "deployment.kubernetes.io/revision"
 
 // knobs are what a roll changes while it runs and puts back after: the
 // Deployment's strategy and minReadySeconds, and the selector of every
@@ -61,10 +59,67 @@ func (r Roller) knobsOf(ctx context.Context, d *appsv1.Deployment) (knobs, error
 // Services in front of the pods select the new ones only (their
 // pod-template-hash), so that the old ones leave every node's rules while
 // they still answer; then it waits until the old ones are gone. The
-// knobs are put back after (restore), whatever happened.
+// knobs are put back after (restore), whatever happened; the backup says
+// a drain is under way meanwhile, so that a run killed in it puts them
+// back first (settle).
 func (r Roller) drainRoll(ctx context.Context, next *appsv1.Deployment, b *Backup) error {
+	if err := r.markDraining(ctx, true); err != nil {
+		return err
+	}
 	err := r.drain(ctx, next, b)
-	return errors.Join(err, r.restore(context.WithoutCancel(ctx), b))
+	if err := errors.Join(err, r.restoreNow(ctx, b)); err != nil {
+		return err
+	}
+	return r.markDraining(ctx, false)
+}
+
+// restoreNow is restore, even when ctx is done (the run interrupted),
+// within restoreTime.
+func (r Roller) restoreNow(ctx context.Context, b *Backup) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restoreTime)
+	defer cancel()
+	return r.restore(ctx, b)
+}
+
+// restoreTime bounds putting the knobs back after a run was interrupted.
+const restoreTime = 30 * time.Second
+
+// settle puts back the knobs of a drain a run left under way (killed in
+// it), and says so in the backup.
+func (r Roller) settle(ctx context.Context, b *Backup) error {
+	if b == nil || !b.Draining {
+		return nil
+	}
+	if err := r.restoreNow(ctx, b); err != nil {
+		return fmt.Errorf("putting back what a stopped CoreDNS roll changed: %w", err)
+	}
+	b.Draining = false
+	return r.markDraining(ctx, false)
+}
+
+// markDraining records in the backup that a drain is under way, or over.
+func (r Roller) markDraining(ctx context.Context, on bool) error {
+	v := ""
+	if on {
+		v = "true"
+	}
+	cms := r.Client.CoreV1().ConfigMaps(Namespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := cms.Get(ctx, BackupName, metav1.GetOptions{})
+		if err != nil || cm.Data["draining"] == v {
+			return err
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data["draining"] = v
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("configmap %s/%s: %w", Namespace, BackupName, err)
+	}
+	return nil
 }
 
 func (r Roller) drain(ctx context.Context, next *appsv1.Deployment, b *Backup) error {
@@ -88,7 +143,8 @@ func (r Roller) drain(ctx context.Context, next *appsv1.Deployment, b *Backup) e
 			return err
 		}
 	}
-	return r.waitRolled(ctx, next.Name)
+	// The old pods stop minReadySeconds after the new ones were ready.
+	return r.waitRolledWithin(ctx, next.Name, r.Timeout+r.drainTime())
 }
 
 // updateDeployment applies change to the Deployment as the API holds it
@@ -127,8 +183,7 @@ func (r Roller) waitNewReady(ctx context.Context, name string) (string, error) {
 		if err != nil {
 			return err
 		}
-		rev := d.Annotations[revisionAnnotation]
-		if d.Status.ObservedGeneration < d.Generation || rev == "" {
+		if d.Status.ObservedGeneration < d.Generation {
 			return errors.New("the controller has not seen the new template yet")
 		}
 		sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
@@ -139,8 +194,11 @@ func (r Roller) waitNewReady(ctx context.Context, name string) (string, error) {
 		if err != nil {
 			return err
 		}
+		// The controller's new ReplicaSet is the one whose template is
+		// the Deployment's but for its hash label (one it had before,
+		// when a roll goes back to an old template).
 		for _, rs := range rss.Items {
-			if rs.Annotations[revisionAnnotation] != rev || !metav1.IsControlledBy(&rs, d) {
+			if !metav1.IsControlledBy(&rs, d) || !sameTemplate(rs.Spec.Template, d.Spec.Template) {
 				continue
 			}
 			want := replicas(d)
@@ -152,12 +210,26 @@ func (r Roller) waitNewReady(ctx context.Context, name string) (string, error) {
 			}
 			return nil
 		}
-		return fmt.Errorf("no replicaset of revision %s yet", rev)
+		return errors.New("no replicaset of the new template yet")
 	})
 	if err != nil {
 		return "", fmt.Errorf("deployment %s/%s: new replicas: %w", Namespace, name, err)
 	}
 	return hash, nil
+}
+
+// sameTemplate: a ReplicaSet's template is a Deployment's, but for the
+// hash label the controller adds.
+func sameTemplate(rs, d corev1.PodTemplateSpec) bool {
+	rs = *rs.DeepCopy()
+	delete(rs.Labels, appsv1.DefaultDeploymentUniqueLabelKey)
+	if len(rs.Labels) == 0 {
+		rs.Labels = nil
+	}
+	if len(d.Labels) == 0 {
+		d.Labels = nil
+	}
+	return apiequality.Semantic.DeepEqual(rs, d)
 }
 
 // restore puts the knobs back where they differ from b's: the
@@ -188,6 +260,9 @@ func (r Roller) setSelector(ctx context.Context, name string, sel map[string]str
 	svcs := r.Client.CoreV1().Services(Namespace)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		s, err := svcs.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil // deleted since: nothing to select or put back
+		}
 		if err != nil || maps.Equal(s.Spec.Selector, sel) {
 			return err
 		}

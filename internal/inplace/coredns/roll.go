@@ -3,9 +3,10 @@ package coredns
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -49,8 +50,10 @@ type Backup struct {
 	// Template is the Deployment's pod template before the move.
 	Template corev1.PodTemplateSpec
 	// Knobs are its strategy, minReadySeconds and the selectors of the
-	// Services in front of its pods, which each roll puts back.
-	Knobs knobs
+	// Services in front of its pods, which each roll puts back; Draining
+	// says a roll changed them and has not put them back yet.
+	Knobs    knobs
+	Draining bool
 }
 
 // Apply moves f to m, in the order that keeps DNS answering: each roll
@@ -71,7 +74,7 @@ func (r Roller) Apply(ctx context.Context, f *Found, m *Move) error {
 		if err := r.setCorefile(ctx, f.ConfigMap, map[string]string{backupKey: b.Corefile}); err != nil {
 			return err
 		}
-		if d, err = r.roll(ctx, d, b, func(t *corev1.PodTemplateSpec) { mountKey(&t.Spec, f.Volume, backupKey) }); err != nil {
+		if d, err = r.roll(ctx, d, b, func(t *corev1.PodTemplateSpec) { mountKey(&t.Spec, f.Volume, f.File, backupKey, f.Keys) }); err != nil {
 			return err
 		}
 		if err := r.setCorefile(ctx, f.ConfigMap, map[string]string{b.Key: m.Corefile}); err != nil {
@@ -80,7 +83,7 @@ func (r Roller) Apply(ctx context.Context, f *Found, m *Move) error {
 	}
 	_, err = r.roll(ctx, d, b, func(t *corev1.PodTemplateSpec) {
 		t.Spec.Containers[f.Container].Image = m.Image
-		mountKey(&t.Spec, f.Volume, b.Key)
+		originalVolume(&t.Spec, f.Volume, b)
 	})
 	return err
 }
@@ -90,19 +93,27 @@ func (r Roller) Apply(ctx context.Context, f *Found, m *Move) error {
 // runs what this upgrade's Backup says its move gave it.
 func (r Roller) Rolled(ctx context.Context, f *Found) (bool, error) {
 	b, err := r.Backup(ctx)
+	if err == nil {
+		err = r.settle(ctx, b) // a roll killed half-way, whichever upgrade's
+	}
 	if err != nil || b == nil || b.To != f.Image || b.Upgrade != r.Upgrade {
 		return false, err
 	}
-	err = r.waitRolled(ctx, f.Deployment.Name)
-	return true, errors.Join(err, r.restore(context.WithoutCancel(ctx), b))
+	return true, r.waitRolled(ctx, f.Deployment.Name)
 }
 
 // Undo puts back what this upgrade's move replaced (an earlier
 // upgrade's is left alone), where the Deployment does not run it
-// already: the Corefile, then the pod template, waited for until every
-// pod runs it. It says whether anything was put back.
+// already, in the mirror of Apply's order: where the Corefile changed,
+// the pods first onto a copy of the old one (Corefile-backup), then the
+// old one written back; then the old pod template, each roll drained and
+// waited for; the copy removed last. It says whether anything was put
+// back.
 func (r Roller) Undo(ctx context.Context) (bool, error) {
 	b, err := r.Backup(ctx)
+	if err == nil {
+		err = r.settle(ctx, b)
+	}
 	if err != nil || b == nil || b.Upgrade != r.Upgrade {
 		return false, err
 	}
@@ -116,13 +127,31 @@ func (r Roller) Undo(ctx context.Context) (bool, error) {
 	}
 	_, extra := cm.Data[backupKey]
 	if apiequality.Semantic.DeepEqual(d.Spec.Template, b.Template) && cm.Data[b.Key] == b.Corefile && !extra {
-		return false, r.restore(ctx, b) // a roll back that stopped before its knobs were put back
+		return false, r.waitRolled(ctx, d.Name) // put back already (by a run that stopped in its roll)
 	}
-	if err := r.setCorefile(ctx, b.ConfigMap, map[string]string{b.Key: b.Corefile, backupKey: ""}); err != nil {
-		return false, err
+	if cm.Data[b.Key] != b.Corefile {
+		f, err := parse(d)
+		if err != nil {
+			return false, fmt.Errorf("deployment %s/%s: %w", Namespace, Name, err)
+		}
+		if err := r.setCorefile(ctx, b.ConfigMap, map[string]string{backupKey: b.Corefile}); err != nil {
+			return false, err
+		}
+		keys := slices.Sorted(maps.Keys(cm.Data))
+		if d, err = r.roll(ctx, d, b, func(t *corev1.PodTemplateSpec) {
+			b.Template.DeepCopyInto(t)
+			mountKey(&t.Spec, f.Volume, f.File, backupKey, keys)
+		}); err != nil {
+			return true, err
+		}
+		if err := r.setCorefile(ctx, b.ConfigMap, map[string]string{b.Key: b.Corefile}); err != nil {
+			return true, err
+		}
 	}
-	_, err = r.roll(ctx, d, b, func(t *corev1.PodTemplateSpec) { b.Template.DeepCopyInto(t) })
-	return true, err
+	if _, err = r.roll(ctx, d, b, func(t *corev1.PodTemplateSpec) { b.Template.DeepCopyInto(t) }); err != nil {
+		return true, err
+	}
+	return true, r.setCorefile(ctx, b.ConfigMap, map[string]string{backupKey: ""})
 }
 
 // Backup reads what the last move replaced (nil: no move kept any).
@@ -134,7 +163,7 @@ func (r Roller) Backup(ctx context.Context) (*Backup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("configmap %s/%s: %w", Namespace, BackupName, err)
 	}
-	b := &Backup{Upgrade: cm.Data["upgrade"], Image: cm.Data["image"], To: cm.Data["to"], ConfigMap: cm.Data["configMap"], Key: cm.Data["key"], Corefile: cm.Data["Corefile"]}
+	b := &Backup{Upgrade: cm.Data["upgrade"], Draining: cm.Data["draining"] == "true", Image: cm.Data["image"], To: cm.Data["to"], ConfigMap: cm.Data["configMap"], Key: cm.Data["key"], Corefile: cm.Data["Corefile"]}
 	if err := json.Unmarshal([]byte(cm.Data["template"]), &b.Template); err != nil {
 		return nil, fmt.Errorf("configmap %s/%s key template: %w", Namespace, BackupName, err)
 	}
@@ -149,9 +178,14 @@ func (r Roller) Backup(ctx context.Context) (*Backup, error) {
 
 // backup keeps what m replaces, unless a move to the same image kept it
 // already (a run that stopped half-way: the backup holds what ran before
-// it; what runs now may be its half-way state).
+// it; what runs now may be its half-way state). A roll the old backup's
+// run left under way is settled first, so that what is kept is not its
+// half-way knobs.
 func (r Roller) backup(ctx context.Context, f *Found, m *Move) (*Backup, error) {
 	old, err := r.Backup(ctx)
+	if err == nil {
+		err = r.settle(ctx, old)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +193,11 @@ func (r Roller) backup(ctx context.Context, f *Found, m *Move) (*Backup, error) 
 		return old, nil
 	}
 	b := &Backup{Upgrade: r.Upgrade, Image: f.Image, To: m.Image, ConfigMap: f.ConfigMap, Key: f.Key, Corefile: f.Corefile, Template: f.Deployment.Spec.Template}
-	if b.Knobs, err = r.knobsOf(ctx, f.Deployment); err != nil {
+	now, err := r.Client.AppsV1().Deployments(Namespace).Get(ctx, Name, metav1.GetOptions{}) // settled
+	if err != nil {
+		return nil, fmt.Errorf("deployment %s/%s: %w", Namespace, Name, err)
+	}
+	if b.Knobs, err = r.knobsOf(ctx, now); err != nil {
 		return nil, err
 	}
 	tpl, err := json.Marshal(b.Template)
@@ -211,10 +249,36 @@ func (r Roller) setCorefile(ctx context.Context, name string, set map[string]str
 	return nil
 }
 
-// mountKey makes the Corefile volume mount key as the file Corefile.
-func mountKey(s *corev1.PodSpec, volume int, key string) {
+// mountKey makes the Corefile volume give key as file, every other item
+// as it was; a volume that gave every key of the ConfigMap (keys) as its
+// own file gives them still, but for the Corefile's copy.
+func mountKey(s *corev1.PodSpec, volume int, file, key string, keys []string) {
 	src := s.Volumes[volume].ConfigMap
-	src.Items = []corev1.KeyToPath{{Key: key, Path: "Corefile"}}
+	if len(src.Items) == 0 {
+		for _, k := range keys {
+			if k != file && k != backupKey {
+				src.Items = append(src.Items, corev1.KeyToPath{Key: k, Path: k})
+			}
+		}
+		src.Items = append(src.Items, corev1.KeyToPath{Key: key, Path: file})
+		return
+	}
+	for i := range src.Items {
+		if src.Items[i].Path == file {
+			src.Items[i].Key = key
+		}
+	}
+}
+
+// originalVolume gives the Corefile volume (at index volume of s) back as
+// the template b kept had it.
+func originalVolume(s *corev1.PodSpec, volume int, b *Backup) {
+	name := s.Volumes[volume].Name
+	for _, v := range b.Template.Spec.Volumes {
+		if v.Name == name {
+			s.Volumes[volume] = *v.DeepCopy()
+		}
+	}
 }
 
 // roll changes d's pod template and, when that changed something, rolls
@@ -237,14 +301,19 @@ func (r Roller) roll(ctx context.Context, d *appsv1.Deployment, b *Backup, chang
 	return now, nil
 }
 
-// waitRolled waits until the Deployment's controller has seen its spec
+// waitRolled is waitRolledWithin the Roller's Timeout.
+func (r Roller) waitRolled(ctx context.Context, name string) error {
+	return r.waitRolledWithin(ctx, name, r.Timeout)
+}
+
+// waitRolledWithin waits until the Deployment's controller has seen its spec
 // and every replica runs it and is available, and no old pod is still
 // terminating: the Deployment's status no longer counts one that is, but
 // its containers run on (CoreDNS's lameduck) until its kubelet has
 // stopped them, and a node step that recorded them as running would
 // then find them gone.
-func (r Roller) waitRolled(ctx context.Context, name string) error {
-	err := r.Wait.Poll(ctx, time.Second, r.Timeout, func(ctx context.Context) error {
+func (r Roller) waitRolledWithin(ctx context.Context, name string, timeout time.Duration) error {
+	err := r.Wait.Poll(ctx, time.Second, timeout, func(ctx context.Context) error {
 		d, err := r.Client.AppsV1().Deployments(Namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err

@@ -27,7 +27,10 @@ func CoreDNSImage(rec *cluster.Available) string {
 		return ""
 	}
 	for _, im := range rec.Images {
-		repo, _, _ := strings.Cut(im.Ref, ":")
+		repo := im.Ref
+		if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
+			repo = repo[:i] // the tag; a registry's port stays
+		}
 		if strings.HasSuffix(repo, "/coredns") && im.Target != "" {
 			if im.Digest != "" {
 				return im.Target + "@" + im.Digest
@@ -63,4 +66,9 @@ func (pc *planCheck) coreDNS(ctx context.Context) {
 		return
 	}
 	pc.plan.CoreDNS = &CoreDNSMove{From: m.From, To: m.To, Image: m.Image, MigratesCorefile: m.CorefileChanges(f), Notices: m.Notices}
+	if a := f.Deployment.Spec.Template.Spec.Affinity; a != nil && a.PodAntiAffinity != nil && len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+		pc.add(Warning, CheckCoreDNS, obj,
+			"its pods require anti-affinity: apply starts every new replica beside the old ones before any old one stops, and the new ones fit only where nodes can take them then",
+			"make the anti-affinity preferred, or have a node free for each replica; else the roll does not finish within --ready-timeout and CoreDNS is put back")
+	}
 }

@@ -39,7 +39,7 @@ func TestCoreDNSMovedOnBinaryClusters(t *testing.T) {
 	w := preflighttest.New(t)
 	w.Opts.Target.Record.Images = []cluster.ImageRecord{
 		{Ref: "registry.k8s.io/pause:3.10", Target: "reg.local/k8s/pause:3.10", Digest: "sha256:p"},
-		{Ref: "registry.k8s.io/coredns/coredns:v1.11.3", Target: "reg.local/k8s/coredns/coredns:v1.11.3", Digest: "sha256:c"},
+		{Ref: "mirror.local:5000/coredns/coredns:v1.11.3", Target: "reg.local/k8s/coredns/coredns:v1.11.3", Digest: "sha256:c"},
 	}
 	const corefile = ".:53 {\n    errors\n    kubernetes cluster.local\n    forward . /etc/resolv.conf\n}\n"
 	d, cm := corednsObjects("reg.local/library/coredns:v1.11.1", corefile, 1, intstr.FromInt32(1))
@@ -51,6 +51,10 @@ func TestCoreDNSMovedOnBinaryClusters(t *testing.T) {
 	if fs := preflighttest.Only(p, preflight.CheckCoreDNS); len(fs) != 0 {
 		t.Errorf("findings %+v", fs)
 	}
+	// Required anti-affinity: the new replicas may not fit beside the old.
+	d.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{TopologyKey: "kubernetes.io/hostname"}}}}
+	w.Opts.Client = fake.NewClientset(d, cm)
+	preflighttest.Want(t, preflighttest.Only(w.Plan(t), preflight.CheckCoreDNS), preflight.Warning, "deployment/kube-system/coredns", "require anti-affinity")
 
 	d, cm = corednsObjects("reg.local/library/coredns:v1.11.1", ".:53 {\n    route53 example.org.:Z1Z2\n}\n", 2, intstr.FromInt32(1))
 	w.Opts.Client = fake.NewClientset(d, cm)
