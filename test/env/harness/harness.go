@@ -76,6 +76,10 @@ func Kubeadm() Option { return func(c *sandbox.Config) { c.Kubeadm = true } }
 // the nodes to the default, as a cluster on an older runtime needs.
 func OldRuntime(version string) Option { return func(c *sandbox.Config) { c.RuntimeVersion = version } }
 
+// CoreDNS runs CoreDNS at version on the binary sandbox
+// (sandbox.Config.CoreDNS), as an installer of an earlier release left it.
+func CoreDNS(version string) Option { return func(c *sandbox.Config) { c.CoreDNS = version } }
+
 // StaticPod runs a static pod on the last worker (sandbox.Config.StaticPod).
 func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
 

@@ -66,12 +66,18 @@ func KubeadmImages(src KubeadmSources) (map[string]v1.Image, error) {
 		return nil, err
 	}
 	out["etcd:"+src.EtcdTag] = etcd
-	coredns, err := image(filepath.Join(src.CoreDNS, "coredns"), "/coredns", nil)
+	coredns, err := CoreDNS(src.CoreDNS)
 	if err != nil {
 		return nil, err
 	}
 	out["coredns/coredns:"+src.CoreDNSTag] = coredns
 	return out, nil
+}
+
+// CoreDNS is the coredns program in dir as its image: /coredns, the
+// entrypoint.
+func CoreDNS(dir string) (v1.Image, error) {
+	return image(filepath.Join(dir, "coredns"), "/coredns", nil)
 }
 
 // entry is one file of a layer: content from a host file, or a symlink.

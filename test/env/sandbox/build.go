@@ -111,11 +111,7 @@ func buildBoot(ctx context.Context, cfg Config) (Binaries, error) {
 // cniVersion is the version of the CNI plugins the catalog pairs with
 // Kubernetes version: the one its cni-plugins file's URL names.
 func cniVersion(version string) (string, error) {
-	cat, err := catalog.Default()
-	if err != nil {
-		return "", err
-	}
-	rel, err := cat.Lookup(version)
+	rel, err := catalogRelease(version)
 	if err != nil {
 		return "", err
 	}
@@ -131,13 +127,35 @@ func cniVersion(version string) (string, error) {
 	return "", fmt.Errorf("catalog: %s has no cni-plugins file", version)
 }
 
+// catalogRelease is the embedded catalog's entry for version.
+func catalogRelease(version string) (*catalog.Release, error) {
+	cat, err := catalog.Default()
+	if err != nil {
+		return nil, err
+	}
+	return cat.Lookup(version)
+}
+
 // releaseTag is the release a GitHub release download URL names.
 var releaseTag = regexp.MustCompile(`/releases/download/(v[0-9]+\.[0-9]+\.[0-9]+)/`)
 
 // buildAddons builds (or finds cached) a kubeadm sandbox's etcd and
-// CoreDNS, which its control plane runs from images; nothing for a
-// binary sandbox.
+// CoreDNS, which its control plane runs from images; for a binary
+// sandbox, the CoreDNS it runs (Config.CoreDNS) and the one the stand-in
+// internet serves for the target (coreDNSTag).
 func buildAddons(ctx context.Context, cfg Config) error {
+	if cfg.CoreDNS != "" {
+		tag, err := coreDNSTag(cfg.NewVersion)
+		if err != nil {
+			return err
+		}
+		cfg.Log("building (or finding cached) CoreDNS %s and %s", cfg.CoreDNS, tag)
+		for _, v := range []string{cfg.CoreDNS, tag} {
+			if _, err := kube.Addon(ctx, "coredns", v); err != nil {
+				return err
+			}
+		}
+	}
 	if !cfg.Kubeadm {
 		return nil
 	}

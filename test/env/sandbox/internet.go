@@ -105,11 +105,7 @@ type servedSet struct {
 // real builds, and so are containerd, runc, the CNI plugins and crictl
 // (toolFile); the other files are labelled stand-ins.
 func (s *State) servedSets() ([]servedSet, error) {
-	cat, err := catalog.Default()
-	if err != nil {
-		return nil, err
-	}
-	rel, err := cat.Lookup(s.NewVersion)
+	rel, err := catalogRelease(s.NewVersion)
 	if err != nil {
 		return nil, fmt.Errorf("stand-in internet: %w", err)
 	}
@@ -298,11 +294,7 @@ func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
 			return fmt.Errorf("stand-in internet %s: %w\n%s", u, err, s.UnitLog(*m, "source-registry", 2000))
 		}
 	}
-	cat, err := catalog.Default()
-	if err != nil {
-		return err
-	}
-	rel, err := cat.Lookup(s.NewVersion)
+	rel, err := catalogRelease(s.NewVersion)
 	if err != nil {
 		return err
 	}
@@ -340,6 +332,19 @@ func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
 	if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
 		return fmt.Errorf("stand-in internet: push the real %s: %w", pause, err)
 	}
+	// A real image (amd64) where the catalog names repoTag.
+	push := func(repoTag string, img v1.Image) error {
+		idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index,
+			mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}}), types.OCIImageIndex)
+		ref, err := name.ParseReference(internetRegistry+"/"+repoTag, name.Insecure)
+		if err != nil {
+			return err
+		}
+		if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
+			return fmt.Errorf("stand-in internet: push the real %s: %w", repoTag, err)
+		}
+		return nil
+	}
 	if s.Kubeadm {
 		// What kubeadm runs at the new version, for real (amd64): a bundle
 		// carries these, and `kubeadm upgrade` runs them.
@@ -354,16 +359,13 @@ func (s *State) seedInternet(ctx context.Context, built *images.Set) error {
 			if !slices.Contains(repos, repoTag) {
 				return fmt.Errorf("stand-in internet: %s's catalog entry has no %s (an image kubeadm runs)", s.NewVersion, repoTag)
 			}
-			idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index,
-				mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}}), types.OCIImageIndex)
-			ref, err := name.ParseReference(internetRegistry+"/"+repoTag, name.Insecure)
-			if err != nil {
+			if err := push(repoTag, img); err != nil {
 				return err
 			}
-			if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx), tr); err != nil {
-				return fmt.Errorf("stand-in internet: push the real %s: %w", repoTag, err)
-			}
 		}
+	}
+	if err := s.seedCoreDNS(ctx, push); err != nil {
+		return err
 	}
 	// The team's images, where its CI publishes them (team/NAME:TAG).
 	for _, img := range []string{ShopAppImage, ShopSidecarImage} {

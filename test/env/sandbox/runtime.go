@@ -181,8 +181,7 @@ cgroupRoot: %s
 cgroupsPerQOS: true
 imageGCHighThresholdPercent: 100
 evictionHard: {nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%", memory.available: "100Mi"}
-clusterDNS: []
-staticPodPath: /etc/kubernetes/manifests
+%sstaticPodPath: /etc/kubernetes/manifests
 `
 
 // cgroupHierarchies are the cgroup v1 hierarchies the kubelet needs a
@@ -231,7 +230,7 @@ func (s *State) runtimeFiles(m *Machine) error {
 		"etc/containerd/certs.d/registry.k8s.io/hosts.toml": hostsTOML(reg),
 		"etc/cni/net.d/10-kubelift.conflist":                cniConfig(s.PodCIDR(*m)),
 		".overlay/etc/upper/crictl.yaml":                    crictlConfig,
-		"var/lib/kubelet/config.yaml":                       fmt.Sprintf(kubeletConfigCommon, m.Address) + fmt.Sprintf(kubeletConfigContainerd, s.CgroupRoot(*m)),
+		"var/lib/kubelet/config.yaml":                       fmt.Sprintf(kubeletConfigCommon, m.Address) + fmt.Sprintf(kubeletConfigContainerd, s.CgroupRoot(*m), s.clusterDNSConfig()),
 	}
 	if s.Kubeadm {
 		delete(files, "var/lib/kubelet/config.yaml") // kubeadm writes it

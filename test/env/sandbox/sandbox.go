@@ -75,6 +75,10 @@ type Config struct {
 	// kube-proxy as a DaemonSet, CoreDNS; with three control planes,
 	// etcd stacked on each (`kubeadm join --control-plane`).
 	Kubeadm bool
+	// CoreDNS runs CoreDNS at this version ("v1.11.1") on a binary
+	// sandbox (containerd only), as binary installers deploy it
+	// (coredns.go); "": none. A kubeadm sandbox runs kubeadm's.
+	CoreDNS string
 	// Log reports progress (nil: silent).
 	Log func(format string, args ...any)
 }
@@ -145,8 +149,11 @@ type State struct {
 	// sandbox runs (Config.StaticPod), "" when none.
 	StaticPod string `json:"staticPod,omitempty"`
 	// Kubeadm says kubeadm built the cluster (Config.Kubeadm).
-	Kubeadm  bool `json:"kubeadm,omitempty"`
-	Complete bool `json:"complete"`
+	Kubeadm bool `json:"kubeadm,omitempty"`
+	// CoreDNS is the version of the CoreDNS a binary sandbox started
+	// with (Config.CoreDNS).
+	CoreDNS  string `json:"coreDNS,omitempty"`
+	Complete bool   `json:"complete"`
 }
 
 // Registry is the air gap's private registry.
@@ -263,6 +270,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.Kubeadm && cfg.Runtime != RuntimeContainerd {
 		return nil, fmt.Errorf("sandbox: a kubeadm sandbox runs the containerd runtime (got %s)", cfg.Runtime)
 	}
+	if cfg.CoreDNS != "" && (cfg.Kubeadm || cfg.Runtime != RuntimeContainerd) {
+		return nil, errors.New("sandbox: CoreDNS of a chosen version runs on a binary sandbox with the containerd runtime (a kubeadm sandbox runs kubeadm's)")
+	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("sandbox: needs root (network and mount namespaces, bind mounts)")
 	}
@@ -292,7 +302,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, RuntimeVersion: cfg.RuntimeVersion, Kubeadm: cfg.Kubeadm}
+	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, RuntimeVersion: cfg.RuntimeVersion, Kubeadm: cfg.Kubeadm, CoreDNS: cfg.CoreDNS}
 	if err := s.up(ctx, cfg); err != nil {
 		err = fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the unit logs under machines/NODE/var/log/units/)", err, dir)
 		if _, merr := s.Machine("admin"); merr == nil && s.Kubeadm && s.HA() {
@@ -315,7 +325,7 @@ func (s *State) matches(cfg Config) bool {
 			workers++
 		}
 	}
-	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime && s.RuntimeVersion == cfg.RuntimeVersion && s.Kubeadm == cfg.Kubeadm &&
+	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime && s.RuntimeVersion == cfg.RuntimeVersion && s.Kubeadm == cfg.Kubeadm && s.CoreDNS == cfg.CoreDNS &&
 		cps == cfg.ControlPlanes && workers == cfg.Workers && (s.StaticPod != "") == (cfg.StaticPod && cfg.Workloads)
 }
 
@@ -439,6 +449,12 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	if cfg.Runtime == RuntimeContainerd && built == nil {
 		cfg.Log("images: pause and the shop's server, built here and pushed to the private registry")
 		if built, err = s.pushImages(ctx); err != nil {
+			return err
+		}
+	}
+	if s.CoreDNS != "" {
+		cfg.Log("CoreDNS %s, as a binary installer deploys it (kubeadm's manifests, from the private registry)", s.CoreDNS)
+		if err := s.deployCoreDNS(ctx); err != nil {
 			return err
 		}
 	}

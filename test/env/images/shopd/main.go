@@ -2,7 +2,10 @@
 // runs as a real container. GET / answers with the pod's name (its host
 // name); GET /stream holds the connection open and writes a line every
 // 100ms until the client goes, so a prober sees a broken connection the
-// moment the process or its network goes away.
+// moment the process or its network goes away. GET /dns/NAME/ resolves
+// NAME through the pod's own resolver (its resolv.conf: the cluster's
+// DNS) and answers 200 with the addresses, or 502 with the error, so a
+// prober can ask a pod to resolve; GET /dns/NAME/stream is /stream.
 //
 //	shopd serve [--port=8080]   the app
 //	shopd [--port=9901]         the sidecar (the image's default command)
@@ -12,9 +15,11 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -36,7 +41,15 @@ func main() {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, name)
 	})
-	mux.HandleFunc("GET /stream", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /dns/{name}/{$}", func(w http.ResponseWriter, r *http.Request) {
+		addrs, err := net.DefaultResolver.LookupHost(r.Context(), r.PathValue("name"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		fmt.Fprintln(w, strings.Join(addrs, " "))
+	})
+	stream := func(w http.ResponseWriter, r *http.Request) {
 		flusher, ok := w.(http.Flusher)
 		if !ok {
 			http.Error(w, "streaming unsupported", http.StatusInternalServerError)
@@ -56,7 +69,9 @@ func main() {
 			case <-t.C:
 			}
 		}
-	})
+	}
+	mux.HandleFunc("GET /stream", stream)
+	mux.HandleFunc("GET /dns/{name}/stream", stream)
 	// SIGTERM ends the process at once with status 143 (128+15), as a
 	// server killed by it: a stopped pod ends "Failed", not "Succeeded".
 	// (Unhandled, the signal would be ignored: shopd is its container's
