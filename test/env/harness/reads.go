@@ -273,3 +273,26 @@ func judge(t *testing.T, res *prober.Result) {
 		t.Errorf("the prober probed %d targets with %d requests: it measured nothing", len(res.Targets), requests)
 	}
 }
+
+// CoreDNSAsDeployed checks what a CoreDNS roll changes while it runs is
+// as the sandbox deployed it (sandbox.Config.CoreDNS): the Deployment's
+// strategy (at most one replica unavailable) and minReadySeconds (none),
+// the kube-dns Service's selector (k8s-app=kube-dns only).
+func (h *Harness) CoreDNSAsDeployed(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	d, err := h.Client.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ru := d.Spec.Strategy.RollingUpdate; ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "1" || d.Spec.MinReadySeconds != 0 {
+		t.Errorf("CoreDNS's Deployment after its roll: strategy %+v, minReadySeconds %d; want maxUnavailable 1 and none, as deployed", d.Spec.Strategy, d.Spec.MinReadySeconds)
+	}
+	svc, err := h.Client.CoreV1().Services("kube-system").Get(ctx, "kube-dns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(svc.Spec.Selector); got != "map[k8s-app:kube-dns]" {
+		t.Errorf("the kube-dns Service after CoreDNS's roll selects %s, want k8s-app=kube-dns only", got)
+	}
+}

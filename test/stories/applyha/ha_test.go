@@ -10,6 +10,7 @@
 package applyha
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -17,6 +18,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/test/env/harness"
@@ -28,7 +32,44 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "klh", "10.85.0", 3, 2, func(x *harness.Harness) {
 		h = x
-	}, harness.From("v1.31.4"), harness.Target("v1.31.14"))
+	}, harness.From("v1.31.4"), harness.Target("v1.31.14"), harness.CoreDNS(oldCoreDNS))
+}
+
+// oldCoreDNS is the CoreDNS the sandbox runs, as an installer of an
+// earlier release left it; the release's (v1.31.14's) is newCoreDNS.
+const (
+	oldCoreDNS = "v1.11.1"
+	newCoreDNS = "v1.11.3"
+)
+
+// rolled says a container is one an upgrade replaces by design: CoreDNS's,
+// rolled by its Deployment to the release's version and back.
+func rolled(what string) bool { return strings.HasPrefix(what, "kube-system/coredns-") }
+
+// coreDNSRuns waits until CoreDNS's rollout is done and checks every
+// replica runs tag, and the Corefile is the one the sandbox deployed,
+// with no copy left beside it.
+func coreDNSRuns(t *testing.T, tag string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := sandbox.WaitCoreDNS(ctx, h.Client, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d, err := h.Client.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img := d.Spec.Template.Spec.Containers[0].Image; !strings.Contains(img, "coredns:"+tag) {
+		t.Errorf("CoreDNS runs %s, want %s", img, tag)
+	}
+	cm, err := h.Client.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cm.Data) != 1 || !strings.Contains(cm.Data["Corefile"], "kubernetes cluster.local") {
+		t.Errorf("CoreDNS's ConfigMap: %v", cm.Data)
+	}
+	h.CoreDNSAsDeployed(t)
 }
 
 // started reads when comp's running process started, in clock ticks since
@@ -116,7 +157,7 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 		}
 		now := h.Running(t, m.Name)
 		for id, what := range before[m.Name] {
-			if _, ok := now[id]; !ok {
+			if _, ok := now[id]; !ok && !rolled(what) {
 				t.Errorf("%s: container %s restarted", m.Name, what)
 			}
 		}
@@ -124,6 +165,7 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 	if firstKubelet <= lastAPIServer {
 		t.Errorf("a kubelet started (tick %d) before the last API server did (tick %d)", firstKubelet, lastAPIServer)
 	}
+	coreDNSRuns(t, newCoreDNS)
 
 	// Back: every API server's restart makes the controller managers and
 	// schedulers re-elect; rollback returns only on a settled control plane.
@@ -138,7 +180,7 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 		}
 		now := h.Running(t, m.Name)
 		for id, what := range before[m.Name] {
-			if _, ok := now[id]; !ok {
+			if _, ok := now[id]; !ok && !rolled(what) {
 				t.Errorf("after rollback %s: container %s restarted", m.Name, what)
 			}
 		}
@@ -146,4 +188,6 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 	if st := h.Status(t); st.State != record.StateRolledBack {
 		t.Errorf("status after rollback: %s", st.State)
 	}
+	// CoreDNS back where the installer left it: the image and Corefile.
+	coreDNSRuns(t, oldCoreDNS)
 }
