@@ -23,6 +23,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/kubeadm"
 )
 
 const (
@@ -92,13 +94,13 @@ var tag = regexp.MustCompile(`^v?([0-9]+\.[0-9]+\.[0-9]+)$`)
 // an error naming the image.
 func VersionOf(image string) (string, error) {
 	ref, _, _ := strings.Cut(image, "@")
-	i := strings.LastIndex(ref, ":")
-	if i < 0 || strings.Contains(ref[i:], "/") {
+	t := kubeadm.ImageTag(ref)
+	if t == "" {
 		return "", fmt.Errorf("image %q has no tag that names a CoreDNS version", image)
 	}
-	m := tag.FindStringSubmatch(ref[i+1:])
+	m := tag.FindStringSubmatch(t)
 	if m == nil {
-		return "", fmt.Errorf("image %q: tag %q does not name a CoreDNS version (vX.Y.Z)", image, ref[i+1:])
+		return "", fmt.Errorf("image %q: tag %q does not name a CoreDNS version (vX.Y.Z)", image, t)
 	}
 	return m[1], nil
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/coredns"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/kubeadm"
 )
 
 // CoreDNSMove is the move of a binary cluster's CoreDNS the plan makes.
@@ -28,8 +29,8 @@ func CoreDNSImage(rec *cluster.Available) string {
 	}
 	for _, im := range rec.Images {
 		repo := im.Ref
-		if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
-			repo = repo[:i] // the tag; a registry's port stays
+		if t := kubeadm.ImageTag(repo); t != "" {
+			repo = strings.TrimSuffix(repo, ":"+t) // the tag; a registry's port stays
 		}
 		if strings.HasSuffix(repo, "/coredns") && im.Target != "" {
 			if im.Digest != "" {
