@@ -177,6 +177,20 @@ func knobsAsBefore(t *testing.T, c *fake.Clientset) {
 	}
 }
 
+// planned is c's CoreDNS found and its move to image planned.
+func planned(t *testing.T, c *fake.Clientset, image string) (*Found, *Move) {
+	t.Helper()
+	f, err := Find(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Plan(f, image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, m
+}
+
 func roller(c *fake.Clientset) Roller {
 	return Roller{Client: c, Timeout: time.Minute, Log: slog.New(slog.DiscardHandler)}
 }
@@ -250,14 +264,7 @@ func TestFindRefusesWhatDoesNotParse(t *testing.T) {
 func TestApplyAndUndo(t *testing.T) {
 	ctx := context.Background()
 	c, rolled := cluster(t, "reg/coredns:v1.11.1", kubeadmCorefile)
-	f, err := Find(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := Plan(f, "priv/coredns:v1.11.3")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, m := planned(t, c, "priv/coredns:v1.11.3")
 	r := roller(c)
 	if err := r.Apply(ctx, f, m); err != nil {
 		t.Fatal(err)
@@ -306,14 +313,7 @@ func TestApplyAndUndo(t *testing.T) {
 func TestApplyMigratesTheCorefileInKubeadmsOrder(t *testing.T) {
 	ctx := context.Background()
 	c, rolled := cluster(t, "reg/coredns:1.7.1", transferCorefile)
-	f, err := Find(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := Plan(f, "priv/coredns:1.8.0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, m := planned(t, c, "priv/coredns:1.8.0")
 	r := roller(c)
 	// Stopped after the old pods moved onto the copy: found half-way.
 	stop := errStop{}
@@ -328,14 +328,9 @@ func TestApplyMigratesTheCorefileInKubeadmsOrder(t *testing.T) {
 	if err := r.Apply(ctx, f, m); !errors.Is(err, stop) {
 		t.Fatalf("first apply: %v", err)
 	}
-	if f, err = Find(ctx, c); err != nil {
-		t.Fatal(err)
-	}
+	f, m = planned(t, c, "priv/coredns:1.8.0")
 	if f.Key != backupKey || f.Corefile != transferCorefile {
 		t.Fatalf("half-way, CoreDNS reads key %s:\n%s", f.Key, f.Corefile)
-	}
-	if m, err = Plan(f, "priv/coredns:1.8.0"); err != nil {
-		t.Fatal(err)
 	}
 	if err := r.Apply(ctx, f, m); err != nil {
 		t.Fatal(err)
@@ -394,14 +389,7 @@ func TestADrainKilledHalfWayIsSettled(t *testing.T) {
 			r := roller(c)
 			r.Upgrade = "v1.30.14 to v1.31.4"
 			r.Timeout, r.Drain = 0, time.Millisecond // no wait for what the kill stopped
-			f, err := Find(ctx, c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m, err := Plan(f, "priv/coredns:v1.11.3")
-			if err != nil {
-				t.Fatal(err)
-			}
+			f, m := planned(t, c, "priv/coredns:v1.11.3")
 			if err := r.Apply(ctx, f, m); !errors.Is(err, kill) {
 				t.Fatalf("apply: %v", err)
 			}
@@ -462,18 +450,10 @@ func (errStop) Error() string { return "stopped" }
 func TestApplyWaitsForTheRollout(t *testing.T) {
 	ctx := context.Background()
 	c, _ := cluster(t, "reg/coredns:v1.11.1", kubeadmCorefile, "priv/coredns:v1.11.3")
-	f, err := Find(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := Plan(f, "priv/coredns:v1.11.3")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, m := planned(t, c, "priv/coredns:v1.11.3")
 	r := roller(c)
 	r.Timeout = 0
-	err = r.Apply(ctx, f, m)
-	if err == nil || !strings.Contains(err.Error(), "deployment kube-system/coredns: new replicas: replicaset coredns-2: 1 of 2 new replicas ready") {
+	if err := r.Apply(ctx, f, m); err == nil || !strings.Contains(err.Error(), "deployment kube-system/coredns: new replicas: replicaset coredns-2: 1 of 2 new replicas ready") {
 		t.Fatalf("err = %v", err)
 	}
 	knobsAsBefore(t, c)
@@ -487,9 +467,7 @@ func TestApplyWaitsForTheRollout(t *testing.T) {
 	if _, err := c.CoreV1().Pods(Namespace).Create(ctx, old, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if f, err = Find(ctx, c); err != nil {
-		t.Fatal(err)
-	}
+	f, m = planned(t, c, "priv/coredns:v1.11.3")
 	r = roller(c)
 	r.Timeout, r.Drain = 0, time.Millisecond
 	if err := r.Apply(ctx, f, m); err == nil || !strings.Contains(err.Error(), "pod coredns-old-x still terminating") {
