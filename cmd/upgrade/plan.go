@@ -208,7 +208,7 @@ func printPlan(w io.Writer, p *preflight.Plan) {
 		if c.MigratesCorefile {
 			corefile = "its Corefile migrated (" + strings.Join(c.Notices, " ") + ")"
 		}
-		fmt.Fprintf(w, "  CoreDNS: %s to %s (%s) after the control plane, before the kubelets, rolled by its Deployment; %s.\n", c.From, c.To, c.Image, corefile)
+		fmt.Fprintf(w, "  CoreDNS: %s to %s (%s) after the control plane, before the kubelets, every new replica serving before an old one leaves its Services; %s.\n", c.From, c.To, c.Image, corefile)
 	}
 	if slices.ContainsFunc(p.Nodes, func(n preflight.NodeState) bool { return n.Role != release.RoleControlPlane }) {
 		canary := ""
