@@ -106,6 +106,62 @@ sync -- "$tmp" 2>/dev/null || sync
 [ ! -d %[4]s ] || { echo "destination is a directory" >&2; exit 1; }
 mv -f -- "$tmp" %[4]s`
 
+func (n *sshNode) Download(ctx context.Context, p string, w io.Writer) (int64, error) {
+	if !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
+		return 0, n.fail("download "+p, fmt.Errorf("%q is not a clean absolute path", p))
+	}
+	cw := &countingWriter{w: w}
+	if err := n.stream(ctx, "cat -- "+Quote(p), cw); err != nil {
+		return cw.n, n.fail("download "+p, err)
+	}
+	return cw.n, nil
+}
+
+// countingWriter counts what it passes on.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	k, err := c.w.Write(p)
+	c.n += int64(k)
+	return k, err
+}
+
+// stream runs cmd in a new session, its standard output written to w as
+// it comes (unbounded: w bounds it, or the file does), with run's
+// handling of ctx and of a failing command.
+func (n *sshNode) stream(ctx context.Context, cmd string, w io.Writer) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s, err := n.client.NewSession()
+	if err != nil {
+		return fmt.Errorf("open session: %w", err)
+	}
+	defer s.Close()
+	stderr := &tail{max: stderrTail}
+	s.Stdout, s.Stderr = w, stderr
+	if err := s.Start(n.command(cmd)); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = s.Signal(ssh.SIGKILL)
+		_ = s.Close()
+		return ctx.Err()
+	}
+	var exit *ssh.ExitError
+	if errors.As(err, &exit) {
+		err = &ExitError{Code: exit.ExitStatus(), Signal: exit.Signal(), Stderr: string(bytes.TrimSpace(stderr.b))}
+	}
+	return err
+}
+
 // cleanupTimeout bounds removing a failed upload's temporary file.
 const cleanupTimeout = 10 * time.Second
 
