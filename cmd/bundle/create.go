@@ -42,6 +42,7 @@ type createOptions struct {
 	AllPlatforms      bool
 	KubeletBinary     string
 	NodeStack         bool
+	Etcd              string
 }
 
 func newCmdCreate(s *cli.IO, runF func(context.Context, *createOptions) error) *cobra.Command {
@@ -111,7 +112,8 @@ rewriting; with '-o json' as JSON, for your proxy's allow-list:
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would be fetched and fetch nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
 	f.StringVar(&opts.KubeletBinary, "kubelet-binary", "", "bundle this kubelet instead of upstream's (the hash-skip kubelet from 'make kubelet'; one --arch)")
-	f.BoolVar(&opts.NodeStack, "node-stack", false, "also bundle the node stack the catalog pairs with the version (containerd, runc, etcd: bundle catalog lists them), for upgrade to install where a node runs an older one")
+	f.BoolVar(&opts.NodeStack, "node-stack", false, "also bundle the runtime the catalog pairs with the version (containerd and runc: bundle catalog lists them), for upgrade to install where a node runs an older one")
+	f.StringVar(&opts.Etcd, "etcd", "", "also bundle etcd for a binary cluster's members, for upgrade to move them one at a time: 'paired' (the version the catalog pairs with the release) or a version such as v3.6.16, optionally pinned VERSION#sha256:HEX")
 	f.BoolVar(&opts.AllPlatforms, "all-platforms", false, "bundle every platform of multi-arch images, so import keeps their index digests (larger)")
 	f.StringVar(&opts.Installer, "installer", "", "upgrade program to embed in a .run file (default: 'upgrade' next to this program)")
 	return cmd
@@ -131,6 +133,7 @@ func createRun(ctx context.Context, opts *createOptions) error {
 		AllPlatforms:      opts.AllPlatforms,
 		KubeletBinary:     opts.KubeletBinary,
 		NodeStack:         opts.NodeStack,
+		Etcd:              opts.Etcd,
 		Access:            registry.Access{Insecure: opts.InsecureRegistry},
 		HTTPClient:        httpClient(),
 		Jobs:              opts.Jobs,

@@ -271,7 +271,7 @@ func TestNodeStackTravelsWithItsVersions(t *testing.T) {
 	// A release the catalog pairs no node stack with.
 	opts = f.options(filepath.Join(f.dir, "none.tar"))
 	opts.NodeStack, opts.KubernetesVersion = true, bundletest.HopVersion
-	if _, err := MakePlan(opts); err == nil || !strings.Contains(err.Error(), "--node-stack: test-catalog.yaml pairs no node stack with v1.30.14") {
+	if _, err := MakePlan(opts); err == nil || !strings.Contains(err.Error(), "--node-stack: test-catalog.yaml pairs no runtime with v1.30.14") {
 		t.Errorf("--node-stack for v1.30.14: %v", err)
 	}
 }
@@ -852,5 +852,53 @@ func TestDetachedSignature(t *testing.T) {
 	if err != nil || !strings.Contains(string(stub), "cannot vouch for itself") ||
 		!strings.Contains(string(stub), "openssl dgst -sha256 -verify PUB -signature "+base+".sha256.sig "+base+".sha256") || !strings.Contains(string(stub), "bundle verify "+base) {
 		t.Errorf("the .run's --help does not say how to check it from outside (%v)", err)
+	}
+}
+
+// etcd travels only when asked (--etcd): the catalog's pairing, or a
+// newer version from the same release page, its download checked against
+// the sum published beside it or the one pinned; never an older etcd.
+func TestEtcdTravelsWhenAsked(t *testing.T) {
+	f := newFixture(t)
+	etcdOf := func(t *testing.T, etcd string) (File, error) {
+		t.Helper()
+		out := filepath.Join(f.dir, "etcd.tar")
+		opts := f.options(out)
+		opts.NodeStack, opts.Etcd = true, etcd
+		if _, err := Create(context.Background(), opts); err != nil {
+			return File{}, err
+		}
+		m, err := VerifyFile(context.Background(), out, Trust{Key: f.pub})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fl := range m.Files {
+			if fl.Name == "etcd" {
+				return fl, nil
+			}
+		}
+		return File{}, nil
+	}
+	if fl, err := etcdOf(t, ""); err != nil || fl.Name != "" {
+		t.Fatalf("--node-stack alone carries etcd: %+v, %v", fl, err)
+	}
+	if fl, err := etcdOf(t, "paired"); err != nil || fl.Version != "v3.5.15" || fl.Path != "bin/linux/amd64/etcd-v3.5.15-linux-amd64.tar.gz" {
+		t.Fatalf("--etcd paired: %+v, %v", fl, err)
+	}
+	sum := fmt.Sprintf("%x", sha256.Sum256([]byte("etcd v3.6.16 amd64 archive")))
+	for _, e := range []string{"v3.6.16", "v3.6.16#sha256:" + sum} {
+		if fl, err := etcdOf(t, e); err != nil || fl.Version != "v3.6.16" || fl.SHA256 != sum || fl.Path != "bin/linux/amd64/etcd-v3.6.16-linux-amd64.tar.gz" {
+			t.Fatalf("--etcd %s: %+v, %v", e, fl, err)
+		}
+	}
+	for e, want := range map[string]string{
+		"v3.6.16#sha256:" + strings.Repeat("0", 64): "checksum",
+		"v3.4.30":       "--etcd v3.4.30: etcd v3.4.30 is older than the v3.5.15 the catalog pairs with v1.31.4",
+		"3.6":           `--etcd 3.6: etcd "3.6": want v3.MINOR.PATCH`,
+		"v3.6.16#md5:1": `--etcd v3.6.16#md5:1: checksum "md5:1": want sha256:`,
+	} {
+		if _, err := etcdOf(t, e); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("--etcd %s: %v, want %q", e, err, want)
+		}
 	}
 }

@@ -55,9 +55,13 @@ type CreateOptions struct {
 	// KubeletBinary replaces the catalog's kubelet with a local build (the
 	// kubelet with kubelift's hash-skip patch: make kubelet).
 	KubeletBinary string
-	// NodeStack also bundles the node stack the catalog pairs with the
-	// release: containerd, runc and etcd (catalog nodeStack).
-	NodeStack  bool
+	// NodeStack also bundles the runtime the catalog pairs with the
+	// release: containerd and runc (catalog nodeStack).
+	NodeStack bool
+	// Etcd also bundles etcd for a binary cluster's members: "paired"
+	// for the one the catalog pairs with the release, or a version
+	// (v3.6.16), optionally pinned: VERSION#sha256:HEX (one arch).
+	Etcd       string
 	Access     registry.Access
 	HTTPClient *http.Client
 	// Jobs bounds parallel downloads.

@@ -44,8 +44,8 @@ func ParseExtraFile(s string) (ExtraFile, error) {
 	}
 	u, sum, _ := strings.Cut(rest, "#")
 	if sum != "" {
-		hexSum, ok := strings.CutPrefix(sum, "sha256:")
-		if !ok || !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(hexSum) {
+		hexSum, ok := pinnedSum(sum)
+		if !ok {
 			return ExtraFile{}, fmt.Errorf("file %q: checksum %q: want sha256: and 64 lowercase hex digits", s, sum)
 		}
 		sum = hexSum
@@ -55,6 +55,14 @@ func ParseExtraFile(s string) (ExtraFile, error) {
 		return ExtraFile{}, fmt.Errorf("file %q: %q is not an http(s) URL", s, u)
 	}
 	return ExtraFile{Name: n, URL: u, SHA256: sum}, nil
+}
+
+var sumRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// pinnedSum is the hex digits of a pin written sha256:HEX.
+func pinnedSum(s string) (string, bool) {
+	hexSum, ok := strings.CutPrefix(s, "sha256:")
+	return hexSum, ok && sumRE.MatchString(hexSum)
 }
 
 // Plan is what a bundle will contain and where each part comes from: the
@@ -182,21 +190,20 @@ func MakePlan(opts *CreateOptions) (*Plan, error) {
 	if opts.KubeletBinary != "" && !replacedKubelet {
 		return nil, fmt.Errorf("--kubelet-binary: the catalog lists no kubelet for %s", rel.Version)
 	}
-	if opts.NodeStack {
-		if len(rel.NodeStack) == 0 {
-			return nil, fmt.Errorf("--node-stack: %s pairs no node stack with %s (its nodeStack is empty)", opts.Catalog.Source, rel.Version)
-		}
-		for _, arch := range arches {
-			for _, part := range rel.NodeStack {
-				u := part.File().URLFor(arch)
-				pf := PlannedFile{Name: part.Name, Version: part.Version, Arch: arch, URL: rewrite(u, opts.URLMirrors), SHA256: part.SHA256[arch],
-					Path: path.Join("bin", "linux", arch, path.Base(mustPath(u))), source: u}
-				if prev, dup := paths[pf.Path]; dup {
-					return nil, fmt.Errorf("files %s and %s would both be stored as %s", prev, part.Name, pf.Path)
-				}
-				paths[pf.Path] = part.Name
-				p.Files = append(p.Files, pf)
+	parts, err := stackParts(opts, rel, arches)
+	if err != nil {
+		return nil, err
+	}
+	for _, arch := range arches {
+		for _, part := range parts {
+			u := part.File().URLFor(arch)
+			pf := PlannedFile{Name: part.Name, Version: part.Version, Arch: arch, URL: rewrite(u, opts.URLMirrors), SHA256: part.SHA256[arch],
+				Path: path.Join("bin", "linux", arch, path.Base(mustPath(u))), source: u}
+			if prev, dup := paths[pf.Path]; dup {
+				return nil, fmt.Errorf("files %s and %s would both be stored as %s", prev, part.Name, pf.Path)
 			}
+			paths[pf.Path] = part.Name
+			p.Files = append(p.Files, pf)
 		}
 	}
 	for _, f := range opts.ExtraFiles {
@@ -271,4 +278,43 @@ func rewrite(s string, mirrors []Mirror) string {
 		return s
 	}
 	return mirrors[best].To + strings.TrimPrefix(s, mirrors[best].From)
+}
+
+// stackParts are the node-stack parts the bundle carries: containerd and
+// runc with NodeStack, etcd with Etcd (the paired one, or the version
+// asked for, pinned where a sum is given).
+func stackParts(opts *CreateOptions, rel *catalog.Release, arches []string) ([]catalog.StackPart, error) {
+	var parts []catalog.StackPart
+	if opts.NodeStack {
+		for _, part := range rel.NodeStack {
+			if part.Name != catalog.StackEtcd {
+				parts = append(parts, part)
+			}
+		}
+		if len(parts) == 0 {
+			return nil, fmt.Errorf("--node-stack: %s pairs no runtime with %s (its nodeStack lists no containerd)", opts.Catalog.Source, rel.Version)
+		}
+	}
+	if opts.Etcd == "" {
+		return parts, nil
+	}
+	version, sum, _ := strings.Cut(opts.Etcd, "#")
+	if version == "paired" {
+		version = ""
+	}
+	part, err := rel.EtcdAt(version)
+	if err != nil {
+		return nil, fmt.Errorf("--etcd %s: %w", opts.Etcd, err)
+	}
+	if sum != "" {
+		hexSum, ok := pinnedSum(sum)
+		if !ok {
+			return nil, fmt.Errorf("--etcd %s: checksum %q: want sha256: and 64 lowercase hex digits", opts.Etcd, sum)
+		}
+		if len(arches) != 1 {
+			return nil, fmt.Errorf("--etcd %s: a checksum pins one file: bundle one --arch", opts.Etcd)
+		}
+		part.SHA256 = map[string]string{arches[0]: hexSum}
+	}
+	return append(parts, part), nil
 }

@@ -103,7 +103,8 @@ func New(t *testing.T) *World {
 		"/v1.31.4/arm64/kubelet": "kubelet arm64 binary", "/v1.31.4/arm64/kubeadm": "kubeadm arm64 binary", "/extra/tool": "extra tool",
 		"/v1.30.14/amd64/kubeadm": "kubeadm v1.30.14 amd64", "/v1.30.14/amd64/kube-apiserver": "kube-apiserver v1.30.14 amd64",
 		"/v1.30.14/amd64/kubelet":                                "kubelet v1.30.14 amd64 (never bundled as a hop)",
-		"/containerd/v2.3.7/containerd-2.3.7-linux-amd64.tar.gz": "containerd v2.3.7 amd64 archive", "/runc/v1.5.2/runc.amd64": "runc v1.5.2 amd64"}
+		"/containerd/v2.3.7/containerd-2.3.7-linux-amd64.tar.gz": "containerd v2.3.7 amd64 archive", "/runc/v1.5.2/runc.amd64": "runc v1.5.2 amd64",
+		"/etcd/v3.5.15/etcd-v3.5.15-linux-amd64.tar.gz": "etcd v3.5.15 amd64 archive", "/etcd/v3.6.16/etcd-v3.6.16-linux-amd64.tar.gz": "etcd v3.6.16 amd64 archive"}
 	files := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
 		if b, ok := strings.CutSuffix(p, ".sha256"); ok {
@@ -167,6 +168,9 @@ versions:
       - name: runc
         version: v1.5.2
         url: %[2]s/runc/v1.5.2/runc.{arch}
+      - name: etcd
+        version: v3.5.15
+        url: %[2]s/etcd/v3.5.15/etcd-v3.5.15-linux-{arch}.tar.gz
 `, w.Registry, w.Files)
 	if w.Catalog, err = catalog.Parse("test-catalog.yaml", []byte(cat)); err != nil {
 		t.Fatal(err)

@@ -131,3 +131,29 @@ func (r *Release) validateNodeStack(arches []string) error {
 	}
 	return nil
 }
+
+// EtcdAt is the release's etcd part at version instead of the one the
+// catalog pairs with it, from the same project's release page (the
+// paired part's URL with its version replaced), for binary clusters that
+// run a newer etcd than kubeadm's pairing (bundle create --etcd): never
+// an older one. "" is the paired part. A part at another version has
+// no pinned sums: the bundle pins it, or checks the sum published beside
+// it.
+func (r *Release) EtcdAt(version string) (StackPart, error) {
+	paired, ok := r.StackPart(StackEtcd)
+	if !ok {
+		return StackPart{}, fmt.Errorf("the catalog pairs no etcd with %s (its nodeStack lists none), so it knows no URL to take etcd %s from", r.Version, version)
+	}
+	if version == "" || version == paired.Version {
+		return paired, nil
+	}
+	v, err := ParseVersion(version)
+	if err != nil || v.String() != version || v.Major != 3 {
+		return StackPart{}, fmt.Errorf("etcd %q: want v3.MINOR.PATCH", version)
+	}
+	if v.Compare(paired.parsed) < 0 {
+		return StackPart{}, fmt.Errorf("etcd %s is older than the %s the catalog pairs with %s", version, paired.Version, r.Version)
+	}
+	return StackPart{Name: StackEtcd, Version: version, parsed: v,
+		URL: strings.ReplaceAll(paired.URL, strings.TrimPrefix(paired.Version, "v"), strings.TrimPrefix(version, "v"))}, nil
+}
