@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Builds the add-ons a cluster runs beside Kubernetes from the Go module
 # proxy and caches them by version, static (CGO_ENABLED=0):
-#   etcd     etcd and etcdctl: go.etcd.io/etcd/server/v3 and etcdctl/v3 at
-#            VERSION in a wrapper module (their go.mod replaces the sibling
-#            go.etcd.io/etcd/* modules by ../ paths, which `go install
-#            pkg@version` refuses), each sibling replaced instead by the
-#            published version the release requires (v3.5.N, v2.305.N).
+#   etcd     etcd, etcdctl and etcdutl: go.etcd.io/etcd/server/v3,
+#            etcdctl/v3 and etcdutl/v3 at VERSION in a wrapper module
+#            (their go.mod replaces the sibling go.etcd.io/etcd/* modules
+#            by ../ paths, which `go install pkg@version` refuses), each
+#            sibling replaced instead by the published version the release
+#            requires (v3.5.N, v2.305.N; 3.6 has no client/v2 and takes
+#            raft from go.etcd.io/raft/v3, no sibling: the same loop serves).
+#            etcdutl is what an upgrade of a member uses offline (snapshot
+#            restore, defrag), so the release archive carries it too.
 #   coredns  coredns: `go install github.com/coredns/coredns@VERSION`.
 #   cni      the CNI plugins a node's bridge network runs (bridge,
 #            host-local, loopback, portmap): `go install` of each from
@@ -33,7 +37,7 @@ usage="usage: $0 etcd|coredns|cni VERSION"
 name=${1:?$usage}
 version=${2:?$usage}
 case $name in
-etcd) bins=(etcd etcdctl) ;;
+etcd) bins=(etcd etcdctl etcdutl) ;;
 coredns) bins=(coredns) ;;
 cni) bins=(bridge host-local loopback portmap) ;;
 *) echo "$usage" >&2; exit 2 ;;
@@ -70,7 +74,7 @@ commit() { go list -m -json "$1" 2>/dev/null | sed -n 's/^[[:space:]]*"Hash": "\
 fetch_only || echo "building $name $version" >&2
 case $name in
 etcd)
-	mods=(go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3)
+	mods=(go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdutl/v3)
 	go mod init kubelift.local/addon-build >/dev/null 2>&1
 	for m in "${mods[@]}"; do
 		info=$(go mod download -json "$m@$version") || {

@@ -21,12 +21,14 @@ builds() {
 	# The patch stories (test/stories/applyha, kubeadmha) are the longest:
 	# their releases first, with the runtime, etcd and CoreDNS.
 	"$sb" build --old-version v1.31.4 --target v1.31.14 --kubeadm --hash-skip
+	# applyha's CoreDNS and etcd (the members' and the bundle's).
+	"$sb" build --old-version v1.31.4 --target v1.31.14 --coredns v1.11.1 --etcd v3.5.35 --etcd-to v3.6.16
 	# The sandbox's own tests and most stories (apply, drain, engine, e2e,
 	# kubeadm, scale, upstream).
 	"$sb" build --old-version v1.30.14 --target v1.31.4 --kubeadm --hash-skip
 	# containerd 1.7, the runtime test/stories/apply's nodes start on (the
-	# node stack in its bundles moves them to the default).
-	"$sb" build --old-version v1.30.14 --target v1.31.4 --runtime-version v1.7.35
+	# node stack in its bundles moves them to the default), and its CoreDNS.
+	"$sb" build --old-version v1.30.14 --target v1.31.4 --runtime-version v1.7.35 --coredns v1.11.1
 	# Several minors in one run (test/stories/multihop). Before KWOK: the
 	# story that waits for the last build runs after it, at the end of the
 	# run, and the simulated nodes' stories are the shortest (multihop's

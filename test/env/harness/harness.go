@@ -80,6 +80,14 @@ func OldRuntime(version string) Option { return func(c *sandbox.Config) { c.Runt
 // (sandbox.Config.CoreDNS), as an installer of an earlier release left it.
 func CoreDNS(version string) Option { return func(c *sandbox.Config) { c.CoreDNS = version } }
 
+// Etcd runs the binary sandbox's etcd as a cluster at version from, a
+// member on every control plane (sandbox.Config.Etcd), and makes the
+// bundles carry etcd at version to (bundle create --etcd), which the
+// stand-in internet serves (sandbox.Config.EtcdTo).
+func Etcd(from, to string) Option {
+	return func(c *sandbox.Config) { c.Etcd, c.EtcdTo = from, to }
+}
+
 // StaticPod runs a static pod on the last worker (sandbox.Config.StaticPod).
 func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
 
@@ -171,6 +179,10 @@ func (h *Harness) makeBundles(hashSkipKubelet string) error {
 		}
 		if h.SB.RuntimeVersion != "" && h.SB.RuntimeVersion != kube.ContainerdVersion {
 			args = append(args, "--node-stack")
+		}
+		if h.SB.EtcdTo != "" {
+			// etcd's archive alone, not the whole node stack
+			args = append(args, "--etcd", h.SB.EtcdTo)
 		}
 		for _, img := range h.SB.Internet.UserImages {
 			args = append(args, "--image", img) // the team's own, as a user bundles them
@@ -356,6 +368,21 @@ func (h *Harness) SSH(t *testing.T, node, command string) string {
 // TrySSH is SSH for a command that may fail (a check repeated until a
 // process has settled): the error says the node, command and output.
 func (h *Harness) TrySSH(node, command string) (string, error) {
+	return h.trySSH(node, command, nil)
+}
+
+// SSHInput is SSH with stdin fed to the command: a file copied to a node
+// (cat >FILE) as scp would.
+func (h *Harness) SSHInput(t *testing.T, node, command string, stdin io.Reader) string {
+	t.Helper()
+	out, err := h.trySSH(node, command, stdin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (h *Harness) trySSH(node, command string, stdin io.Reader) (string, error) {
 	c, err := h.SB.SSH(context.Background(), node)
 	if err != nil {
 		return "", err
@@ -367,7 +394,7 @@ func (h *Harness) TrySSH(node, command string) (string, error) {
 	}
 	defer s.Close()
 	var out, errb bytes.Buffer
-	s.Stdout, s.Stderr = &out, &errb
+	s.Stdin, s.Stdout, s.Stderr = stdin, &out, &errb
 	if err := s.Run(command); err != nil {
 		return out.String(), fmt.Errorf("ssh %s %q: %v\n%s%s", node, command, err, out.String(), errb.String())
 	}

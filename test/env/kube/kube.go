@@ -107,11 +107,13 @@ func HashSkipKubelet(ctx context.Context, version string) (string, error) {
 	return runBuild(ctx, KubeletScript, version)
 }
 
-// AddonScript builds etcd and CoreDNS from the Go module proxy.
+// AddonScript builds etcd, CoreDNS and the CNI plugins from the Go
+// module proxy.
 const AddonScript = "hack/build-addons.sh"
 
-// Addon returns the directory holding the built addon (etcd with etcdctl,
-// or coredns) at version, building it first if it is not cached.
+// Addon returns the directory holding the built addon (etcd with etcdctl
+// and etcdutl, coredns, or the CNI plugins: name is etcd, coredns or cni)
+// at version, building it first if it is not cached.
 func Addon(ctx context.Context, name, version string) (string, error) {
 	return runBuild(ctx, AddonScript, name, version)
 }

@@ -33,11 +33,17 @@ type Binaries struct {
 	// catalog pairs with New: the stand-in internet serves them as New's
 	// cni-plugins archive, which a bundle with the node stack installs.
 	CNI string `json:"cni,omitempty"`
+	// Etcd holds etcd, etcdctl and etcdutl at Config.Etcd, what every
+	// control plane's member runs; EtcdTo the same at Config.EtcdTo, what
+	// the stand-in internet serves as etcd's release archive.
+	Etcd   string `json:"etcd,omitempty"`
+	EtcdTo string `json:"etcdTo,omitempty"`
 }
 
 // Build builds (or finds cached) every binary a sandbox of cfg runs: what
 // it boots on (buildBoot), the release it is upgraded to (buildTarget),
-// and a kubeadm sandbox's etcd and CoreDNS (buildAddons), in that order:
+// and the add-ons (buildAddons: a kubeadm sandbox's etcd and CoreDNS, a
+// binary sandbox's chosen etcd and CoreDNS), in that order:
 // `kubelift-sandbox build` does only this, so that make test builds the
 // stories' releases while other tests run, and its patch stories' binary
 // cluster needs no add-on (with them before the target, FC25's applyha
@@ -45,6 +51,9 @@ type Binaries struct {
 // it boots, and boots the nodes while the target builds.
 func Build(ctx context.Context, cfg Config) (Binaries, error) {
 	cfg.Defaults()
+	if err := checkEtcd(cfg); err != nil {
+		return Binaries{}, err
+	}
 	b, err := buildBoot(ctx, cfg)
 	if err != nil {
 		return b, err
@@ -52,7 +61,7 @@ func Build(ctx context.Context, cfg Config) (Binaries, error) {
 	if b.New, b.Hops, err = buildTarget(ctx, cfg); err != nil {
 		return b, err
 	}
-	return b, buildAddons(ctx, cfg)
+	return b, buildAddons(ctx, cfg, &b)
 }
 
 // buildBoot builds (or finds cached) the container runtime of a sandbox
@@ -142,8 +151,26 @@ var releaseTag = regexp.MustCompile(`/releases/download/(v[0-9]+\.[0-9]+\.[0-9]+
 // buildAddons builds (or finds cached) a kubeadm sandbox's etcd and
 // CoreDNS, which its control plane runs from images; for a binary
 // sandbox, the CoreDNS it runs (Config.CoreDNS) and the one the stand-in
-// internet serves for the target (coreDNSTag).
-func buildAddons(ctx context.Context, cfg Config) error {
+// internet serves for the target (coreDNSTag), and the etcd it runs
+// (Config.Etcd, into b.Etcd) and the one the stand-in internet serves
+// (Config.EtcdTo, into b.EtcdTo). The served ones are built here too,
+// before the nodes boot, as CoreDNS's tag is: cached, they cost nothing,
+// and a failed build stops Up before anything is made.
+func buildAddons(ctx context.Context, cfg Config, b *Binaries) error {
+	for _, e := range []struct {
+		version string
+		dir     *string
+	}{{cfg.Etcd, &b.Etcd}, {cfg.EtcdTo, &b.EtcdTo}} {
+		if e.version == "" {
+			continue
+		}
+		cfg.Log("building (or finding cached) etcd %s (etcd, etcdctl, etcdutl)", e.version)
+		dir, err := kube.Addon(ctx, "etcd", e.version)
+		if err != nil {
+			return err
+		}
+		*e.dir = dir
+	}
 	if cfg.CoreDNS != "" {
 		tag, err := coreDNSTag(cfg.NewVersion)
 		if err != nil {

@@ -386,17 +386,11 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 	if m.Role != "control-plane" {
 		return nil
 	}
-	etcd := "http://" + cp1.Address + ":2379"
-	if m.Name == cp1.Name {
-		if err := os.MkdirAll(m.fsPath("var/lib/etcd"), 0o700); err != nil {
-			return err
-		}
-		if err := writeUnit(m, "etcd.service", fmt.Sprintf(etcdUnit, m.Name, m.Address), true); err != nil {
-			return err
-		}
+	if err := s.etcdFiles(m); err != nil {
+		return err
 	}
 	leader := fmt.Sprint(s.controlPlanes() > 1)
-	if err := writeUnit(m, "kube-apiserver.service", fmt.Sprintf(apiserverUnit, m.Address, etcd), true); err != nil {
+	if err := writeUnit(m, "kube-apiserver.service", fmt.Sprintf(apiserverUnit, m.Address, s.etcdServers(m)), true); err != nil {
 		return err
 	}
 	if err := writeUnit(m, "kube-controller-manager.service", fmt.Sprintf(controllerManagerUnit, m.Address, leader, NodeMonitorGracePeriod), true); err != nil {

@@ -101,9 +101,10 @@ type servedSet struct {
 }
 
 // servedSets are the new version's catalog entry for amd64, its node
-// stack's (stackFile), and every hop's. The kubelet and kubectl are the
-// real builds, and so are containerd, runc, the CNI plugins and crictl
-// (toolFile); the other files are labelled stand-ins.
+// stack's (stackFile), every hop's, and etcd's release archive at
+// Config.EtcdTo (etcdServedSet). The kubelet and kubectl are the real
+// builds, and so are containerd, runc, the CNI plugins, crictl (toolFile)
+// and etcd; the other files are labelled stand-ins.
 func (s *State) servedSets() ([]servedSet, error) {
 	rel, err := catalogRelease(s.NewVersion)
 	if err != nil {
@@ -156,7 +157,7 @@ func (s *State) servedSets() ([]servedSet, error) {
 			return dir, nil
 		})})
 	}
-	return sets, nil
+	return append(sets, s.etcdServedSet()...), nil
 }
 
 // serveFiles writes, in the stand-in internet's tree, every file of
@@ -199,10 +200,13 @@ func (s *State) serveFiles(m *Machine) error {
 // rel's node stack: containerd's release archive (bin/ with containerd,
 // its shim and ctr, as upstream's tar.gz lays them out) and runc, from
 // the runtime the sandbox built (Binaries.Stack) where the catalog names
-// that version; nil (a stand-in) for the rest.
+// that version; etcd's release archive where it names Config.EtcdTo (the
+// same URL etcdServedSet serves); nil (a stand-in) for the rest.
 func (s *State) stackFile(rel *catalog.Release, name string) ([]byte, error) {
 	part, _ := rel.StackPart(name)
 	switch {
+	case name == catalog.StackEtcd && s.EtcdTo != "" && part.Version == s.EtcdTo:
+		return etcdArchive(s.Binaries.EtcdTo, s.EtcdTo)
 	case s.Binaries.Stack == "":
 		return nil, nil
 	case name == catalog.StackContainerd && part.Version == kube.ContainerdVersion:

@@ -1,6 +1,7 @@
 // Package sandbox brings up, on one Linux machine with root, a small
 // binary-deployed Kubernetes cluster whose parts are real wherever they
-// can be: etcd from Debian, kube-apiserver, kube-controller-manager,
+// can be: etcd from Debian (or a cluster of a chosen release, a member
+// per control plane; etcd.go), kube-apiserver, kube-controller-manager,
 // kube-scheduler and kubelet built from the Go module proxy, a real sshd and
 // a service manager per node, Debian's docker-registry as the air gap's
 // private registry, and a real container runtime (containerd, runc and a
@@ -79,6 +80,15 @@ type Config struct {
 	// sandbox (containerd only), as binary installers deploy it
 	// (coredns.go); "": none. A kubeadm sandbox runs kubeadm's.
 	CoreDNS string
+	// Etcd runs, on a binary sandbox, an etcd cluster at this version
+	// ("v3.5.35", built from the Go module proxy) with a member on every
+	// control plane, as binary installers leave it (etcd.go); "": Debian's
+	// etcd, on cp-1 alone. A kubeadm sandbox runs kubeadm's.
+	Etcd string
+	// EtcdTo is the etcd release ("v3.6.16") the stand-in internet serves
+	// where upstream publishes its archive, for `bundle create --etcd`
+	// (binary sandboxes only); "": none.
+	EtcdTo string
 	// Log reports progress (nil: silent).
 	Log func(format string, args ...any)
 }
@@ -152,7 +162,13 @@ type State struct {
 	Kubeadm bool `json:"kubeadm,omitempty"`
 	// CoreDNS is the version of the CoreDNS a binary sandbox started
 	// with (Config.CoreDNS).
-	CoreDNS  string `json:"coreDNS,omitempty"`
+	CoreDNS string `json:"coreDNS,omitempty"`
+	// Etcd is the version of the etcd cluster a binary sandbox started
+	// with (Config.Etcd); "": Debian's, on cp-1.
+	Etcd string `json:"etcd,omitempty"`
+	// EtcdTo is the etcd release the stand-in internet serves
+	// (Config.EtcdTo).
+	EtcdTo   string `json:"etcdTo,omitempty"`
 	Complete bool   `json:"complete"`
 }
 
@@ -273,6 +289,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.CoreDNS != "" && (cfg.Kubeadm || cfg.Runtime != RuntimeContainerd) {
 		return nil, errors.New("sandbox: CoreDNS of a chosen version runs on a binary sandbox with the containerd runtime (a kubeadm sandbox runs kubeadm's)")
 	}
+	if err := checkEtcd(cfg); err != nil {
+		return nil, err
+	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("sandbox: needs root (network and mount namespaces, bind mounts)")
 	}
@@ -302,7 +321,8 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, RuntimeVersion: cfg.RuntimeVersion, Kubeadm: cfg.Kubeadm, CoreDNS: cfg.CoreDNS}
+	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, RuntimeVersion: cfg.RuntimeVersion, Kubeadm: cfg.Kubeadm, CoreDNS: cfg.CoreDNS,
+		Etcd: cfg.Etcd, EtcdTo: cfg.EtcdTo}
 	if err := s.up(ctx, cfg); err != nil {
 		err = fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the unit logs under machines/NODE/var/log/units/)", err, dir)
 		if _, merr := s.Machine("admin"); merr == nil && s.Kubeadm && s.HA() {
@@ -326,6 +346,7 @@ func (s *State) matches(cfg Config) bool {
 		}
 	}
 	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime && s.RuntimeVersion == cfg.RuntimeVersion && s.Kubeadm == cfg.Kubeadm && s.CoreDNS == cfg.CoreDNS &&
+		s.Etcd == cfg.Etcd && s.EtcdTo == cfg.EtcdTo &&
 		cps == cfg.ControlPlanes && workers == cfg.Workers && (s.StaticPod != "") == (cfg.StaticPod && cfg.Workloads)
 }
 
@@ -335,7 +356,7 @@ func (s *State) up(ctx context.Context, cfg Config) error {
 	if s.Binaries, err = buildBoot(ctx, cfg); err != nil {
 		return err
 	}
-	if err := buildAddons(ctx, cfg); err != nil {
+	if err := buildAddons(ctx, cfg, &s.Binaries); err != nil {
 		return err
 	}
 	cfg.Log("what the nodes boot on is ready (%s); %s builds while they boot", time.Since(start).Round(time.Second), cfg.NewVersion)

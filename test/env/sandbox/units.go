@@ -127,6 +127,8 @@ metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 `
 
+// etcdUnit is Debian's etcd, alone on cp-1, where the sandbox runs no
+// etcd of a chosen version (Config.Etcd; etcdMemberUnit).
 const etcdUnit = `[Unit]
 Description=etcd (Debian etcd-server)
 

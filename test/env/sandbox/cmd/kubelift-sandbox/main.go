@@ -59,13 +59,16 @@ func defaultDir() string {
 }
 
 // binaryFlags are the flags that decide what a sandbox runs, and so what
-// up and build build: the releases, kubeadm and the container runtime.
+// up and build build: the releases, kubeadm, the container runtime and
+// the add-ons (CoreDNS, etcd).
 func binaryFlags(f *pflag.FlagSet, cfg *sandbox.Config) {
 	f.StringVar(&cfg.OldVersion, "old-version", "v1.30.14", "Kubernetes version the cluster runs")
 	f.StringVar(&cfg.NewVersion, "target", "v1.31.4", "Kubernetes version to upgrade to (KUBELIFT_NEW_VERSION in env.sh); more than one minor ahead, the control plane of every minor in between is built too and the stand-in internet serves what 'bundle create --from' needs")
 	f.BoolVar(&cfg.Kubeadm, "kubeadm", false, "build the cluster with kubeadm (init and join; static control-plane pods from images in the private registry, kube-proxy as a DaemonSet, CoreDNS) instead of binary-deployed units")
 	f.StringVar(&cfg.Runtime, "runtime", sandbox.RuntimeContainerd, "the nodes' container runtime: containerd (containerd, runc, CNI: real processes) or stand-in (a CRI server that keeps records)")
 	f.StringVar(&cfg.CoreDNS, "coredns", "", "on a binary sandbox, run CoreDNS at this version (\"v1.11.1\", built from the Go module proxy) as a binary installer deploys it, the kube-dns Service at "+sandbox.ClusterDNS+" (default: no CoreDNS)")
+	f.StringVar(&cfg.Etcd, "etcd", "", "on a binary sandbox, run an etcd cluster at this version (\"v3.5.35\", built from the Go module proxy) with a member on every control plane, etcd, etcdctl and etcdutl in /usr/local/bin and an etcd.service, as binary installers leave it (default: Debian's etcd on cp-1 alone)")
+	f.StringVar(&cfg.EtcdTo, "etcd-to", "", "on a binary sandbox, build etcd at this version (\"v3.6.16\") and have the stand-in internet serve its release archive where upstream publishes it, for 'bundle create --etcd' (default: none)")
 	f.StringVar(&cfg.RuntimeVersion, "runtime-version", "", "containerd's version on every node, built from the Go module proxy: "+kube.ContainerdVersion+" (the default) or "+kube.Containerd17+" (containerd 1.7, which Kubernetes after v1.35 no longer supports)")
 }
 
