@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/inplace/coredns"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/preflight/preflighttest"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -66,7 +67,7 @@ func (unreachable) Dial(_ context.Context, t nodeaccess.Address) (nodeaccess.Nod
 // is migrated.
 func TestPrintPlanSaysTheCoreDNSMove(t *testing.T) {
 	var b bytes.Buffer
-	printPlan(&b, &preflight.Plan{To: "v1.31.4", CoreDNS: &preflight.CoreDNSMove{From: "1.7.1", To: "1.8.0", Image: "reg/coredns:1.8.0",
+	printPlan(&b, &preflight.Plan{To: "v1.31.4", CoreDNS: &coredns.Planned{From: "1.7.1", To: "1.8.0", Image: "reg/coredns:1.8.0",
 		MigratesCorefile: true, Notices: []string{`Option "transfer" in plugin "kubernetes" is removed in 1.8.0.`}}})
 	if want := `CoreDNS: 1.7.1 to 1.8.0 (reg/coredns:1.8.0) after the control plane, before the kubelets, every new replica serving before an old one leaves its Services; its Corefile migrated (Option "transfer" in plugin "kubernetes" is removed in 1.8.0.).`; !strings.Contains(b.String(), want) {
 		t.Errorf("plan output lacks %q:\n%s", want, b.String())

@@ -61,3 +61,16 @@ func NodeReady(n *corev1.Node) bool {
 	}
 	return false
 }
+
+// PodReady says the Pod runs and its Ready condition is True.
+func PodReady(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

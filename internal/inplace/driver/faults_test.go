@@ -21,6 +21,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/driver/binary"
 	"github.com/kubelift/kubelift/internal/inplace/driver/drivertest"
@@ -390,7 +391,7 @@ func (w *kubeadmWorld) at(t *testing.T) string {
 	got := map[string]bool{}
 	for _, p := range pods.(*corev1.PodList).Items {
 		c, v, err := preflight.StaticComponent(&p)
-		if err != nil || !preflight.PodReady(&p) {
+		if err != nil || !cluster.PodReady(&p) {
 			return "" // etcd among them
 		}
 		if c != "" {

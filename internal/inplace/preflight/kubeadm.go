@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -36,7 +37,7 @@ func (pc *planCheck) staticComponents(node string, comps map[string]string, bad 
 			bad = append(bad, nodefacts.BadValue{Node: node, Field: "pod " + p.Namespace + "/" + p.Name + " image", Value: imageOf(p), Reason: err.Error()})
 			continue
 		}
-		if comp != "" && PodReady(p) {
+		if comp != "" && cluster.PodReady(p) {
 			out[comp] = v
 		}
 	}
@@ -150,16 +151,4 @@ func StaticComponent(p *corev1.Pod) (string, string, error) {
 		return comp, v.String(), nil
 	}
 	return "", "", nil
-}
-
-func PodReady(p *corev1.Pod) bool {
-	if p.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

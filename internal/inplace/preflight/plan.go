@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/coredns"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/inplace/window"
@@ -191,7 +192,7 @@ type Plan struct {
 	// holds each node to (none with NoWorkloadGate).
 	WorkloadGate []string `json:"workloadGate,omitempty"`
 	// CoreDNS is a binary cluster's CoreDNS move (kubeadm moves its own).
-	CoreDNS *CoreDNSMove `json:"coreDNS,omitempty"`
+	CoreDNS *coredns.Planned `json:"coreDNS,omitempty"`
 }
 
 // ErrBlocked means the plan has blocking findings.

@@ -2,19 +2,14 @@ package preflight
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-
 	"github.com/kubelift/kubelift/internal/catalog"
-	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/removedapis"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 )
 
@@ -106,85 +101,22 @@ func (pc *planCheck) removedAPIs(ctx context.Context) {
 	}
 }
 
-// maxRemovedAPIObjects bounds the objects one removed resource lists.
-const maxRemovedAPIObjects = 50000
-
 func (pc *planCheck) removedAPI(ctx context.Context, version string, api catalog.RemovedAPI) {
 	gvs := api.GroupVersion()
-	rl, err := pc.opts.Client.Discovery().ServerResourcesForGroupVersion(gvs)
-	if err != nil {
-		return // not served: nothing uses it
-	}
-	for _, r := range rl.APIResources {
-		if strings.Contains(r.Name, "/") || !hasVerb(r.Verbs, "list") || (api.Resource != "" && r.Name != api.Resource) {
-			continue
-		}
-		obj := "api/" + gvs + "/" + r.Name
-		if pc.opts.Dynamic == nil {
-			pc.add(Warning, CheckRemovedAPIs, obj, fmt.Sprintf("%s is served now and not from %s", obj[len("api/"):], version), "check that no client uses it")
-			continue
-		}
-		res := pc.opts.Dynamic.Resource(schema.GroupVersionResource{Group: api.Group, Version: api.Version, Resource: r.Name})
-		opts := cluster.ListOptions()
-		n, writers := 0, 0
-		for n < maxRemovedAPIObjects {
-			l, err := res.List(ctx, opts)
-			if err != nil {
-				pc.add(Warning, CheckRemovedAPIs, obj, fmt.Sprintf("%s is served now and not from %s; its objects cannot be listed: %v", obj[len("api/"):], version, err), "check that no object or client uses it")
-				break
-			}
-			for i := range l.Items {
-				n++
-				u := &l.Items[i]
-				manager, ok := writtenThrough(u, gvs)
-				if !ok {
-					continue
-				}
-				writers++
-				name := r.Name + "." + api.Group + "/" + u.GetName()
-				if u.GetNamespace() != "" {
-					name = r.Name + "." + api.Group + "/" + u.GetNamespace() + "/" + u.GetName()
-				}
-				pc.add(Blocking, CheckRemovedAPIs, name, fmt.Sprintf("was written through %s (by %s), which %s no longer serves: whatever writes it so will fail from then on", gvs, manager, version),
-					"re-apply it, and change the manifests and clients that write it, through a served version of "+api.Group)
-			}
-			if opts.Continue = l.GetContinue(); opts.Continue == "" {
-				break
-			}
-		}
-		if n > 0 && writers == 0 {
-			pc.add(Warning, CheckRemovedAPIs, obj, fmt.Sprintf("%d %s are served under %s, which %s no longer serves; none was written through it, but clients reading through it will fail", n, r.Name, gvs, version),
+	for _, r := range removedapis.Find(ctx, pc.opts.Client.Discovery(), pc.opts.Dynamic, api) {
+		served := fmt.Sprintf("%s is served now and not from %s", r.Object[len("api/"):], version)
+		switch {
+		case r.ListErr != nil:
+			pc.add(Warning, CheckRemovedAPIs, r.Object, fmt.Sprintf("%s; its objects cannot be listed: %v", served, r.ListErr), "check that no object or client uses it")
+		case !r.Listed:
+			pc.add(Warning, CheckRemovedAPIs, r.Object, served, "check that no client uses it")
+		case r.Count > 0 && len(r.Written) == 0:
+			pc.add(Warning, CheckRemovedAPIs, r.Object, fmt.Sprintf("%d %s are served under %s, which %s no longer serves; none was written through it, but clients reading through it will fail", r.Count, r.Name, gvs, version),
 				"check that no client uses "+gvs)
 		}
-	}
-}
-
-// writtenThrough reports whether an object was last written through
-// group-version gv, and by which field manager: its managedFields name the
-// API version each manager used, and a kubectl apply's annotation the
-// manifest's apiVersion.
-func writtenThrough(u *unstructured.Unstructured, gv string) (string, bool) {
-	for _, mf := range u.GetManagedFields() {
-		if mf.APIVersion == gv {
-			return mf.Manager, true
+		for _, w := range r.Written {
+			pc.add(Blocking, CheckRemovedAPIs, w.Name, fmt.Sprintf("was written through %s (by %s), which %s no longer serves: whatever writes it so will fail from then on", gvs, w.Manager, version),
+				"re-apply it, and change the manifests and clients that write it, through a served version of "+api.Group)
 		}
 	}
-	if last := u.GetAnnotations()[corev1.LastAppliedConfigAnnotation]; last != "" {
-		var m struct {
-			APIVersion string `json:"apiVersion"`
-		}
-		if json.Unmarshal([]byte(last), &m) == nil && m.APIVersion == gv {
-			return "kubectl apply", true
-		}
-	}
-	return "", false
-}
-
-func hasVerb(verbs []string, v string) bool {
-	for _, x := range verbs {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

@@ -55,12 +55,10 @@ func (r *upgradeRun) planStep(ctx context.Context) error {
 		return err
 	}
 	r.resumingControlPlane = recorded.ControlPlaneInFlight(r.target.Version.String())
-	var blocking []string
-	for _, f := range p.Findings {
-		if f.Severity != preflight.Blocking || r.resolves(f) {
-			continue
-		}
-		blocking = append(blocking, fmt.Sprintf("%s %s: %s", f.Check, f.Object, f.Message))
+	blocking, waited := p.Unresolved(preflight.Resolution{Ignore: r.opts.Ignore, Drain: r.opts.Drain, RestoreLabels: r.opts.RestoreLabels,
+		ResumingControlPlane: r.resumingControlPlane, Selected: r.selected})
+	for _, f := range waited {
+		r.log.Warn("resuming a control plane upgrade in flight: the control plane step waits for this", "object", f.Object, "finding", f.Message)
 	}
 	if len(blocking) > 0 {
 		return fmt.Errorf("%w by %d findings (upgrade plan shows them):\n  %s", preflight.ErrBlocked, len(blocking), strings.Join(blocking, "\n  "))
@@ -74,37 +72,6 @@ func (r *upgradeRun) planStep(ctx context.Context) error {
 		r.log.Info("every node already runs the target: nothing to do", "version", r.target.Version.String())
 	}
 	return nil
-}
-
-// resolves says apply itself fixes a blocking finding, or it is about a
-// worker this run leaves alone.
-func (r *upgradeRun) resolves(f preflight.Finding) bool {
-	if f.Check == preflight.CheckValues {
-		return false // never ignored, whatever the node: nothing runs on values that did not parse
-	}
-	if f.Node != "" && !r.selected(f.Node) {
-		return true
-	}
-	for _, c := range r.opts.Ignore {
-		if c == f.Check {
-			return true
-		}
-	}
-	if f.Check == preflight.CheckRestarts && r.opts.Drain {
-		return true // drained first: nothing runs there to restart
-	}
-	if f.Check == preflight.CheckHealth && len(r.resumingControlPlane) > 0 &&
-		(r.resumingControlPlane[strings.TrimPrefix(f.Object, "apiserver/")] || strings.HasPrefix(f.Object, "lease/")) {
-		// The run this one resumes stopped while kubeadm moved a
-		// control-plane node (it may be restarting that node's API
-		// server, or the leaders, right now): the control plane step
-		// follows that kubeadm run, waits for the node's static pods to
-		// be Ready at the target, and for the leases before the next
-		// node.
-		r.log.Warn("resuming a control plane upgrade in flight: the control plane step waits for this", "object", f.Object, "finding", f.Message)
-		return true
-	}
-	return f.Check == preflight.CheckReadmission && f.Code == preflight.CodeLabelsMissing && r.opts.RestoreLabels
 }
 
 // selected: the node's kubelet moves in this run (control-plane nodes and
@@ -152,44 +119,13 @@ func (r *upgradeRun) done(ctx context.Context) (bool, error) {
 		// the run that stopped never said complete.
 		every := true
 		for _, n := range r.plan.Nodes {
-			every = every && r.nodeAtTarget(n)
+			every = every && n.AtTarget(r.target)
 		}
 		if every {
 			return false, nil
 		}
 	}
-	return r.allAtTarget(), nil
-}
-
-// allAtTarget: every selected node's kubelet and every control-plane
-// component run the target.
-func (r *upgradeRun) allAtTarget() bool {
-	to := r.target.Version.String()
-	for _, n := range r.plan.Nodes {
-		if !r.nodeAtTarget(n) && r.selected(n.Name) {
-			return false
-		}
-		for _, c := range release.ControlPlaneFiles {
-			if v, ok := n.Components[c]; ok && v != to {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// nodeAtTarget: the node's kubelet runs the target, and so does its
-// kube-proxy unit when it has one and the bundle carries kube-proxy.
-func (r *upgradeRun) nodeAtTarget(n preflight.NodeState) bool {
-	to := r.target.Version.String()
-	if n.Kubelet != to {
-		return false
-	}
-	v, runs := n.Components[release.KubeProxy]
-	if _, _, inBundle := r.target.File(release.KubeProxy, release.ArchOr(n.Arch)); runs && inBundle && v != to {
-		return false
-	}
-	return true
+	return r.plan.AllAtTarget(r.target, r.selected), nil
 }
 
 func (r *upgradeRun) stageStep(ctx context.Context) error {
@@ -255,7 +191,7 @@ func (r *upgradeRun) recordStep(ctx context.Context) error {
 		if node := r.view.Node(n.Name); node != nil {
 			_, inFlight = node.Annotations[record.AnnotationInFlight]
 		}
-		if r.nodeAtTarget(n) && e.Status != record.NodeDone && !inFlight {
+		if n.AtTarget(r.target) && e.Status != record.NodeDone && !inFlight {
 			e.Status = record.NodeDone
 		}
 	}

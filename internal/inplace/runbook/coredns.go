@@ -14,7 +14,7 @@ func (r *upgradeRun) corednsStep(ctx context.Context) error {
 	if r.view.Kubeadm != nil || slices.Contains(r.opts.Ignore, preflight.CheckCoreDNS) {
 		return nil
 	}
-	return r.dns().Move(ctx, preflight.CoreDNSImage(r.target.Record), r.fence)
+	return r.dns().Move(ctx, coredns.ImageIn(r.target.Record), r.fence)
 }
 
 // corednsUndo puts back what this upgrade's CoreDNS move replaced.

@@ -85,3 +85,12 @@ func TestRestoreLabelsResolvesByCode(t *testing.T) {
 		t.Error("without --restore-labels, a missing label is resolved")
 	}
 }
+
+// resolves: an apply with r's options passes the blocking finding f
+// (preflight.Plan.Unresolved, as planStep asks it).
+func (r *upgradeRun) resolves(f preflight.Finding) bool {
+	p := &preflight.Plan{Findings: []preflight.Finding{f}}
+	blocking, _ := p.Unresolved(preflight.Resolution{Ignore: r.opts.Ignore, Drain: r.opts.Drain, RestoreLabels: r.opts.RestoreLabels,
+		ResumingControlPlane: r.resumingControlPlane, Selected: r.selected})
+	return len(blocking) == 0
+}

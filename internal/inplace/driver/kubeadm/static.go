@@ -37,10 +37,10 @@ func staticVersions(ctx context.Context, r *driver.Run, node string) (at map[str
 		if err != nil {
 			return nil, false, fmt.Errorf("node %s: %w", node, err)
 		}
-		if comp != "" && preflight.PodReady(p) {
+		if comp != "" && cluster.PodReady(p) {
 			at[comp] = v
 		}
-		if _, mirror := p.Annotations[kubeletcompat.MirrorAnnotation]; mirror && p.Labels["component"] == "etcd" && preflight.PodReady(p) {
+		if _, mirror := p.Annotations[kubeletcompat.MirrorAnnotation]; mirror && p.Labels["component"] == "etcd" && cluster.PodReady(p) {
 			etcdReady = true
 		}
 	}
@@ -205,7 +205,7 @@ func leadsNow(ctx context.Context, r *driver.Run, comp string) string {
 	if err != nil {
 		return fmt.Sprintf("pod kube-system/%s-%s: %v", comp, node, err)
 	}
-	if !preflight.PodReady(p) {
+	if !cluster.PodReady(p) {
 		return fmt.Sprintf("%s on %s is not Ready", comp, node)
 	}
 	for _, cs := range p.Status.ContainerStatuses {
