@@ -51,6 +51,11 @@ type Facts struct {
 	// Units maps each component with a unit file on the node to that
 	// file, whether it runs or not.
 	Units map[string]string `json:"-"`
+	// Etcd is the version of the etcd member the node runs as a unit
+	// ("" when none runs): not among Components, which are Kubernetes'.
+	// Its program, flags and unit are in Programs, Values and Units
+	// under "etcd".
+	Etcd string `json:"etcd,omitempty"`
 	// Staged maps the files of StageDir/VERSION to their sha256.
 	Staged map[string]string `json:"staged,omitempty"`
 	// FreeBytes is free space on the file system of the stage directory.
@@ -97,12 +102,19 @@ type Facts struct {
 	Bad []BadValue `json:"refused,omitempty"`
 }
 
-// Components are the programs read on every node, kubelet first.
-func components() []string { return append([]string{"kubelet"}, catalog.ServerComponents...) }
+// Components are the programs read on every node, kubelet first, then
+// etcd (a binary cluster's member, read apart: Facts.Etcd).
+func components() []string {
+	return append(append([]string{"kubelet"}, catalog.ServerComponents...), Etcd)
+}
+
+// Etcd is the unit of a binary cluster's etcd member.
+const Etcd = "etcd"
 
 // scriptPaths are the flag values the engine hands to node scripts, each
-// checked as it is read: a path or, for the etcd servers, URLs.
-var scriptPaths = []string{"kubelet --root-dir", "kube-apiserver --etcd-cafile", "kube-apiserver --etcd-certfile", "kube-apiserver --etcd-keyfile"}
+// checked as it is read: a path or, for the etcd servers and an etcd
+// member's client URLs, URLs.
+var scriptPaths = []string{"kubelet --root-dir", "kube-apiserver --etcd-cafile", "kube-apiserver --etcd-certfile", "kube-apiserver --etcd-keyfile", "etcd --data-dir"}
 
 // Read reads a node's facts in one command.
 func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts, error) {
@@ -118,6 +130,13 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 	for _, s := range sections {
 		fields := strings.Fields(s.head)
 		switch {
+		case len(fields) == 2 && fields[0] == "version" && fields[1] == Etcd:
+			v, bad := ParseEtcdVersion(node, s.body)
+			if bad != nil {
+				f.Bad = append(f.Bad, *bad)
+				break
+			}
+			f.Etcd = v.String()
 		case len(fields) == 2 && fields[0] == "version":
 			v, bad := ParseVersionLine(node, fields[1]+" --version", strings.TrimSpace(s.body))
 			if bad != nil {
@@ -310,13 +329,14 @@ func (f *Facts) checkValues() {
 			}
 		}
 	}
-	const servers = "kube-apiserver --etcd-servers"
-	if v := f.Values[servers]; v != "" {
-		for _, e := range strings.Split(v, ",") {
-			if bad := CheckEndpoint(f.Name, servers, e); bad != nil {
-				f.Bad = append(f.Bad, *bad)
-				delete(f.Values, servers)
-				break
+	for _, servers := range []string{"kube-apiserver --etcd-servers", "etcd --advertise-client-urls"} {
+		if v := f.Values[servers]; v != "" {
+			for _, e := range strings.Split(v, ",") {
+				if bad := CheckEndpoint(f.Name, servers, e); bad != nil {
+					f.Bad = append(f.Bad, *bad)
+					delete(f.Values, servers)
+					break
+				}
 			}
 		}
 	}
@@ -367,13 +387,30 @@ func lastLines(s string, n int) string {
 
 // addValues records the values of the --flags in args (the first seen wins).
 func (f *Facts) addValues(comp string, args []string) {
-	for _, a := range args {
-		if name, value, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "--") {
+	for i := range args {
+		if name, value, ok := flagAt(args, i); ok && value != "" {
 			if _, seen := f.Values[comp+" "+name]; !seen {
 				f.Values[comp+" "+name] = value
 			}
 		}
 	}
+}
+
+// flagAt reads args[i] as a --flag and its value: --flag=VALUE, or
+// --flag VALUE where the next word is no flag (as pflag and etcd take a
+// flag that is not a boolean); "" for a flag given alone.
+func flagAt(args []string, i int) (name, value string, ok bool) {
+	a := args[i]
+	if !strings.HasPrefix(a, "--") || len(a) < 3 {
+		return "", "", false
+	}
+	if name, value, ok := strings.Cut(a, "="); ok {
+		return name, value, true
+	}
+	if i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+		return a, args[i+1], true
+	}
+	return a, "", true
 }
 
 // AddFlags records the --flag names in args, with where they were read
@@ -383,11 +420,11 @@ func (f *Facts) AddFlags(comp, source string, args []string) {
 	for _, fl := range f.Flags[comp] {
 		seen[fl] = true
 	}
-	for _, a := range args {
-		if !strings.HasPrefix(a, "--") || len(a) < 3 {
+	for i := range args {
+		name, value, ok := flagAt(args, i)
+		if !ok {
 			continue
 		}
-		name, value, _ := strings.Cut(a, "=")
 		if _, ok := f.FlagSources[comp+" "+name]; !ok {
 			f.FlagSources[comp+" "+name] = source
 		}

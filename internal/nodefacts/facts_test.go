@@ -353,3 +353,40 @@ func TestReadContainerdPaths(t *testing.T) {
 		t.Errorf("containerd %+v, bad %+v", f.Containerd, f.Bad)
 	}
 }
+
+// A binary cluster's etcd member: its version read apart from the
+// Kubernetes components ("etcd Version: 3.5.35", never among Components,
+// whose versions are Kubernetes'), its flags in the --flag VALUE form etcd
+// units write as well as --flag=VALUE, its client URLs checked where they
+// enter; a forged version or URL is refused, naming node, field and value.
+func TestReadFactsEtcdMember(t *testing.T) {
+	member := func(version, urls string) string {
+		return "### version etcd\n" + version + "\n### cmdline etcd\n/usr/local/bin/etcd\n--name\ncp-1\n--data-dir=/var/lib/etcd\n--advertise-client-urls\n" + urls + "\n--log-level\nwarn\n--enable-v2\n--debug\n\n" +
+			"### unit etcd /etc/systemd/system/etcd.service\n[Service]\nExecStart=/usr/local/bin/etcd --name cp-1\n"
+	}
+	read := func(out string) *Facts {
+		t.Helper()
+		f, err := Read(context.Background(), replay{[]byte(out)}, "cp-1", "/var/lib/kubelift/staged", "v1.31.4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	f := read(member("etcd Version: 3.5.35", "http://10.0.0.11:2379,http://127.0.0.1:2379"))
+	if len(f.Bad) != 0 || f.Etcd != "v3.5.35" || f.Components["etcd"] != "" || f.Programs["etcd"] != "/usr/local/bin/etcd" {
+		t.Fatalf("refused %v, etcd %q, components %v, programs %v", f.Bad, f.Etcd, f.Components, f.Programs)
+	}
+	for k, want := range map[string]string{"etcd --name": "cp-1", "etcd --data-dir": "/var/lib/etcd", "etcd --advertise-client-urls": "http://10.0.0.11:2379,http://127.0.0.1:2379", "etcd --log-level": "warn", "etcd --enable-v2": "", "etcd --debug": ""} {
+		if got, ok := f.Values[k]; got != want || (want != "" && !ok) {
+			t.Errorf("%s = %q, want %q", k, got, want)
+		}
+	}
+	f = read(member("etcd Version: 3.5.35$(reboot)", "http://10.0.0.11:2379"))
+	if f.Etcd != "" || len(f.Bad) != 1 || f.Bad[0].Field != "etcd --version" || f.Bad[0].Value != "etcd Version: 3.5.35$(reboot)" {
+		t.Errorf("a forged version: etcd %q, refused %+v", f.Etcd, f.Bad)
+	}
+	f = read(member("etcd Version: 3.6.16", "http://10.0.0.11:2379;reboot"))
+	if _, ok := f.Values["etcd --advertise-client-urls"]; ok || len(f.Bad) != 1 || f.Bad[0].Field != "etcd --advertise-client-urls" {
+		t.Errorf("a forged URL: values %v, refused %+v", f.Values, f.Bad)
+	}
+}

@@ -67,6 +67,22 @@ func ParseVersionLine(node, field, line string) (catalog.Version, *BadValue) {
 	return v, bad
 }
 
+// ParseEtcdVersion reads the version `etcd --version` printed on its
+// first line ("etcd Version: 3.5.35"), as vMAJOR.MINOR.PATCH.
+func ParseEtcdVersion(node, out string) (catalog.Version, *BadValue) {
+	const field = "etcd --version"
+	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	num, ok := strings.CutPrefix(line, "etcd Version: ")
+	if !ok {
+		return catalog.Version{}, &BadValue{Node: node, Field: field, Value: line, Reason: "want etcd Version: MAJOR.MINOR.PATCH"}
+	}
+	v, bad := ParseVersion(node, field, "v"+strings.TrimSpace(num))
+	if bad != nil {
+		bad.Value = line
+	}
+	return v, bad
+}
+
 // CheckPath accepts an absolute, clean path (no .., no doubled slashes)
 // of plain characters.
 func CheckPath(node, field, p string) *BadValue {
