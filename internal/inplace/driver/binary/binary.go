@@ -35,7 +35,8 @@ func (Driver) Components(n *preflight.NodeState) []string {
 }
 
 // BackupEtcd runs etcdctl's snapshot with the API server's own etcd
-// endpoints and client certificates.
+// endpoints and client certificates, and keeps a copy off the node
+// (driver.KeepOffNode).
 func (Driver) BackupEtcd(ctx context.Context, r *driver.Run) (string, error) {
 	for _, n := range r.Plan.Nodes {
 		f := r.Facts[n.Name]
@@ -54,6 +55,9 @@ func (Driver) BackupEtcd(ctx context.Context, r *driver.Run) (string, error) {
 			_, err := o.Run(ctx, "etcd snapshot", nodescript.EtcdSnapshot, args...)
 			return err
 		})
+		if err == nil {
+			_, err = driver.KeepOffNode(ctx, r, n.Name, snap)
+		}
 		if err != nil {
 			return "", err
 		}

@@ -50,7 +50,7 @@ func (Driver) Components(n *preflight.NodeState) []string {
 }
 
 // BackupEtcd snapshots the local etcd from inside its static pod on the
-// first control-plane node.
+// first control-plane node, and keeps a copy off it (driver.KeepOffNode).
 func (d Driver) BackupEtcd(ctx context.Context, r *driver.Run) (string, error) {
 	if !d.cfg.LocalEtcd {
 		return "", errors.New("the cluster's etcd is external (kubeadm-config etcd.external): back it up where it runs")
@@ -64,6 +64,9 @@ func (d Driver) BackupEtcd(ctx context.Context, r *driver.Run) (string, error) {
 		_, err := o.Run(ctx, "etcd snapshot", nodescript.KubeadmEtcdSnapshot, snap, d.cfg.EtcdDataDir, path.Join(d.cfg.CertificatesDir, "etcd"))
 		return err
 	})
+	if err == nil {
+		_, err = driver.KeepOffNode(ctx, r, node, snap)
+	}
 	if err != nil {
 		return "", err
 	}

@@ -83,7 +83,7 @@ func runKubeadm(ctx context.Context, r *driver.Run, o *nodeops.Ops, run string, 
 	// The staged kubeadm runs as root and no swap checks it: its signed
 	// sum is checked on the node first.
 	if _, err := o.Run(ctx, "check the staged kubeadm", nodescript.CheckFile, prog, r.Target.SHA256("kubeadm", r.Node(o.Name).Arch)); err != nil {
-		return err
+		return fmt.Errorf("%w (the signed sum): stage it again (upgrade stage)", err)
 	}
 	defer r.Fx.Timed()()
 	for attempt := 1; ; attempt++ {

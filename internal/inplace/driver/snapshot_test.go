@@ -1,0 +1,66 @@
+package driver_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/driver"
+	"github.com/kubelift/kubelift/internal/inplace/driver/drivertest"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
+)
+
+// The snapshot is copied off its node whole, checked against the node's
+// file by sha256 before it takes its name; a copy the node's file does not
+// match leaves nothing behind; a dry run copies nothing.
+func TestKeepOffNode(t *testing.T) {
+	const file = "/var/lib/kubelift/backup/v1.31.4/etcd-snapshot-20261202T040821Z.db"
+	data := []byte(strings.Repeat("etcd page\n", 1000))
+	nodeSum := fmt.Sprintf("%x", sha256.Sum256(data))
+	node := &fakenode.Node{Files: map[string][]byte{file: data}, Scripts: map[string]fakenode.Handler{
+		"check-file": func(args []string) (string, error) {
+			if args[0] != file || args[1] != nodeSum {
+				return "", fmt.Errorf("%s has sha256 %s, not %s", args[0], nodeSum, args[1])
+			}
+			return "", nil
+		},
+	}}
+	dir := filepath.Join(t.TempDir(), "snapshots")
+	fx := &drivertest.Effects{Nodes: map[string]nodeaccess.Node{"cp-1": node}}
+	r := &driver.Run{Log: slog.New(slog.DiscardHandler), Fx: fx, SnapshotDir: dir, Target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 14}},
+		Plan: &preflight.Plan{From: []string{"v1.31.4"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}}}
+	got, err := driver.KeepOffNode(context.Background(), r, "cp-1", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "cp-1-etcd-snapshot-20261202T040821Z.db"); got != want {
+		t.Errorf("copy at %s, want %s", got, want)
+	}
+	if b, err := os.ReadFile(got); err != nil || string(b) != string(data) {
+		t.Errorf("the copy: %d bytes, %v", len(b), err)
+	}
+
+	// The node's file changed under the copy (a different sum).
+	nodeSum = strings.Repeat("0", 64)
+	os.RemoveAll(dir)
+	if _, err := driver.KeepOffNode(context.Background(), r, "cp-1", file); err == nil || !strings.Contains(err.Error(), "has sha256") {
+		t.Fatalf("a copy that does not match: %v", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("a failed copy left %d files in %s", len(entries), dir)
+	}
+
+	r.Dry = true
+	if got, err := driver.KeepOffNode(context.Background(), r, "cp-1", file); got != "" || err != nil {
+		t.Errorf("a dry run copied to %q (%v)", got, err)
+	}
+}
