@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -37,6 +38,7 @@ type applyOptions struct {
 	Settle         time.Duration
 	ReadyTimeout   time.Duration
 	SkipEtcdBackup bool
+	SnapshotDir    string
 	DryRun         bool
 	LockDuration   time.Duration
 	Workers        []string
@@ -148,6 +150,7 @@ upgrading-kubelets) for a later apply.`,
 	f.StringVar(&opts.Selector, "selector", "", "manual mode: move only the kubelets of workers with these labels (e.g. pool=blue)")
 	f.StringVar(&opts.KubeadmConfig, "kubeadm-config", "", "kubeadm clusters: an UpgradeConfiguration file (kubeadm.k8s.io/v1beta4, target v1.31 and later) given to every kubeadm upgrade as --config, e.g. its timeouts; kubelift sets the version and the patches directory")
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
+	f.StringVar(&opts.SnapshotDir, "etcd-snapshot-dir", "", "where on this machine to keep a copy of the etcd snapshot, off the node it protects (default: etcd-snapshots below --cache-dir; move it somewhere safe)")
 	f.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "the upgrade lock lasts this long unless renewed: a run that died is taken over after it")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "walk every step, print each change and node script it would make; change nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
@@ -197,7 +200,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
-		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, DryRun: opts.DryRun,
+		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, SnapshotDir: snapshotDir(opts), DryRun: opts.DryRun,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,
 	})
@@ -300,4 +303,13 @@ func printActions(w io.Writer, actions []inplace.Action) {
 		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintf(w, "dry run: %d changes walked past, nothing was changed\n", len(actions))
+}
+
+// snapshotDir is where apply keeps the etcd snapshot's copy: the one
+// asked for, or etcd-snapshots below the cache directory.
+func snapshotDir(opts *applyOptions) string {
+	if opts.SnapshotDir != "" {
+		return opts.SnapshotDir
+	}
+	return filepath.Join(opts.CacheDir, "etcd-snapshots")
 }

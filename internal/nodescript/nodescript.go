@@ -67,6 +67,11 @@ var (
 	// where they differ from the bundle's, and put back.
 	ToolsSwap    = load("tools-swap", writes)
 	ToolsRestore = load("tools-restore", writes)
+	// A binary cluster's etcd member: what each member says of itself,
+	// its programs moved to the bundle's etcd and restarted, and put back.
+	EtcdStatus  = load("etcd-status", readOnly)
+	EtcdSwap    = load("etcd-swap", writes)
+	EtcdRestore = load("etcd-restore", writes)
 )
 
 const (

@@ -56,6 +56,9 @@ var goldenArgs = map[string][]string{
 	"tools-swap": {"/var/lib/kubelift/backup/" + hostile, "/var/lib/kubelift/staged/v1.31.4/cni-plugins", hostile, "/opt/cni/bin",
 		"/var/lib/kubelift/staged/v1.31.4/crictl", hostile, "/usr/local/bin/crictl"},
 	"tools-restore": {"/var/lib/kubelift/backup/" + hostile, "/opt/cni/bin", "/usr/local/bin/crictl"},
+	"etcd-status":   {"/usr/local/bin/etcdctl", "http://10.0.0.1:2379," + hostile, "/etc/etcd/ca.pem", "", hostile},
+	"etcd-swap":     {"/var/lib/kubelift/backup/" + hostile + "/etcd", "/var/lib/kubelift/staged/v1.31.4/etcd", hostile, "/usr/local/bin", "etcd"},
+	"etcd-restore":  {"/var/lib/kubelift/backup/" + hostile + "/etcd", "/usr/local/bin", hostile},
 }
 
 // TestGolden pins each script's command, byte for byte, with a hostile

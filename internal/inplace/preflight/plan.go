@@ -18,6 +18,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/coredns"
+	"github.com/kubelift/kubelift/internal/inplace/etcd"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/inplace/window"
@@ -60,6 +61,7 @@ const (
 	CheckCgroup       Check = "cgroup"
 	CheckRuntime      Check = "runtime"
 	CheckCoreDNS      Check = "coredns"
+	CheckEtcd         Check = "etcd"
 	CheckRemovedAPIs  Check = "removed-apis"
 	CheckReadmission  Check = "readmission"
 	CheckEviction     Check = "eviction"
@@ -67,7 +69,7 @@ const (
 )
 
 // Checks the plan runs, in the order findings are listed.
-var Checks = []Check{CheckValues, CheckPath, CheckSkew, CheckImported, CheckImages, CheckKubeadm, CheckSSH, CheckHealth, CheckStaged, CheckDisk, CheckRemovedFlags, CheckCgroup, CheckRuntime, CheckCoreDNS, CheckRemovedAPIs, CheckReadmission, CheckEviction, CheckRestarts}
+var Checks = []Check{CheckValues, CheckPath, CheckSkew, CheckImported, CheckImages, CheckKubeadm, CheckSSH, CheckHealth, CheckStaged, CheckDisk, CheckRemovedFlags, CheckCgroup, CheckRuntime, CheckEtcd, CheckCoreDNS, CheckRemovedAPIs, CheckReadmission, CheckEviction, CheckRestarts}
 
 // ParseCheck reads a check's name (as --ignore-preflight takes it).
 func ParseCheck(s string) (Check, error) {
@@ -193,6 +195,9 @@ type Plan struct {
 	WorkloadGate []string `json:"workloadGate,omitempty"`
 	// CoreDNS is a binary cluster's CoreDNS move (kubeadm moves its own).
 	CoreDNS *coredns.Planned `json:"coreDNS,omitempty"`
+	// Etcd is a binary cluster's etcd move, where the bundle carries
+	// etcd (bundle create --etcd); kubeadm moves its own.
+	Etcd *etcd.Planned `json:"etcd,omitempty"`
 }
 
 // ErrBlocked means the plan has blocking findings.
@@ -381,6 +386,7 @@ func Evaluate(ctx context.Context, opts PlanOptions, v *View) (*Plan, error) {
 	pc.runtime()
 	pc.tools()
 	pc.cgroupDriver()
+	pc.etcd()
 	pc.coreDNS(ctx)
 	pc.removedAPIs(ctx)
 	pc.readmission()

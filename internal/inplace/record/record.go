@@ -69,6 +69,16 @@ type Upgrade struct {
 	Nodes     []Node    `json:"nodes"`
 	// Backup is the etcd snapshot taken before the control plane moved.
 	Backup string `json:"etcdBackup,omitempty"`
+	// Etcd is the move of a binary cluster's etcd members this upgrade
+	// makes, recorded before the first member moves: what a rollback
+	// puts back.
+	Etcd *EtcdMove `json:"etcd,omitempty"`
+}
+
+// EtcdMove is an etcd move's versions.
+type EtcdMove struct {
+	From string `json:"from"`
+	To   string `json:"to"`
 }
 
 // Node is one node's part of the upgrade.

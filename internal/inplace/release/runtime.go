@@ -15,6 +15,8 @@ import (
 const (
 	FileContainerd = catalog.StackContainerd
 	FileRunc       = catalog.StackRunc
+	// FileEtcd is etcd's release archive, for a binary cluster's members.
+	FileEtcd = catalog.StackEtcd
 )
 
 // RuntimeMove is the move of a node's containerd that the bundle makes:
@@ -132,8 +134,10 @@ func (t *Release) ToolsMoveFor(arch string) *ToolsMove {
 // NodeFiles are the files a node of role in a cluster of kind is staged
 // from the release: its binaries (FilesForKind), the parts of the runtime
 // move the bundle makes on the node (rt, its runtime as its Node reports
-// it, for arch), where it makes one, and its tools' archives where the
-// bundle carries the node stack (ToolsMoveFor).
+// it, for arch), where it makes one, its tools' archives where the
+// bundle carries the node stack (ToolsMoveFor), and etcd's release
+// archive on a binary cluster's control-plane nodes where the bundle
+// carries etcd (bundle create --etcd).
 func (t *Release) NodeFiles(kind, role string, rt nodefacts.Runtime, arch string) ([]string, error) {
 	names := FilesForKind(kind, role)
 	m, err := t.RuntimeMoveFor(rt, arch)
@@ -145,6 +149,9 @@ func (t *Release) NodeFiles(kind, role string, rt nodefacts.Runtime, arch string
 	}
 	if tm := t.ToolsMoveFor(arch); tm != nil {
 		names = append(names, tm.Files...)
+	}
+	if _, _, ok := t.File(FileEtcd, ArchOr(arch)); ok && kind == KindBinary && role == RoleControlPlane {
+		names = append(names, FileEtcd)
 	}
 	return names, nil
 }

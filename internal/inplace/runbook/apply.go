@@ -56,8 +56,10 @@ type ApplyOptions struct {
 	Settle time.Duration
 	// ReadyTimeout bounds the wait for a restarted component.
 	ReadyTimeout time.Duration
-	// SkipEtcdBackup skips the etcd snapshot.
+	// SkipEtcdBackup skips the etcd snapshot; SnapshotDir keeps a copy of
+	// it on this machine ("": on the node only).
 	SkipEtcdBackup bool
+	SnapshotDir    string
 	// DryRun plans and says what would be done; nothing changes.
 	DryRun bool
 	// Drain cordons each node and evicts its pods (PodDisruptionBudgets
@@ -293,6 +295,9 @@ func (r *upgradeRun) runbook() []step {
 		// added are right for the old version too.
 		{name: "workloads", do: r.workloadsStep},
 		{name: "back up etcd", do: r.etcdStep},
+		// Before the control plane, as kubeadm moves etcd: the API
+		// servers of both versions speak to either etcd.
+		{name: "etcd", do: r.etcdMoveStep, undo: r.etcdUndo},
 		{name: "control plane", do: r.controlPlaneStep, undo: r.controlPlaneUndo},
 		{name: "coredns", do: r.corednsStep, undo: r.corednsUndo},
 		{name: "kubelets", do: r.kubeletsStep, undo: r.kubeletsUndo},

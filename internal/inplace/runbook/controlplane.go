@@ -3,7 +3,6 @@ package runbook
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -13,27 +12,6 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 )
-
-// etcdStep snapshots etcd before the control plane is touched (the
-// driver says how).
-func (r *upgradeRun) etcdStep(ctx context.Context) error {
-	if r.opts.SkipEtcdBackup || r.state.Backup != "" {
-		return nil
-	}
-	if r.controlPlaneDone() {
-		return nil
-	}
-	where, err := r.driver.BackupEtcd(ctx, r.driverRun())
-	if err != nil {
-		return fmt.Errorf("%w (pass --skip-etcd-backup to upgrade without one)", err)
-	}
-	r.mu.Lock()
-	r.state.Backup = where
-	r.mu.Unlock()
-	node, file, _ := strings.Cut(where, ":")
-	r.log.Info("etcd snapshot", "node", node, "path", file)
-	return r.save(ctx)
-}
 
 // controlPlaneDone: every control-plane part runs the target.
 func (r *upgradeRun) controlPlaneDone() bool {

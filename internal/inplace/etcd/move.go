@@ -1,0 +1,325 @@
+package etcd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/waiter"
+)
+
+// File is the bundle's etcd release archive (catalog nodeStack "etcd"),
+// staged on the control-plane nodes.
+const File = release.FileEtcd
+
+// Mover moves one cluster's etcd members.
+type Mover struct {
+	Members []Member
+	Move    *Move
+	// SHA256 is the signed sum of the bundle's etcd archive for a node.
+	SHA256 func(node string) string
+	// OnNode runs fn with node's operations (its stage and backup
+	// directories for this upgrade; fenced by the upgrade lock).
+	OnNode func(ctx context.Context, node string, fn func(context.Context, *nodeops.Ops) error) error
+	// Wait and Timeout bound the wait for the cluster to be healthy,
+	// before a member moves and after.
+	Wait    waiter.Waiter
+	Timeout time.Duration
+	// Event posts an Event on a node.
+	Event func(ctx context.Context, node, reason, msg string)
+	Log   *slog.Logger
+	// Dry: a dry run, which tells Would the move instead of making it.
+	Dry   bool
+	Would func(node, what, command string)
+}
+
+// Status is what one member says of itself (etcdctl endpoint status).
+type Status struct {
+	Endpoint string
+	ID       uint64
+	Leader   uint64
+	Version  catalog.Version
+}
+
+// MoveAll moves each member of m.Move that is not at the bundle's etcd
+// yet, followers first, the leader last: the cluster healthy first, the
+// member's programs swapped and its unit restarted, then the member
+// answering at the new version and the cluster healthy again, each
+// bounded by Timeout. A member that does not come back is put back (its
+// old programs, while the move is within a minor or no other member has
+// moved) and the error says so.
+func (m Mover) MoveAll(ctx context.Context) error {
+	if m.Dry {
+		m.Would("", m.Move.String()+", the leader last; each member's programs backed up, swapped and restarted, the cluster healthy before and after", "")
+		return nil
+	}
+	st, err := m.healthy(ctx, m.Members[0].Node)
+	if err != nil {
+		return err
+	}
+	for _, mb := range m.order(st) {
+		if err := m.moveMember(ctx, mb); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// order is the members to move, followers first and the leader last,
+// as st (the members' statuses) says.
+func (m Mover) order(st []Status) []Member {
+	var leader uint64
+	byURL := map[string]Status{}
+	for _, s := range st {
+		byURL[s.Endpoint], leader = s, s.Leader
+	}
+	var out []Member
+	var last *Member
+	for i, mb := range m.Members {
+		if !slices.Contains(m.Move.Nodes, mb.Node) {
+			continue
+		}
+		if byURL[mb.ClientURL].ID == leader {
+			last = &m.Members[i]
+			continue
+		}
+		out = append(out, mb)
+	}
+	if last != nil {
+		out = append(out, *last)
+	}
+	return out
+}
+
+// moveMember moves one member unless it runs the bundle's etcd already
+// (a run that resumes): healthy cluster, swap and restart, then the
+// member at the new version in a healthy cluster.
+func (m Mover) moveMember(ctx context.Context, mb Member) error {
+	to := m.Move.To
+	st, err := m.healthy(ctx, mb.Node)
+	if err != nil {
+		return err
+	}
+	if s, ok := find(st, mb.ClientURL); ok && s.Version.Compare(to) >= 0 {
+		return nil
+	}
+	othersMoved := false
+	for _, s := range st {
+		othersMoved = othersMoved || (s.Endpoint != mb.ClientURL && s.Version.Minor == to.Minor)
+	}
+	m.Event(ctx, mb.Node, "MovingEtcd", fmt.Sprintf("kubelift: etcd %s -> %s", mb.Version, to))
+	err = m.OnNode(ctx, mb.Node, func(ctx context.Context, o *nodeops.Ops) error {
+		_, err := o.Run(ctx, "move etcd", nodescript.EtcdSwap, backupDir(o), path.Join(o.StageDir, o.To, File), m.SHA256(mb.Node), mb.Dir, Unit)
+		return err
+	})
+	if err == nil {
+		err = m.Wait.Poll(ctx, time.Second, m.Timeout, func(ctx context.Context) error {
+			st, err := m.status(ctx, mb.Node)
+			if err == nil {
+				err = m.check(st, mb, to)
+			}
+			return err
+		})
+	}
+	if err != nil {
+		return m.putBackAfter(ctx, mb, othersMoved, fmt.Errorf("node %s: etcd %s: %w", mb.Node, to, err))
+	}
+	m.Log.Info("etcd member moved", "node", mb.Node, "from", mb.Version.String(), "to", to.String())
+	return nil
+}
+
+// putBackAfter puts a member that did not come back onto its old
+// programs, where that is still safe: within a minor, or while no other
+// member runs the new minor (othersMoved; the cluster's version is then
+// still the old one, which the old etcd rejoins). It returns cause with
+// what was done.
+func (m Mover) putBackAfter(ctx context.Context, mb Member, othersMoved bool, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	if m.Move.Minor() && othersMoved {
+		return fmt.Errorf("%w; its old etcd is not put back, since other members run %s already (see docs/etcd.md: restore)", cause, m.Move.To)
+	}
+	if err := m.restore(ctx, mb.Node); err != nil {
+		return errors.Join(cause, fmt.Errorf("node %s: putting the old etcd back: %w", mb.Node, err))
+	}
+	m.Event(ctx, mb.Node, "EtcdRestored", fmt.Sprintf("kubelift: etcd put back: %v", cause))
+	return fmt.Errorf("%w; the old etcd is back", cause)
+}
+
+// restore puts node's backed-up etcd programs back and restarts it.
+func (m Mover) restore(ctx context.Context, node string) error {
+	return m.OnNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
+		_, err := o.Run(ctx, "put etcd back", nodescript.EtcdRestore, backupDir(o), m.member(node).Dir, Unit)
+		return err
+	})
+}
+
+func (m Mover) member(node string) Member {
+	for _, mb := range m.Members {
+		if mb.Node == node {
+			return mb
+		}
+	}
+	return Member{Node: node}
+}
+
+// backupDir is BACKUP/FROM/etcd: the etcd programs apart from the rest.
+func backupDir(o *nodeops.Ops) string { return path.Join(o.BackupDirOf(), "etcd") }
+
+// healthy waits, bounded by Timeout, until every member answers and they
+// agree on one leader among them, asked from node; it returns what they
+// said.
+func (m Mover) healthy(ctx context.Context, node string) ([]Status, error) {
+	var st []Status
+	err := m.Wait.Poll(ctx, time.Second, m.Timeout, func(ctx context.Context) error {
+		var err error
+		if st, err = m.status(ctx, node); err == nil {
+			err = m.check(st, Member{}, catalog.Version{})
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd is not healthy: %w", err)
+	}
+	return st, nil
+}
+
+// check says what keeps st from being a healthy cluster: a member that
+// did not answer, no leader or two, a leader not among them; and, for
+// mb, that it runs at least to.
+func (m Mover) check(st []Status, mb Member, to catalog.Version) error {
+	var leader uint64
+	ids := map[uint64]bool{}
+	for _, want := range m.Members {
+		s, ok := find(st, want.ClientURL)
+		if !ok {
+			return fmt.Errorf("member %s (%s) does not answer", want.Node, want.ClientURL)
+		}
+		if leader != 0 && s.Leader != leader {
+			return fmt.Errorf("the members name different leaders (%x, %x)", leader, s.Leader)
+		}
+		leader = s.Leader
+		ids[s.ID] = true
+		if want.Node == mb.Node && s.Version.Compare(to) < 0 {
+			return fmt.Errorf("member %s runs etcd %s, not %s yet", want.Node, s.Version, to)
+		}
+	}
+	if leader == 0 || !ids[leader] {
+		return fmt.Errorf("no member leads (leader %x)", leader)
+	}
+	return nil
+}
+
+// status asks every member for its status from node.
+func (m Mover) status(ctx context.Context, node string) ([]Status, error) {
+	mb := m.member(node)
+	var urls []string
+	for _, x := range m.Members {
+		urls = append(urls, x.ClientURL)
+	}
+	var out string
+	err := m.OnNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
+		var err error
+		out, err = o.Run(ctx, "etcd status", nodescript.EtcdStatus, path.Join(mb.Dir, "etcdctl"), strings.Join(urls, ","), mb.CA, mb.Cert, mb.Key)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ParseStatus(node, out)
+}
+
+// ParseStatus reads etcdctl's `endpoint status -w json`, as node said it:
+// each member's endpoint, ID, leader and version; a version that does not
+// parse is an error naming the node, the endpoint and the value.
+func ParseStatus(node, out string) ([]Status, error) {
+	var raw []struct {
+		Endpoint string
+		Status   struct {
+			Header struct {
+				MemberID uint64 `json:"member_id"`
+			} `json:"header"`
+			Version string `json:"version"`
+			Leader  uint64 `json:"leader"`
+		}
+	}
+	out = strings.TrimSpace(out)
+	if out == "" {
+		return nil, nil // no member answered
+	}
+	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+		return nil, fmt.Errorf("node %s: etcdctl endpoint status: %w", node, err)
+	}
+	st := make([]Status, 0, len(raw))
+	for _, r := range raw {
+		v, err := catalog.ParseReported("v" + r.Status.Version)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: etcd member %s: version %q: %w", node, r.Endpoint, r.Status.Version, err)
+		}
+		st = append(st, Status{Endpoint: r.Endpoint, ID: r.Status.Header.MemberID, Leader: r.Status.Leader, Version: v})
+	}
+	return st, nil
+}
+
+func find(st []Status, url string) (Status, bool) {
+	for _, s := range st {
+		if s.Endpoint == url {
+			return s, true
+		}
+	}
+	return Status{}, false
+}
+
+// PutBack puts back, for a rollback, the move of the cluster's etcd that
+// this upgrade made (m.Move): each member's backed-up programs,
+// one member at a time, the cluster healthy before and after each. Where
+// the move was of a minor and a member runs the new one, etcd stays as it
+// is (a member of the old minor cannot rejoin such a cluster) and it says
+// so, naming the ways back: etcd's downgrade, or the snapshot.
+func (m Mover) PutBack(ctx context.Context) error {
+	if len(m.Members) == 0 || m.Move == nil {
+		return nil
+	}
+	from, to := m.Move.From, m.Move.To
+	if from.Minor != to.Minor {
+		for _, mb := range m.Members {
+			if mb.Version.Major == to.Major && mb.Version.Minor == to.Minor {
+				m.Log.Warn("etcd stays at "+to.MinorString()+": a member has moved a minor, and an etcd "+from.MinorString()+" member cannot rejoin; the way back is etcd's downgrade or the snapshot (docs/etcd.md)",
+					"node", mb.Node, "runs", mb.Version.String(), "before", from.String())
+				m.Event(ctx, mb.Node, "EtcdStays", fmt.Sprintf("kubelift: etcd stays at %s: a member has moved a minor (docs/etcd.md: downgrade or restore)", mb.Version))
+				return nil
+			}
+		}
+	}
+	for _, mb := range m.Members {
+		if _, err := m.healthy(ctx, mb.Node); err != nil {
+			return err
+		}
+		var said string
+		err := m.OnNode(ctx, mb.Node, func(ctx context.Context, o *nodeops.Ops) error {
+			var err error
+			said, err = o.Run(ctx, "put etcd back", nodescript.EtcdRestore, backupDir(o), mb.Dir, Unit)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if strings.Contains(said, "### none") {
+			continue
+		}
+		if _, err := m.healthy(ctx, mb.Node); err != nil {
+			return fmt.Errorf("node %s: etcd put back: %w", mb.Node, err)
+		}
+		m.Log.Info("etcd member put back", "node", mb.Node, "to", from.String())
+	}
+	return nil
+}
