@@ -203,6 +203,9 @@ func printPlan(w io.Writer, p *preflight.Plan) {
 			fmt.Fprintf(w, "  %2d. %s on %s\n", i+1, strings.Join(s.Components, " then "), strings.Join(s.Nodes, ", "))
 		}
 	}
+	if e := p.Etcd; e != nil {
+		fmt.Fprintf(w, "  etcd: %s to %s on %s before the control plane, after a snapshot kept off its node: one member at a time, the leader last, every member healthy before and after each.\n", e.From, e.To, strings.Join(e.Nodes, ", "))
+	}
 	if c := p.CoreDNS; c != nil {
 		corefile := "its Corefile as it is"
 		if c.MigratesCorefile {

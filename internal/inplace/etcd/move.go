@@ -313,8 +313,8 @@ func (m Mover) PutBack(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if strings.Contains(said, "### none") {
-			continue
+		if m.Dry || strings.Contains(said, "### none") {
+			continue // a dry run said the restore instead
 		}
 		if _, err := m.healthy(ctx, mb.Node); err != nil {
 			return fmt.Errorf("node %s: etcd put back: %w", mb.Node, err)
