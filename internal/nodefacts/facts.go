@@ -56,6 +56,9 @@ type Facts struct {
 	// Its program, flags and unit are in Programs, Values and Units
 	// under "etcd".
 	Etcd string `json:"etcd,omitempty"`
+	// EtcdUnread says why the member's version was not taken (quoting
+	// what the node said): not among Bad, since only an etcd move needs it.
+	EtcdUnread string `json:"etcdUnread,omitempty"`
 	// Staged maps the files of StageDir/VERSION to their sha256.
 	Staged map[string]string `json:"staged,omitempty"`
 	// FreeBytes is free space on the file system of the stage directory.
@@ -112,9 +115,10 @@ func components() []string {
 const Etcd = "etcd"
 
 // scriptPaths are the flag values the engine hands to node scripts, each
-// checked as it is read: a path or, for the etcd servers and an etcd
-// member's client URLs, URLs.
-var scriptPaths = []string{"kubelet --root-dir", "kube-apiserver --etcd-cafile", "kube-apiserver --etcd-certfile", "kube-apiserver --etcd-keyfile", "etcd --data-dir"}
+// checked as it is read: a path or, for the etcd servers, URLs. (An etcd
+// member's client URL is checked where an etcd move takes it:
+// etcd.Members.)
+var scriptPaths = []string{"kubelet --root-dir", "kube-apiserver --etcd-cafile", "kube-apiserver --etcd-certfile", "kube-apiserver --etcd-keyfile"}
 
 // Read reads a node's facts in one command.
 func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts, error) {
@@ -131,9 +135,12 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 		fields := strings.Fields(s.head)
 		switch {
 		case len(fields) == 2 && fields[0] == "version" && fields[1] == Etcd:
+			// Not among Bad, which refuses the whole node: etcd's version
+			// matters only where the bundle carries etcd, and the etcd step
+			// refuses then (etcd.Members).
 			v, bad := ParseEtcdVersion(node, s.body)
 			if bad != nil {
-				f.Bad = append(f.Bad, *bad)
+				f.EtcdUnread = fmt.Sprintf("%s %q: %s", bad.Field, bad.Value, bad.Reason)
 				break
 			}
 			f.Etcd = v.String()
@@ -329,14 +336,13 @@ func (f *Facts) checkValues() {
 			}
 		}
 	}
-	for _, servers := range []string{"kube-apiserver --etcd-servers", "etcd --advertise-client-urls"} {
-		if v := f.Values[servers]; v != "" {
-			for _, e := range strings.Split(v, ",") {
-				if bad := CheckEndpoint(f.Name, servers, e); bad != nil {
-					f.Bad = append(f.Bad, *bad)
-					delete(f.Values, servers)
-					break
-				}
+	const servers = "kube-apiserver --etcd-servers"
+	if v := f.Values[servers]; v != "" {
+		for _, e := range strings.Split(v, ",") {
+			if bad := CheckEndpoint(f.Name, servers, e); bad != nil {
+				f.Bad = append(f.Bad, *bad)
+				delete(f.Values, servers)
+				break
 			}
 		}
 	}
@@ -388,7 +394,7 @@ func lastLines(s string, n int) string {
 // addValues records the values of the --flags in args (the first seen wins).
 func (f *Facts) addValues(comp string, args []string) {
 	for i := range args {
-		if name, value, ok := flagAt(args, i); ok && value != "" {
+		if name, value, ok := flagAt(comp, args, i); ok && value != "" {
 			if _, seen := f.Values[comp+" "+name]; !seen {
 				f.Values[comp+" "+name] = value
 			}
@@ -396,10 +402,14 @@ func (f *Facts) addValues(comp string, args []string) {
 	}
 }
 
-// flagAt reads args[i] as a --flag and its value: --flag=VALUE, or
-// --flag VALUE where the next word is no flag (as pflag and etcd take a
-// flag that is not a boolean); "" for a flag given alone.
-func flagAt(args []string, i int) (name, value string, ok bool) {
+// flagAt reads args[i] as a --flag and its value: --flag=VALUE; for
+// etcd, also --flag VALUE where the next word is neither a flag nor a
+// $VARIABLE (etcd's units and examples write its flags so, and etcd has
+// few booleans); "" for a flag given alone. The Kubernetes components'
+// words are not read so: they mix the words of several sources (ExecStart,
+// Environment=, the EnvironmentFiles), so the word after a boolean such
+// as --fail-cgroupv1 may be another source's.
+func flagAt(comp string, args []string, i int) (name, value string, ok bool) {
 	a := args[i]
 	if !strings.HasPrefix(a, "--") || len(a) < 3 {
 		return "", "", false
@@ -407,8 +417,8 @@ func flagAt(args []string, i int) (name, value string, ok bool) {
 	if name, value, ok := strings.Cut(a, "="); ok {
 		return name, value, true
 	}
-	if i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
-		return a, args[i+1], true
+	if next := i + 1; comp == Etcd && next < len(args) && !strings.HasPrefix(args[next], "-") && !strings.HasPrefix(args[next], "$") {
+		return a, args[next], true
 	}
 	return a, "", true
 }
@@ -421,7 +431,7 @@ func (f *Facts) AddFlags(comp, source string, args []string) {
 		seen[fl] = true
 	}
 	for i := range args {
-		name, value, ok := flagAt(args, i)
+		name, value, ok := flagAt(comp, args, i)
 		if !ok {
 			continue
 		}

@@ -357,11 +357,12 @@ func TestReadContainerdPaths(t *testing.T) {
 // A binary cluster's etcd member: its version read apart from the
 // Kubernetes components ("etcd Version: 3.5.35", never among Components,
 // whose versions are Kubernetes'), its flags in the --flag VALUE form etcd
-// units write as well as --flag=VALUE, its client URLs checked where they
-// enter; a forged version or URL is refused, naming node, field and value.
+// units write as well as --flag=VALUE (never a $VARIABLE taken for a
+// value). A version that does not parse is not taken, and says why
+// (EtcdUnread), without refusing the node: only an etcd move needs it.
 func TestReadFactsEtcdMember(t *testing.T) {
 	member := func(version, urls string) string {
-		return "### version etcd\n" + version + "\n### cmdline etcd\n/usr/local/bin/etcd\n--name\ncp-1\n--data-dir=/var/lib/etcd\n--advertise-client-urls\n" + urls + "\n--log-level\nwarn\n--enable-v2\n--debug\n\n" +
+		return "### version etcd\n" + version + "\n### cmdline etcd\n/usr/local/bin/etcd\n--name\ncp-1\n--data-dir=/var/lib/etcd\n--advertise-client-urls\n" + urls + "\n--log-level\nwarn\n--enable-v2\n--debug\n--peer-auto-tls\n$ETCD_ARGS\n\n" +
 			"### unit etcd /etc/systemd/system/etcd.service\n[Service]\nExecStart=/usr/local/bin/etcd --name cp-1\n"
 	}
 	read := func(out string) *Facts {
@@ -376,17 +377,34 @@ func TestReadFactsEtcdMember(t *testing.T) {
 	if len(f.Bad) != 0 || f.Etcd != "v3.5.35" || f.Components["etcd"] != "" || f.Programs["etcd"] != "/usr/local/bin/etcd" {
 		t.Fatalf("refused %v, etcd %q, components %v, programs %v", f.Bad, f.Etcd, f.Components, f.Programs)
 	}
-	for k, want := range map[string]string{"etcd --name": "cp-1", "etcd --data-dir": "/var/lib/etcd", "etcd --advertise-client-urls": "http://10.0.0.11:2379,http://127.0.0.1:2379", "etcd --log-level": "warn", "etcd --enable-v2": "", "etcd --debug": ""} {
-		if got, ok := f.Values[k]; got != want || (want != "" && !ok) {
+	for k, want := range map[string]string{"etcd --name": "cp-1", "etcd --data-dir": "/var/lib/etcd", "etcd --advertise-client-urls": "http://10.0.0.11:2379,http://127.0.0.1:2379", "etcd --log-level": "warn"} {
+		if got := f.Values[k]; got != want {
 			t.Errorf("%s = %q, want %q", k, got, want)
 		}
 	}
-	f = read(member("etcd Version: 3.5.35$(reboot)", "http://10.0.0.11:2379"))
-	if f.Etcd != "" || len(f.Bad) != 1 || f.Bad[0].Field != "etcd --version" || f.Bad[0].Value != "etcd Version: 3.5.35$(reboot)" {
-		t.Errorf("a forged version: etcd %q, refused %+v", f.Etcd, f.Bad)
+	for _, k := range []string{"etcd --enable-v2", "etcd --debug", "etcd --peer-auto-tls"} {
+		if got := f.Values[k]; got != "" {
+			t.Errorf("%s = %q, want none (a flag alone, or before a $VARIABLE)", k, got)
+		}
 	}
-	f = read(member("etcd Version: 3.6.16", "http://10.0.0.11:2379;reboot"))
-	if _, ok := f.Values["etcd --advertise-client-urls"]; ok || len(f.Bad) != 1 || f.Bad[0].Field != "etcd --advertise-client-urls" {
-		t.Errorf("a forged URL: values %v, refused %+v", f.Values, f.Bad)
+	f = read(member("etcd Version: 3.5.35$(reboot)", "http://10.0.0.11:2379"))
+	if f.Etcd != "" || len(f.Bad) != 0 || !strings.HasPrefix(f.EtcdUnread, `etcd --version "etcd Version: 3.5.35$(reboot)": `) {
+		t.Errorf("a forged version: etcd %q, unread %q, refused %+v", f.Etcd, f.EtcdUnread, f.Bad)
+	}
+}
+
+// The Kubernetes components' flags are read in the --flag=VALUE form
+// only: their words mix several sources, and a boolean given alone
+// (--fail-cgroupv1) is followed by another source's word (the next
+// Environment= value, the program, a $VARIABLE), never its value.
+func TestABooleanFlagTakesNoOtherSourcesWord(t *testing.T) {
+	out := "### version kubelet\nKubernetes v1.30.14\n### cmdline kubelet\n/usr/local/bin/kubelet\n--fail-cgroupv1\n--v=3\n\n" +
+		"### unit kubelet /etc/systemd/system/kubelet.service\n[Service]\nEnvironment=\"KUBELET_EXTRA_ARGS=--fail-cgroupv1\"\nExecStart=/usr/local/bin/kubelet $KUBELET_EXTRA_ARGS --fail-cgroupv1 $KUBELET_ARGS\n"
+	f, err := Read(context.Background(), replay{[]byte(out)}, "worker-1", "/var/lib/kubelift/staged", "v1.31.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Bad) != 0 || f.FailCgroupV1 == nil || !*f.FailCgroupV1 {
+		t.Errorf("refused %+v, failCgroupV1 %v (want true: the flag alone)", f.Bad, f.FailCgroupV1)
 	}
 }

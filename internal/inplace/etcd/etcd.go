@@ -19,6 +19,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 )
 
@@ -48,15 +49,24 @@ type Member struct {
 }
 
 // Members are the etcd members the facts of nodes show, in nodes' order:
-// each node with the etcd unit, its Version zero where the unit does not
-// run. A member whose client URL or program the node did not say (or
-// said in a form refused where it was read) is an error naming the node.
-func Members(nodes []string, facts map[string]*nodefacts.Facts) ([]Member, error) {
+// each control-plane node with the etcd unit, its Version zero where the unit does not
+// run. A member whose version, client URL or program the node did not
+// say, or said in a form refused here (where an etcd move takes them, not
+// where the facts are read: a cluster that moves no etcd never needs
+// them), is an error naming the node, the field and the value.
+func Members(nodes []nodeaccess.Address, facts map[string]*nodefacts.Facts) ([]Member, error) {
 	var out []Member
-	for _, n := range nodes {
+	for _, a := range nodes {
+		n := a.Name
+		if a.Role != release.RoleControlPlane {
+			continue
+		}
 		f := facts[n]
 		if f == nil || (f.Etcd == "" && f.Units[Unit] == "") {
 			continue
+		}
+		if f.EtcdUnread != "" {
+			return nil, fmt.Errorf("node %s: %s", n, f.EtcdUnread)
 		}
 		var v catalog.Version
 		if f.Etcd != "" {
@@ -71,6 +81,12 @@ func Members(nodes []string, facts map[string]*nodefacts.Facts) ([]Member, error
 			return nil, fmt.Errorf("node %s has an etcd unit, but says no --advertise-client-urls or program for it", n)
 		}
 		u, _, _ := strings.Cut(urls, ",")
+		if bad := nodefacts.CheckEndpoint(n, "etcd --advertise-client-urls", u); bad != nil {
+			return nil, bad
+		}
+		if bad := nodefacts.CheckPath(n, "etcd program", prog); bad != nil {
+			return nil, bad
+		}
 		out = append(out, Member{Node: n, Version: v, ClientURL: u, Dir: path.Dir(prog),
 			CA: f.Values["kube-apiserver --etcd-cafile"], Cert: f.Values["kube-apiserver --etcd-certfile"], Key: f.Values["kube-apiserver --etcd-keyfile"]})
 	}

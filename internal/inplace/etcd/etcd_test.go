@@ -13,6 +13,8 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
 	"github.com/kubelift/kubelift/internal/waiter"
@@ -112,6 +114,9 @@ type cluster struct {
 	order    []string // the scripts that changed a node, "SCRIPT NODE"
 	// comesBack false: a swapped member does not answer again.
 	comesBack bool
+	// elsewhere: the cluster has a fourth member, on no control-plane node;
+	// lone: it has cp-1 alone.
+	elsewhere, lone bool
 }
 
 func (c *cluster) node(name string) *fakenode.Node {
@@ -128,7 +133,7 @@ func (c *cluster) node(name string) *fakenode.Node {
 					"Status": map[string]any{"header": map[string]any{"member_id": i + 1}, "version": strings.TrimPrefix(c.versions[n], "v"), "leader": int(c.leader[3] - '0')}})
 			}
 			b, _ := json.Marshal(st)
-			return string(b), nil
+			return "### members\n" + c.memberList() + "\n### status\n" + string(b) + "\n", nil
 		},
 		"etcd-swap": func([]string) (string, error) {
 			c.mu.Lock()
@@ -160,6 +165,19 @@ func (c *cluster) node(name string) *fakenode.Node {
 	}}
 }
 
+// memberList is etcdctl member list -w json: the three members, and any
+// the cluster has beyond them.
+func (c *cluster) memberList() string {
+	ids := []string{`{"ID":1,"name":"cp-1"}`, `{"ID":2,"name":"cp-2"}`, `{"ID":3,"name":"cp-3"}`}
+	if c.lone {
+		ids = ids[:1]
+	}
+	if c.elsewhere {
+		ids = append(ids, `{"ID":4,"name":"etcd-4"}`)
+	}
+	return `{"header":{"cluster_id":1},"members":[` + strings.Join(ids, ",") + `]}`
+}
+
 func (c *cluster) mover(t *testing.T, m *Move) Mover {
 	nodes := map[string]*fakenode.Node{}
 	for _, n := range []string{"cp-1", "cp-2", "cp-3"} {
@@ -169,7 +187,7 @@ func (c *cluster) mover(t *testing.T, m *Move) Mover {
 	for i, n := range []string{"cp-1", "cp-2", "cp-3"} {
 		ms = append(ms, Member{Node: n, Version: v(strings.TrimPrefix(c.versions[n], "")), ClientURL: fmt.Sprintf("http://10.0.0.%d:2379", i+1), Dir: "/usr/local/bin"})
 	}
-	return Mover{Members: ms, Move: m, SHA256: func(string) string { return strings.Repeat("a", 64) },
+	return Mover{Members: ms, Move: m, Snapshot: true, SHA256: func(string) string { return strings.Repeat("a", 64) },
 		OnNode: func(ctx context.Context, node string, fn func(context.Context, *nodeops.Ops) error) error {
 			return fn(ctx, &nodeops.Ops{Node: nodes[node], Name: node, StageDir: "/var/lib/kubelift/staged", BackupDir: "/var/lib/kubelift/backup", From: "v1.31.4", To: "v1.31.14", Facts: &nodefacts.Facts{}})
 		},
@@ -209,7 +227,7 @@ func TestMoveAllPutsBackAMemberThatDoesNotComeBack(t *testing.T) {
 
 	c = &cluster{versions: map[string]string{"cp-1": "v3.5.35", "cp-2": "v3.6.16", "cp-3": "v3.5.35"}, backedUp: map[string]string{}, leader: "cp-1"}
 	err = c.mover(t, &Move{From: v("v3.5.35"), To: v("v3.6.16"), Nodes: []string{"cp-1", "cp-3"}}).MoveAll(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "its old etcd is not put back, since other members run v3.6.16 already") {
+	if err == nil || !strings.Contains(err.Error(), "its old etcd is not put back, since the cluster's version may have moved to v3.6 already") {
 		t.Fatalf("err = %v", err)
 	}
 	if got := strings.Join(c.order, ", "); got != "swap cp-3" {
@@ -248,7 +266,15 @@ func TestMembers(t *testing.T) {
 			Values: map[string]string{"etcd --advertise-client-urls": "https://10.0.0.2:2379"}},
 		"cp-3": {Units: map[string]string{}, Values: map[string]string{}},
 	}
-	ms, err := Members([]string{"cp-1", "cp-2", "cp-3"}, facts)
+	cp := func(names ...string) []nodeaccess.Address {
+		var out []nodeaccess.Address
+		for _, n := range names {
+			out = append(out, nodeaccess.Address{Name: n, Role: release.RoleControlPlane})
+		}
+		return append(out, nodeaccess.Address{Name: "worker-1", Role: release.RoleWorker})
+	}
+	facts["worker-1"] = facts["cp-1"] // a worker's etcd is none of kubelift's
+	ms, err := Members(cp("cp-1", "cp-2", "cp-3"), facts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,8 +282,64 @@ func TestMembers(t *testing.T) {
 		ms[1].Node != "cp-2" || ms[1].Version != (catalog.Version{}) {
 		t.Fatalf("members %+v", ms)
 	}
+	for field, change := range map[string]func(){
+		`etcd --advertise-client-urls "https://10.0.0.2:2379;reboot" refused`: func() {
+			facts["cp-2"].Values["etcd --advertise-client-urls"] = "https://10.0.0.2:2379;reboot"
+		},
+		`etcd --version "etcd Version: 3.6.0-rc.1"`: func() { facts["cp-2"].EtcdUnread = `etcd --version "etcd Version: 3.6.0-rc.1": a pre-release` },
+	} {
+		change()
+		if _, err := Members(cp("cp-1", "cp-2"), facts); err == nil || !strings.Contains(err.Error(), "node cp-2: "+field) {
+			t.Errorf("%s: %v", field, err)
+		}
+		facts["cp-2"].Values["etcd --advertise-client-urls"], facts["cp-2"].EtcdUnread = "https://10.0.0.2:2379", ""
+	}
 	delete(facts["cp-2"].Values, "etcd --advertise-client-urls")
-	if _, err := Members([]string{"cp-1", "cp-2"}, facts); err == nil || !strings.Contains(err.Error(), "node cp-2 has an etcd unit, but says no --advertise-client-urls") {
+	if _, err := Members(cp("cp-1", "cp-2"), facts); err == nil || !strings.Contains(err.Error(), "node cp-2 has an etcd unit, but says no --advertise-client-urls") {
 		t.Errorf("a member without a client URL: %v", err)
+	}
+}
+
+// Health is every member of the cluster's list answering at a URL of its
+// own and naming the same leader among them: a member that knows no
+// leader, two URLs answered by one member, or a member on a machine
+// kubelift does not see stop the move before anything restarts.
+func TestMoveAllWaitsForAHealthyCluster(t *testing.T) {
+	mv := &Move{From: v("v3.5.35"), To: v("v3.6.16"), Nodes: []string{"cp-1", "cp-2", "cp-3"}}
+	for name, tc := range map[string]struct {
+		change func(*cluster, *Mover)
+		want   string
+	}{
+		"a member elsewhere": {func(c *cluster, _ *Mover) { c.elsewhere = true }, "the cluster lists member 4, which is none of the control-plane nodes' etcd units"},
+		"no leader":          {func(c *cluster, _ *Mover) { c.leader = "cp-0" }, "knows no leader"},
+		"one URL, two members": {func(_ *cluster, m *Mover) { m.Members[1].ClientURL = m.Members[0].ClientURL },
+			"member cp-2 (http://10.0.0.1:2379) answers as member 1, as another member's URL does"},
+		"a minor without a snapshot": {func(_ *cluster, m *Mover) { m.Snapshot = false }, "it needs the snapshot taken first"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := &cluster{versions: map[string]string{"cp-1": "v3.5.35", "cp-2": "v3.5.35", "cp-3": "v3.5.35"}, backedUp: map[string]string{}, leader: "cp-1", comesBack: true}
+			m := c.mover(t, mv)
+			m.Timeout = time.Second
+			tc.change(c, &m)
+			if err := m.MoveAll(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+			if len(c.order) != 0 {
+				t.Errorf("moved %v", c.order)
+			}
+		})
+	}
+}
+
+// A lone member that does not come back at a new minor is not put back:
+// alone, it moves the cluster's version at once.
+func TestALoneMemberIsNotPutBackPastAMinor(t *testing.T) {
+	c := &cluster{versions: map[string]string{"cp-1": "v3.5.35", "cp-2": "v3.5.35", "cp-3": "v3.5.35"}, backedUp: map[string]string{}, leader: "cp-1"}
+	m := c.mover(t, &Move{From: v("v3.5.35"), To: v("v3.6.16"), Nodes: []string{"cp-1"}})
+	m.Members = m.Members[:1]
+	c.versions["cp-2"], c.versions["cp-3"], c.lone = "down", "down", true // a one-member cluster
+	err := m.MoveAll(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "its old etcd is not put back") || strings.Join(c.order, ", ") != "swap cp-1" {
+		t.Fatalf("err = %v, did %v", err, c.order)
 	}
 }

@@ -2,7 +2,6 @@ package etcd
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -38,17 +36,12 @@ type Mover struct {
 	// Event posts an Event on a node.
 	Event func(ctx context.Context, node, reason, msg string)
 	Log   *slog.Logger
+	// Snapshot: a snapshot was taken before (a minor move needs one: no
+	// rollback puts it back).
+	Snapshot bool
 	// Dry: a dry run, which tells Would the move instead of making it.
 	Dry   bool
 	Would func(node, what, command string)
-}
-
-// Status is what one member says of itself (etcdctl endpoint status).
-type Status struct {
-	Endpoint string
-	ID       uint64
-	Leader   uint64
-	Version  catalog.Version
 }
 
 // MoveAll moves each member of m.Move that is not at the bundle's etcd
@@ -63,11 +56,14 @@ func (m Mover) MoveAll(ctx context.Context) error {
 		m.Would("", m.Move.String()+", the leader last; each member's programs backed up, swapped and restarted, the cluster healthy before and after", "")
 		return nil
 	}
-	st, err := m.healthy(ctx, m.Members[0].Node)
+	if m.Move.Minor() && !m.Snapshot {
+		return fmt.Errorf("etcd %s -> %s moves a minor, which a rollback cannot put back: it needs the snapshot taken first (do not pass --skip-etcd-backup)", m.Move.From, m.Move.To)
+	}
+	c, err := m.healthy(ctx, m.Members[0].Node)
 	if err != nil {
 		return err
 	}
-	for _, mb := range m.order(st) {
+	for _, mb := range m.order(c.Status) {
 		if err := m.moveMember(ctx, mb); err != nil {
 			return err
 		}
@@ -106,15 +102,17 @@ func (m Mover) order(st []Status) []Member {
 // member at the new version in a healthy cluster.
 func (m Mover) moveMember(ctx context.Context, mb Member) error {
 	to := m.Move.To
-	st, err := m.healthy(ctx, mb.Node)
+	c, err := m.healthy(ctx, mb.Node)
 	if err != nil {
 		return err
 	}
-	if s, ok := find(st, mb.ClientURL); ok && s.Version.Compare(to) >= 0 {
+	if s, ok := find(c.Status, mb.ClientURL); ok && s.Version.Compare(to) >= 0 {
 		return nil
 	}
-	othersMoved := false
-	for _, s := range st {
+	// A lone member at the new minor moves the cluster's version at
+	// once, as do the others' (the old one cannot rejoin then).
+	othersMoved := len(m.Members) == 1
+	for _, s := range c.Status {
 		othersMoved = othersMoved || (s.Endpoint != mb.ClientURL && s.Version.Minor == to.Minor)
 	}
 	m.Event(ctx, mb.Node, "MovingEtcd", fmt.Sprintf("kubelift: etcd %s -> %s", mb.Version, to))
@@ -124,9 +122,9 @@ func (m Mover) moveMember(ctx context.Context, mb Member) error {
 	})
 	if err == nil {
 		err = m.Wait.Poll(ctx, time.Second, m.Timeout, func(ctx context.Context) error {
-			st, err := m.status(ctx, mb.Node)
+			c, err := m.status(ctx, mb.Node)
 			if err == nil {
-				err = m.check(st, mb, to)
+				err = m.check(c, mb, to)
 			}
 			return err
 		})
@@ -146,7 +144,7 @@ func (m Mover) moveMember(ctx context.Context, mb Member) error {
 func (m Mover) putBackAfter(ctx context.Context, mb Member, othersMoved bool, cause error) error {
 	ctx = context.WithoutCancel(ctx)
 	if m.Move.Minor() && othersMoved {
-		return fmt.Errorf("%w; its old etcd is not put back, since other members run %s already (see docs/etcd.md: restore)", cause, m.Move.To)
+		return fmt.Errorf("%w; its old etcd is not put back, since the cluster's version may have moved to %s already (other members run it, or this one is alone; see docs/etcd.md: restore)", cause, m.Move.To.MinorString())
 	}
 	if err := m.restore(ctx, mb.Node); err != nil {
 		return errors.Join(cause, fmt.Errorf("node %s: putting the old etcd back: %w", mb.Node, err))
@@ -174,110 +172,6 @@ func (m Mover) member(node string) Member {
 
 // backupDir is BACKUP/FROM/etcd: the etcd programs apart from the rest.
 func backupDir(o *nodeops.Ops) string { return path.Join(o.BackupDirOf(), "etcd") }
-
-// healthy waits, bounded by Timeout, until every member answers and they
-// agree on one leader among them, asked from node; it returns what they
-// said.
-func (m Mover) healthy(ctx context.Context, node string) ([]Status, error) {
-	var st []Status
-	err := m.Wait.Poll(ctx, time.Second, m.Timeout, func(ctx context.Context) error {
-		var err error
-		if st, err = m.status(ctx, node); err == nil {
-			err = m.check(st, Member{}, catalog.Version{})
-		}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("etcd is not healthy: %w", err)
-	}
-	return st, nil
-}
-
-// check says what keeps st from being a healthy cluster: a member that
-// did not answer, no leader or two, a leader not among them; and, for
-// mb, that it runs at least to.
-func (m Mover) check(st []Status, mb Member, to catalog.Version) error {
-	var leader uint64
-	ids := map[uint64]bool{}
-	for _, want := range m.Members {
-		s, ok := find(st, want.ClientURL)
-		if !ok {
-			return fmt.Errorf("member %s (%s) does not answer", want.Node, want.ClientURL)
-		}
-		if leader != 0 && s.Leader != leader {
-			return fmt.Errorf("the members name different leaders (%x, %x)", leader, s.Leader)
-		}
-		leader = s.Leader
-		ids[s.ID] = true
-		if want.Node == mb.Node && s.Version.Compare(to) < 0 {
-			return fmt.Errorf("member %s runs etcd %s, not %s yet", want.Node, s.Version, to)
-		}
-	}
-	if leader == 0 || !ids[leader] {
-		return fmt.Errorf("no member leads (leader %x)", leader)
-	}
-	return nil
-}
-
-// status asks every member for its status from node.
-func (m Mover) status(ctx context.Context, node string) ([]Status, error) {
-	mb := m.member(node)
-	var urls []string
-	for _, x := range m.Members {
-		urls = append(urls, x.ClientURL)
-	}
-	var out string
-	err := m.OnNode(ctx, node, func(ctx context.Context, o *nodeops.Ops) error {
-		var err error
-		out, err = o.Run(ctx, "etcd status", nodescript.EtcdStatus, path.Join(mb.Dir, "etcdctl"), strings.Join(urls, ","), mb.CA, mb.Cert, mb.Key)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return ParseStatus(node, out)
-}
-
-// ParseStatus reads etcdctl's `endpoint status -w json`, as node said it:
-// each member's endpoint, ID, leader and version; a version that does not
-// parse is an error naming the node, the endpoint and the value.
-func ParseStatus(node, out string) ([]Status, error) {
-	var raw []struct {
-		Endpoint string
-		Status   struct {
-			Header struct {
-				MemberID uint64 `json:"member_id"`
-			} `json:"header"`
-			Version string `json:"version"`
-			Leader  uint64 `json:"leader"`
-		}
-	}
-	out = strings.TrimSpace(out)
-	if out == "" {
-		return nil, nil // no member answered
-	}
-	if err := json.Unmarshal([]byte(out), &raw); err != nil {
-		return nil, fmt.Errorf("node %s: etcdctl endpoint status: %w", node, err)
-	}
-	st := make([]Status, 0, len(raw))
-	for _, r := range raw {
-		v, err := catalog.ParseReported("v" + r.Status.Version)
-		if err != nil {
-			return nil, fmt.Errorf("node %s: etcd member %s: version %q: %w", node, r.Endpoint, r.Status.Version, err)
-		}
-		st = append(st, Status{Endpoint: r.Endpoint, ID: r.Status.Header.MemberID, Leader: r.Status.Leader, Version: v})
-	}
-	return st, nil
-}
-
-func find(st []Status, url string) (Status, bool) {
-	for _, s := range st {
-		if s.Endpoint == url {
-			return s, true
-		}
-	}
-	return Status{}, false
-}
 
 // PutBack puts back, for a rollback, the move of the cluster's etcd that
 // this upgrade made (m.Move): each member's backed-up programs,

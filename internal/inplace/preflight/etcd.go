@@ -5,18 +5,6 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/release"
 )
 
-// EtcdMembers are the members of a binary cluster's etcd as the plan's
-// nodes said (control-plane nodes that run the etcd unit).
-func EtcdMembers(v *View) ([]etcd.Member, error) {
-	var cps []string
-	for _, t := range v.Addresses {
-		if t.Role == release.RoleControlPlane {
-			cps = append(cps, t.Name)
-		}
-	}
-	return etcd.Members(cps, v.Facts)
-}
-
 // etcd plans the move of a binary cluster's etcd to the one the bundle
 // carries (etcd.PlanFor): blocking where etcd cannot go there in one move
 // (a minor skipped, or 3.6 from a 3.5 below etcd.Floor36). kubeadm moves
@@ -25,13 +13,19 @@ func (pc *planCheck) etcd() {
 	if pc.kind != release.KindBinary {
 		return
 	}
-	members, err := EtcdMembers(pc.view)
-	arch := ""
+	arch := "" // the control-plane nodes' (a binary control plane is of one arch)
 	for _, n := range pc.plan.Nodes {
-		if len(members) > 0 && n.Name == members[0].Node {
+		if n.Role == release.RoleControlPlane {
 			arch = n.Arch
 		}
 	}
+	if pc.target == nil || pc.target.Manifest == nil {
+		return
+	}
+	if _, _, ok := pc.target.File(etcd.File, release.ArchOr(arch)); !ok {
+		return // the members are read only for a move: a bundle without etcd needs nothing of them
+	}
+	members, err := etcd.Members(pc.view.Addresses, pc.view.Facts)
 	if err == nil {
 		pc.plan.Etcd, err = etcd.PlanFor(pc.target, members, arch)
 	}

@@ -33,6 +33,14 @@ func TestEtcdPlannedWhereTheBundleCarriesIt(t *testing.T) {
 	if p := w.Plan(t); p.Etcd != nil || len(preflighttest.Only(p, preflight.CheckEtcd)) > 0 || !staged(p) {
 		t.Fatalf("a bundle without etcd: etcd %+v, findings %+v, staged %v", p.Etcd, preflighttest.Only(p, preflight.CheckEtcd), staged(p))
 	}
+	// Without etcd in the bundle, the members are not even read: a unit
+	// that says its client URLs some other way blocks nothing.
+	delete(cp.Values, "etcd --advertise-client-urls")
+	cp.EtcdUnread = `etcd --version "etcd Version: 3.6.0-rc.1": a pre-release`
+	if p := w.Plan(t); p.Blocked || len(preflighttest.Only(p, preflight.CheckEtcd)) > 0 {
+		t.Fatalf("a bundle without etcd, a unit kubelift cannot read: findings %+v", preflighttest.Only(p, preflight.CheckEtcd))
+	}
+	cp.Values["etcd --advertise-client-urls"], cp.EtcdUnread = "http://10.0.0.1:2379", ""
 
 	m.Files = append(m.Files, bundle.File{Name: "etcd", Version: "v3.6.16", Arch: "amd64", Path: "bin/linux/amd64/etcd-v3.6.16-linux-amd64.tar.gz", SHA256: strings.Repeat("e", 64), Size: 1 << 20})
 	p := w.Plan(t)

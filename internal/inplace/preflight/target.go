@@ -3,9 +3,13 @@ package preflight
 import "github.com/kubelift/kubelift/internal/inplace/release"
 
 // AllAtTarget: every node selected says (the kubelets a run moves) runs
-// t's kubelet, and every control-plane component runs t.
+// t's kubelet, every control-plane component runs t, and no etcd member
+// moves.
 func (p *Plan) AllAtTarget(t *release.Release, selected func(node string) bool) bool {
 	to := t.Version.String()
+	if p.Etcd != nil {
+		return false
+	}
 	for _, n := range p.Nodes {
 		if !n.AtTarget(t) && selected(n.Name) {
 			return false

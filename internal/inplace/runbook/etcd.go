@@ -46,11 +46,13 @@ func (r *upgradeRun) etcdMoveStep(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	r.state.Etcd = &record.EtcdMove{From: p.From, To: p.To} // the same again when a run resumes
-	r.mu.Unlock()
-	if err := r.save(ctx); err != nil {
-		return err
+	if r.state.Etcd == nil { // a run that resumes keeps the first's: its From is what the backups hold
+		r.mu.Lock()
+		r.state.Etcd = &record.EtcdMove{From: p.From, To: p.To}
+		r.mu.Unlock()
+		if err := r.save(ctx); err != nil {
+			return err
+		}
 	}
 	return m.MoveAll(ctx)
 }
@@ -72,8 +74,8 @@ func (r *upgradeRun) etcdUndo(ctx context.Context) error {
 // one version to another, on each node as the run's other steps do.
 func (r *upgradeRun) etcdMover(from, to string, nodes []string) (etcd.Mover, error) {
 	mv, err := etcd.NewMove(from, to, nodes)
-	members, merr := preflight.EtcdMembers(r.view)
-	return etcd.Mover{Members: members, Move: mv, Wait: r.wait, Timeout: r.opts.ReadyTimeout, Event: r.event, Log: r.log, OnNode: r.onNode, Dry: r.dry, Would: r.would,
+	members, merr := etcd.Members(r.view.Addresses, r.view.Facts)
+	return etcd.Mover{Members: members, Move: mv, Wait: r.wait, Timeout: r.opts.ReadyTimeout, Event: r.event, Log: r.log, OnNode: r.onNode, Dry: r.dry, Would: r.would, Snapshot: r.state.Backup != "",
 		SHA256: func(node string) string { return r.target.SHA256(etcd.File, release.ArchOr(r.nodeState(node).Arch)) },
 	}, errors.Join(err, merr)
 }

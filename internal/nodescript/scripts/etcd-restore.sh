@@ -14,7 +14,9 @@ if [ ! -f "$b/etcd-files" ]; then
 fi
 while read -r p; do
   case $p in etcd | etcdctl | etcdutl) ;; *) continue ;; esac
-  cp -p "$b/$p" "$dir/.$p.kubelift-restore" && mv -f "$dir/.$p.kubelift-restore" "$dir/$p"
+  # apart, not joined by &&: set -e stops at either failing
+  cp -p "$b/$p" "$dir/.$p.kubelift-restore"
+  mv -f "$dir/.$p.kubelift-restore" "$dir/$p"
 done <"$b/etcd-files"
 if [ -f "$b/etcd-added" ]; then
   while read -r p; do

@@ -25,17 +25,22 @@ new=$dir/.kubelift-etcd
 rm -rf "$new"
 mkdir -p "$new" "$b"
 trap 'rm -rf "$new"' EXIT
-tar -xzf "$archive" -C "$new" --strip-components=1
+tar -xzf "$archive" -C "$new" --strip-components=1 --no-same-owner
 if [ ! -f "$new/etcd" ] || [ ! -x "$new/etcd" ]; then
   echo "$archive holds no etcd program" >&2
   exit 65
 fi
+# Each command on a line of its own: set -e does not stop at a failing
+# command left of && (a backup that could not be written must stop the
+# swap before the only copy of the old program is renamed over).
 if [ ! -f "$b/etcd-files" ]; then
-  : >"$b/.etcd-files" && : >"$b/.etcd-added"
+  : >"$b/.etcd-files"
+  : >"$b/.etcd-added"
   for p in etcd etcdctl etcdutl; do
     [ -f "$new/$p" ] || continue
     if [ -f "$dir/$p" ]; then
-      cp -p "$dir/$p" "$b/.$p.tmp" && mv -f "$b/.$p.tmp" "$b/$p"
+      cp -p "$dir/$p" "$b/.$p.tmp"
+      mv -f "$b/.$p.tmp" "$b/$p"
       echo "$p" >>"$b/.etcd-files"
     else
       echo "$p" >>"$b/.etcd-added"

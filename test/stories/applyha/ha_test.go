@@ -1,10 +1,15 @@
 // Package applyha tests upgrade apply on a highly available control plane
-// of binaries (3 control planes, 2 workers, leader election on), a patch
-// upgrade from v1.31.4 to v1.31.14: every API server runs the target before
-// any kubelet restarts; manual mode moves the chosen workers only; then
-// rollback puts every node back, and each control-plane part is the same
-// process a minute after it returned; the rollback is recorded, a second
-// one changes nothing, and apply runs again from a fresh record.
+// of binaries (3 control planes, 2 workers, leader election on, an etcd
+// member on each control plane), a patch upgrade from v1.31.4 to
+// v1.31.14 whose bundle carries etcd a minor ahead: the members move one
+// at a time, the leader last, while the API answers every request, and
+// the snapshot taken first is kept off its node; every API server runs the
+// target before any kubelet restarts; manual mode moves the chosen workers
+// only; then rollback puts every node back (etcd, a minor ahead, stays,
+// and it says so), and each control-plane part is the same process a
+// minute after it returned; the rollback is recorded, a second one changes
+// nothing, apply runs again from a fresh record, and the snapshot it kept
+// off its node restores the cluster (docs/etcd.md).
 // (test/stories/apply moves a minor; rollback needs a patch downgrade:
 // the catalog lists v1.31.4 among v1.31.14's downgrades.)
 package applyha
@@ -32,7 +37,7 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "klh", "10.85.0", 3, 2, func(x *harness.Harness) {
 		h = x
-	}, harness.From("v1.31.4"), harness.Target("v1.31.14"), harness.CoreDNS(oldCoreDNS))
+	}, harness.From("v1.31.4"), harness.Target("v1.31.14"), harness.CoreDNS(oldCoreDNS), harness.Etcd(oldEtcd, newEtcd))
 }
 
 // oldCoreDNS is the CoreDNS the sandbox runs, as an installer of an
@@ -40,6 +45,14 @@ func TestMain(m *testing.M) {
 const (
 	oldCoreDNS = "v1.11.1"
 	newCoreDNS = "v1.11.3"
+)
+
+// oldEtcd is the etcd the sandbox's three members run; the bundles carry
+// newEtcd (bundle create --etcd), a minor ahead, as etcd 3.6 pairs with
+// later Kubernetes releases.
+const (
+	oldEtcd = "v3.5.35"
+	newEtcd = "v3.6.16"
 )
 
 // rolled says a container is one an upgrade replaces by design: CoreDNS's,
@@ -96,10 +109,18 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 	}
 	reg, pw := h.RegistryFlags()
 	args := append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels", "--max-unavailable", "2"}, reg...), h.SSHFlags()...)
-	// A failing pre-hook stops the run before the first kubelet moves.
-	if r := h.Upgrade(t, pw, append(args, "--pre-hook", "exit 3")...); r.Code != 1 || !strings.Contains(r.Stderr, "pre-hook") {
+	// A failing pre-hook stops the run before the first kubelet moves,
+	// after etcd and the control plane have: the API answers throughout
+	// etcd's move (apiProbe), and the snapshot taken before it is kept
+	// off its node too.
+	leader, snapshots := leaderNode(t, etcdStatus(t)), t.TempDir()
+	probe := startAPIProbe(t)
+	r := h.Upgrade(t, pw, append(args, "--pre-hook", "exit 3", "--etcd-snapshot-dir", snapshots)...)
+	probe.Stop(t)
+	if r.Code != 1 || !strings.Contains(r.Stderr, "pre-hook") {
 		t.Fatalf("apply with a failing pre-hook: exit %d\n%s", r.Code, r.Stderr)
 	}
+	etcdMoved(t, r.Stderr, leader, snapshots)
 	for _, m := range h.SB.Nodes() {
 		if v := h.Node(t, m.Name).Status.NodeInfo.KubeletVersion; v != h.SB.OldVersion {
 			t.Errorf("%s runs kubelet %s after a failing pre-hook", m.Name, v)
@@ -125,7 +146,7 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 			t.Errorf("after apply --nodes worker-1: %s runs %s, want %s", name, got, want)
 		}
 	}
-	r := h.Upgrade(t, "", "status", "-o", "json")
+	r = h.Upgrade(t, "", "status", "-o", "json")
 	var st record.Upgrade
 	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
 		t.Fatal(err)
@@ -169,8 +190,18 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 
 	// Back: every API server's restart makes the controller managers and
 	// schedulers re-elect; rollback returns only on a settled control plane.
-	if r := h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...); r.Code != 0 {
+	// etcd, which moved a minor, stays, and the rollback says so.
+	r = h.Upgrade(t, "", append([]string{"rollback"}, h.SSHFlags()...)...)
+	if r.Code != 0 {
 		t.Fatalf("rollback: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if !strings.Contains(r.Stderr, "etcd stays at v3.6") || !strings.Contains(r.Stderr, "etcd's downgrade or the snapshot (docs/etcd.md)") {
+		t.Errorf("rollback did not say etcd stays, and the ways back:\n%s", r.Stderr)
+	}
+	for _, s := range etcdStatus(t) {
+		if s.Version.String() != newEtcd {
+			t.Errorf("after rollback member %s runs etcd %s, want %s (it stays)", s.Endpoint, s.Version, newEtcd)
+		}
 	}
 	h.SteadyControlPlane(t, h.SB.OldVersion)
 	for _, m := range h.SB.Nodes() {
