@@ -30,9 +30,11 @@ type Node interface {
 	// returns the number of bytes read from r. When ctx is done it returns
 	// at once, and r may still be read until the connection closes.
 	Upload(ctx context.Context, p string, mode os.FileMode, r io.Reader) (int64, error)
-	// Download writes the file at the absolute path p to w, and returns
-	// the number of bytes written; an error means w may hold part of it.
-	Download(ctx context.Context, p string, w io.Writer) (int64, error)
+	// Stream runs a shell command as Run does, its standard output
+	// written to w as it comes, unbounded (a node's file copied off it),
+	// and returns the number of bytes written; an error means w may hold
+	// part of it.
+	Stream(ctx context.Context, cmd string, w io.Writer) (int64, error)
 	// Close closes the connection (and its jump host connection, if any).
 	Close() error
 }

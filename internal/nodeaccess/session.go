@@ -106,13 +106,10 @@ sync -- "$tmp" 2>/dev/null || sync
 [ ! -d %[4]s ] || { echo "destination is a directory" >&2; exit 1; }
 mv -f -- "$tmp" %[4]s`
 
-func (n *sshNode) Download(ctx context.Context, p string, w io.Writer) (int64, error) {
-	if !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
-		return 0, n.fail("download "+p, fmt.Errorf("%q is not a clean absolute path", p))
-	}
+func (n *sshNode) Stream(ctx context.Context, cmd string, w io.Writer) (int64, error) {
 	cw := &countingWriter{w: w}
-	if err := n.stream(ctx, "cat -- "+Quote(p), cw); err != nil {
-		return cw.n, n.fail("download "+p, err)
+	if err := n.stream(ctx, cmd, cw); err != nil {
+		return cw.n, n.fail(fmt.Sprintf("run %q", firstLine(cmd)), err)
 	}
 	return cw.n, nil
 }

@@ -49,6 +49,7 @@ var (
 	EtcdSnapshot = load("etcd-snapshot", writes)
 	Exists       = load("exists", readOnly)
 	CheckFile    = load("check-file", readOnly)
+	ReadFile     = load("read-file", readOnly)
 	Remove       = load("remove", writes)
 	Start        = load("start", writes)
 	// kubeadm clusters: kubeadm run detached and followed, etcd's

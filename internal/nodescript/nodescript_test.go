@@ -42,6 +42,7 @@ var goldenArgs = map[string][]string{
 	"etcd-snapshot":         {"/var/lib/kubelift/backup/" + hostile + "/etcd.db", "https://127.0.0.1:2379", "/etc/etcd/ca.pem", "", hostile},
 	"exists":                {"/var/lib/kubelet/" + hostile},
 	"check-file":            {"/var/lib/kubelift/staged/" + hostile + "/kubeadm", hostile},
+	"read-file":             {"/var/lib/kubelift/backup/" + hostile + "/etcd-snapshot.db"},
 	"remove":                {"/var/lib/kubelet/" + hostile},
 	"start":                 {hostile},
 	"kubeadm-start":         {"/var/lib/kubelift/kubeadm", "upgrade-apply-v1.31.4-1", "/var/lib/kubelift/staged/v1.31.4/kubeadm", "upgrade", "apply", hostile, "--yes"},

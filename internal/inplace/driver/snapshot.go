@@ -34,7 +34,7 @@ func KeepOffNode(ctx context.Context, r *Run, node, file string) (string, error)
 		}
 		defer os.Remove(tmp.Name()) // gone once renamed
 		h := sha256.New()
-		_, err = o.Node.Download(ctx, file, io.MultiWriter(tmp, h))
+		_, err = o.Node.Stream(ctx, nodescript.ReadFile.Command(file), io.MultiWriter(tmp, h))
 		if err == nil {
 			err = tmp.Sync()
 		}

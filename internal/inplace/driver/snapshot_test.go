@@ -26,7 +26,13 @@ func TestKeepOffNode(t *testing.T) {
 	const file = "/var/lib/kubelift/backup/v1.31.4/etcd-snapshot-20261202T040821Z.db"
 	data := []byte(strings.Repeat("etcd page\n", 1000))
 	nodeSum := fmt.Sprintf("%x", sha256.Sum256(data))
-	node := &fakenode.Node{Files: map[string][]byte{file: data}, Scripts: map[string]fakenode.Handler{
+	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+		"read-file": func(args []string) (string, error) {
+			if args[0] != file {
+				return "", fmt.Errorf("cat: %s: No such file or directory", args[0])
+			}
+			return string(data), nil
+		},
 		"check-file": func(args []string) (string, error) {
 			if args[0] != file || args[1] != nodeSum {
 				return "", fmt.Errorf("%s has sha256 %s, not %s", args[0], nodeSum, args[1])

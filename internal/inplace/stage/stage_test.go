@@ -81,7 +81,7 @@ func (n *shellNode) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byt
 func (n *shellNode) Upload(context.Context, string, os.FileMode, io.Reader) (int64, error) {
 	return 0, errors.New("not used")
 }
-func (n *shellNode) Download(context.Context, string, io.Writer) (int64, error) {
+func (n *shellNode) Stream(context.Context, string, io.Writer) (int64, error) {
 	return 0, errors.New("not used")
 }
 func (n *shellNode) Close() error { return nil }

@@ -29,9 +29,6 @@ type Node struct {
 	// Scripts answer the scripts by name (nodescript.Script.Name); a
 	// script without a handler fails.
 	Scripts map[string]Handler
-	// Files are the node's files Download reads, by path (beside those
-	// Upload wrote).
-	Files map[string][]byte
 
 	mu      sync.Mutex
 	calls   []Call
@@ -76,22 +73,13 @@ func (n *Node) Upload(ctx context.Context, p string, _ os.FileMode, r io.Reader)
 	return int64(len(data)), nil
 }
 
-// Download writes the file Upload wrote at p (or Files holds) to w; a
-// file neither holds is an error.
-func (n *Node) Download(ctx context.Context, p string, w io.Writer) (int64, error) {
-	if err := ctx.Err(); err != nil {
+// Stream plays cmd's script as Run does and writes what it prints to w.
+func (n *Node) Stream(ctx context.Context, cmd string, w io.Writer) (int64, error) {
+	out, err := n.Run(ctx, cmd, nil)
+	if err != nil {
 		return 0, err
 	}
-	n.mu.Lock()
-	data, ok := n.uploads[p]
-	if !ok {
-		data, ok = n.Files[p]
-	}
-	n.mu.Unlock()
-	if !ok {
-		return 0, fmt.Errorf("fakenode: no file %s", p)
-	}
-	k, err := w.Write(data)
+	k, err := w.Write(out)
 	return int64(k), err
 }
 

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"path"
 	"strings"
@@ -32,6 +33,8 @@ var handlers = map[string]handler{
 	"containers":    {"crictl ps", playCrictl},
 	"healthz":       {"healthz", playHealthz},
 	"etcd-snapshot": {"etcd snapshot", playEtcd},
+	"read-file":     {"read file", playReadFile},
+	"check-file":    {"check file", playCheckFile},
 	"exists":        {"exists", playExists},
 	"remove":        {"rm", playRm},
 	"start":         {"start", playStart},
@@ -388,6 +391,40 @@ func playExists(_ *Fleet, n *node, args []string, io *stdio) int {
 		fmt.Fprintln(io.out, "yes")
 	} else {
 		fmt.Fprintln(io.out, "no")
+	}
+	return 0
+}
+
+// playReadFile answers the read-file script (a file copied off the
+// node: the etcd snapshot). args: FILE.
+func playReadFile(_ *Fleet, n *node, args []string, io *stdio) int {
+	n.mu.Lock()
+	f, ok := n.files[args[0]]
+	n.mu.Unlock()
+	if !ok {
+		fmt.Fprintf(io.err, "cat: %s: No such file or directory\n", args[0])
+		return 1
+	}
+	_, _ = io.out.Write(f.data)
+	return 0
+}
+
+// playCheckFile answers the check-file script. args: FILE SHA256.
+func playCheckFile(_ *Fleet, n *node, args []string, io *stdio) int {
+	n.mu.Lock()
+	f, ok := n.files[args[0]]
+	n.mu.Unlock()
+	if !ok {
+		fmt.Fprintf(io.err, "sh: 1: cannot open %s: No such file\n", args[0])
+		return 2
+	}
+	got := f.sum // a staged file is kept as its sum and size
+	if f.data != nil || got == "" {
+		got = fmt.Sprintf("%x", sha256.Sum256(f.data))
+	}
+	if got != args[1] {
+		fmt.Fprintf(io.err, "%s has sha256 %s, not %s\n", args[0], got, args[1])
+		return 65
 	}
 	return 0
 }
