@@ -40,6 +40,15 @@ type ImageShape struct {
 // It returns the upstream digest of each reference, keyed by the reference
 // as written after the registry host. opts are added to every push (a
 // transport that dials into a namespace, say).
+//
+// Up to four repositories are pushed at once, but one repository's tags
+// in turn: every image shares its arch's base layer, and docker-registry
+// rewrites a repository's link to a blob in place, so a manifest put while
+// another push of the same blob into the same repository rewrites that
+// link can be refused (DIGEST_INVALID, MANIFEST_BLOB_UNKNOWN: one sandbox
+// run seeding kube-apiserver at a hop's tag and the target's). kubelift's
+// own push never does so: it puts each (repository, blob) pair once, and
+// the manifests after every blob.
 func Seed(ctx context.Context, host string, repos []string, shape ImageShape, opts ...remote.Option) (map[string]string, error) {
 	if len(shape.Arches) == 0 {
 		shape.Arches = []string{"amd64"}
@@ -48,48 +57,46 @@ func Seed(ctx context.Context, host string, repos []string, shape ImageShape, op
 	for i, arch := range shape.Arches {
 		bases[arch] = static.NewLayer(pseudoRandom(uint64(1000+i), shape.BaseBytes), types.DockerLayer)
 	}
+	// The references of each repository, in the order given; n is a
+	// reference's place in repos, which seeds its own layer.
+	type tagged struct {
+		n    int
+		repo string
+	}
+	var order []string
+	byRepo := map[string][]tagged{}
+	for n, repo := range repos {
+		ref, err := name.ParseReference(host+"/"+repo, name.Insecure)
+		if err != nil {
+			return nil, err
+		}
+		r := ref.Context().String()
+		if _, ok := byRepo[r]; !ok {
+			order = append(order, r)
+		}
+		byRepo[r] = append(byRepo[r], tagged{n, repo})
+	}
 	digests := map[string]string{}
 	var mu sync.Mutex
-	errs := make(chan error, len(repos))
+	errs := make(chan error, len(order))
 	sem := make(chan struct{}, 4)
 	var wg sync.WaitGroup
-	for n, repo := range repos {
+	for _, r := range order {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			idx := v1.ImageIndex(empty.Index)
-			for i, arch := range shape.Arches {
-				top := static.NewLayer(pseudoRandom(uint64(n*100+i), shape.UniqueBytes), types.DockerLayer)
-				img, err := mutate.AppendLayers(empty.Image, bases[arch], top)
+			for _, t := range byRepo[r] {
+				d, err := seedOne(ctx, host, t.repo, t.n, shape, bases, opts)
 				if err != nil {
 					errs <- err
 					return
 				}
-				cf, _ := img.ConfigFile()
-				cf = cf.DeepCopy()
-				cf.OS, cf.Architecture = "linux", arch
-				if img, err = mutate.ConfigFile(img, cf); err != nil {
-					errs <- err
-					return
-				}
-				idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}}})
+				mu.Lock()
+				digests[t.repo] = d
+				mu.Unlock()
 			}
-			idx = mutate.IndexMediaType(idx, types.DockerManifestList)
-			ref, err := name.ParseReference(host+"/"+repo, name.Insecure)
-			if err != nil {
-				errs <- err
-				return
-			}
-			if err := remote.WriteIndex(ref, idx, append([]remote.Option{remote.WithContext(ctx)}, opts...)...); err != nil {
-				errs <- fmt.Errorf("seed %s: %w", ref, err)
-				return
-			}
-			d, _ := idx.Digest()
-			mu.Lock()
-			digests[repo] = d.String()
-			mu.Unlock()
 		}()
 	}
 	wg.Wait()
@@ -98,6 +105,42 @@ func Seed(ctx context.Context, host string, repos []string, shape ImageShape, op
 		return nil, err
 	}
 	return digests, nil
+}
+
+// seedOne pushes repo (the n-th reference Seed was given) as a multi-arch
+// index and returns the index's digest.
+func seedOne(ctx context.Context, host, repo string, n int, shape ImageShape, bases map[string]v1.Layer, opts []remote.Option) (string, error) {
+	idx := v1.ImageIndex(empty.Index)
+	for i, arch := range shape.Arches {
+		top := static.NewLayer(pseudoRandom(uint64(n*100+i), shape.UniqueBytes), types.DockerLayer)
+		img, err := mutate.AppendLayers(empty.Image, bases[arch], top)
+		if err != nil {
+			return "", err
+		}
+		cf, err := img.ConfigFile()
+		if err != nil {
+			return "", err
+		}
+		cf = cf.DeepCopy()
+		cf.OS, cf.Architecture = "linux", arch
+		if img, err = mutate.ConfigFile(img, cf); err != nil {
+			return "", err
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}}})
+	}
+	idx = mutate.IndexMediaType(idx, types.DockerManifestList)
+	ref, err := name.ParseReference(host+"/"+repo, name.Insecure)
+	if err != nil {
+		return "", err
+	}
+	if err := remote.WriteIndex(ref, idx, append([]remote.Option{remote.WithContext(ctx)}, opts...)...); err != nil {
+		return "", fmt.Errorf("seed %s: %w", ref, err)
+	}
+	d, err := idx.Digest()
+	if err != nil {
+		return "", err
+	}
+	return d.String(), nil
 }
 
 // ReleaseRepos returns the catalog release's images as paths below
