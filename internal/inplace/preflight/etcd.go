@@ -7,8 +7,9 @@ import (
 
 // etcd plans the move of a binary cluster's etcd to the one the bundle
 // carries (etcd.PlanFor): blocking where etcd cannot go there in one move
-// (a minor skipped, or 3.6 from a 3.5 below etcd.Floor36). kubeadm moves
-// its own etcd with its control plane.
+// (a minor skipped, or 3.6 from a 3.5 below etcd.Floor36), warning where
+// an API server fails a read at the leader's handover (etcd.Unretried).
+// kubeadm moves its own etcd with its control plane.
 func (pc *planCheck) etcd() {
 	if pc.kind != release.KindBinary {
 		return
@@ -28,6 +29,9 @@ func (pc *planCheck) etcd() {
 	members, err := etcd.Members(pc.view.Addresses, pc.view.Facts)
 	if err == nil {
 		pc.plan.Etcd, err = etcd.PlanFor(pc.target, members, arch)
+	}
+	if msg, fix := etcd.Unretried(pc.view.Addresses, pc.view.Facts); err == nil && pc.plan.Etcd != nil && msg != "" {
+		pc.add(Warning, CheckEtcd, "etcd", msg, fix)
 	}
 	if err != nil {
 		pc.add(Blocking, CheckEtcd, "etcd", err.Error(), "make the bundle with an etcd the members can move to (bundle create --etcd), or pass --ignore-preflight "+string(CheckEtcd)+" to leave etcd as it is")
