@@ -88,6 +88,12 @@ func Etcd(from, to string) Option {
 	return func(c *sandbox.Config) { c.Etcd, c.EtcdTo = from, to }
 }
 
+// APIServerFeatureGates gives the binary sandbox's API servers
+// --feature-gates=gates (sandbox.Config.APIServerFeatureGates).
+func APIServerFeatureGates(gates string) Option {
+	return func(c *sandbox.Config) { c.APIServerFeatureGates = gates }
+}
+
 // StaticPod runs a static pod on the last worker (sandbox.Config.StaticPod).
 func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
 

@@ -390,7 +390,7 @@ func (s *State) nodeFiles(m *Machine, caFile, pki string, issued map[string][2]s
 		return err
 	}
 	leader := fmt.Sprint(s.controlPlanes() > 1)
-	if err := writeUnit(m, "kube-apiserver.service", fmt.Sprintf(apiserverUnit, m.Address, s.etcdServers(m)), true); err != nil {
+	if err := writeUnit(m, "kube-apiserver.service", fmt.Sprintf(apiserverUnit, m.Address, s.etcdServers(m), s.apiserverExtraFlags()), true); err != nil {
 		return err
 	}
 	if err := writeUnit(m, "kube-controller-manager.service", fmt.Sprintf(controllerManagerUnit, m.Address, leader, NodeMonitorGracePeriod), true); err != nil {
@@ -407,4 +407,13 @@ func (s *State) controlPlanes() int {
 		}
 	}
 	return n
+}
+
+// apiserverExtraFlags are the binary API servers' flags beyond the unit's
+// own: Config.APIServerFeatureGates.
+func (s *State) apiserverExtraFlags() string {
+	if s.APIServerFeatureGates == "" {
+		return ""
+	}
+	return " --feature-gates=" + s.APIServerFeatureGates
 }

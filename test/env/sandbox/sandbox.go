@@ -89,6 +89,10 @@ type Config struct {
 	// where upstream publishes its archive, for `bundle create --etcd`
 	// (binary sandboxes only); "": none.
 	EtcdTo string
+	// APIServerFeatureGates is the API servers' --feature-gates on a
+	// binary sandbox ("APIServerTracing=false"); "": none given, each
+	// gate at its default.
+	APIServerFeatureGates string
 	// Log reports progress (nil: silent).
 	Log func(format string, args ...any)
 }
@@ -168,8 +172,11 @@ type State struct {
 	Etcd string `json:"etcd,omitempty"`
 	// EtcdTo is the etcd release the stand-in internet serves
 	// (Config.EtcdTo).
-	EtcdTo   string `json:"etcdTo,omitempty"`
-	Complete bool   `json:"complete"`
+	EtcdTo string `json:"etcdTo,omitempty"`
+	// APIServerFeatureGates are the binary API servers' --feature-gates
+	// (Config.APIServerFeatureGates).
+	APIServerFeatureGates string `json:"apiserverFeatureGates,omitempty"`
+	Complete              bool   `json:"complete"`
 }
 
 // Registry is the air gap's private registry.
@@ -322,7 +329,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return nil, err
 	}
 	s := &State{Dir: dir, Name: cfg.Name, Subnet: cfg.Subnet, OldVersion: cfg.OldVersion, NewVersion: cfg.NewVersion, Runtime: cfg.Runtime, RuntimeVersion: cfg.RuntimeVersion, Kubeadm: cfg.Kubeadm, CoreDNS: cfg.CoreDNS,
-		Etcd: cfg.Etcd, EtcdTo: cfg.EtcdTo}
+		Etcd: cfg.Etcd, EtcdTo: cfg.EtcdTo, APIServerFeatureGates: cfg.APIServerFeatureGates}
 	if err := s.up(ctx, cfg); err != nil {
 		err = fmt.Errorf("sandbox up: %w (state kept in %s for 'sandbox-down' and the unit logs under machines/NODE/var/log/units/)", err, dir)
 		if _, merr := s.Machine("admin"); merr == nil && s.Kubeadm && s.HA() {
@@ -346,7 +353,7 @@ func (s *State) matches(cfg Config) bool {
 		}
 	}
 	return s.Name == cfg.Name && s.Subnet == cfg.Subnet && s.OldVersion == cfg.OldVersion && s.NewVersion == cfg.NewVersion && s.Runtime == cfg.Runtime && s.RuntimeVersion == cfg.RuntimeVersion && s.Kubeadm == cfg.Kubeadm && s.CoreDNS == cfg.CoreDNS &&
-		s.Etcd == cfg.Etcd && s.EtcdTo == cfg.EtcdTo &&
+		s.Etcd == cfg.Etcd && s.EtcdTo == cfg.EtcdTo && s.APIServerFeatureGates == cfg.APIServerFeatureGates &&
 		cps == cfg.ControlPlanes && workers == cfg.Workers && (s.StaticPod != "") == (cfg.StaticPod && cfg.Workloads)
 }
 

@@ -146,6 +146,7 @@ WantedBy=multi-user.target
 
 // apiserverUnit: DefaultTolerationSeconds is off, as on clusters whose
 // pods predate it, so pods keep exactly the tolerations they were given.
+// %[3]s is more flags (" --feature-gates=..."), or "".
 const apiserverUnit = `[Unit]
 Description=Kubernetes API Server
 After=etcd.service
@@ -166,7 +167,7 @@ ExecStart=/usr/local/bin/kube-apiserver \
   --authorization-mode=Node,RBAC \
   --enable-admission-plugins=NodeRestriction \
   --disable-admission-plugins=DefaultTolerationSeconds \
-  --allow-privileged=true
+  --allow-privileged=true%[3]s
 Restart=always
 RestartSec=2
 

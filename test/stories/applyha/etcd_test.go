@@ -28,25 +28,19 @@ import (
 // before it, in which etcd's members restart one at a time and no request
 // may fail. Bounded: it stops by itself after 15 minutes.
 //
-// Two kinds of failure are counted apart, both at a member's restart:
-// etcd's "leader changed", which the API server passed on for a read in
-// flight when the leader handed its leadership over (one run under make
-// test's load lost one ConfigMap read so, 1 of 1,162), and /readyz
-// answering "[-]etcd failed" while the member the API server names first
-// restarts (one run: 11 of 842, within 1 s, no read failed). At most
-// maxLeaderChanged pass, each logged; any other failure fails.
+// The sandbox's API servers run with APIServerTracing=false: through
+// v1.33 the gate's etcd tracing replaces the etcd client's retries, and
+// the leader's handover then fails a read in flight, or the /readyz etcd
+// check for a second (etcd.Unretried; plan warns of it). With the
+// default gate, earlier runs of this story lost 1 of 1,162 reads so, and
+// another 11 of 842 /readyz answers.
 type apiProbe struct {
-	stop, done    chan struct{}
-	mu            sync.Mutex
-	asked         int
-	failed        []string
-	leaderChanged []string
-	etcdStep      bool // the record said the etcd step's time (it names a snapshot)
+	stop, done chan struct{}
+	mu         sync.Mutex
+	asked      int
+	failed     []string
+	etcdStep   bool // the record said the etcd step's time (it names a snapshot)
 }
-
-// maxLeaderChanged bounds the requests a member's restart may fail: 3 s
-// of the probe's /readyz (10 a second).
-const maxLeaderChanged = 30
 
 func startAPIProbe(t *testing.T) *apiProbe {
 	t.Helper()
@@ -85,13 +79,8 @@ func (p *apiProbe) run(c kubernetes.Interface) {
 		p.mu.Lock()
 		p.asked += 2
 		for what, err := range map[string]error{"/readyz": rerr, "configmap": gerr} {
-			switch {
-			case err == nil || apierrors.IsNotFound(err):
-			case strings.Contains(err.Error(), "etcdserver: leader changed"),
-				what == "/readyz" && strings.Contains(err.Error(), "[-]etcd failed"):
-				p.leaderChanged = append(p.leaderChanged, fmt.Sprintf("%s %s: %.200v", now, what, err))
-			default:
-				p.failed = append(p.failed, fmt.Sprintf("%s %s: %v", now, what, err))
+			if err != nil && !apierrors.IsNotFound(err) {
+				p.failed = append(p.failed, fmt.Sprintf("%s %s: %.300v", now, what, err))
 			}
 		}
 		var st record.Upgrade
@@ -119,13 +108,9 @@ func (p *apiProbe) Stop(t *testing.T) {
 	<-p.done
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	t.Logf("the API through etcd's move: %d requests, %d failed, %d of them at a member's restart (etcd's \"leader changed\", or /readyz's etcd check)", p.asked, len(p.failed)+len(p.leaderChanged), len(p.leaderChanged))
-	for _, f := range p.leaderChanged {
-		t.Logf("  at a member's restart: %s", f)
-	}
-	if len(p.failed) > 0 || len(p.leaderChanged) > maxLeaderChanged {
-		t.Errorf("the API failed %d of %d requests while etcd moved (%d at a member's restart, at most %d let pass):\n  %s", len(p.failed)+len(p.leaderChanged), p.asked,
-			len(p.leaderChanged), maxLeaderChanged, strings.Join(append(p.failed, p.leaderChanged...), "\n  "))
+	t.Logf("the API through etcd's move: %d requests, %d failed", p.asked, len(p.failed))
+	if len(p.failed) > 0 {
+		t.Errorf("the API failed %d of %d requests while etcd moved:\n  %s", len(p.failed), p.asked, strings.Join(p.failed, "\n  "))
 	}
 	if !p.etcdStep {
 		t.Error("the probe never saw the record name a snapshot: it stopped before the etcd step")

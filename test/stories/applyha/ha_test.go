@@ -37,7 +37,8 @@ var h *harness.Harness
 func TestMain(m *testing.M) {
 	harness.Main(m, "klh", "10.85.0", 3, 2, func(x *harness.Harness) {
 		h = x
-	}, harness.From("v1.31.4"), harness.Target("v1.31.14"), harness.CoreDNS(oldCoreDNS), harness.Etcd(oldEtcd, newEtcd))
+	}, harness.From("v1.31.4"), harness.Target("v1.31.14"), harness.CoreDNS(oldCoreDNS), harness.Etcd(oldEtcd, newEtcd),
+		harness.APIServerFeatureGates("APIServerTracing=false")) // the API servers retry etcd's "leader changed" (apiProbe)
 }
 
 // oldCoreDNS is the CoreDNS the sandbox runs, as an installer of an

@@ -116,6 +116,7 @@ creates the workloads. Source env.sh in the state directory afterwards.`,
 	up.Flags().StringVar(&cfg.Name, "name", "kl", "prefix of the sandbox's namespaces")
 	up.Flags().StringVar(&cfg.Subnet, "subnet", "10.77.0", "first three octets of the sandbox's /24")
 	up.Flags().BoolVar(&cfg.Workloads, "workloads", true, "create the demo workloads")
+	up.Flags().StringVar(&cfg.APIServerFeatureGates, "apiserver-feature-gates", "", "on a binary sandbox, the API servers' --feature-gates (\"APIServerTracing=false\": through v1.33 the API server's etcd tracing replaces its etcd client's retries, docs/etcd.md) (default: none given)")
 
 	var bcfg sandbox.Config
 	var hashSkip bool
