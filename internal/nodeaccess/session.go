@@ -40,16 +40,17 @@ func (n *sshNode) fail(op string, err error) error {
 func (n *sshNode) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
 	out, err := n.run(ctx, cmd, stdin)
 	if err != nil {
-		return out, n.fail(fmt.Sprintf("run %q", firstLine(cmd)), err)
+		return out, n.fail(fmt.Sprintf("run %q", FirstLine(cmd)), err)
 	}
 	return out, nil
 }
 
-// firstLine names a command in an error: its first line, at most 80
-// bytes (a node script's first line says which script it is; its whole
-// text would drown the error).
-func firstLine(cmd string) string {
-	line, _, more := strings.Cut(cmd, "\n")
+// FirstLine is what an error quotes of a command or of what a node said:
+// its first line (leading space trimmed), at most 80 bytes, " ..." where
+// there is more (a node script's first line says which script it is; its
+// whole text, or a node's whole answer, would drown the error).
+func FirstLine(cmd string) string {
+	line, _, more := strings.Cut(strings.TrimSpace(cmd), "\n")
 	if len(line) > 80 {
 		line, more = line[:80], true
 	}
@@ -109,7 +110,7 @@ mv -f -- "$tmp" %[4]s`
 func (n *sshNode) Stream(ctx context.Context, cmd string, w io.Writer) (int64, error) {
 	cw := &countingWriter{w: w}
 	if err := n.stream(ctx, cmd, cw); err != nil {
-		return cw.n, n.fail(fmt.Sprintf("run %q", firstLine(cmd)), err)
+		return cw.n, n.fail(fmt.Sprintf("run %q", FirstLine(cmd)), err)
 	}
 	return cw.n, nil
 }
@@ -130,32 +131,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // it comes (unbounded: w bounds it, or the file does), with run's
 // handling of ctx and of a failing command.
 func (n *sshNode) stream(ctx context.Context, cmd string, w io.Writer) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	s, err := n.client.NewSession()
-	if err != nil {
-		return fmt.Errorf("open session: %w", err)
-	}
-	defer s.Close()
-	stderr := &tail{max: stderrTail}
-	s.Stdout, s.Stderr = w, stderr
-	if err := s.Start(n.command(cmd)); err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Wait() }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		_ = s.Signal(ssh.SIGKILL)
-		_ = s.Close()
-		return ctx.Err()
-	}
-	var exit *ssh.ExitError
-	if errors.As(err, &exit) {
-		err = &ExitError{Code: exit.ExitStatus(), Signal: exit.Signal(), Stderr: string(bytes.TrimSpace(stderr.b))}
-	}
+	_, err := n.session(ctx, cmd, nil, w, nil)
 	return err
 }
 
@@ -172,45 +148,62 @@ func (n *sshNode) Close() error {
 	return errors.Join(errs...)
 }
 
-// run runs cmd in a new session. When ctx is done it returns at once, without
-// waiting for a host that may not answer: the session goroutine ends when the
-// connection does, and until then may still read stdin.
+// run runs cmd in a new session and returns its standard output, at most
+// the Dialer's bound of it (past that, the command is stopped).
 func (n *sshNode) run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
-	if err := ctx.Err(); err != nil {
+	stdout := &bounded{max: n.maxOutput, over: make(chan struct{})}
+	ended, err := n.session(ctx, cmd, stdin, stdout, stdout.over)
+	if errors.Is(err, errOver) || (ended && stdout.full) {
+		return nil, fmt.Errorf("%w: stopped after %d bytes of standard output", ErrOutputTooLarge, n.maxOutput)
+	}
+	if !ended {
 		return nil, err
+	}
+	return stdout.b.Bytes(), err
+}
+
+// errOver: session stopped the command when over closed.
+var errOver = errors.New("stopped: output over its bound")
+
+// session runs cmd in a new session, its standard input and output as
+// given, and says whether the command ended (then its output is all
+// written, and err is its exit as an *ExitError, if it failed). When ctx
+// is done, or over closes, it stops the command and returns at once
+// (ended false), without waiting for a host that may not answer: the
+// session goroutine ends when the connection does, and until then may
+// still read stdin and write stdout.
+func (n *sshNode) session(ctx context.Context, cmd string, stdin io.Reader, stdout io.Writer, over <-chan struct{}) (ended bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
 	}
 	s, err := n.client.NewSession()
 	if err != nil {
-		return nil, fmt.Errorf("open session: %w", err)
+		return false, fmt.Errorf("open session: %w", err)
 	}
 	defer s.Close()
-	stdout := &bounded{max: n.maxOutput, over: make(chan struct{})}
 	stderr := &tail{max: stderrTail}
 	s.Stdin, s.Stdout, s.Stderr = stdin, stdout, stderr
 	if err := s.Start(n.command(cmd)); err != nil {
-		return nil, err
+		return false, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Wait() }()
 	select {
 	case err = <-done:
-	case <-stdout.over:
+	case <-over:
 		_ = s.Signal(ssh.SIGKILL)
 		_ = s.Close()
-		return nil, fmt.Errorf("%w: stopped after %d bytes of standard output", ErrOutputTooLarge, n.maxOutput)
+		return false, errOver
 	case <-ctx.Done():
 		_ = s.Signal(ssh.SIGKILL)
 		_ = s.Close()
-		return nil, ctx.Err()
-	}
-	if stdout.full {
-		return nil, fmt.Errorf("%w: stopped after %d bytes of standard output", ErrOutputTooLarge, n.maxOutput)
+		return false, ctx.Err()
 	}
 	var exit *ssh.ExitError
 	if errors.As(err, &exit) {
 		err = &ExitError{Code: exit.ExitStatus(), Signal: exit.Signal(), Stderr: string(bytes.TrimSpace(stderr.b))}
 	}
-	return stdout.b.Bytes(), err
+	return true, err
 }
 
 // bounded keeps what is written to it up to max bytes; past that it keeps

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
@@ -114,7 +115,7 @@ func parseCluster(node, out string) (Cluster, error) {
 	members, status, ok := strings.Cut(out, "### status\n")
 	members, hasMembers := strings.CutPrefix(strings.TrimSpace(members), "### members")
 	if !ok || !hasMembers {
-		return Cluster{}, fmt.Errorf("node %s: etcd-status said %q, want its ### members and ### status sections", node, firstLine(out))
+		return Cluster{}, fmt.Errorf("node %s: etcd-status said %q, want its ### members and ### status sections", node, nodeaccess.FirstLine(out))
 	}
 	var c Cluster
 	if members = strings.TrimSpace(members); members != "" {
@@ -133,11 +134,6 @@ func parseCluster(node, out string) (Cluster, error) {
 	var err error
 	c.Status, err = ParseStatus(node, status)
 	return c, err
-}
-
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
-	return line
 }
 
 // ParseStatus reads etcdctl's `endpoint status -w json`, as node said it:
