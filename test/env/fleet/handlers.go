@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"fmt"
 	"path"
 	"strings"
@@ -418,11 +417,7 @@ func playCheckFile(_ *Fleet, n *node, args []string, io *stdio) int {
 		fmt.Fprintf(io.err, "sh: 1: cannot open %s: No such file\n", args[0])
 		return 2
 	}
-	got := f.sum // a staged file is kept as its sum and size
-	if f.data != nil || got == "" {
-		got = fmt.Sprintf("%x", sha256.Sum256(f.data))
-	}
-	if got != args[1] {
+	if got := f.digest(); got != args[1] {
 		fmt.Fprintf(io.err, "%s has sha256 %s, not %s\n", args[0], got, args[1])
 		return 65
 	}
