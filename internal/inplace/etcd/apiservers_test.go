@@ -47,3 +47,21 @@ func TestUnretriedAPIServers(t *testing.T) {
 		}
 	}
 }
+
+// One or two members lose their quorum while each restarts: said, naming
+// them; three are not.
+func TestWarningsOnQuorum(t *testing.T) {
+	for n, want := range map[int]string{1: "one member (cp-1)", 2: "two members (cp-1, cp-2)", 3: ""} {
+		var members []Member
+		for i := 1; i <= n; i++ {
+			members = append(members, Member{Node: "cp-" + string(rune('0'+i))})
+		}
+		ws := Warnings(nil, nil, members)
+		switch {
+		case want == "" && len(ws) > 0:
+			t.Errorf("%d members: %+v", n, ws)
+		case want != "" && (len(ws) != 1 || !strings.Contains(ws[0].Message, want) || !strings.Contains(ws[0].Message, "quorum")):
+			t.Errorf("%d members: %+v, want one warning naming %s", n, ws, want)
+		}
+	}
+}

@@ -8,7 +8,7 @@ import (
 // etcd plans the move of a binary cluster's etcd to the one the bundle
 // carries (etcd.PlanFor): blocking where etcd cannot go there in one move
 // (a minor skipped, or 3.6 from a 3.5 below etcd.Floor36), warning where
-// an API server fails a read at the leader's handover (etcd.Unretried).
+// the API will fail requests meanwhile (etcd.Warnings).
 // kubeadm moves its own etcd with its control plane.
 func (pc *planCheck) etcd() {
 	if pc.kind != release.KindBinary {
@@ -30,8 +30,10 @@ func (pc *planCheck) etcd() {
 	if err == nil {
 		pc.plan.Etcd, err = etcd.PlanFor(pc.target, members, arch)
 	}
-	if msg, fix := etcd.Unretried(pc.view.Addresses, pc.view.Facts); err == nil && pc.plan.Etcd != nil && msg != "" {
-		pc.add(Warning, CheckEtcd, "etcd", msg, fix)
+	if err == nil && pc.plan.Etcd != nil {
+		for _, w := range etcd.Warnings(pc.view.Addresses, pc.view.Facts, members) {
+			pc.add(Warning, CheckEtcd, "etcd", w.Message, w.Fix)
+		}
 	}
 	if err != nil {
 		pc.add(Blocking, CheckEtcd, "etcd", err.Error(), "make the bundle with an etcd the members can move to (bundle create --etcd), or pass --ignore-preflight "+string(CheckEtcd)+" to leave etcd as it is")

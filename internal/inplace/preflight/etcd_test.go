@@ -50,15 +50,17 @@ func TestEtcdPlannedWhereTheBundleCarriesIt(t *testing.T) {
 	if staged(p) {
 		t.Errorf("cp-1 counts as staged without etcd's archive")
 	}
-	// cp-1's API server (v1.30.14, tracing on by default) passes the
-	// leader's handover on: said, not blocked; with tracing off, not said.
+	// One member loses its quorum while it restarts, and cp-1's API server
+	// (v1.30.14, tracing on by default) passes the leader's handover on:
+	// said, not blocked; with tracing off, only the quorum is said.
 	if p.Blocked {
 		t.Errorf("the move blocks: %+v", preflighttest.Only(p, preflight.CheckEtcd))
 	}
+	preflighttest.Want(t, preflighttest.Only(p, preflight.CheckEtcd), preflight.Warning, "etcd", "one member (cp-1)", "quorum")
 	preflighttest.Want(t, preflighttest.Only(p, preflight.CheckEtcd), preflight.Warning, "etcd", "cp-1 (v1.30.14)", "leader changed")
 	cp.Values["kube-apiserver --feature-gates"] = "APIServerTracing=false"
-	if fs := preflighttest.Only(w.Plan(t), preflight.CheckEtcd); len(fs) > 0 {
-		t.Errorf("with APIServerTracing=false: %+v", fs)
+	if fs := preflighttest.Only(w.Plan(t), preflight.CheckEtcd); len(fs) != 1 || strings.Contains(fs[0].Message, "leader changed") {
+		t.Errorf("with APIServerTracing=false: %+v, want the quorum's warning alone", fs)
 	}
 	cp.Staged["etcd"] = strings.Repeat("e", 64)
 	if p := w.Plan(t); !staged(p) {
