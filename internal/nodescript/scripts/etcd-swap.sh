@@ -6,8 +6,11 @@
 # the node has that no earlier run backed up (listed in
 # BACKUP_DIR/etcd-files, written last, whole; the ones it adds in
 # etcd-added), renames each new program over the old one (atomic) and
-# restarts UNIT. etcd stops gracefully on the restart's SIGTERM: a leader
-# hands its leadership to a peer first. A run cut off at any point runs
+# has UNIT restarted without waiting for it (--no-block: a member with a
+# large database may take longer to start than a node command may run;
+# the engine waits for it to answer, --ready-timeout). etcd stops
+# gracefully on the restart's SIGTERM: a leader hands its leadership to a
+# peer first. A run cut off at any point runs
 # again to the same end; what was backed up first is kept, so
 # etcd-restore puts back what the node had before the first.
 # Arguments: BACKUP_DIR ARCHIVE SHA256 PROGRAM_DIR UNIT
@@ -54,4 +57,4 @@ for p in etcd etcdctl etcdutl; do
   chmod 0755 "$new/$p"
   mv -f "$new/$p" "$dir/$p"
 done
-systemctl restart "$unit"
+systemctl restart --no-block "$unit"

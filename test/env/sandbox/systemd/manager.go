@@ -189,13 +189,22 @@ func (m *Manager) Do(ctx context.Context, args []string) (string, error) {
 		}
 		m.mu.Unlock()
 	case "start", "restart":
-		for _, n := range names {
-			if verb == "restart" {
-				m.stop(n)
+		job := func() error {
+			var errs []error
+			for _, n := range names {
+				if verb == "restart" {
+					m.stop(n)
+				}
+				if err := m.start(n); err != nil {
+					errs = append(errs, fmt.Errorf("Job for %s failed: %w", n, err))
+				}
 			}
-			if err := m.start(n); err != nil {
-				errs = append(errs, fmt.Errorf("Job for %s failed: %w", n, err))
-			}
+			return errors.Join(errs...)
+		}
+		if has("--no-block") { // the job is queued; systemctl does not wait for it
+			go func() { _ = job() }()
+		} else if err := job(); err != nil {
+			errs = append(errs, err)
 		}
 	case "stop":
 		for _, n := range names {

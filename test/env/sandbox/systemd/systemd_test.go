@@ -120,6 +120,16 @@ func TestBootStartStopRestart(t *testing.T) {
 		t.Fatalf("MainPID %d after restart, was %d", pid2, pid)
 	}
 
+	// restart --no-block: queued, and done.
+	if out, code := systemctl(t, sock, "restart", "--no-block", "sleeper"); code != 0 {
+		t.Fatalf("restart --no-block: %q %d", out, code)
+	}
+	waitUntil(t, "sleeper restarted after restart --no-block", func() bool {
+		p := mainPID(t, sock, "sleeper")
+		return p != 0 && p != pid2 && syscall.Kill(pid2, 0) != nil
+	})
+	pid2 = mainPID(t, sock, "sleeper")
+
 	// Restart=always: a killed process comes back.
 	_ = syscall.Kill(pid2, syscall.SIGKILL)
 	waitUntil(t, "sleeper restarted after SIGKILL", func() bool {
