@@ -4,10 +4,14 @@
 # them before the tests and fails, naming each, if anything changed after:
 #   hack/host-guard.sh snapshot FILE ; ... ; hack/host-guard.sh check FILE
 set -euo pipefail
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/kubelift
 paths=(
 	/var/lib/kubelet /var/lib/kubelift /var/lib/etcd /var/lib/cni /etc/kubernetes /etc/cni /opt/cni
 	/var/log/containers /var/log/pods /usr/local/bin /etc/systemd/system /run/kubelift
 	/etc/containerd /var/lib/containerd /run/containerd /etc/crictl.yaml /run/netns
+	# What upgrade writes below its default cache directory (the builds'
+	# own, kubernetes/, runtime/, addons/, tools/, are make test's to fill).
+	"$cache/etcd-snapshots" "$cache/files" "$cache/gzip" "$cache/zstd"
 )
 snapshot() {
 	local p

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/inplace/window"
 	"github.com/kubelift/kubelift/internal/kubeadm"
+	"github.com/kubelift/kubelift/internal/registry"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 )
 
@@ -39,6 +41,7 @@ type applyOptions struct {
 	ReadyTimeout   time.Duration
 	SkipEtcdBackup bool
 	SnapshotDir    string
+	SnapshotRepo   string
 	DryRun         bool
 	LockDuration   time.Duration
 	Workers        []string
@@ -107,6 +110,11 @@ upgrading-kubelets) for a later apply.`,
 				map[string]time.Duration{"--settle": opts.Settle, "--soak": opts.Soak}); err != nil {
 				return err
 			}
+			if opts.SnapshotRepo != "" {
+				if _, err := name.NewRepository(opts.SnapshotRepo, name.StrictValidation); err != nil {
+					return cli.Usagef("--etcd-snapshot-repo %q: %v", opts.SnapshotRepo, err)
+				}
+			}
 			if opts.LockDuration < upgradelock.MinDuration {
 				return cli.Usagef("--lock-duration %s: at least %s (a lock renewed every third of it)", opts.LockDuration, upgradelock.MinDuration)
 			}
@@ -151,6 +159,7 @@ upgrading-kubelets) for a later apply.`,
 	f.StringVar(&opts.KubeadmConfig, "kubeadm-config", "", "kubeadm clusters: an UpgradeConfiguration file (kubeadm.k8s.io/v1beta4, target v1.31 and later) given to every kubeadm upgrade as --config, e.g. its timeouts; kubelift sets the version and the patches directory")
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
 	f.StringVar(&opts.SnapshotDir, "etcd-snapshot-dir", "", "where on this machine to keep a copy of the etcd snapshot, off the node it protects (default: etcd-snapshots below --cache-dir; move it somewhere safe)")
+	f.StringVar(&opts.SnapshotRepo, "etcd-snapshot-repo", "", "also push that copy to this repository (REGISTRY/PATH, with the registry flags' credentials) as an OCI artifact tagged NODE-NAME; the snapshot holds every Secret of the cluster: give it a repository only its admins can read (default: not pushed)")
 	f.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "the upgrade lock lasts this long unless renewed: a run that died is taken over after it")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "walk every step, print each change and node script it would make; change nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
@@ -200,7 +209,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
-		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, SnapshotDir: snapshotDir(opts), DryRun: opts.DryRun,
+		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,
 	})
@@ -305,11 +314,13 @@ func printActions(w io.Writer, actions []inplace.Action) {
 	fmt.Fprintf(w, "dry run: %d changes walked past, nothing was changed\n", len(actions))
 }
 
-// snapshotDir is where apply keeps the etcd snapshot's copy: the one
-// asked for, or etcd-snapshots below the cache directory.
-func snapshotDir(opts *applyOptions) string {
-	if opts.SnapshotDir != "" {
-		return opts.SnapshotDir
+// snapshots is where apply keeps the etcd snapshot off its node: a copy
+// in the directory asked for, or etcd-snapshots below the cache
+// directory; pushed on to --etcd-snapshot-repo through access.
+func snapshots(opts *applyOptions, access registry.Access) inplace.Snapshots {
+	s := inplace.Snapshots{Dir: opts.SnapshotDir, Repository: opts.SnapshotRepo, Registry: access}
+	if s.Dir == "" {
+		s.Dir = filepath.Join(opts.CacheDir, "etcd-snapshots")
 	}
-	return filepath.Join(opts.CacheDir, "etcd-snapshots")
+	return s
 }

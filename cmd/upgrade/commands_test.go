@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/registry"
 )
 
 // parse runs a command's flag handling with run in place of its runX, as
@@ -31,8 +32,12 @@ func TestApplyFlags(t *testing.T) {
 		return newCmdApply(s, func(_ context.Context, o *applyOptions) error { got = o; return nil })
 	}
 	if err := parse(t, mk, "--to", "v1.31.4", "--max-unavailable", "25%", "--canary", "--drain", "--drain-timeout", "90s", "--settle", "5s",
-		"--nodes", "worker-1,worker-2", "--ignore-preflight", "removed-flags,restarts", "--dry-run", "--health-window", "10s", "-o", "json"); err != nil {
+		"--nodes", "worker-1,worker-2", "--ignore-preflight", "removed-flags,restarts", "--dry-run", "--health-window", "10s", "-o", "json",
+		"--etcd-snapshot-repo", "registry.corp:5000/backups/etcd", "--cache-dir", "/srv/cache"); err != nil {
 		t.Fatal(err)
+	}
+	if s := snapshots(got, registry.Access{}); s.Dir != "/srv/cache/etcd-snapshots" || s.Repository != "registry.corp:5000/backups/etcd" || s.Registry == nil {
+		t.Errorf("snapshots %+v", s)
 	}
 	if got.Cluster.To != "v1.31.4" || got.MaxUnavailable != "25%" || !got.Canary || !got.Drain || got.DrainTimeout != 90*time.Second ||
 		got.Settle != 5*time.Second || strings.Join(got.Workers, ",") != "worker-1,worker-2" || strings.Join(got.Ignore, ",") != "removed-flags,restarts" ||
@@ -45,6 +50,7 @@ func TestApplyFlags(t *testing.T) {
 	}{
 		{[]string{"--to", "v1.31.4", "--nodes", "worker-1", "--selector", "pool=blue"}, "--nodes and --selector exclude each other"},
 		{[]string{"--to", "v1.31.4", "--selector", "pool in (("}, "--selector"},
+		{[]string{"--to", "v1.31.4", "--etcd-snapshot-repo", "registry.corp:5000/Backups:latest"}, `--etcd-snapshot-repo "registry.corp:5000/Backups:latest"`},
 		{[]string{"--to", "v1.31.4", "-o", "yaml"}, "yaml"},
 		// A lock renewed every third of 2ns panics; one under a second
 		// is a Lease of 0 seconds, taken over at once.

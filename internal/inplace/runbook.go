@@ -3,6 +3,7 @@ package inplace
 import (
 	"context"
 
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/runbook"
 )
@@ -13,6 +14,8 @@ type (
 	ApplyResult  = runbook.ApplyResult
 	Action       = runbook.Action
 	StepTime     = runbook.StepTime
+	// Snapshots says where the etcd snapshot is kept off its node.
+	Snapshots = driver.Snapshots
 )
 
 // Errors an upgrade can end with, for errors.Is.

@@ -105,10 +105,10 @@ type Run struct {
 	// it.
 	Facts     map[string]*nodefacts.Facts
 	Addresses map[string]nodeaccess.Address
-	// StageDir and BackupDir are the nodes' staged files and backups;
-	// SnapshotDir is where, on this machine, the etcd snapshot is kept
-	// off the node ("": on the node only).
-	StageDir, BackupDir, SnapshotDir string
+	// StageDir and BackupDir are the nodes' staged files and backups.
+	StageDir, BackupDir string
+	// Snapshot says where the etcd snapshot is kept off its node.
+	Snapshot Snapshots
 	// Now names the etcd snapshot.
 	Now func() time.Time
 	// Started is the upgrade record's start, in Unix seconds (0 without

@@ -3,6 +3,7 @@ package driver_test
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
+	"github.com/kubelift/kubelift/internal/registry"
 )
 
 // The snapshot is copied off its node whole, checked against the node's
@@ -42,7 +44,7 @@ func TestKeepOffNode(t *testing.T) {
 	}}
 	dir := filepath.Join(t.TempDir(), "snapshots")
 	fx := &drivertest.Effects{Nodes: map[string]nodeaccess.Node{"cp-1": node}}
-	r := &driver.Run{Log: slog.New(slog.DiscardHandler), Fx: fx, SnapshotDir: dir, Target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 14}},
+	r := &driver.Run{Log: slog.New(slog.DiscardHandler), Fx: fx, Snapshot: driver.Snapshots{Dir: dir}, Target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 14}},
 		Plan: &preflight.Plan{From: []string{"v1.31.4"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}}}
 	got, err := driver.KeepOffNode(context.Background(), r, "cp-1", file)
 	if err != nil {
@@ -68,5 +70,56 @@ func TestKeepOffNode(t *testing.T) {
 	r.Dry = true
 	if got, err := driver.KeepOffNode(context.Background(), r, "cp-1", file); got != "" || err != nil {
 		t.Errorf("a dry run copied to %q (%v)", got, err)
+	}
+}
+
+// pushed records what KeepOffNode pushed, and fails when told to.
+type pushed struct {
+	ref, path, sum string
+	art            registry.Artifact
+	fail           error
+}
+
+func (p *pushed) PushFile(_ context.Context, ref, path, sum string, art registry.Artifact) (string, error) {
+	p.ref, p.path, p.sum, p.art = ref, path, sum, art
+	return "sha256:" + strings.Repeat("d", 64), p.fail
+}
+
+// With a repository, the copy is pushed on as an artifact tagged with its
+// name, with the sum the node's file has; a push that fails fails the
+// step, naming the copy (which stays).
+func TestKeepOffNodePushes(t *testing.T) {
+	const file = "/var/lib/kubelift/backup/v1.31.4/etcd-snapshot-20261202T040821Z.db"
+	data := []byte("etcd pages\n")
+	sum := fmt.Sprintf("%x", sha256.Sum256(data))
+	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+		"read-file":  func([]string) (string, error) { return string(data), nil },
+		"check-file": func([]string) (string, error) { return "", nil },
+	}}
+	dir := filepath.Join(t.TempDir(), "snapshots")
+	p := &pushed{}
+	r := &driver.Run{Log: slog.New(slog.DiscardHandler), Fx: &drivertest.Effects{Nodes: map[string]nodeaccess.Node{"cp-1": node}},
+		Snapshot: driver.Snapshots{Dir: dir, Repository: "registry.corp:5000/backups/etcd", Registry: p},
+		Target:   &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 14}},
+		Plan:     &preflight.Plan{From: []string{"v1.31.4"}, Nodes: []preflight.NodeState{{Name: "cp-1", Role: release.RoleControlPlane}}}}
+	got, err := driver.KeepOffNode(context.Background(), r, "cp-1", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ref != "registry.corp:5000/backups/etcd:cp-1-etcd-snapshot-20261202T040821Z.db" || p.path != got || p.sum != sum ||
+		p.art.Type != driver.SnapshotArtifact.Type || p.art.Annotations["org.opencontainers.image.title"] != "cp-1-etcd-snapshot-20261202T040821Z.db" {
+		t.Errorf("pushed %+v, want the copy %s with sum %s", p, got, sum)
+	}
+	p.fail = errors.New("UNAUTHORIZED: authentication required")
+	_, err = driver.KeepOffNode(context.Background(), r, "cp-1", file)
+	if err == nil || !strings.Contains(err.Error(), "UNAUTHORIZED") || !strings.Contains(err.Error(), got) {
+		t.Errorf("a push refused: %v", err)
+	}
+	if _, serr := os.Stat(got); serr != nil {
+		t.Errorf("the copy is gone after a refused push: %v", serr)
+	}
+	p.ref, p.fail, r.Snapshot.Repository = "", nil, ""
+	if _, err := driver.KeepOffNode(context.Background(), r, "cp-1", file); err != nil || p.ref != "" {
+		t.Errorf("without a repository: pushed %q (%v)", p.ref, err)
 	}
 }

@@ -185,7 +185,11 @@ func (c *cluster) mover(t *testing.T, m *Move) Mover {
 	}
 	var ms []Member
 	for i, n := range []string{"cp-1", "cp-2", "cp-3"} {
-		ms = append(ms, Member{Node: n, Version: v(strings.TrimPrefix(c.versions[n], "")), ClientURL: fmt.Sprintf("http://10.0.0.%d:2379", i+1), Dir: "/usr/local/bin"})
+		var ver catalog.Version // a unit that does not run: no version (Members)
+		if c.versions[n] != "down" {
+			ver = v(c.versions[n])
+		}
+		ms = append(ms, Member{Node: n, Version: ver, ClientURL: fmt.Sprintf("http://10.0.0.%d:2379", i+1), Dir: "/usr/local/bin"})
 	}
 	return Mover{Members: ms, Move: m, Snapshot: true, SHA256: func(string) string { return strings.Repeat("a", 64) },
 		OnNode: func(ctx context.Context, node string, fn func(context.Context, *nodeops.Ops) error) error {
@@ -252,6 +256,16 @@ func TestPutBack(t *testing.T) {
 	}
 	if len(c.order) != 0 || c.versions["cp-1"] != "v3.6.16" {
 		t.Errorf("a minor move was put back: %v", c.order)
+	}
+
+	// A run killed while cp-2's new etcd would not start left it down: it
+	// is put back first, though the cluster is not healthy without it.
+	c = &cluster{versions: map[string]string{"cp-1": "v3.5.35", "cp-2": "down", "cp-3": "v3.5.35"}, backedUp: map[string]string{"cp-2": "v3.5.35"}, leader: "cp-1", comesBack: true}
+	if err := c.mover(t, &Move{From: v("v3.5.35"), To: v("v3.6.16")}).PutBack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.order, ", "); got != "restore cp-2" || c.versions["cp-2"] != "v3.5.35" {
+		t.Errorf("did %s, cp-2 at %s", got, c.versions["cp-2"])
 	}
 }
 

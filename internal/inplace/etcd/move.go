@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -175,7 +176,11 @@ func backupDir(o *nodeops.Ops) string { return path.Join(o.BackupDirOf(), "etcd"
 
 // PutBack puts back, for a rollback, the move of the cluster's etcd that
 // this upgrade made (m.Move): each member's backed-up programs,
-// one member at a time, the cluster healthy before and after each. Where
+// one member at a time, the cluster healthy before and after each. A
+// member whose unit does not run (a run killed while its new etcd would
+// not start) goes first, without waiting for a healthy cluster, which it
+// keeps from being one: the others hold the quorum, and it must be
+// healthy after. Where
 // the move was of a minor and a member runs the new one, etcd stays as it
 // is (a member of the old minor cannot rejoin such a cluster) and it says
 // so, naming the ways back: etcd's downgrade, or the snapshot.
@@ -194,9 +199,22 @@ func (m Mover) PutBack(ctx context.Context) error {
 			}
 		}
 	}
-	for _, mb := range m.Members {
-		if _, err := m.healthy(ctx, mb.Node); err != nil {
-			return err
+	down := func(mb Member) bool { return mb.Version == (catalog.Version{}) }
+	members := slices.Clone(m.Members)
+	slices.SortStableFunc(members, func(a, b Member) int {
+		if down(a) == down(b) {
+			return 0
+		}
+		if down(a) {
+			return -1
+		}
+		return 1
+	})
+	for _, mb := range members {
+		if !down(mb) {
+			if _, err := m.healthy(ctx, mb.Node); err != nil {
+				return err
+			}
 		}
 		var said string
 		err := m.OnNode(ctx, mb.Node, func(ctx context.Context, o *nodeops.Ops) error {

@@ -56,10 +56,10 @@ type ApplyOptions struct {
 	Settle time.Duration
 	// ReadyTimeout bounds the wait for a restarted component.
 	ReadyTimeout time.Duration
-	// SkipEtcdBackup skips the etcd snapshot; SnapshotDir keeps a copy of
-	// it on this machine ("": on the node only).
+	// SkipEtcdBackup skips the etcd snapshot; Snapshot keeps it off its
+	// node (a copy on this machine, and the copy in a registry).
 	SkipEtcdBackup bool
-	SnapshotDir    string
+	Snapshot       driver.Snapshots
 	// DryRun plans and says what would be done; nothing changes.
 	DryRun bool
 	// Drain cordons each node and evicts its pods (PodDisruptionBudgets

@@ -29,7 +29,7 @@ func (r *upgradeRun) driverRun() *driver.Run {
 	d := &driver.Run{
 		Client: r.client, REST: r.opts.Plan.REST, Log: r.log, Wait: r.wait,
 		Target: r.target, Plan: r.plan, Addresses: r.tgts,
-		StageDir: r.opts.Plan.StageDir, BackupDir: r.opts.BackupDir, SnapshotDir: r.opts.SnapshotDir, Now: r.opts.Plan.Now,
+		StageDir: r.opts.Plan.StageDir, BackupDir: r.opts.BackupDir, Snapshot: r.opts.Snapshot, Now: r.opts.Plan.Now,
 		ReadyTimeout: r.opts.ReadyTimeout, HealthWindow: r.opts.Plan.HealthWindow,
 		KubeadmConfig: r.opts.KubeadmConfig, Dry: r.dry, Fx: effects{r},
 	}

@@ -2,8 +2,12 @@ package applyha
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,10 +16,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/etcd"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/test/env/kube"
@@ -199,4 +207,40 @@ func etcdMoved(t *testing.T, said, leader, snapshots string) {
 		t.Errorf("etcdutl snapshot status of the copy: %v\n%s", err, out)
 	}
 	t.Logf("the snapshot kept off cp-1: %d keys at revision %d", status.TotalKeys, status.Revision)
+	snapshotPushed(t, copies[0], data)
+}
+
+// snapshotRepo is where apply pushes the etcd snapshot's copy: the
+// sandbox's private registry.
+func snapshotRepo() string { return h.SB.Registry.Address + "/kubelift/etcd-snapshots" }
+
+// snapshotPushed checks that the copy of the snapshot, data, is in the
+// private registry as apply's artifact, tagged with its name: read back
+// as a user would, from the admin machine with the registry's user.
+func snapshotPushed(t *testing.T, copy string, data []byte) {
+	t.Helper()
+	ca, err := os.ReadFile(h.SB.Registry.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	tr := &http.Transport{DialContext: h.SB.Admin().Net().DialContext, TLSClientConfig: &tls.Config{RootCAs: pool}}
+	ref, err := name.ParseReference(snapshotRepo() + ":" + filepath.Base(copy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, pw := h.RegistryFlags()
+	img, err := remote.Image(ref, remote.WithTransport(tr), remote.WithAuth(&authn.Basic{Username: h.SB.Registry.User, Password: strings.TrimSpace(pw)}))
+	if err != nil {
+		t.Fatalf("the snapshot's artifact %s: %v", ref, err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := fmt.Sprintf("%x", sha256.Sum256(data))
+	if string(m.Config.MediaType) != driver.SnapshotArtifact.Type || len(m.Layers) != 1 || m.Layers[0].Digest.Hex != sum || m.Layers[0].Size != int64(len(data)) {
+		t.Errorf("the snapshot's artifact %s: %+v, want one layer of sha256 %s, %d bytes", ref, m, sum, len(data))
+	}
 }

@@ -113,10 +113,10 @@ func TestNoKubeletRestartsBeforeEveryAPIServerRunsTheTarget(t *testing.T) {
 	// A failing pre-hook stops the run before the first kubelet moves,
 	// after etcd and the control plane have: the API answers throughout
 	// etcd's move (apiProbe), and the snapshot taken before it is kept
-	// off its node too.
+	// off its node too, and in the private registry.
 	leader, snapshots := leaderNode(t, etcdStatus(t)), t.TempDir()
 	probe := startAPIProbe(t)
-	r := h.Upgrade(t, pw, append(args, "--pre-hook", "exit 3", "--etcd-snapshot-dir", snapshots)...)
+	r := h.Upgrade(t, pw, append(args, "--pre-hook", "exit 3", "--etcd-snapshot-dir", snapshots, "--etcd-snapshot-repo", snapshotRepo())...)
 	probe.Stop(t)
 	if r.Code != 1 || !strings.Contains(r.Stderr, "pre-hook") {
 		t.Fatalf("apply with a failing pre-hook: exit %d\n%s", r.Code, r.Stderr)

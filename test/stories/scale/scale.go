@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/test/env/fleet"
 	"github.com/kubelift/kubelift/test/env/internet"
@@ -334,6 +335,9 @@ func (e *Env) run(ctx context.Context, stdin, name string, args ...string) Resul
 	// program under it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// Its cache in the run's directory: the default, ~/.cache/kubelift,
+	// got a simulated etcd snapshot's copy from every run.
+	cmd.Env = append(os.Environ(), cli.CacheDirEnv+"="+filepath.Join(e.Dir, "cache"))
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = &out, &errb, strings.NewReader(stdin)
 	start := time.Now()
