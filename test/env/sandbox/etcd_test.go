@@ -80,7 +80,7 @@ func TestEtcdMemberOnEveryControlPlane(t *testing.T) {
 				"--listen-client-urls http://" + m.Address + ":2379,http://127.0.0.1:2379 --advertise-client-urls http://" + m.Address + ":2379 ",
 				"--listen-peer-urls http://" + m.Address + ":2380 --initial-advertise-peer-urls http://" + m.Address + ":2380 ",
 				"--initial-cluster " + cluster + " --initial-cluster-state new --initial-cluster-token kubelift-sandbox ",
-				"--log-level warn\n", "Restart=always\n",
+				"--unsafe-no-fsync --log-level warn\n", "Restart=always\n",
 			} {
 				if !strings.Contains(string(unit), want) {
 					t.Errorf("etcd.service lacks %q:\n%s", want, unit)
