@@ -11,7 +11,7 @@ paths=(
 	/etc/containerd /var/lib/containerd /run/containerd /etc/crictl.yaml /run/netns
 	# What upgrade writes below its default cache directory (the builds'
 	# own, kubernetes/, runtime/, addons/, tools/, are make test's to fill).
-	"$cache/etcd-snapshots" "$cache/files" "$cache/gzip" "$cache/zstd"
+	"$cache/etcd-snapshots" "$cache/files/blobs/sha256" "$cache/gzip" "$cache/zstd"
 )
 snapshot() {
 	local p

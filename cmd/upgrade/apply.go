@@ -159,7 +159,7 @@ upgrading-kubelets) for a later apply.`,
 	f.StringVar(&opts.KubeadmConfig, "kubeadm-config", "", "kubeadm clusters: an UpgradeConfiguration file (kubeadm.k8s.io/v1beta4, target v1.31 and later) given to every kubeadm upgrade as --config, e.g. its timeouts; kubelift sets the version and the patches directory")
 	f.BoolVar(&opts.SkipEtcdBackup, "skip-etcd-backup", false, "do not snapshot etcd first")
 	f.StringVar(&opts.SnapshotDir, "etcd-snapshot-dir", "", "where on this machine to keep a copy of the etcd snapshot, off the node it protects (default: etcd-snapshots below --cache-dir; move it somewhere safe)")
-	f.StringVar(&opts.SnapshotRepo, "etcd-snapshot-repo", "", "also push that copy to this repository (REGISTRY/PATH, with the registry flags' credentials) as an OCI artifact tagged NODE-NAME; the snapshot holds every Secret of the cluster: give it a repository only its admins can read (default: not pushed)")
+	f.StringVar(&opts.SnapshotRepo, "etcd-snapshot-repo", "", "also push that copy to this repository (REGISTRY/PATH, with the registry flags' credentials) as an OCI artifact tagged with the copy's name (NODE-etcd-snapshot-TIME.db); the snapshot holds every Secret of the cluster: give it a repository only its admins can read (default: not pushed)")
 	f.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "the upgrade lock lasts this long unless renewed: a run that died is taken over after it")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "walk every step, print each change and node script it would make; change nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kubelift/kubelift/internal/iocount"
@@ -110,20 +111,21 @@ mv -f -- "$tmp" %[4]s`
 func (n *sshNode) Stream(ctx context.Context, cmd string, w io.Writer) (int64, error) {
 	cw := &countingWriter{w: w}
 	if err := n.stream(ctx, cmd, cw); err != nil {
-		return cw.n, n.fail(fmt.Sprintf("run %q", FirstLine(cmd)), err)
+		return cw.n.Load(), n.fail(fmt.Sprintf("run %q", FirstLine(cmd)), err)
 	}
-	return cw.n, nil
+	return cw.n.Load(), nil
 }
 
-// countingWriter counts what it passes on.
+// countingWriter counts what it passes on: atomically, since a session
+// stopped on ctx may still write after Stream has returned.
 type countingWriter struct {
 	w io.Writer
-	n int64
+	n atomic.Int64
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	k, err := c.w.Write(p)
-	c.n += int64(k)
+	c.n.Add(int64(k))
 	return k, err
 }
 

@@ -15,8 +15,9 @@ import (
 
 // Artifact says what a file pushed as an OCI artifact is: its manifest's
 // config media type (the artifact's type, as OCI 1.1 reads it), its one
-// layer's media type, and annotations (org.opencontainers.image.title:
-// the file's name).
+// layer's media type, and annotations of both the manifest and the layer
+// (org.opencontainers.image.title, the file's name: oras pull names the
+// file it writes so, and skips a layer without one).
 type Artifact struct {
 	Type, LayerType string
 	Annotations     map[string]string
@@ -42,7 +43,7 @@ func (a Access) PushFile(ctx context.Context, ref, path, sum string, art Artifac
 	}
 	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.MediaType(art.Type))
 	layer := fileLayer{path: path, digest: h, size: fi.Size(), mediaType: types.MediaType(art.LayerType)}
-	if img, err = mutate.Append(img, mutate.Addendum{Layer: layer, MediaType: layer.mediaType}); err != nil {
+	if img, err = mutate.Append(img, mutate.Addendum{Layer: layer, MediaType: layer.mediaType, Annotations: art.Annotations}); err != nil {
 		return "", err
 	}
 	if len(art.Annotations) > 0 {

@@ -50,7 +50,8 @@ func TestPushFile(t *testing.T) {
 		t.Errorf("the tag is %s, PushFile said %s", got, d)
 	}
 	if string(m.Config.MediaType) != art.Type || len(m.Layers) != 1 || string(m.Layers[0].MediaType) != art.LayerType ||
-		m.Layers[0].Digest.Hex != sum || m.Layers[0].Size != int64(len(data)) || m.Annotations["org.opencontainers.image.title"] != "etcd-snapshot.db" {
+		m.Layers[0].Digest.Hex != sum || m.Layers[0].Size != int64(len(data)) || m.Annotations["org.opencontainers.image.title"] != "etcd-snapshot.db" ||
+		m.Layers[0].Annotations["org.opencontainers.image.title"] != "etcd-snapshot.db" {
 		t.Errorf("manifest %+v", m)
 	}
 	l, err := img.LayerByDigest(m.Layers[0].Digest)

@@ -22,7 +22,7 @@ type Snapshots struct {
 	// the node only).
 	Dir string
 	// Repository, with Registry, is where that copy is pushed on to, as
-	// an artifact tagged NODE-NAME ("": not pushed).
+	// an artifact tagged with the copy's name, NODE-NAME ("": not pushed).
 	Repository string
 	Registry   FilePusher
 }

@@ -267,6 +267,15 @@ func TestPutBack(t *testing.T) {
 	if got := strings.Join(c.order, ", "); got != "restore cp-2" || c.versions["cp-2"] != "v3.5.35" {
 		t.Errorf("did %s, cp-2 at %s", got, c.versions["cp-2"])
 	}
+
+	// A lone member down after a move of a minor may have moved the
+	// cluster's version: not put back, and the error says why.
+	c = &cluster{versions: map[string]string{"cp-1": "down", "cp-2": "down", "cp-3": "down"}, backedUp: map[string]string{"cp-1": "v3.5.35"}, leader: "cp-1", comesBack: true, lone: true}
+	m := c.mover(t, &Move{From: v("v3.5.35"), To: v("v3.6.16")})
+	m.Members = m.Members[:1]
+	if err := m.PutBack(context.Background()); err == nil || !strings.Contains(err.Error(), "no member's unit runs") || len(c.order) != 0 {
+		t.Errorf("a lone member down past a minor: %v, did %v", err, c.order)
+	}
 }
 
 // Members are the control-plane nodes with an etcd unit, running or not

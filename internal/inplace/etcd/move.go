@@ -180,16 +180,23 @@ func backupDir(o *nodeops.Ops) string { return path.Join(o.BackupDirOf(), "etcd"
 // member whose unit does not run (a run killed while its new etcd would
 // not start) goes first, without waiting for a healthy cluster, which it
 // keeps from being one: the others hold the quorum, and it must be
-// healthy after. Where
-// the move was of a minor and a member runs the new one, etcd stays as it
-// is (a member of the old minor cannot rejoin such a cluster) and it says
-// so, naming the ways back: etcd's downgrade, or the snapshot.
+// healthy after. Where the move was of a minor and a member runs the new
+// one, or no member runs at all (the version of a member that does not
+// run is unknown: a lone one may have moved the cluster's), etcd stays as
+// it is (a member of the old minor cannot rejoin such a cluster) and it
+// says so, naming the ways back: etcd's downgrade, or the snapshot.
 func (m Mover) PutBack(ctx context.Context) error {
 	if len(m.Members) == 0 || m.Move == nil {
 		return nil
 	}
+	down := func(mb Member) bool { return mb.Version == (catalog.Version{}) }
 	from, to := m.Move.From, m.Move.To
 	if from.Minor != to.Minor {
+		if !slices.ContainsFunc(m.Members, func(mb Member) bool { return !down(mb) }) {
+			m.Log.Warn("etcd is not put back: no member runs, and a member that may have moved a minor cannot be given an etcd "+from.MinorString()+"; start them, then rollback again, or see docs/etcd.md (downgrade or the snapshot)",
+				"members", len(m.Members))
+			return fmt.Errorf("etcd is not put back: no member's unit runs, and after a move of a minor an etcd %s member may not rejoin (docs/etcd.md)", from.MinorString())
+		}
 		for _, mb := range m.Members {
 			if mb.Version.Major == to.Major && mb.Version.Minor == to.Minor {
 				m.Log.Warn("etcd stays at "+to.MinorString()+": a member has moved a minor, and an etcd "+from.MinorString()+" member cannot rejoin; the way back is etcd's downgrade or the snapshot (docs/etcd.md)",
@@ -199,7 +206,6 @@ func (m Mover) PutBack(ctx context.Context) error {
 			}
 		}
 	}
-	down := func(mb Member) bool { return mb.Version == (catalog.Version{}) }
 	members := slices.Clone(m.Members)
 	slices.SortStableFunc(members, func(a, b Member) int {
 		if down(a) == down(b) {

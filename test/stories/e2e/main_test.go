@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/test/env/programs"
 )
 
@@ -28,6 +29,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// The programs' cache (import's zstd copies, say) in the run's
+	// directory, never ~/.cache/kubelift; a test that shares a cache
+	// gives its own --cache-dir.
+	os.Setenv(cli.CacheDirEnv, filepath.Join(dir, "cache"))
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -29,6 +29,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	services map[string]*service
+	// jobs are the --no-block jobs under way: Boot waits for them before
+	// its last stops, so that none starts a service after them.
+	jobs sync.WaitGroup
 }
 
 type service struct {
@@ -89,6 +92,7 @@ func (m *Manager) Boot(ctx context.Context, socket string) error {
 		}
 		go m.serve(ctx, c)
 	}
+	m.jobs.Wait()
 	for i := len(order) - 1; i >= 0; i-- {
 		m.stop(order[i])
 	}
@@ -202,7 +206,11 @@ func (m *Manager) Do(ctx context.Context, args []string) (string, error) {
 			return errors.Join(errs...)
 		}
 		if has("--no-block") { // the job is queued; systemctl does not wait for it
-			go func() { _ = job() }()
+			m.jobs.Add(1)
+			go func() {
+				defer m.jobs.Done()
+				_ = job()
+			}()
 		} else if err := job(); err != nil {
 			errs = append(errs, err)
 		}
