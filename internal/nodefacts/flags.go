@@ -4,7 +4,29 @@ package nodefacts
 // unit's ExecStart and Environment= lines, and the EnvironmentFiles those
 // read, each word as systemd splits it.
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
+
+// FeatureGate is feature gate name's setting in component comp's
+// --feature-gates ("A=true,B=false", as the component runs it), and
+// whether it sets it in a form the component accepts (strconv.ParseBool's,
+// as component-base reads it; the last setting wins).
+func (f *Facts) FeatureGate(comp, name string) (on, set bool) {
+	for _, kv := range strings.Split(f.Values[comp+" --feature-gates"], ",") {
+		k, v, found := strings.Cut(strings.TrimSpace(kv), "=")
+		if !found || strings.TrimSpace(k) != name {
+			continue
+		}
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return false, false
+		}
+		on, set = b, true
+	}
+	return on, set
+}
 
 // addValues records the values of the --flags in args (the first seen wins).
 func (f *Facts) addValues(comp string, args []string) {

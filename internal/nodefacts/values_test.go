@@ -153,3 +153,23 @@ func TestParseRuntime(t *testing.T) {
 		t.Errorf("empty: %v %v", rt, bad)
 	}
 }
+
+// A feature gate's setting is read as the component reads it: each
+// "NAME=BOOL" of --feature-gates, spaces around them allowed, the last
+// one winning; a name only a prefix of another's, or a setting that is
+// no boolean, sets nothing.
+func TestFeatureGate(t *testing.T) {
+	for value, want := range map[string][2]bool{
+		"": {false, false},
+		"A=true, KubeletCgroupDriverFromCRI = false":                       {false, true},
+		"KubeletCgroupDriverFromCRI=True":                                  {true, true},
+		"KubeletCgroupDriverFromCRI=false,KubeletCgroupDriverFromCRI=true": {true, true},
+		"XKubeletCgroupDriverFromCRI=false":                                {false, false},
+		"KubeletCgroupDriverFromCRI=maybe":                                 {false, false},
+	} {
+		f := &Facts{Values: map[string]string{"kubelet --feature-gates": value}}
+		if on, set := f.FeatureGate("kubelet", "KubeletCgroupDriverFromCRI"); on != want[0] || set != want[1] {
+			t.Errorf("--feature-gates=%q: on %v, set %v; want %v, %v", value, on, set, want[0], want[1])
+		}
+	}
+}

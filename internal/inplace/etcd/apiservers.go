@@ -2,7 +2,6 @@ package etcd
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -38,7 +37,7 @@ func Unretried(nodes []nodeaccess.Address, facts map[string]*nodefacts.Facts) (m
 			continue // no API server read here (its own checks say so), or one that retries
 		}
 		on := v.Minor >= 27
-		if set, ok := gate(f.Values["kube-apiserver --feature-gates"], tracingGate); ok {
+		if set, ok := f.FeatureGate("kube-apiserver", tracingGate); ok {
 			on = set
 		}
 		if on {
@@ -51,22 +50,4 @@ func Unretried(nodes []nodeaccess.Address, facts map[string]*nodefacts.Facts) (m
 	return fmt.Sprintf("the API servers on %s do not retry etcd's \"leader changed\" (%s is on: from v1.27 to v1.33 its etcd tracing replaces the etcd client's retries): a request in flight when etcd's leader hands over, once in this move, fails with a 500, and /readyz says etcd failed for about a second",
 			strings.Join(hit, ", "), tracingGate),
 		"let the API's clients retry (controllers do), or start those API servers with --feature-gates=" + tracingGate + "=false before the move (v1.34 retries with tracing on); docs/etcd.md"
-}
-
-// gate is feature gate name's setting in a --feature-gates value
-// ("A=true,B=false"), and whether the value sets it in a form the API
-// server accepts.
-func gate(value, name string) (on, ok bool) {
-	for _, kv := range strings.Split(value, ",") {
-		k, v, found := strings.Cut(strings.TrimSpace(kv), "=")
-		if !found || strings.TrimSpace(k) != name {
-			continue
-		}
-		b, err := strconv.ParseBool(strings.TrimSpace(v))
-		if err != nil {
-			return false, false
-		}
-		on, ok = b, true
-	}
-	return on, ok
 }

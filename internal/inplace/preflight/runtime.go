@@ -138,7 +138,7 @@ func (pc *planCheck) cgroupDriver() {
 // node, and where from.
 func effectiveCgroupDriver(f *nodefacts.Facts, v catalog.Version) (string, string) {
 	fromCRI := v.Compare(catalog.Version{Major: 1, Minor: 31}) >= 0
-	if v.Compare(catalog.Version{Major: 1, Minor: 34}) < 0 && strings.Contains(strings.ReplaceAll(f.Values["kubelet --feature-gates"], " ", ""), "KubeletCgroupDriverFromCRI=false") {
+	if on, set := f.FeatureGate("kubelet", "KubeletCgroupDriverFromCRI"); v.Compare(catalog.Version{Major: 1, Minor: 34}) < 0 && set && !on {
 		fromCRI = false // turned off by the kubelet's --feature-gates, until v1.34 locks it on
 	}
 	if fromCRI && f.CRI != nil && f.CRI.RuntimeConfig && f.CRI.CgroupDriver != "" {
