@@ -108,9 +108,12 @@ sync -- "$tmp" 2>/dev/null || sync
 [ ! -d %[4]s ] || { echo "destination is a directory" >&2; exit 1; }
 mv -f -- "$tmp" %[4]s`
 
+// Stream runs cmd in a new session, its standard output written to w as
+// it comes (unbounded: w bounds it, or the file does), with run's
+// handling of ctx and of a failing command.
 func (n *sshNode) Stream(ctx context.Context, cmd string, w io.Writer) (int64, error) {
 	cw := &countingWriter{w: w}
-	if err := n.stream(ctx, cmd, cw); err != nil {
+	if _, err := n.session(ctx, cmd, nil, cw, nil); err != nil {
 		return cw.n.Load(), n.fail(fmt.Sprintf("run %q", FirstLine(cmd)), err)
 	}
 	return cw.n.Load(), nil
@@ -127,14 +130,6 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	k, err := c.w.Write(p)
 	c.n.Add(int64(k))
 	return k, err
-}
-
-// stream runs cmd in a new session, its standard output written to w as
-// it comes (unbounded: w bounds it, or the file does), with run's
-// handling of ctx and of a failing command.
-func (n *sshNode) stream(ctx context.Context, cmd string, w io.Writer) error {
-	_, err := n.session(ctx, cmd, nil, w, nil)
-	return err
 }
 
 // cleanupTimeout bounds removing a failed upload's temporary file.

@@ -308,9 +308,7 @@ func (f *Fleet) File(node, p string) (string, bool) {
 	if n == nil {
 		return "", false
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	v, ok := n.files[p]
+	v, ok := n.file(p)
 	if !ok {
 		return "", false
 	}
@@ -324,9 +322,7 @@ func (f *Fleet) ReadFile(node, p string) ([]byte, bool) {
 	if n == nil {
 		return nil, false
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	v, ok := n.files[p]
+	v, ok := n.file(p)
 	if !ok || v.data == nil {
 		return nil, false
 	}

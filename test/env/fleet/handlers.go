@@ -397,9 +397,7 @@ func playExists(_ *Fleet, n *node, args []string, io *stdio) int {
 // playReadFile answers the read-file script (a file copied off the
 // node: the etcd snapshot). args: FILE.
 func playReadFile(_ *Fleet, n *node, args []string, io *stdio) int {
-	n.mu.Lock()
-	f, ok := n.files[args[0]]
-	n.mu.Unlock()
+	f, ok := n.file(args[0])
 	if !ok {
 		fmt.Fprintf(io.err, "cat: %s: No such file or directory\n", args[0])
 		return 1
@@ -410,9 +408,7 @@ func playReadFile(_ *Fleet, n *node, args []string, io *stdio) int {
 
 // playCheckFile answers the check-file script. args: FILE SHA256.
 func playCheckFile(_ *Fleet, n *node, args []string, io *stdio) int {
-	n.mu.Lock()
-	f, ok := n.files[args[0]]
-	n.mu.Unlock()
+	f, ok := n.file(args[0])
 	if !ok {
 		fmt.Fprintf(io.err, "sh: 1: cannot open %s: No such file\n", args[0])
 		return 2

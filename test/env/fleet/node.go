@@ -225,6 +225,14 @@ func (n *node) mkdirAll(dir string) {
 	}
 }
 
+// file is the file at p, read under the node's lock.
+func (n *node) file(p string) (vfile, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	v, ok := n.files[p]
+	return v, ok
+}
+
 func (n *node) exists(p string) bool {
 	_, ok := n.files[p]
 	return ok || n.dirs[p]
