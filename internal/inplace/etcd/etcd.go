@@ -48,6 +48,9 @@ type Member struct {
 	CA, Cert, Key string
 }
 
+// Down says the member's unit does not run: its node said no version.
+func (mb Member) Down() bool { return mb.Version == (catalog.Version{}) }
+
 // Members are the etcd members the facts of nodes show, in nodes' order:
 // each control-plane node with the etcd unit, its Version zero where the unit does not
 // run. A member whose version, client URL or program the node did not
@@ -139,7 +142,7 @@ func Plan(members []Member, to catalog.Version) (*Move, error) {
 			continue
 		}
 		switch {
-		case mb.Version == catalog.Version{}:
+		case mb.Down():
 			down = append(down, mb.Node)
 		case mb.Version.Major != to.Major || to.Minor-mb.Version.Minor > 1:
 			skip = append(skip, fmt.Sprintf("%s (etcd %s)", mb.Node, mb.Version))

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -189,10 +188,9 @@ func (m Mover) PutBack(ctx context.Context) error {
 	if len(m.Members) == 0 || m.Move == nil {
 		return nil
 	}
-	down := func(mb Member) bool { return mb.Version == (catalog.Version{}) }
 	from, to := m.Move.From, m.Move.To
 	if from.Minor != to.Minor {
-		if !slices.ContainsFunc(m.Members, func(mb Member) bool { return !down(mb) }) {
+		if !slices.ContainsFunc(m.Members, func(mb Member) bool { return !mb.Down() }) {
 			m.Log.Warn("etcd is not put back: no member runs, and a member that may have moved a minor cannot be given an etcd "+from.MinorString()+"; start them, then rollback again, or see docs/etcd.md (downgrade or the snapshot)",
 				"members", len(m.Members))
 			return fmt.Errorf("etcd is not put back: no member's unit runs, and after a move of a minor an etcd %s member may not rejoin (docs/etcd.md)", from.MinorString())
@@ -207,17 +205,17 @@ func (m Mover) PutBack(ctx context.Context) error {
 		}
 	}
 	members := slices.Clone(m.Members)
-	slices.SortStableFunc(members, func(a, b Member) int {
-		if down(a) == down(b) {
+	slices.SortStableFunc(members, func(a, b Member) int { // the members that do not run first
+		switch {
+		case a.Down() == b.Down():
 			return 0
-		}
-		if down(a) {
+		case a.Down():
 			return -1
 		}
 		return 1
 	})
 	for _, mb := range members {
-		if !down(mb) {
+		if !mb.Down() {
 			if _, err := m.healthy(ctx, mb.Node); err != nil {
 				return err
 			}
