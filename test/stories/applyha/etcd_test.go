@@ -3,11 +3,8 @@ package applyha
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -219,19 +215,15 @@ func snapshotRepo() string { return h.SB.Registry.Address + "/kubelift/etcd-snap
 // as a user would, from the admin machine with the registry's user.
 func snapshotPushed(t *testing.T, copy string, data []byte) {
 	t.Helper()
-	ca, err := os.ReadFile(h.SB.Registry.CAFile)
+	opts, err := h.SB.RegistryOptions(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca)
-	tr := &http.Transport{DialContext: h.SB.Admin().Net().DialContext, TLSClientConfig: &tls.Config{RootCAs: pool}}
 	ref, err := name.ParseReference(snapshotRepo() + ":" + filepath.Base(copy))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, pw := h.RegistryFlags()
-	img, err := remote.Image(ref, remote.WithTransport(tr), remote.WithAuth(&authn.Basic{Username: h.SB.Registry.User, Password: strings.TrimSpace(pw)}))
+	img, err := remote.Image(ref, opts...)
 	if err != nil {
 		t.Fatalf("the snapshot's artifact %s: %v", ref, err)
 	}
