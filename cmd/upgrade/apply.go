@@ -110,6 +110,15 @@ upgrading-kubelets) for a later apply.`,
 				map[string]time.Duration{"--settle": opts.Settle, "--soak": opts.Soak}); err != nil {
 				return err
 			}
+			if opts.SkipEtcdBackup {
+				// Either would keep a copy of a snapshot that is never taken.
+				if opts.SnapshotRepo != "" {
+					return cli.Usagef("--etcd-snapshot-repo with --skip-etcd-backup: no snapshot is taken to push")
+				}
+				if opts.SnapshotDir != "" {
+					return cli.Usagef("--etcd-snapshot-dir with --skip-etcd-backup: no snapshot is taken to keep")
+				}
+			}
 			if opts.SnapshotRepo != "" {
 				if _, err := name.NewRepository(opts.SnapshotRepo, name.StrictValidation); err != nil {
 					return cli.Usagef("--etcd-snapshot-repo %q: %v", opts.SnapshotRepo, err)
