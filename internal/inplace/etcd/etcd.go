@@ -161,7 +161,7 @@ func Plan(members []Member, to catalog.Version) (*Move, error) {
 	sort.Strings(low)
 	switch {
 	case len(down) > 0:
-		return nil, fmt.Errorf("the etcd unit does not run on %s: every member must be up and healthy before one moves; start it (or wait for a restart to end) and plan again", strings.Join(down, ", "))
+		return nil, fmt.Errorf("the etcd unit does not run on %s: every member must be up and healthy before one moves; start it (or wait for a restart to end) and plan again; where an upgrade stopped while it moved that member, upgrade rollback puts the member's old etcd back", strings.Join(down, ", "))
 	case len(skip) > 0:
 		return nil, fmt.Errorf("etcd moves one minor at a time, and the bundle's is %s: %s; move them to %d.%d first (a bundle made with --etcd v%d.%d.PATCH)",
 			to, strings.Join(skip, ", "), to.Major, to.Minor-1, to.Major, to.Minor-1)

@@ -268,6 +268,16 @@ func TestPutBack(t *testing.T) {
 		t.Errorf("did %s, cp-2 at %s", got, c.versions["cp-2"])
 	}
 
+	// Two members down (a patch move): each is put back before the
+	// cluster is asked to be healthy, which it is not while one is down.
+	c = &cluster{versions: map[string]string{"cp-1": "v3.5.35", "cp-2": "down", "cp-3": "down"}, backedUp: map[string]string{"cp-2": "v3.5.32", "cp-3": "v3.5.32"}, leader: "cp-1", comesBack: true}
+	if err := c.mover(t, &Move{From: v("v3.5.32"), To: v("v3.5.35")}).PutBack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.order, ", "); got != "restore cp-2, restore cp-3" || c.versions["cp-3"] != "v3.5.32" {
+		t.Errorf("two members down: did %s, cp-3 at %s", got, c.versions["cp-3"])
+	}
+
 	// A lone member down after a move of a minor may have moved the
 	// cluster's version: not put back, and the error says why.
 	c = &cluster{versions: map[string]string{"cp-1": "down", "cp-2": "down", "cp-3": "down"}, backedUp: map[string]string{"cp-1": "v3.5.35"}, leader: "cp-1", comesBack: true, lone: true}

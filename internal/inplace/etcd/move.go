@@ -179,7 +179,8 @@ func backupDir(o *nodeops.Ops) string { return path.Join(o.BackupDirOf(), "etcd"
 // member whose unit does not run (a run killed while its new etcd would
 // not start) goes first, without waiting for a healthy cluster, which it
 // keeps from being one: the others hold the quorum, and it must be
-// healthy after. Where the move was of a minor and a member runs the new
+// healthy after (after the last of them, where more than one does not
+// run). Where the move was of a minor and a member runs the new
 // one, or no member runs at all (the version of a member that does not
 // run is unknown: a lone one may have moved the cluster's), etcd stays as
 // it is (a member of the old minor cannot rejoin such a cluster) and it
@@ -214,11 +215,19 @@ func (m Mover) PutBack(ctx context.Context) error {
 		}
 		return 1
 	})
+	down := 0 // members that do not run, not yet put back
+	for _, mb := range members {
+		if mb.Down() {
+			down++
+		}
+	}
 	for _, mb := range members {
 		if !mb.Down() {
 			if _, err := m.healthy(ctx, mb.Node); err != nil {
 				return err
 			}
+		} else {
+			down--
 		}
 		var said string
 		err := m.OnNode(ctx, mb.Node, func(ctx context.Context, o *nodeops.Ops) error {
@@ -231,6 +240,12 @@ func (m Mover) PutBack(ctx context.Context) error {
 		}
 		if m.Dry || strings.Contains(said, "### none") {
 			continue // a dry run said the restore instead
+		}
+		if down > 0 {
+			// The next member that does not run keeps the cluster from
+			// being healthy: the wait is after the last of them.
+			m.Log.Info("etcd member put back", "node", mb.Node, "to", from.String(), "health", "checked after the other members that do not run")
+			continue
 		}
 		if _, err := m.healthy(ctx, mb.Node); err != nil {
 			return fmt.Errorf("node %s: etcd put back: %w", mb.Node, err)
