@@ -117,6 +117,8 @@ type cluster struct {
 	// elsewhere: the cluster has a fourth member, on no control-plane node;
 	// lone: it has cp-1 alone.
 	elsewhere, lone bool
+	// restoreDown: a member put back does not answer either.
+	restoreDown bool
 }
 
 func (c *cluster) node(name string) *fakenode.Node {
@@ -160,6 +162,9 @@ func (c *cluster) node(name string) *fakenode.Node {
 			}
 			c.order = append(c.order, "restore "+name)
 			c.versions[name] = old
+			if c.restoreDown {
+				c.versions[name] = "down"
+			}
 			return "", nil
 		},
 	}}
@@ -227,6 +232,14 @@ func TestMoveAllPutsBackAMemberThatDoesNotComeBack(t *testing.T) {
 	}
 	if got := strings.Join(c.order, ", "); got != "swap cp-2, restore cp-2" || c.versions["cp-2"] != "v3.5.35" {
 		t.Errorf("did %s, cp-2 at %s", got, c.versions["cp-2"])
+	}
+
+	// The old etcd is restarted without waiting (etcd-restore: --no-block):
+	// "back" only once the cluster is healthy again.
+	c = &cluster{versions: map[string]string{"cp-1": "v3.5.35", "cp-2": "v3.5.35", "cp-3": "v3.5.35"}, backedUp: map[string]string{}, leader: "cp-1", restoreDown: true}
+	err = c.mover(t, mv).MoveAll(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "node cp-2: the old etcd is put back, and etcd is not healthy: member cp-2") || strings.Contains(err.Error(), "the old etcd is back") {
+		t.Errorf("a member down after its put-back: %v", err)
 	}
 
 	c = &cluster{versions: map[string]string{"cp-1": "v3.5.35", "cp-2": "v3.6.16", "cp-3": "v3.5.35"}, backedUp: map[string]string{}, leader: "cp-1"}

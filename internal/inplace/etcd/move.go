@@ -139,8 +139,8 @@ func (m Mover) moveMember(ctx context.Context, mb Member) error {
 // putBackAfter puts a member that did not come back onto its old
 // programs, where that is still safe: within a minor, or while no other
 // member runs the new minor (othersMoved; the cluster's version is then
-// still the old one, which the old etcd rejoins). It returns cause with
-// what was done.
+// still the old one, which the old etcd rejoins), and waits for the
+// cluster to be healthy again. It returns cause with what was done.
 func (m Mover) putBackAfter(ctx context.Context, mb Member, othersMoved bool, cause error) error {
 	ctx = context.WithoutCancel(ctx)
 	if m.Move.Minor() && othersMoved {
@@ -148,6 +148,9 @@ func (m Mover) putBackAfter(ctx context.Context, mb Member, othersMoved bool, ca
 	}
 	if err := m.restore(ctx, mb.Node); err != nil {
 		return errors.Join(cause, fmt.Errorf("node %s: putting the old etcd back: %w", mb.Node, err))
+	}
+	if _, err := m.healthy(ctx, mb.Node); err != nil {
+		return errors.Join(cause, fmt.Errorf("node %s: the old etcd is put back, and %w", mb.Node, err))
 	}
 	m.Event(ctx, mb.Node, "EtcdRestored", fmt.Sprintf("kubelift: etcd put back: %v", cause))
 	return fmt.Errorf("%w; the old etcd is back", cause)

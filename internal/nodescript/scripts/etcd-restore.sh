@@ -1,8 +1,10 @@
 # kubelift node script: etcd-restore
 # Puts back the etcd programs etcd-swap backed up into BACKUP_DIR (those
 # BACKUP_DIR/etcd-files lists; those it added, etcd-added, removed) in
-# PROGRAM_DIR, each by rename, and restarts UNIT. Without a backup it
-# changes nothing and says "### none". Run again, it ends the same.
+# PROGRAM_DIR, each by rename, and has UNIT restarted without waiting for
+# it (--no-block, as etcd-swap: the engine waits for the member to
+# answer, --ready-timeout). Without a backup it changes nothing and says
+# "### none". Run again, it ends the same.
 # Arguments: BACKUP_DIR PROGRAM_DIR UNIT
 set -eu
 b=$1
@@ -23,4 +25,4 @@ if [ -f "$b/etcd-added" ]; then
     case $p in etcd | etcdctl | etcdutl) rm -f "${dir:?}/$p" ;; esac
   done <"$b/etcd-added"
 fi
-systemctl restart "$unit"
+systemctl restart --no-block "$unit"
