@@ -73,6 +73,9 @@ var (
 	EtcdStatus  = load("etcd-status", readOnly)
 	EtcdSwap    = load("etcd-swap", writes)
 	EtcdRestore = load("etcd-restore", writes)
+	// Agent mode: one step run by the host's service manager, its result
+	// kept on the host (internal/agent/hoststep).
+	AgentStep = load("agent-step", writes)
 )
 
 const (
@@ -91,6 +94,12 @@ func All() []Script {
 }
 
 var byName = map[string]Script{}
+
+// Lookup is the script named name (its file's name without .sh).
+func Lookup(name string) (Script, bool) {
+	s, ok := byName[name]
+	return s, ok
+}
 
 func load(name string, ro bool) Script {
 	b, err := files.ReadFile(path.Join("scripts", name+".sh"))
