@@ -60,6 +60,7 @@ var goldenArgs = map[string][]string{
 	"etcd-status":   {"/usr/local/bin/etcdctl", "http://10.0.0.1:2379," + hostile, "/etc/etcd/ca.pem", "", hostile},
 	"etcd-swap":     {"/var/lib/kubelift/backup/" + hostile + "/etcd", "/var/lib/kubelift/staged/v1.31.4/etcd", hostile, "/usr/local/bin", "etcd"},
 	"etcd-restore":  {"/var/lib/kubelift/backup/" + hostile + "/etcd", "/usr/local/bin", hostile},
+	"agent-step":    {"/var/lib/kubelift/agent/" + hostile, "60"},
 }
 
 // TestGolden pins each script's command, byte for byte, with a hostile

@@ -1,0 +1,199 @@
+package hoststep
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/nodescript"
+)
+
+// units runs each transient unit's argv as a process of the test (the
+// steps' directory is the test's own), counting the starts, as the
+// host's service manager would: a name in use is ErrExists.
+type units struct {
+	mu     sync.Mutex
+	active map[string]bool
+	starts map[string]int
+	// never: a started unit never runs (systemd could not exec it).
+	never bool
+}
+
+func newUnits() *units { return &units{active: map[string]bool{}, starts: map[string]int{}} }
+
+func (u *units) Start(_ context.Context, name string, argv []string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.active[name] {
+		return ErrExists
+	}
+	u.starts[name]++
+	if u.never {
+		return nil
+	}
+	u.active[name] = true
+	go func() {
+		_ = exec.Command(argv[0], argv[1:]...).Run()
+		u.mu.Lock()
+		u.active[name] = false
+		u.mu.Unlock()
+	}()
+	return nil
+}
+
+func (u *units) Active(_ context.Context, name string) (bool, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.active[name], nil
+}
+
+func (u *units) Stop(context.Context, string) error { return nil }
+
+func request(t *testing.T, cmd string, stdin string, deadline time.Duration) agent.Request {
+	t.Helper()
+	r, err := agent.NewRequest("r1", "worker-1", 1, cmd, []byte(stdin), deadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// wait calls Run until it answers.
+func wait(t *testing.T, h *Host, r agent.Request) *agent.Result {
+	t.Helper()
+	for i := 0; i < 400; i++ {
+		res, err := h.Run(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res != nil {
+			return res
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatalf("step %s: no result", r.Name)
+	return nil
+}
+
+// A step runs once as a unit, and is answered from its directory as often
+// as it is asked, by this agent or by the next one.
+func TestRunOnce(t *testing.T) {
+	dir, u := t.TempDir(), newUnits()
+	file := filepath.Join(dir, "data")
+	if err := os.WriteFile(file, []byte("the file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := request(t, nodescript.ReadFile.Command(file), "", time.Minute)
+	h := &Host{Root: "/", Dir: filepath.Join(dir, "agent"), Units: u}
+	res := wait(t, h, r)
+	if res.Err() != nil || string(res.Stdout) != "the file\n" || res.Unit != r.Name+".service" || res.Started.IsZero() || res.Finished.Before(res.Started) {
+		t.Fatalf("result %+v: %v", res, res.Err())
+	}
+	again := &Host{Root: "/", Dir: h.Dir, Units: u} // the agent restarted
+	if res := wait(t, again, r); string(res.Stdout) != "the file\n" {
+		t.Errorf("asked again: %+v", res)
+	}
+	if u.starts[UnitName(r.Name)] != 1 {
+		t.Errorf("started %d times", u.starts[UnitName(r.Name)])
+	}
+
+	// A failing step: its exit status and the end of its standard error.
+	r = request(t, nodescript.ReadFile.Command(filepath.Join(dir, "absent")), "", time.Minute)
+	r.Name += "-b"
+	res = wait(t, h, r)
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "exit status 1") || !strings.Contains(err.Error(), "No such file") {
+		t.Errorf("a failing step: %v", err)
+	}
+}
+
+// A step whose unit runs when the agent restarts is waited on, not
+// started again; one whose unit ended without writing its result (the
+// host restarted under it) is reported failed.
+func TestRestartedAgent(t *testing.T) {
+	dir, u := t.TempDir(), newUnits()
+	h := &Host{Root: "/", Dir: dir, Units: u}
+	r := request(t, nodescript.Exists.Command("/"), "", time.Minute)
+	if err := h.prepare(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(h.local(r.Name, "began"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u.active[UnitName(r.Name)] = true // it runs still
+	if res, err := h.Run(context.Background(), r); res != nil || err != nil || u.starts[UnitName(r.Name)] != 0 {
+		t.Fatalf("a running step: %+v %v, %d starts", res, err, u.starts[UnitName(r.Name)])
+	}
+	u.active[UnitName(r.Name)] = false // gone without a result
+	res, err := h.Run(context.Background(), r)
+	if err != nil || res == nil || !strings.Contains(res.Err().Error(), "ended without a result") || u.starts[UnitName(r.Name)] != 0 {
+		t.Errorf("a unit gone: %+v %v", res, err)
+	}
+}
+
+// A unit that never begins its step is reported failed after the grace.
+func TestUnitThatNeverBegins(t *testing.T) {
+	u := newUnits()
+	u.never = true
+	now := time.Unix(1000, 0)
+	h := &Host{Root: "/", Dir: t.TempDir(), Units: u, Now: func() time.Time { return now }}
+	r := request(t, nodescript.Exists.Command("/"), "", time.Minute)
+	if res, err := h.Run(context.Background(), r); res != nil || err != nil {
+		t.Fatalf("%+v %v", res, err)
+	}
+	now = now.Add(5 * time.Second)
+	if res, _ := h.Run(context.Background(), r); res != nil {
+		t.Fatalf("within the grace: %+v", res)
+	}
+	now = now.Add(6 * time.Second)
+	res, err := h.Run(context.Background(), r)
+	if err != nil || res == nil || !strings.Contains(res.Err().Error(), "did not begin within 10s") || u.starts[UnitName(r.Name)] != 1 {
+		t.Errorf("after the grace: %+v %v", res, err)
+	}
+}
+
+// The step gets its standard input; one that outlives its deadline is
+// stopped and says so; an output over the bound is refused.
+func TestInputDeadlineAndBound(t *testing.T) {
+	dir, u := t.TempDir(), newUnits()
+	h := &Host{Root: "/", Dir: dir, Units: u}
+	// (No node script both reads its input and prints it: the command
+	// is set by hand, as the deadline's below.)
+	in := request(t, nodescript.Exists.Command("/"), "kept\n", time.Minute)
+	if err := h.prepare(in); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(h.local(in.Name, "cmd"), []byte("cat\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if res := wait(t, h, in); res.Err() != nil || string(res.Stdout) != "kept\n" {
+		t.Errorf("standard input: %q %v", res.Stdout, res.Err())
+	}
+
+	slow := request(t, nodescript.Exists.Command("/"), "", time.Second)
+	slow.Name += "-slow"
+	if err := h.prepare(slow); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(h.local(slow.Name, "cmd"), []byte("sleep 30\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if res := wait(t, h, slow); res.Err() == nil || !strings.Contains(res.Err().Error(), "outlived its deadline of 1s") {
+		t.Errorf("a slow step: %+v", res)
+	}
+
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, make([]byte, agent.MaxStdout+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := request(t, nodescript.ReadFile.Command(big), "", time.Minute)
+	r.Name += "-big"
+	if res := wait(t, h, r); res.Err() == nil || !strings.Contains(res.Err().Error(), "output over agent mode's") {
+		t.Errorf("a large output: %+v", res.Err())
+	}
+}

@@ -1,0 +1,17 @@
+# kubelift node script: agent-step
+# Runs one agent-mode step on the host, as the transient unit its agent
+# started (docs/agent-mode.md): DIR/cmd, the step's node script command,
+# with DIR/stdin as its standard input, bounded by DEADLINE seconds
+# (timeout: exit 124, KILL 10 s after its TERM), its standard output and
+# error in DIR/out and DIR/err. DIR/began is written first, and the exit
+# status last, into DIR/rc by rename: an agent (this one, or the next
+# after a restart) reads a whole result or none, and tells a step that
+# never began from one whose unit ended without a result.
+# Arguments: DIR DEADLINE
+set -u
+d=$1
+: >"$d/began"
+rc=0
+timeout -k 10 "$2" sh "$d/cmd" <"$d/stdin" >"$d/out" 2>"$d/err" || rc=$?
+printf '%s\n' "$rc" >"$d/rc.tmp"
+mv -f "$d/rc.tmp" "$d/rc"
