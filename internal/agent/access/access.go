@@ -1,0 +1,163 @@
+// Package access reaches nodes through their agents (agent mode): a
+// nodeaccess.Connector whose nodes run each command as a step request in
+// the API (internal/agent) and read the node's answer from it, so that
+// the engine runs the same node scripts, with the same arguments, as
+// over SSH.
+package access
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/waiter"
+)
+
+// Connector reaches nodes through their agents, for one run.
+type Connector struct {
+	Client kubernetes.Interface
+	// Run names this process's requests (NewRunID).
+	Run string
+	// Deadline bounds a step whose context has no deadline (an hour
+	// when 0).
+	Deadline time.Duration
+	// Wait polls for answers (every Poll, 200 ms when 0).
+	Wait waiter.Waiter
+	Poll time.Duration
+
+	seq atomic.Int64
+}
+
+// NewRunID is a run's name for its requests: random, 10 hex digits.
+func NewRunID() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Dial returns the node t names, reached through its agent; nothing is
+// asked of the node until a command runs.
+func (c *Connector) Dial(_ context.Context, t nodeaccess.Address) (nodeaccess.Node, error) {
+	return &node{c: c, name: t.Name}, nil
+}
+
+// Cleanup deletes this run's requests (the agents then forget them).
+func (c *Connector) Cleanup(ctx context.Context) error {
+	sel := labels.SelectorFromSet(labels.Set{agent.LabelRun: c.Run}).String()
+	secrets := c.Client.CoreV1().Secrets(agent.Namespace)
+	list, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return fmt.Errorf("listing the run's step requests (%s in %s): %w", sel, agent.Namespace, err)
+	}
+	var errs []error
+	for _, s := range list.Items {
+		if err := secrets.Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("deleting step request %s/%s: %w", agent.Namespace, s.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type node struct {
+	c    *Connector
+	name string
+}
+
+func (n *node) fail(op string, err error) error {
+	return &nodeaccess.Error{Node: n.name, Address: "agent", Op: op, Err: err}
+}
+
+// Run asks the node's agent to run cmd (a node script's command) and
+// waits for its answer.
+func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, error) {
+	var in []byte
+	if stdin != nil {
+		var err error
+		if in, err = io.ReadAll(io.LimitReader(stdin, agent.MaxStdin+1)); err != nil {
+			return nil, n.fail("read the step's input", err)
+		}
+	}
+	deadline := n.c.Deadline
+	if deadline <= 0 {
+		deadline = time.Hour
+	}
+	if d, ok := ctx.Deadline(); ok {
+		deadline = time.Until(d)
+	}
+	r, err := agent.NewRequest(n.c.Run, n.name, int(n.c.seq.Add(1)), cmd, in, deadline)
+	op := fmt.Sprintf("run %q", r.Script.Name)
+	if err != nil {
+		return nil, n.fail(op, err)
+	}
+	s, err := r.Secret()
+	if err != nil {
+		return nil, n.fail(op, err)
+	}
+	secrets := n.c.Client.CoreV1().Secrets(agent.Namespace)
+	if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, n.fail(op, fmt.Errorf("asking its agent (secret %s/%s): %w", agent.Namespace, r.Name, err))
+	}
+	poll := n.c.Poll
+	if poll <= 0 {
+		poll = 200 * time.Millisecond
+	}
+	var res *agent.Result
+	err = n.c.Wait.Poll(ctx, poll, deadline+time.Minute, func(ctx context.Context) error {
+		got, err := secrets.Get(ctx, r.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return waiter.Stop(errors.New("the request was deleted before its answer"))
+		}
+		if err != nil {
+			return err
+		}
+		if res, err = agent.ParseResult(got); err != nil {
+			return waiter.Stop(err)
+		}
+		if res == nil {
+			return errors.New("no answer yet")
+		}
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, n.fail(op, fmt.Errorf("waiting for its agent's answer (secret %s/%s): %w", agent.Namespace, r.Name, err))
+	}
+	if err := res.Err(); err != nil {
+		return res.Stdout, n.fail(op, err)
+	}
+	return res.Stdout, nil
+}
+
+// Upload is not carried by agent mode yet: the files a run sends travel
+// through the registry.
+func (n *node) Upload(context.Context, string, os.FileMode, io.Reader) (int64, error) {
+	return 0, n.fail("upload", errors.New("agent mode does not upload files yet"))
+}
+
+// Stream runs cmd and writes its output to w (bounded, as every step's).
+func (n *node) Stream(ctx context.Context, cmd string, w io.Writer) (int64, error) {
+	out, err := n.Run(ctx, cmd, nil)
+	if err != nil {
+		return 0, err
+	}
+	written, err := w.Write(out)
+	return int64(written), err
+}
+
+// Close has nothing to close.
+func (n *node) Close() error { return nil }

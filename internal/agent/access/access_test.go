@@ -1,0 +1,136 @@
+package access
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/agent/hoststep"
+	"github.com/kubelift/kubelift/internal/agent/hoststep/hoststeptest"
+	"github.com/kubelift/kubelift/internal/agent/serve"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
+)
+
+// serveNode starts worker-1's agent on the client, its steps run as the
+// test's processes in a directory of the test's.
+func serveNode(t *testing.T, c *fake.Clientset, units *hoststeptest.Direct) (stepsDir string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	stepsDir = t.TempDir()
+	a := &serve.Agent{Client: c, Node: "worker-1", Tick: 20 * time.Millisecond,
+		Host: &hoststep.Host{Root: "/", Dir: stepsDir, Units: units}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	go func() { done <- a.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return stepsDir
+}
+
+// A command runs on the node through its agent and answers as over SSH:
+// its output, or an *nodeaccess.ExitError naming the node.
+func TestRunThroughTheAgent(t *testing.T) {
+	c, units := fake.NewClientset(), &hoststeptest.Direct{}
+	steps := serveNode(t, c, units)
+	conn := &Connector{Client: c, Run: "r1", Poll: 20 * time.Millisecond}
+	n, err := conn.Dial(context.Background(), nodeaccess.Address{Name: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "kubelet.conf")
+	if err := os.WriteFile(file, []byte("on the node\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := n.Run(ctx, nodescript.ReadFile.Command(file), nil)
+	if err != nil || string(out) != "on the node\n" {
+		t.Fatalf("read-file: %q %v", out, err)
+	}
+	_, err = n.Run(ctx, nodescript.ReadFile.Command(file+".absent"), nil)
+	var ee *nodeaccess.ExitError
+	var ne *nodeaccess.Error
+	if !errors.As(err, &ee) || ee.Code != 1 || !errors.As(err, &ne) || ne.Node != "worker-1" || !strings.Contains(err.Error(), `run "read-file"`) {
+		t.Errorf("a failing step: %v", err)
+	}
+	if _, err := n.Run(ctx, "reboot", nil); err == nil || !strings.Contains(err.Error(), "agent mode runs only kubelift's node scripts") {
+		t.Errorf("a command that is no node script: %v", err)
+	}
+	list, _ := c.CoreV1().Secrets(agent.Namespace).List(ctx, metav1.ListOptions{})
+	if len(list.Items) != 2 {
+		t.Errorf("%d requests, want 2", len(list.Items))
+	}
+	for _, s := range list.Items {
+		if units.Starts(hoststep.UnitName(s.Name)) != 1 {
+			t.Errorf("request %s started %d times", s.Name, units.Starts(hoststep.UnitName(s.Name)))
+		}
+	}
+	if err := conn.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := c.CoreV1().Secrets(agent.Namespace).List(ctx, metav1.ListOptions{}); len(list.Items) != 0 {
+		t.Errorf("%d requests after the run's cleanup", len(list.Items))
+	}
+	// The agent forgets a deleted request's directory on the host.
+	for ctx.Err() == nil {
+		if left, _ := os.ReadDir(steps); len(left) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	left, _ := os.ReadDir(steps)
+	t.Errorf("%d step directories left on the host after the requests' deletion", len(left))
+}
+
+// A request the agent cannot read is answered, failed, with the reason.
+func TestRefusedRequest(t *testing.T) {
+	c := fake.NewClientset()
+	serveNode(t, c, &hoststeptest.Direct{})
+	r, err := agent.NewRequest("r1", "worker-1", 1, nodescript.Exists.Command("/"), nil, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := r.Secret()
+	s.Data["script"] = []byte("reboot")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := c.CoreV1().Secrets(agent.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var res *agent.Result
+	for res == nil && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+		got, _ := c.CoreV1().Secrets(agent.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
+		res, _ = agent.ParseResult(got)
+	}
+	if res == nil || !strings.Contains(res.Failed, `script "reboot": not one of kubelift's node scripts`) {
+		t.Errorf("a forged request: %+v", res)
+	}
+}
+
+// A node with no agent leaves the step unanswered: the run's context
+// ends it.
+func TestNoAgent(t *testing.T) {
+	c := fake.NewClientset()
+	conn := &Connector{Client: c, Run: "r1", Poll: 20 * time.Millisecond}
+	n, _ := conn.Dial(context.Background(), nodeaccess.Address{Name: "worker-2"})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := n.Run(ctx, nodescript.Exists.Command("/"), nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("no agent: %v", err)
+	}
+}
