@@ -113,3 +113,30 @@ func TestRollbackCleanupVersionsFlags(t *testing.T) {
 		t.Errorf("versions -o yaml: %v (ran: %v), want refused before running", err, ran)
 	}
 }
+
+// The agent takes its node from the environment its pod gives it, and
+// refuses to start without a node's name or the host's root.
+func TestAgentFlags(t *testing.T) {
+	var got *agentOptions
+	mk := func(s *cli.IO) *cobra.Command {
+		return newCmdAgent(s, func(_ context.Context, o *agentOptions) error { got = o; return nil })
+	}
+	root := t.TempDir()
+	t.Setenv(nodeNameEnv, "worker-1")
+	if err := parse(t, mk, "--root", root); err != nil || got.Node != "worker-1" || got.Root != root || got.StepsDir != "/var/lib/kubelift/agent" {
+		t.Fatalf("%v %+v", err, got)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--root", root, "--node", ""}, `--node "": a node's name is needed`},
+		{[]string{"--root", root, "--node", "Worker_1"}, `--node "Worker_1"`},
+		{[]string{"--root", root + "/absent"}, "--root"},
+	} {
+		got = nil
+		if err := parse(t, mk, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) || got != nil {
+			t.Errorf("%v: %v (ran: %v), want %q", tc.args, err, got != nil, tc.want)
+		}
+	}
+}

@@ -30,6 +30,6 @@ A .run bundle carries this program: './k8s-v1.31.4-linux-amd64.run --help'.`,
 	root.SetOut(s.Out)
 	root.SetErr(s.ErrOut)
 	root.AddCommand(newCmdImport(s, nil), newCmdStage(s, nil), newCmdVersions(s, nil), newCmdPlan(s, nil), newCmdApply(s, nil), newCmdStatus(s, nil), newCmdRollback(s, nil),
-		cli.NewCmdVerify(s), cli.NewCmdExtract(s), cli.NewCmdInspect(s), newCmdCompat(s))
+		cli.NewCmdVerify(s), cli.NewCmdExtract(s), cli.NewCmdInspect(s), newCmdCompat(s), newCmdAgent(s, nil))
 	return root
 }
