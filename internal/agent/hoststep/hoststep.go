@@ -108,8 +108,10 @@ func (h *Host) Run(ctx context.Context, r agent.Request) (*agent.Result, error) 
 	if err := h.prepare(r); err != nil {
 		return nil, err
 	}
-	argv := []string{"/bin/sh", "-c", nodescript.AgentStep.Text, "kubelift-" + nodescript.AgentStep.Name,
-		h.dir(r.Name), strconv.Itoa(int(r.Deadline / time.Second))}
+	// The script is a file of the step's, not a word of the command:
+	// systemd expands ${...} in a transient unit's words (systemd-run's
+	// --expand-environment, on by default since v254).
+	argv := []string{"/bin/sh", path.Join(h.dir(r.Name), "step"), h.dir(r.Name), strconv.Itoa(int(r.Deadline / time.Second))}
 	if err := h.Units.Start(ctx, unit, argv); err != nil && !errors.Is(err, ErrExists) {
 		return nil, fmt.Errorf("step %s: starting unit %s: %w", r.Name, unit, err)
 	}
@@ -137,7 +139,7 @@ func (h *Host) prepare(r agent.Request) error {
 		return fmt.Errorf("step %s: %w", r.Name, err)
 	}
 	defer os.RemoveAll(tmp)
-	for file, data := range map[string][]byte{"cmd": []byte(r.Command() + "\n"), "stdin": r.Stdin} {
+	for file, data := range map[string][]byte{"cmd": []byte(r.Command() + "\n"), "stdin": r.Stdin, "step": []byte(nodescript.AgentStep.Text)} {
 		if err := atomicfile.WriteFile(filepath.Join(tmp, file), data, 0o600); err != nil {
 			return fmt.Errorf("step %s: %w", r.Name, err)
 		}

@@ -1,6 +1,7 @@
 # kubelift node script: agent-step
 # Runs one agent-mode step on the host, as the transient unit its agent
-# started (docs/agent-mode.md): DIR/cmd, the step's node script command,
+# started (docs/agent-mode.md), from the copy DIR/step the agent wrote
+# beside the step: DIR/cmd, the step's node script command,
 # with DIR/stdin as its standard input, bounded by DEADLINE seconds
 # (timeout: exit 124, KILL 10 s after its TERM), its standard output and
 # error in DIR/out and DIR/err. DIR/began is written first, and the exit

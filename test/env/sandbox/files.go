@@ -211,8 +211,10 @@ func (s *State) makeFiles(cfg Config) error {
 		if err := copyFile(cfg.Tool, m.fsPath(toolPath), 0o755); err != nil {
 			return err
 		}
-		if err := os.Symlink(toolPath, m.fsPath("usr/local/sbin/systemctl")); err != nil {
-			return err
+		for _, name := range []string{"systemctl", "systemd-run"} {
+			if err := os.Symlink(toolPath, m.fsPath("usr/local/sbin/"+name)); err != nil {
+				return err
+			}
 		}
 		if cfg.Runtime == RuntimeStandIn {
 			if err := os.Symlink(toolPath, m.fsPath("usr/local/bin/crictl")); err != nil {

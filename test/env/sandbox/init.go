@@ -73,10 +73,12 @@ func RunInit(ctx context.Context, root, hostname string, log func(format string,
 			}
 		}
 	}
-	if _, err := os.Stat("/usr/bin/systemctl"); err == nil {
-		// The machine's own /usr/local is mounted by now.
-		if err := syscall.Mount(toolPath, "/usr/bin/systemctl", "", syscall.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind systemctl: %w", err)
+	for _, name := range []string{"systemctl", "systemd-run"} {
+		if _, err := os.Stat("/usr/bin/" + name); err == nil {
+			// The machine's own /usr/local is mounted by now.
+			if err := syscall.Mount(toolPath, "/usr/bin/"+name, "", syscall.MS_BIND, ""); err != nil {
+				return fmt.Errorf("bind %s: %w", name, err)
+			}
 		}
 	}
 	if err := os.Chdir("/"); err != nil {

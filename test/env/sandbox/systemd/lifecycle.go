@@ -80,12 +80,14 @@ func (m *Manager) spawn(name string, s *service) error {
 		}
 		if !s.want {
 			s.state, s.result = "inactive", "stopped"
+			m.collect(name, s)
 			return
 		}
 		s.state, s.result = "failed", fmt.Sprintf("exited: %v", err)
 		if err == nil {
 			s.state, s.result = "inactive", "exited 0"
 		}
+		m.collect(name, s)
 		if s.unit.Restart == "always" || (s.unit.Restart == "on-failure" && code != 0) {
 			s.state = "activating"
 			time.AfterFunc(s.unit.RestartSec, func() {
@@ -139,4 +141,12 @@ func (m *Manager) stop(name string) {
 	m.mu.Lock()
 	s.state, s.result = "inactive", "stopped"
 	m.mu.Unlock()
+}
+
+// collect forgets a transient unit started with --collect once it ended;
+// m.mu is held.
+func (m *Manager) collect(name string, s *service) {
+	if s.collect && m.services[name] == s {
+		delete(m.services, name)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -44,6 +45,9 @@ type service struct {
 	restarts   int
 	exited     chan struct{}
 	generation int
+	// transient: started by systemd-run, from no unit file; collect: it
+	// is forgotten once it ends (--collect).
+	transient, collect bool
 }
 
 // NewManager returns a manager over the default directories.
@@ -160,6 +164,12 @@ func (m *Manager) Do(ctx context.Context, args []string) (string, error) {
 		case (a == "-p" || a == "--property") && i+1 < len(args):
 			flags = append(flags, "-p"+args[i+1]) // -p VALUE takes the next word
 			i++
+		case a == "--unit" && i+1 < len(args):
+			flags = append(flags, "--unit="+args[i+1])
+			i++
+		case a == "--" && len(words) > 0 && words[0] == "run":
+			words = append(words, args[i+1:]...) // systemd-run's command, as it is
+			i = len(args)
 		case strings.HasPrefix(a, "-"):
 			flags = append(flags, a)
 		default:
@@ -170,6 +180,9 @@ func (m *Manager) Do(ctx context.Context, args []string) (string, error) {
 		return "", errors.New("usage: systemctl COMMAND [UNIT...]")
 	}
 	verb, names := words[0], words[1:]
+	if verb == "run" {
+		return "", m.run(flags, names)
+	}
 	for i := range names {
 		names[i] = Normalize(names[i])
 	}
@@ -361,7 +374,8 @@ func (m *Manager) status(name string) (string, error) {
 }
 
 // show prints systemd properties (MainPID, ActiveState, NRestarts,
-// ActiveEnterTimestampMonotonic is not kept); -p/--property selects.
+// ActiveEnterTimestampMonotonic is not kept); -p/--property selects,
+// --value prints the values alone.
 func (m *Manager) show(name string, flags []string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -388,8 +402,13 @@ func (m *Manager) show(name string, flags []string) string {
 		}
 		sort.Strings(want)
 	}
+	value := slices.Contains(flags, "--value") // values alone, as systemctl show --value
 	var b strings.Builder
 	for _, k := range want {
+		if value {
+			fmt.Fprintln(&b, props[k])
+			continue
+		}
 		fmt.Fprintf(&b, "%s=%s\n", k, props[k])
 	}
 	return b.String()

@@ -287,3 +287,53 @@ func alive(pid int) bool {
 	i := strings.LastIndexByte(string(data), ')')
 	return i > 0 && i+2 < len(data) && data[i+2] != 'Z'
 }
+
+// systemd-run's transient units (agent mode's steps): started without
+// waiting, active while they run, forgotten once ended with --collect,
+// and a name in use refused in systemd's words.
+func TestTransientUnit(t *testing.T) {
+	sock, dir := boot(t, nil)
+	mark := filepath.Join(dir, "mark")
+	gate := filepath.Join(dir, "gate")
+	script := filepath.Join(dir, "step")
+	if err := os.WriteFile(script, []byte("while [ ! -e "+gate+" ]; do sleep 0.05; done; echo ran >>"+mark+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(name string, argv ...string) (string, int) {
+		if argv == nil {
+			argv = []string{"/bin/sh", script}
+		}
+		return systemctl(t, sock, append([]string{"run", "--unit", name, "--collect", "--no-block", "--quiet", "--property", "KillMode=control-group", "--"}, argv...)...)
+	}
+	if out, code := run("kubelift-step-b.service", "/bin/sh", "-c", "echo $HOME"); code == 0 || !strings.Contains(out, "a word with $") {
+		t.Errorf("a word with $: %d %q", code, out)
+	}
+	if out, code := run("kubelift-step-a.service"); code != 0 {
+		t.Fatalf("systemd-run: %d %s", code, out)
+	}
+	state := func() string {
+		out, _ := systemctl(t, sock, "show", "--property", "ActiveState", "--value", "kubelift-step-a.service")
+		return strings.TrimSpace(out)
+	}
+	if st := state(); st != "active" {
+		t.Errorf("running: ActiveState %q", st)
+	}
+	if out, code := run("kubelift-step-a.service"); code == 0 || !strings.Contains(out, "was already loaded") {
+		t.Errorf("the same name again: %d %q", code, out)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; state() != "inactive"; i++ {
+		if i == 200 {
+			t.Fatalf("still %s after its command ended", state())
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	if b, _ := os.ReadFile(mark); string(b) != "ran\n" {
+		t.Errorf("the command wrote %q", b)
+	}
+	if out, code := systemctl(t, sock, "list-units"); code != 0 || strings.Contains(out, "kubelift-step-a") {
+		t.Errorf("collected unit still listed: %q", out)
+	}
+}

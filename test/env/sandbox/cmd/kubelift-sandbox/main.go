@@ -26,8 +26,12 @@ import (
 )
 
 func main() {
-	if filepath.Base(os.Args[0]) == "systemctl" {
-		stdout, stderr, code := systemd.Systemctl(systemd.Socket, os.Args[1:])
+	if name := filepath.Base(os.Args[0]); name == "systemctl" || name == "systemd-run" {
+		args := os.Args[1:]
+		if name == "systemd-run" { // a transient unit: the manager's verb "run"
+			args = append([]string{"run"}, args...)
+		}
+		stdout, stderr, code := systemd.Systemctl(systemd.Socket, args)
 		fmt.Fprint(os.Stdout, stdout)
 		fmt.Fprint(os.Stderr, stderr)
 		os.Exit(code)
