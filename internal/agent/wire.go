@@ -87,7 +87,7 @@ func NewRequest(run, node string, seq int, cmd string, stdin []byte, deadline ti
 	if err != nil {
 		return Request{}, fmt.Errorf("agent mode runs only kubelift's node scripts: %w", err)
 	}
-	r := Request{Name: fmt.Sprintf("kubelift-step-%s-%s-%d", run, nodeHash(node), seq), Run: run, Node: node,
+	r := Request{Name: fmt.Sprintf("kubelift-step-%s-%s-%d", run, NodeHash(node), seq), Run: run, Node: node,
 		Script: sc, Args: args, Stdin: stdin, Deadline: deadline.Round(time.Second)}
 	if deadline > 0 && r.Deadline < time.Second {
 		r.Deadline = time.Second // the Secret keeps whole seconds
@@ -117,10 +117,11 @@ func NodeLabel(node string) string {
 	if len(node) <= validation.LabelValueMaxLength {
 		return node
 	}
-	return "h-" + nodeHash(node)
+	return "h-" + NodeHash(node)
 }
 
-func nodeHash(node string) string {
+// NodeHash is a short hash of node's name, for names of its objects.
+func NodeHash(node string) string {
 	h := sha256.Sum256([]byte(node))
 	return hex.EncodeToString(h[:8])
 }
