@@ -14,8 +14,10 @@ CRANE_VERSION := v0.22.1
 
 all: build
 
+# Static (no cgo): the upgrade program runs on any admin machine, and is
+# the agent's image (bundle create --agent), which holds nothing else.
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
 
 INOTIFY_INSTANCES = 1024
 

@@ -39,6 +39,7 @@ type createOptions struct {
 	DryRun            bool
 	Quiet             bool
 	Installer         string
+	AgentProgram      string
 	AllPlatforms      bool
 	KubeletBinary     string
 	NodeStack         bool
@@ -116,6 +117,7 @@ rewriting; with '-o json' as JSON, for your proxy's allow-list:
 	f.StringVar(&opts.Etcd, "etcd", "", "also bundle etcd for a binary cluster's members, for upgrade to move them one at a time: 'paired' (the version the catalog pairs with the release) or a version such as v3.6.16, optionally pinned VERSION#sha256:HEX")
 	f.BoolVar(&opts.AllPlatforms, "all-platforms", false, "bundle every platform of multi-arch images, so import keeps their index digests (larger)")
 	f.StringVar(&opts.Installer, "installer", "", "upgrade program to embed in a .run file (default: 'upgrade' next to this program)")
+	f.StringVar(&opts.AgentProgram, "agent", "", "also carry the agent's image for agent mode (upgrade --via agent), made of this upgrade program: built static (CGO_ENABLED=0, as make build does) for the bundle's one --arch")
 	return cmd
 }
 
@@ -217,6 +219,7 @@ func createRun(ctx context.Context, opts *createOptions) error {
 			return err
 		}
 	}
+	co.AgentProgram = opts.AgentProgram
 	sink, finish := opts.IO.Progress(opts.Quiet, "fetching")
 	co.Progress = sink
 	start := time.Now()

@@ -902,3 +902,57 @@ func TestEtcdTravelsWhenAsked(t *testing.T) {
 		}
 	}
 }
+
+// The agent's image travels as the bundle's other images do: signed,
+// verified, and readable from the extracted layout with the program in
+// its one layer.
+func TestAgentImageTravels(t *testing.T) {
+	f := newFixture(t)
+	prog, err := exec.LookPath("gofmt") // a static linux program
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := f.options(filepath.Join(f.dir, "a.tar"))
+	opts.AgentProgram = prog
+	if _, err := Create(context.Background(), opts); err != nil {
+		t.Fatal(err)
+	}
+	m, err := VerifyFile(context.Background(), opts.Output, Trust{Key: f.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var agent *Image
+	for i, img := range m.Images {
+		if strings.HasPrefix(img.Ref, "kubelift.dev/kubelift-agent:sha256-") {
+			agent = &m.Images[i]
+		}
+	}
+	if agent == nil || strings.Join(agent.Platforms, ",") != "linux/amd64" || agent.Blobs != 3 {
+		t.Fatalf("agent image %+v among %d images", agent, len(m.Images))
+	}
+	dir := filepath.Join(f.dir, "extracted")
+	if _, err := Extract(context.Background(), opts.Output, dir, Trust{Key: f.pub}); err != nil {
+		t.Fatal(err)
+	}
+	lp, err := layout.FromPath(filepath.Join(dir, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := v1.NewHash(agent.Digest)
+	img, err := lp.Image(h)
+	if err != nil {
+		t.Fatalf("the agent's image from the layout: %v", err)
+	}
+	if cf, err := img.ConfigFile(); err != nil || cf.Config.Entrypoint[0] != "/kubelift/upgrade" {
+		t.Errorf("config %v %v", cf, err)
+	}
+
+	opts.Arches = []string{"amd64", "arm64"}
+	if _, err := Create(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "one arch") {
+		t.Errorf("two arches: %v", err)
+	}
+	opts.Arches, opts.AgentProgram = []string{"amd64"}, f.installer // a script
+	if _, err := Create(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "not a linux program") {
+		t.Errorf("a script as the agent: %v", err)
+	}
+}

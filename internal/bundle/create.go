@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
 
+	agentimage "github.com/kubelift/kubelift/internal/agent/image"
 	"github.com/kubelift/kubelift/internal/buildinfo"
 	"github.com/kubelift/kubelift/internal/cas"
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -73,6 +74,9 @@ type CreateOptions struct {
 	Format  Format
 	// Installer is the `upgrade` program embedded in a .run file.
 	Installer string
+	// AgentProgram, the upgrade program built static for the bundle's
+	// one arch, is carried as the agent's image (agent mode).
+	AgentProgram string
 	Output    string
 	Progress  progress.Sink
 	Log       *slog.Logger
@@ -109,6 +113,9 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 	} else if format != FormatTar {
 		return nil, fmt.Errorf("format %q: want tar or run", format)
 	}
+	if opts.AgentProgram != "" && len(plan.Arches) != 1 {
+		return nil, fmt.Errorf("the agent's image is built for one arch, and the bundle has %v: bundle one arch", plan.Arches)
+	}
 	if opts.CacheDir == "" {
 		return nil, errors.New("no cache directory")
 	}
@@ -131,6 +138,13 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 		return err
 	}); err != nil {
 		return nil, err
+	}
+	if opts.AgentProgram != "" {
+		img, err := agentImage(puller, opts.AgentProgram, plan.Arches)
+		if err != nil {
+			return nil, err
+		}
+		imgs = append(imgs, img)
 	}
 	planned := plan.allFiles()
 	files := make([]*fetch.File, len(planned))
@@ -223,6 +237,21 @@ func Create(ctx context.Context, opts *CreateOptions) (*Manifest, error) {
 		return fail(err)
 	}
 	return m, nil
+}
+
+// agentImage builds the agent's image from program, for the bundle's one
+// arch (Create checked there is one), into the puller's cache; its tag
+// is the program's sum.
+func agentImage(puller *registry.Puller, program string, arches []string) (*registry.Image, error) {
+	sum, _, err := HashFile(program)
+	if err != nil {
+		return nil, fmt.Errorf("agent program: %w", err)
+	}
+	img, err := agentimage.Build(program, arches[0])
+	if err != nil {
+		return nil, err
+	}
+	return puller.Local(agentimage.Repository+":sha256-"+sum[:16], img)
 }
 
 // kubeletHashSkip reads a cached kubelet and says whether it honours the
