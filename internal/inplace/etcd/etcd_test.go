@@ -119,6 +119,13 @@ type cluster struct {
 	elsewhere, lone bool
 	// restoreDown: a member put back does not answer either.
 	restoreDown bool
+	// lag: a member put back answers at its new version for this many
+	// status reads more (its restart queued); overlaps counts the
+	// restores made while another's restart was still under way.
+	lag      int
+	lagging  map[string]int
+	prev     map[string]string
+	overlaps int
 }
 
 func (c *cluster) node(name string) *fakenode.Node {
@@ -128,11 +135,16 @@ func (c *cluster) node(name string) *fakenode.Node {
 			defer c.mu.Unlock()
 			var st []map[string]any
 			for i, n := range []string{"cp-1", "cp-2", "cp-3"} {
-				if c.versions[n] == "down" {
+				ver := c.versions[n]
+				if c.lagging[n] > 0 {
+					c.lagging[n]--
+					ver = c.prev[n]
+				}
+				if ver == "down" {
 					continue
 				}
 				st = append(st, map[string]any{"Endpoint": fmt.Sprintf("http://10.0.0.%d:2379", i+1),
-					"Status": map[string]any{"header": map[string]any{"member_id": i + 1}, "version": strings.TrimPrefix(c.versions[n], "v"), "leader": int(c.leader[3] - '0')}})
+					"Status": map[string]any{"header": map[string]any{"member_id": i + 1}, "version": strings.TrimPrefix(ver, "v"), "leader": int(c.leader[3] - '0')}})
 			}
 			b, _ := json.Marshal(st)
 			return "### members\n" + c.memberList() + "\n### status\n" + string(b) + "\n", nil
@@ -161,6 +173,17 @@ func (c *cluster) node(name string) *fakenode.Node {
 				return "### none\n", nil
 			}
 			c.order = append(c.order, "restore "+name)
+			for n, left := range c.lagging {
+				if n != name && left > 0 {
+					c.overlaps++
+				}
+			}
+			if c.lag > 0 {
+				if c.lagging == nil {
+					c.lagging, c.prev = map[string]int{}, map[string]string{}
+				}
+				c.lagging[name], c.prev[name] = c.lag, c.versions[name]
+			}
 			c.versions[name] = old
 			if c.restoreDown {
 				c.versions[name] = "down"
@@ -269,6 +292,18 @@ func TestPutBack(t *testing.T) {
 	}
 	if len(c.order) != 0 || c.versions["cp-1"] != "v3.6.16" {
 		t.Errorf("a minor move was put back: %v", c.order)
+	}
+
+	// etcd-restore only queues the restart: the next member's waits
+	// until the one before answers at its old version again.
+	// (Three reads: the wait for the cluster before the next restore
+	// reads too.)
+	c = &cluster{versions: map[string]string{"cp-1": "v3.5.35", "cp-2": "v3.5.35", "cp-3": "v3.5.32"}, backedUp: map[string]string{"cp-1": "v3.5.32", "cp-2": "v3.5.32"}, leader: "cp-1", comesBack: true, lag: 3}
+	if err := c.mover(t, &Move{From: v("v3.5.32"), To: v("v3.5.35")}).PutBack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if c.overlaps != 0 || len(c.order) != 2 {
+		t.Errorf("restarts overlapped %d times (did %v)", c.overlaps, c.order)
 	}
 
 	// A run killed while cp-2's new etcd would not start left it down: it

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -149,7 +150,7 @@ func (m Mover) putBackAfter(ctx context.Context, mb Member, othersMoved bool, ca
 	if err := m.restore(ctx, mb.Node); err != nil {
 		return errors.Join(cause, fmt.Errorf("node %s: putting the old etcd back: %w", mb.Node, err))
 	}
-	if _, err := m.healthy(ctx, mb.Node); err != nil {
+	if err := m.back(ctx, mb, true); err != nil {
 		return errors.Join(cause, fmt.Errorf("node %s: the old etcd is put back, and %w", mb.Node, err))
 	}
 	m.Event(ctx, mb.Node, "EtcdRestored", fmt.Sprintf("kubelift: etcd put back: %v", cause))
@@ -224,6 +225,7 @@ func (m Mover) PutBack(ctx context.Context) error {
 			down++
 		}
 	}
+	checked := true // the cluster was healthy after the last member put back
 	for _, mb := range members {
 		if !mb.Down() {
 			if _, err := m.healthy(ctx, mb.Node); err != nil {
@@ -244,16 +246,45 @@ func (m Mover) PutBack(ctx context.Context) error {
 		if m.Dry || strings.Contains(said, "### none") {
 			continue // a dry run said the restore instead
 		}
-		if down > 0 {
-			// The next member that does not run keeps the cluster from
-			// being healthy: the wait is after the last of them.
-			m.Log.Info("etcd member put back", "node", mb.Node, "to", from.String(), "health", "checked after the other members that do not run")
-			continue
-		}
-		if _, err := m.healthy(ctx, mb.Node); err != nil {
+		// The next member that does not run keeps the cluster from being
+		// healthy: until the last of them, the wait is for the member.
+		checked = down == 0
+		if err := m.back(ctx, mb, checked); err != nil {
 			return fmt.Errorf("node %s: etcd put back: %w", mb.Node, err)
 		}
-		m.Log.Info("etcd member put back", "node", mb.Node, "to", from.String())
+		m.Log.Info("etcd member put back", "node", mb.Node, "to", from.String(), "cluster healthy", checked)
+	}
+	if !checked { // the last member that did not run had nothing to put back
+		if _, err := m.healthy(ctx, m.Members[0].Node); err != nil {
+			return fmt.Errorf("etcd put back: %w", err)
+		}
+	}
+	return nil
+}
+
+// back waits, bounded by Timeout, for mb to answer at a version below
+// the move's (etcd-restore only queues the restart: until it ends, the
+// member answers at the new version, and the next member's restart must
+// not overlap it) and, with whole, for the cluster to be healthy.
+func (m Mover) back(ctx context.Context, mb Member, whole bool) error {
+	err := m.Wait.Poll(ctx, time.Second, m.Timeout, func(ctx context.Context) error {
+		c, err := m.status(ctx, mb.Node)
+		if err != nil {
+			return err
+		}
+		s, ok := find(c.Status, mb.ClientURL)
+		switch {
+		case !ok:
+			return fmt.Errorf("member %s (%s) does not answer", mb.Node, mb.ClientURL)
+		case s.Version.Compare(m.Move.To) >= 0:
+			return fmt.Errorf("member %s answers at etcd %s still: its old etcd has not restarted yet", mb.Node, s.Version)
+		case whole:
+			return m.check(c, Member{}, catalog.Version{})
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("etcd is not healthy: %w", err)
 	}
 	return nil
 }
