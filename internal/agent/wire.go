@@ -74,7 +74,12 @@ type Request struct {
 	Deadline time.Duration
 }
 
-var runRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,18}[a-z0-9])?$`)
+var (
+	runRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,18}[a-z0-9])?$`)
+	// nameRE is a request's name (and, with .service, its unit's: short
+	// of systemd's 256 characters).
+	nameRE = regexp.MustCompile(`^kubelift-step-[a-z0-9]([a-z0-9-]{0,18}[a-z0-9])?-[0-9a-f]{16}-[0-9]{1,12}$`)
+)
 
 // NewRequest is the request that runs cmd (a command nodescript built:
 // any other is refused) on node with stdin, as the seq'th step of run
@@ -154,6 +159,9 @@ func ParseRequest(s *corev1.Secret) (Request, error) {
 	if s.Type != SecretType {
 		return Request{}, bad("type", s.Type, "not "+string(SecretType))
 	}
+	if !nameRE.MatchString(s.Name) {
+		return Request{}, bad("name", s.Name, "not kubelift-step-RUN-NODEHASH-SEQ")
+	}
 	r := Request{Name: s.Name, Run: s.Labels[LabelRun], Node: s.Annotations[AnnotationNode], Stdin: s.Data[keyStdin]}
 	name := string(s.Data[keyScript])
 	sc, ok := nodescript.Lookup(name)
@@ -209,6 +217,9 @@ func WithResult(s *corev1.Secret, res Result) (*corev1.Secret, error) {
 		return nil, err
 	}
 	out := s.DeepCopy()
+	if out.Data == nil {
+		out.Data = map[string][]byte{}
+	}
 	out.Data[keyResult], out.Data[keyStdout] = b, res.Stdout
 	return out, nil
 }
@@ -239,6 +250,8 @@ func ParseResult(s *corev1.Secret) (*Result, error) {
 // did not end on its own.
 func (res *Result) Err() error {
 	switch {
+	case res.Failed != "" && res.Stderr != "":
+		return fmt.Errorf("%s: %s", res.Failed, res.Stderr)
 	case res.Failed != "":
 		return errors.New(res.Failed)
 	case res.Exit == 0:

@@ -70,9 +70,14 @@ func TestRequestRefusals(t *testing.T) {
 		{keyArgs, "[1]", `args "[1]"`},
 		{keyDeadline, "soon", `deadline "soon"`},
 		{keyDeadline, "0", "deadline 0s"},
+		{"name", "kubelift-step-" + strings.Repeat("x", 250), "not kubelift-step-RUN-NODEHASH-SEQ"},
 	} {
 		s, _ := r.Secret()
-		s.Data[tc.field] = []byte(tc.value)
+		if tc.field == "name" {
+			s.Name = tc.value
+		} else {
+			s.Data[tc.field] = []byte(tc.value)
+		}
 		if _, err := ParseRequest(s); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), s.Name) {
 			t.Errorf("%s=%q: %v, want %q", tc.field, tc.value, err, tc.want)
 		}

@@ -77,10 +77,10 @@ type CreateOptions struct {
 	// AgentProgram, the upgrade program built static for the bundle's
 	// one arch, is carried as the agent's image (agent mode).
 	AgentProgram string
-	Output    string
-	Progress  progress.Sink
-	Log       *slog.Logger
-	Now       func() time.Time
+	Output       string
+	Progress     progress.Sink
+	Log          *slog.Logger
+	Now          func() time.Time
 }
 
 // Create fetches everything the plan lists (through the cache) and writes

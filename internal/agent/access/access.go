@@ -6,6 +6,7 @@
 package access
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -107,7 +109,13 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 		return nil, n.fail(op, err)
 	}
 	secrets := n.c.Client.CoreV1().Secrets(agent.Namespace)
-	if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		// A create made again after its answer was lost, or a name used
+		// twice: only the same request may be answered by that Secret.
+		err = sameRequest(ctx, secrets, r)
+	}
+	if err != nil {
 		return nil, n.fail(op, fmt.Errorf("asking its agent (secret %s/%s): %w", agent.Namespace, r.Name, err))
 	}
 	poll := n.c.Poll
@@ -161,3 +169,19 @@ func (n *node) Stream(ctx context.Context, cmd string, w io.Writer) (int64, erro
 
 // Close has nothing to close.
 func (n *node) Close() error { return nil }
+
+// sameRequest says whether the request in the API under r's name is r.
+func sameRequest(ctx context.Context, secrets typedcorev1.SecretInterface, r agent.Request) error {
+	got, err := secrets.Get(ctx, r.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	old, err := agent.ParseRequest(got)
+	if err != nil {
+		return err
+	}
+	if old.Command() != r.Command() || !bytes.Equal(old.Stdin, r.Stdin) || old.Node != r.Node {
+		return fmt.Errorf("it exists and asks another step (%s): a run id used twice", old.Script.Name)
+	}
+	return nil
+}

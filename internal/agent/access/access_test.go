@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -29,7 +30,7 @@ func serveNode(t *testing.T, c *fake.Clientset, units *hoststeptest.Direct) (ste
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	stepsDir = t.TempDir()
-	a := &serve.Agent{Client: c, Node: "worker-1", Tick: 20 * time.Millisecond,
+	a := &serve.Agent{Client: c, Node: "worker-1", Tick: 20 * time.Millisecond, SweepEvery: 50 * time.Millisecond,
 		Host: &hoststep.Host{Root: "/", Dir: stepsDir, Units: units}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	go func() { done <- a.Serve(ctx) }()
 	t.Cleanup(func() {
@@ -96,9 +97,15 @@ func TestRunThroughTheAgent(t *testing.T) {
 	t.Errorf("%d step directories left on the host after the requests' deletion", len(left))
 }
 
-// A request the agent cannot read is answered, failed, with the reason.
+// A request the agent cannot read is answered, failed, with the reason;
+// a Secret that is no request (its type) is not the agent's to answer,
+// even with the node's label and no data.
 func TestRefusedRequest(t *testing.T) {
 	c := fake.NewClientset()
+	stray := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "stray", Namespace: agent.Namespace, Labels: map[string]string{agent.LabelNode: "worker-1"}}}
+	if _, err := c.CoreV1().Secrets(agent.Namespace).Create(context.Background(), stray, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	serveNode(t, c, &hoststeptest.Direct{})
 	r, err := agent.NewRequest("r1", "worker-1", 1, nodescript.Exists.Command("/"), nil, time.Minute)
 	if err != nil {
@@ -120,6 +127,9 @@ func TestRefusedRequest(t *testing.T) {
 	if res == nil || !strings.Contains(res.Failed, `script "reboot": not one of kubelift's node scripts`) {
 		t.Errorf("a forged request: %+v", res)
 	}
+	if got, _ := c.CoreV1().Secrets(agent.Namespace).Get(ctx, "stray", metav1.GetOptions{}); got.Data != nil {
+		t.Errorf("the agent answered a Secret that is no request: %v", got.Data)
+	}
 }
 
 // A node with no agent leaves the step unanswered: the run's context
@@ -132,5 +142,32 @@ func TestNoAgent(t *testing.T) {
 	defer cancel()
 	if _, err := n.Run(ctx, nodescript.Exists.Command("/"), nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("no agent: %v", err)
+	}
+}
+
+// A request under the name this run's next step takes, asking another
+// step (a run id used twice), is refused, not taken as the answer.
+func TestRunIDUsedTwice(t *testing.T) {
+	c := fake.NewClientset()
+	old, err := agent.NewRequest("r9", "worker-1", 1, nodescript.Exists.Command("/etc"), nil, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := old.Secret()
+	answered, _ := agent.WithResult(s, agent.Result{Stdout: []byte("yes\n")})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.CoreV1().Secrets(agent.Namespace).Create(ctx, answered, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := (&Connector{Client: c, Run: "r9", Poll: 20 * time.Millisecond}).Dial(ctx, nodeaccess.Address{Name: "worker-1"})
+	if out, err := n.Run(ctx, nodescript.Exists.Command("/var"), nil); err == nil || !strings.Contains(err.Error(), "a run id used twice") {
+		t.Errorf("another step's answer: %q %v", out, err)
+	}
+	// The same request made again (its first create's answer lost) waits
+	// for, and takes, its answer.
+	n, _ = (&Connector{Client: c, Run: "r9", Poll: 20 * time.Millisecond}).Dial(ctx, nodeaccess.Address{Name: "worker-1"})
+	if out, err := n.Run(ctx, nodescript.Exists.Command("/etc"), nil); err != nil || string(out) != "yes\n" {
+		t.Errorf("the same request again: %q %v", out, err)
 	}
 }

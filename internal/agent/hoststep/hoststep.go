@@ -54,11 +54,14 @@ type Host struct {
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 	// Grace is how long a unit this agent started may take to begin its
-	// step before it is reported failed (10 s when 0).
+	// step before it is stopped and reported failed (10 s when 0).
 	Grace time.Duration
 
 	mu      sync.Mutex
 	started map[string]time.Time // this agent's Start of each step
+	// forgotten: requests deleted from the API; never started again,
+	// their directories removed once their units end (Sweep).
+	forgotten map[string]bool
 }
 
 // UnitName is the transient unit that runs request name.
@@ -72,8 +75,15 @@ func (h *Host) local(name string, file ...string) string {
 
 // Run starts r if it never began, and returns its result once there is
 // one: nil while its unit runs. Called again with the same request, it
-// never starts it twice.
+// never starts it twice; a request forgotten (deleted) is never started.
 func (h *Host) Run(ctx context.Context, r agent.Request) (*agent.Result, error) {
+	h.mu.Lock()
+	forgotten := h.forgotten[r.Name]
+	at, started := h.started[r.Name]
+	h.mu.Unlock()
+	if forgotten {
+		return nil, nil
+	}
 	if res, err := h.result(r); res != nil || err != nil {
 		return res, err
 	}
@@ -92,25 +102,28 @@ func (h *Host) Run(ctx context.Context, r agent.Request) (*agent.Result, error) 
 		}
 		return &agent.Result{Exit: 1, Unit: unit, Failed: fmt.Sprintf("the step's unit %s ended without a result (the host restarted, or the unit was stopped)", unit)}, nil
 	}
-	h.mu.Lock()
-	at, ok := h.started[r.Name]
-	h.mu.Unlock()
-	if ok {
+	if started {
 		if h.now().Sub(at) < h.grace() {
 			return nil, nil
 		}
-		active, err := h.Units.Active(ctx, unit)
-		if err != nil || active {
+		// Stopped first: a start job still queued would begin the step
+		// after it was reported failed.
+		if err := h.Units.Stop(ctx, unit); err != nil {
+			return nil, fmt.Errorf("step %s: stopping unit %s, which did not begin: %w", r.Name, unit, err)
+		}
+		if active, err := h.Units.Active(ctx, unit); err != nil || active {
 			return nil, err
 		}
-		return &agent.Result{Exit: 1, Unit: unit, Failed: fmt.Sprintf("the step's unit %s did not begin within %s", unit, h.grace())}, nil
+		if _, err := os.Stat(h.local(r.Name, "began")); err == nil {
+			return nil, nil // it began after all: the next call reads it
+		}
+		return &agent.Result{Exit: 1, Unit: unit, Failed: fmt.Sprintf("the step's unit %s did not begin within %s, and was stopped", unit, h.grace())}, nil
 	}
 	if err := h.prepare(r); err != nil {
 		return nil, err
 	}
 	// The script is a file of the step's, not a word of the command:
-	// systemd expands ${...} in a transient unit's words (systemd-run's
-	// --expand-environment, on by default since v254).
+	// systemd expands $VAR and ${VAR} in a unit's command words.
 	argv := []string{"/bin/sh", path.Join(h.dir(r.Name), "step"), h.dir(r.Name), strconv.Itoa(int(r.Deadline / time.Second))}
 	if err := h.Units.Start(ctx, unit, argv); err != nil && !errors.Is(err, ErrExists) {
 		return nil, fmt.Errorf("step %s: starting unit %s: %w", r.Name, unit, err)
@@ -125,10 +138,17 @@ func (h *Host) Run(ctx context.Context, r agent.Request) (*agent.Result, error) 
 }
 
 // prepare writes the step's directory (its command and input), whole or
-// not at all, unless an earlier agent did.
+// not at all, unless an earlier agent did: then it must hold this
+// request's command and input, else it is another request's.
 func (h *Host) prepare(r agent.Request) error {
 	final := h.local(r.Name)
-	if _, err := os.Stat(filepath.Join(final, "cmd")); err == nil {
+	want := map[string][]byte{"cmd": []byte(r.Command() + "\n"), "stdin": r.Stdin, "step": []byte(nodescript.AgentStep.Text)}
+	if _, err := os.Stat(final); err == nil {
+		for _, file := range []string{"cmd", "stdin"} {
+			if got, err := os.ReadFile(filepath.Join(final, file)); err != nil || !bytes.Equal(got, want[file]) {
+				return fmt.Errorf("step %s: %s holds another command or input than the request's (%v): a request name used twice", r.Name, final, err)
+			}
+		}
 		return nil
 	}
 	if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
@@ -139,7 +159,7 @@ func (h *Host) prepare(r agent.Request) error {
 		return fmt.Errorf("step %s: %w", r.Name, err)
 	}
 	defer os.RemoveAll(tmp)
-	for file, data := range map[string][]byte{"cmd": []byte(r.Command() + "\n"), "stdin": r.Stdin, "step": []byte(nodescript.AgentStep.Text)} {
+	for file, data := range want {
 		if err := atomicfile.WriteFile(filepath.Join(tmp, file), data, 0o600); err != nil {
 			return fmt.Errorf("step %s: %w", r.Name, err)
 		}
@@ -151,25 +171,31 @@ func (h *Host) prepare(r agent.Request) error {
 }
 
 // result reads the step's result where its rc is written: nil, nil
-// where it is not yet.
+// where it is not yet. Its input, which may hold credentials, is removed
+// once it ended.
 func (h *Host) result(r agent.Request) (*agent.Result, error) {
 	b, err := os.ReadFile(h.local(r.Name, "rc"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
+	unit := UnitName(r.Name)
 	if err != nil {
 		return nil, fmt.Errorf("step %s: %w", r.Name, err)
 	}
+	_ = os.Remove(h.local(r.Name, "stdin"))
 	rc, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || rc < 0 || rc > 255 {
-		return nil, fmt.Errorf("step %s: %s: exit status %q: not 0 to 255", r.Name, h.local(r.Name, "rc"), b)
+		return &agent.Result{Exit: 1, Unit: unit, Failed: fmt.Sprintf("step %s: %s: exit status %q: not 0 to 255", r.Name, h.local(r.Name, "rc"), b)}, nil
 	}
-	res := &agent.Result{Exit: rc, Unit: UnitName(r.Name)}
-	if rc == 124 {
+	res := &agent.Result{Exit: rc, Unit: unit}
+	switch rc {
+	case 124:
 		res.Failed = fmt.Sprintf("the step outlived its deadline of %s on the node, and was stopped", r.Deadline)
+	case 137:
+		res.Failed = fmt.Sprintf("the step was killed (KILL): it outlived its deadline of %s and did not stop on TERM, or the host killed it", r.Deadline)
 	}
 	if res.Stdout, err = readAtMost(h.local(r.Name, "out"), agent.MaxStdout); err != nil {
-		res.Exit, res.Failed = 1, fmt.Sprintf("step %s: %v", r.Name, err)
+		res.Exit, res.Failed, res.Stdout = 1, fmt.Sprintf("step %s: %v", r.Name, err), nil
 	}
 	stderr, _ := readTail(h.local(r.Name, "err"), agent.StderrTail)
 	res.Stderr = strings.TrimSpace(string(stderr))
@@ -196,13 +222,49 @@ func (h *Host) grace() time.Duration {
 	return 10 * time.Second
 }
 
-// Forget removes the step's directory, once its result is kept in the
-// API.
-func (h *Host) Forget(name string) error {
+// Forget marks request name deleted from the API: it is never started
+// again, and its directory goes once its unit ended (Sweep).
+func (h *Host) Forget(name string) {
 	h.mu.Lock()
+	if h.forgotten == nil {
+		h.forgotten = map[string]bool{}
+	}
+	h.forgotten[name] = true
 	delete(h.started, name)
 	h.mu.Unlock()
-	return os.RemoveAll(h.local(name))
+}
+
+// Sweep removes the directories of forgotten requests whose units ended,
+// and of every request on the host that keep does not name (requests
+// deleted while no agent ran), once its unit ended.
+func (h *Host) Sweep(ctx context.Context, keep func(name string) bool) error {
+	entries, err := os.ReadDir(filepath.Join(h.Root, filepath.FromSlash(h.Dir)))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() || strings.HasPrefix(name, ".") {
+			continue
+		}
+		h.mu.Lock()
+		forgotten := h.forgotten[name]
+		h.mu.Unlock()
+		if !forgotten && keep(name) {
+			continue
+		}
+		if active, err := h.Units.Active(ctx, UnitName(name)); err != nil || active {
+			errs = append(errs, err)
+			continue
+		}
+		h.Forget(name)
+		errs = append(errs, os.RemoveAll(h.local(name)))
+	}
+	return errors.Join(errs...)
 }
 
 // readAtMost reads file, refusing one over max bytes.

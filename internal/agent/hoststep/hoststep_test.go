@@ -2,6 +2,9 @@ package hoststep
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +35,11 @@ func (u *units) Start(_ context.Context, name string, argv []string) error {
 	defer u.mu.Unlock()
 	if u.active[name] {
 		return ErrExists
+	}
+	for _, w := range argv {
+		if strings.Contains(w, "$") { // systemd may expand it (the sandbox's manager refuses it too)
+			return fmt.Errorf("a word with $: %q", w)
+		}
 	}
 	u.starts[name]++
 	if u.never {
@@ -157,43 +165,100 @@ func TestUnitThatNeverBegins(t *testing.T) {
 	}
 }
 
-// The step gets its standard input; one that outlives its deadline is
-// stopped and says so; an output over the bound is refused.
-func TestInputDeadlineAndBound(t *testing.T) {
+// The step gets its standard input (stage-file writes it, its sum
+// checked), and its input is gone from the host once it ended.
+func TestInput(t *testing.T) {
 	dir, u := t.TempDir(), newUnits()
-	h := &Host{Root: "/", Dir: dir, Units: u}
-	// (No node script both reads its input and prints it: the command
-	// is set by hand, as the deadline's below.)
-	in := request(t, nodescript.Exists.Command("/"), "kept\n", time.Minute)
-	if err := h.prepare(in); err != nil {
-		t.Fatal(err)
+	h := &Host{Root: "/", Dir: filepath.Join(dir, "agent"), Units: u}
+	sum := sha256.Sum256([]byte("kept\n"))
+	r := request(t, nodescript.StageFile.Command(dir, "kubelet", hex.EncodeToString(sum[:]), "5", "none", "0"), "kept\n", time.Minute)
+	if res := wait(t, h, r); res.Err() != nil {
+		t.Fatalf("stage-file: %v", res.Err())
 	}
-	if err := os.WriteFile(h.local(in.Name, "cmd"), []byte("cat\n"), 0o600); err != nil {
-		t.Fatal(err)
+	if b, _ := os.ReadFile(filepath.Join(dir, "kubelet")); string(b) != "kept\n" {
+		t.Errorf("staged %q", b)
 	}
-	if res := wait(t, h, in); res.Err() != nil || string(res.Stdout) != "kept\n" {
-		t.Errorf("standard input: %q %v", res.Stdout, res.Err())
+	if _, err := os.Stat(h.local(r.Name, "stdin")); !os.IsNotExist(err) {
+		t.Errorf("the step's input is still on the host after it ended (%v)", err)
 	}
+}
 
-	slow := request(t, nodescript.Exists.Command("/"), "", time.Second)
-	slow.Name += "-slow"
-	if err := h.prepare(slow); err != nil {
+// agent-step bounds the step by its deadline (timeout: 124), and the
+// host reports such a step failed, saying why.
+func TestDeadline(t *testing.T) {
+	dir := t.TempDir()
+	h := &Host{Root: "/", Dir: dir, Units: newUnits()}
+	r := request(t, nodescript.Exists.Command("/"), "", time.Second)
+	if err := h.prepare(r); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(h.local(slow.Name, "cmd"), []byte("sleep 30\n"), 0o600); err != nil {
+	step := h.local(r.Name)
+	if err := os.WriteFile(filepath.Join(step, "cmd"), []byte("sleep 30\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if res := wait(t, h, slow); res.Err() == nil || !strings.Contains(res.Err().Error(), "outlived its deadline of 1s") {
-		t.Errorf("a slow step: %+v", res)
+	if out, err := exec.Command("/bin/sh", filepath.Join(step, "step"), step, "1").CombinedOutput(); err != nil {
+		t.Fatalf("agent-step: %v %s", err, out)
 	}
+	if b, _ := os.ReadFile(filepath.Join(step, "rc")); string(b) != "124\n" {
+		t.Errorf("rc %q, want 124 (timeout)", b)
+	}
+	res, err := h.result(r)
+	if err != nil || res == nil || res.Err() == nil || !strings.Contains(res.Err().Error(), "outlived its deadline of 1s") {
+		t.Errorf("a slow step: %+v %v", res, err)
+	}
+}
 
+// An output over the bound is refused, without the output; an exit
+// status that does not parse is answered failed, not left unanswered.
+func TestBadOutput(t *testing.T) {
+	dir, u := t.TempDir(), newUnits()
+	h := &Host{Root: "/", Dir: filepath.Join(dir, "agent"), Units: u}
 	big := filepath.Join(dir, "big")
 	if err := os.WriteFile(big, make([]byte, agent.MaxStdout+1), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	r := request(t, nodescript.ReadFile.Command(big), "", time.Minute)
-	r.Name += "-big"
-	if res := wait(t, h, r); res.Err() == nil || !strings.Contains(res.Err().Error(), "output over agent mode's") {
-		t.Errorf("a large output: %+v", res.Err())
+	if res := wait(t, h, r); res.Err() == nil || !strings.Contains(res.Err().Error(), "output over agent mode's") || res.Stdout != nil {
+		t.Errorf("a large output: %v (%d bytes kept)", res.Err(), len(res.Stdout))
+	}
+	if err := os.WriteFile(h.local(r.Name, "rc"), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := h.result(r); err != nil || res == nil || !strings.Contains(res.Failed, `exit status "garbage"`) {
+		t.Errorf("rc garbage: %+v %v", res, err)
+	}
+}
+
+// A request name whose directory holds another command is refused (a
+// request name used twice), and a forgotten request is never started;
+// Sweep removes ended steps of requests no longer asked.
+func TestSameNameForgetAndSweep(t *testing.T) {
+	dir, u := t.TempDir(), newUnits()
+	h := &Host{Root: "/", Dir: dir, Units: u}
+	r := request(t, nodescript.Exists.Command("/"), "", time.Minute)
+	wait(t, h, r)
+	other := request(t, nodescript.Exists.Command("/etc"), "", time.Minute) // same run, node and seq: same name
+	if err := os.Remove(h.local(r.Name, "rc")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(h.local(r.Name, "began")); err != nil {
+		t.Fatal(err)
+	}
+	h2 := &Host{Root: "/", Dir: dir, Units: u}
+	if _, err := h2.Run(context.Background(), other); err == nil || !strings.Contains(err.Error(), "a request name used twice") {
+		t.Errorf("another command under the same name: %v", err)
+	}
+
+	gone := request(t, nodescript.Exists.Command("/tmp"), "", time.Minute)
+	gone.Name += "0"
+	h.Forget(gone.Name)
+	if res, err := h.Run(context.Background(), gone); res != nil || err != nil || u.starts[UnitName(gone.Name)] != 0 {
+		t.Errorf("a forgotten request: %+v %v, %d starts", res, err, u.starts[UnitName(gone.Name)])
+	}
+	if err := h.Sweep(context.Background(), func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("%d step directories left after the sweep", len(left))
 	}
 }

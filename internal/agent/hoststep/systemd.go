@@ -18,7 +18,10 @@ type Systemd struct{ Root string }
 // args, inside Root.
 func (s Systemd) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	c := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", `exec "$0" "$@"`, name}, args...)...)
-	c.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+	// SYSTEMD_IGNORE_CHROOT: systemctl, finding itself chrooted, would
+	// ignore a verb that needs the running manager ("Running in chroot,
+	// ignoring command"); here the chroot is the host's own root.
+	c.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "SYSTEMD_IGNORE_CHROOT=1"}
 	if s.Root != "" && s.Root != "/" {
 		c.SysProcAttr = &syscall.SysProcAttr{Chroot: s.Root}
 		c.Dir = "/"

@@ -4,8 +4,9 @@
 // current state of its cache of the requests, walked on a tick, not from
 // events alone: a missed event is a tick late, never lost. A request's
 // directory on the host is kept until the request is deleted (the run
-// deletes its requests at its end), so that a request seen again before
-// its result reached the cache is answered, not run again.
+// deletes its requests at its end) and its step ended, so that a request
+// seen again before its result reached the cache is answered, not run
+// again; a request deleted is never started.
 package serve
 
 import (
@@ -30,8 +31,11 @@ type Host interface {
 	// Run starts the request unless it began, and returns its result
 	// once there is one (nil while it runs).
 	Run(ctx context.Context, r agent.Request) (*agent.Result, error)
-	// Forget removes what the host keeps of a request.
-	Forget(name string) error
+	// Forget marks a request deleted: never started again.
+	Forget(name string)
+	// Sweep removes what the host keeps of requests forgotten, or not
+	// kept, once their steps ended.
+	Sweep(ctx context.Context, keep func(name string) bool) error
 }
 
 // Agent serves one node's requests.
@@ -40,9 +44,10 @@ type Agent struct {
 	Node   string
 	Host   Host
 	// Tick is how often the pending requests are looked at (250 ms
-	// when 0).
-	Tick time.Duration
-	Log  *slog.Logger
+	// when 0), SweepEvery how often the host's steps of deleted requests
+	// are (5 s when 0).
+	Tick, SweepEvery time.Duration
+	Log              *slog.Logger
 }
 
 // Serve serves until ctx is done.
@@ -57,9 +62,7 @@ func (a *Agent) Serve(ctx context.Context) error {
 				obj = tomb.Obj
 			}
 			if s, ok := obj.(*corev1.Secret); ok {
-				if err := a.Host.Forget(s.Name); err != nil {
-					a.Log.Warn("forgetting a deleted request", "request", s.Name, "err", err)
-				}
+				a.Host.Forget(s.Name)
 			}
 		},
 	}); err != nil {
@@ -77,13 +80,27 @@ func (a *Agent) Serve(ctx context.Context) error {
 	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
+	lister := inf.Lister().Secrets(agent.Namespace)
+	sweepEvery := a.SweepEvery
+	if sweepEvery <= 0 {
+		sweepEvery = 5 * time.Second
+	}
+	var swept time.Time
 	for {
-		secrets, err := inf.Lister().Secrets(agent.Namespace).List(labels.Everything())
+		secrets, err := lister.List(labels.Everything())
 		if err != nil {
 			return err
 		}
 		for _, s := range secrets {
 			a.serve(ctx, s)
+		}
+		if time.Since(swept) > sweepEvery {
+			// The steps of requests deleted (while this agent ran, or
+			// before it started) leave the host once they ended.
+			if err := a.Host.Sweep(ctx, func(name string) bool { _, err := lister.Get(name); return err == nil }); err != nil {
+				a.Log.Warn("removing ended steps of deleted requests", "err", err)
+			}
+			swept = time.Now()
 		}
 		select {
 		case <-ctx.Done():
@@ -96,8 +113,8 @@ func (a *Agent) Serve(ctx context.Context) error {
 // serve moves one request on: nothing where it has a result, else the
 // host's Run, and the result written where there is one.
 func (a *Agent) serve(ctx context.Context, s *corev1.Secret) {
-	if s.DeletionTimestamp != nil {
-		return
+	if s.DeletionTimestamp != nil || s.Type != agent.SecretType {
+		return // not a request: not this agent's to answer
 	}
 	if res, err := agent.ParseResult(s); res != nil || err != nil {
 		return // answered (a result that does not parse is the run's to refuse)

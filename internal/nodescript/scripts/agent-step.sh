@@ -3,7 +3,8 @@
 # started (docs/agent-mode.md), from the copy DIR/step the agent wrote
 # beside the step: DIR/cmd, the step's node script command,
 # with DIR/stdin as its standard input, bounded by DEADLINE seconds
-# (timeout: exit 124, KILL 10 s after its TERM), its standard output and
+# (timeout: exit 124; 137 where it did not stop on TERM and was killed
+# 10 s later), its standard output and
 # error in DIR/out and DIR/err. DIR/began is written first, and the exit
 # status last, into DIR/rc by rename: an agent (this one, or the next
 # after a restart) reads a whole result or none, and tells a step that
@@ -15,4 +16,7 @@ d=$1
 rc=0
 timeout -k 10 "$2" sh "$d/cmd" <"$d/stdin" >"$d/out" 2>"$d/err" || rc=$?
 printf '%s\n' "$rc" >"$d/rc.tmp"
+# On disk before rc names them: after a host crash, an rc beside an
+# output cut short would be a result that lies.
+sync "$d/out" "$d/err" "$d/rc.tmp" 2>/dev/null || sync
 mv -f "$d/rc.tmp" "$d/rc"

@@ -5,7 +5,9 @@ package hoststeptest
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
+	"strings"
 	"sync"
 
 	"github.com/kubelift/kubelift/internal/agent/hoststep"
@@ -28,6 +30,11 @@ func (d *Direct) Start(_ context.Context, name string, argv []string) error {
 	}
 	if d.active[name] {
 		return hoststep.ErrExists
+	}
+	for _, w := range argv {
+		if strings.Contains(w, "$") { // systemd may expand it (the sandbox's manager refuses it too)
+			return fmt.Errorf("a word with $: %q", w)
+		}
 	}
 	d.active[name] = true
 	d.starts[name]++

@@ -140,6 +140,7 @@ func (m *Manager) stop(name string) {
 	}
 	m.mu.Lock()
 	s.state, s.result = "inactive", "stopped"
+	m.collect(name, s) // the exit above saw a new generation, and left it
 	m.mu.Unlock()
 }
 

@@ -336,4 +336,14 @@ func TestTransientUnit(t *testing.T) {
 	if out, code := systemctl(t, sock, "list-units"); code != 0 || strings.Contains(out, "kubelift-step-a") {
 		t.Errorf("collected unit still listed: %q", out)
 	}
+	// Stopped, it is collected too.
+	if out, code := run("kubelift-step-c.service", "/bin/sleep", "60"); code != 0 {
+		t.Fatalf("systemd-run: %d %s", code, out)
+	}
+	if out, code := systemctl(t, sock, "stop", "kubelift-step-c.service"); code != 0 {
+		t.Fatalf("stop: %d %s", code, out)
+	}
+	if out, _ := systemctl(t, sock, "list-units"); strings.Contains(out, "kubelift-step-c") {
+		t.Errorf("a stopped transient unit is still listed: %q", out)
+	}
 }
