@@ -111,8 +111,7 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 	secrets := n.c.Client.CoreV1().Secrets(agent.Namespace)
 	_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		// A create made again after its answer was lost, or a name used
-		// twice: only the same request may be answered by that Secret.
+		// A run id used twice: never another run's answer.
 		err = sameRequest(ctx, secrets, r)
 	}
 	if err != nil {
@@ -140,6 +139,14 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 		return nil
 	})
 	if err != nil {
+		// Given up: the request goes, so that no agent that comes up
+		// later runs a step the run no longer waits for (one that began
+		// runs to its end in its unit).
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if derr := secrets.Delete(dctx, r.Name, metav1.DeleteOptions{}); derr != nil && !apierrors.IsNotFound(derr) {
+			err = errors.Join(err, fmt.Errorf("deleting the request given up: %w", derr))
+		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -170,7 +177,9 @@ func (n *node) Stream(ctx context.Context, cmd string, w io.Writer) (int64, erro
 // Close has nothing to close.
 func (n *node) Close() error { return nil }
 
-// sameRequest says whether the request in the API under r's name is r.
+// sameRequest says whether the request in the API under r's name is r,
+// not yet answered: a request of that name is another run's (a run id
+// used twice), whose answer must never pass for this run's.
 func sameRequest(ctx context.Context, secrets typedcorev1.SecretInterface, r agent.Request) error {
 	got, err := secrets.Get(ctx, r.Name, metav1.GetOptions{})
 	if err != nil {
@@ -182,6 +191,9 @@ func sameRequest(ctx context.Context, secrets typedcorev1.SecretInterface, r age
 	}
 	if old.Command() != r.Command() || !bytes.Equal(old.Stdin, r.Stdin) || old.Node != r.Node {
 		return fmt.Errorf("it exists and asks another step (%s): a run id used twice", old.Script.Name)
+	}
+	if res, err := agent.ParseResult(got); err != nil || res != nil {
+		return errors.Join(err, errors.New("it exists and is answered already: a run id used twice"))
 	}
 	return nil
 }

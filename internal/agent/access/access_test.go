@@ -143,6 +143,11 @@ func TestNoAgent(t *testing.T) {
 	if _, err := n.Run(ctx, nodescript.Exists.Command("/"), nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("no agent: %v", err)
 	}
+	// The request given up goes: an agent that comes up later does not
+	// run it.
+	if list, _ := c.CoreV1().Secrets(agent.Namespace).List(context.Background(), metav1.ListOptions{}); len(list.Items) != 0 {
+		t.Errorf("%d requests left after the run gave up", len(list.Items))
+	}
 }
 
 // A request under the name this run's next step takes, asking another
@@ -164,10 +169,9 @@ func TestRunIDUsedTwice(t *testing.T) {
 	if out, err := n.Run(ctx, nodescript.Exists.Command("/var"), nil); err == nil || !strings.Contains(err.Error(), "a run id used twice") {
 		t.Errorf("another step's answer: %q %v", out, err)
 	}
-	// The same request made again (its first create's answer lost) waits
-	// for, and takes, its answer.
+	// Nor the answer to the same step from the run that used the id.
 	n, _ = (&Connector{Client: c, Run: "r9", Poll: 20 * time.Millisecond}).Dial(ctx, nodeaccess.Address{Name: "worker-1"})
-	if out, err := n.Run(ctx, nodescript.Exists.Command("/etc"), nil); err != nil || string(out) != "yes\n" {
-		t.Errorf("the same request again: %q %v", out, err)
+	if out, err := n.Run(ctx, nodescript.Exists.Command("/etc"), nil); err == nil || !strings.Contains(err.Error(), "answered already") {
+		t.Errorf("the same step, answered for another run: %q %v", out, err)
 	}
 }

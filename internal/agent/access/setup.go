@@ -30,10 +30,11 @@ const agentUser = "system:serviceaccount:" + agent.Namespace + ":" + ServiceAcco
 var policyValidations = []struct{ expression, message string }{
 	{`has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in request.userInfo.extra && has(oldObject.metadata.annotations) && '` + agent.AnnotationNode + `' in oldObject.metadata.annotations && oldObject.metadata.annotations['` + agent.AnnotationNode + `'] == request.userInfo.extra['authentication.kubernetes.io/node-name'][0]`,
 		"a kubelift agent may answer only its own node's step requests (its token names the node)"},
-	{`oldObject.type == '` + string(agent.SecretType) + `' && object.type == oldObject.type && object.metadata.labels == oldObject.metadata.labels && object.metadata.annotations == oldObject.metadata.annotations`,
+	{`oldObject.type == '` + string(agent.SecretType) + `' && object.type == oldObject.type && has(object.metadata.labels) && has(object.metadata.annotations) && object.metadata.labels == oldObject.metadata.labels && object.metadata.annotations == oldObject.metadata.annotations`,
 		"a kubelift agent may not change a step request's type, labels or annotations"},
 	{`['script', 'args', 'stdin', 'deadline'].all(k, (k in oldObject.data) == (k in object.data) && (!(k in oldObject.data) || object.data[k] == oldObject.data[k]))`,
 		"a kubelift agent may not change what a step request asks"},
+	{`!('result' in oldObject.data)`, "a kubelift agent may not change an answer once given"},
 }
 
 // Setup makes, or brings up to date, what agent mode needs in the
@@ -49,21 +50,8 @@ func Setup(ctx context.Context, c kubernetes.Interface) error {
 	if _, err := c.CoreV1().Namespaces().Apply(ctx, ns, apply); err != nil {
 		return fmt.Errorf("namespace %s: %w", agent.Namespace, err)
 	}
-	sa := coreac.ServiceAccount(ServiceAccount, agent.Namespace)
-	if _, err := c.CoreV1().ServiceAccounts(agent.Namespace).Apply(ctx, sa, apply); err != nil {
-		return fmt.Errorf("service account %s/%s: %w", agent.Namespace, ServiceAccount, err)
-	}
-	role := rbacac.Role(ServiceAccount, agent.Namespace).WithRules(rbacac.PolicyRule().
-		WithAPIGroups("").WithResources("secrets").WithVerbs("get", "list", "watch", "update", "patch"))
-	if _, err := c.RbacV1().Roles(agent.Namespace).Apply(ctx, role, apply); err != nil {
-		return fmt.Errorf("role %s/%s: %w", agent.Namespace, ServiceAccount, err)
-	}
-	binding := rbacac.RoleBinding(ServiceAccount, agent.Namespace).
-		WithRoleRef(rbacac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(ServiceAccount)).
-		WithSubjects(rbacac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(ServiceAccount).WithNamespace(agent.Namespace))
-	if _, err := c.RbacV1().RoleBindings(agent.Namespace).Apply(ctx, binding, apply); err != nil {
-		return fmt.Errorf("role binding %s/%s: %w", agent.Namespace, ServiceAccount, err)
-	}
+	// The policy before the rights it bounds (it takes effect a moment
+	// after it is made; the agents' pods start after Setup).
 	spec := admissionac.ValidatingAdmissionPolicySpec().
 		WithFailurePolicy(admissionv1.Fail).
 		WithMatchConstraints(admissionac.MatchResources().
@@ -82,6 +70,21 @@ func Setup(ctx context.Context, c kubernetes.Interface) error {
 		WithPolicyName(Policy).WithValidationActions(admissionv1.Deny))
 	if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Apply(ctx, vapb, apply); err != nil {
 		return fmt.Errorf("validating admission policy binding %s: %w", Policy, err)
+	}
+	sa := coreac.ServiceAccount(ServiceAccount, agent.Namespace)
+	if _, err := c.CoreV1().ServiceAccounts(agent.Namespace).Apply(ctx, sa, apply); err != nil {
+		return fmt.Errorf("service account %s/%s: %w", agent.Namespace, ServiceAccount, err)
+	}
+	role := rbacac.Role(ServiceAccount, agent.Namespace).WithRules(rbacac.PolicyRule().
+		WithAPIGroups("").WithResources("secrets").WithVerbs("get", "list", "watch", "update", "patch"))
+	if _, err := c.RbacV1().Roles(agent.Namespace).Apply(ctx, role, apply); err != nil {
+		return fmt.Errorf("role %s/%s: %w", agent.Namespace, ServiceAccount, err)
+	}
+	binding := rbacac.RoleBinding(ServiceAccount, agent.Namespace).
+		WithRoleRef(rbacac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(ServiceAccount)).
+		WithSubjects(rbacac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(ServiceAccount).WithNamespace(agent.Namespace))
+	if _, err := c.RbacV1().RoleBindings(agent.Namespace).Apply(ctx, binding, apply); err != nil {
+		return fmt.Errorf("role binding %s/%s: %w", agent.Namespace, ServiceAccount, err)
 	}
 	return nil
 }

@@ -107,12 +107,12 @@ func (h *Host) Run(ctx context.Context, r agent.Request) (*agent.Result, error) 
 			return nil, nil
 		}
 		// Stopped first: a start job still queued would begin the step
-		// after it was reported failed.
-		if err := h.Units.Stop(ctx, unit); err != nil {
-			return nil, fmt.Errorf("step %s: stopping unit %s, which did not begin: %w", r.Name, unit, err)
-		}
+		// after it was reported failed. A unit that failed at once is
+		// gone already (--collect), and stopping it fails: what counts
+		// is that it does not run.
+		stopErr := h.Units.Stop(ctx, unit)
 		if active, err := h.Units.Active(ctx, unit); err != nil || active {
-			return nil, err
+			return nil, errors.Join(err, stopErr)
 		}
 		if _, err := os.Stat(h.local(r.Name, "began")); err == nil {
 			return nil, nil // it began after all: the next call reads it
@@ -125,15 +125,21 @@ func (h *Host) Run(ctx context.Context, r agent.Request) (*agent.Result, error) 
 	// The script is a file of the step's, not a word of the command:
 	// systemd expands $VAR and ${VAR} in a unit's command words.
 	argv := []string{"/bin/sh", path.Join(h.dir(r.Name), "step"), h.dir(r.Name), strconv.Itoa(int(r.Deadline / time.Second))}
+	// Under the lock, so that a Forget (the request deleted meanwhile)
+	// either comes first and the step never starts, or comes after and
+	// finds it started.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.forgotten[r.Name] {
+		return nil, nil
+	}
 	if err := h.Units.Start(ctx, unit, argv); err != nil && !errors.Is(err, ErrExists) {
 		return nil, fmt.Errorf("step %s: starting unit %s: %w", r.Name, unit, err)
 	}
-	h.mu.Lock()
 	if h.started == nil {
 		h.started = map[string]time.Time{}
 	}
 	h.started[r.Name] = h.now()
-	h.mu.Unlock()
 	return nil, nil
 }
 

@@ -26,6 +26,7 @@ type units struct {
 	starts map[string]int
 	// never: a started unit never runs (systemd could not exec it).
 	never bool
+	stops int
 }
 
 func newUnits() *units { return &units{active: map[string]bool{}, starts: map[string]int{}} }
@@ -61,7 +62,17 @@ func (u *units) Active(_ context.Context, name string) (bool, error) {
 	return u.active[name], nil
 }
 
-func (u *units) Stop(context.Context, string) error { return nil }
+// Stop fails for a unit that is not loaded, as systemctl does (exit 5);
+// it counts the stops.
+func (u *units) Stop(_ context.Context, name string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.stops++
+	if !u.active[name] {
+		return fmt.Errorf("Failed to stop %s: Unit %s not loaded.", name, name)
+	}
+	return nil
+}
 
 func request(t *testing.T, cmd string, stdin string, deadline time.Duration) agent.Request {
 	t.Helper()
@@ -160,8 +171,8 @@ func TestUnitThatNeverBegins(t *testing.T) {
 	}
 	now = now.Add(6 * time.Second)
 	res, err := h.Run(context.Background(), r)
-	if err != nil || res == nil || !strings.Contains(res.Err().Error(), "did not begin within 10s") || u.starts[UnitName(r.Name)] != 1 {
-		t.Errorf("after the grace: %+v %v", res, err)
+	if err != nil || res == nil || !strings.Contains(res.Err().Error(), "did not begin within 10s") || u.starts[UnitName(r.Name)] != 1 || u.stops != 1 {
+		t.Errorf("after the grace: %+v %v (%d stops: the unit is stopped before it is reported)", res, err, u.stops)
 	}
 }
 
@@ -255,10 +266,24 @@ func TestSameNameForgetAndSweep(t *testing.T) {
 	if res, err := h.Run(context.Background(), gone); res != nil || err != nil || u.starts[UnitName(gone.Name)] != 0 {
 		t.Errorf("a forgotten request: %+v %v, %d starts", res, err, u.starts[UnitName(gone.Name)])
 	}
+	// A step whose unit still runs keeps its directory until it ended.
+	running := request(t, nodescript.Exists.Command("/run"), "", time.Minute)
+	running.Name += "1"
+	if err := h.prepare(running); err != nil {
+		t.Fatal(err)
+	}
+	u.active[UnitName(running.Name)] = true
+	if err := h.Sweep(context.Background(), func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 1 || left[0].Name() != running.Name {
+		t.Errorf("after the sweep: %v, want only the running step's directory", left)
+	}
+	u.active[UnitName(running.Name)] = false
 	if err := h.Sweep(context.Background(), func(string) bool { return false }); err != nil {
 		t.Fatal(err)
 	}
 	if left, _ := os.ReadDir(dir); len(left) != 0 {
-		t.Errorf("%d step directories left after the sweep", len(left))
+		t.Errorf("%d step directories left after its unit ended", len(left))
 	}
 }

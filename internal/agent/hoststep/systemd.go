@@ -70,5 +70,8 @@ func (s Systemd) Active(ctx context.Context, name string) (bool, error) {
 // Stop has the unit stopped (its whole control group).
 func (s Systemd) Stop(ctx context.Context, name string) error {
 	_, err := s.run(ctx, "systemctl", "stop", "--no-block", name)
+	if err != nil && strings.Contains(err.Error(), "not loaded") {
+		return nil // gone already: a transient unit collected once it ended
+	}
 	return err
 }

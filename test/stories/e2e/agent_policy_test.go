@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -108,6 +109,11 @@ func TestAgentRightsOnARealAPIServer(t *testing.T) {
 	}
 
 	noNode := as("")
+	other := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "not-a-request", Namespace: agent.Namespace,
+		Annotations: map[string]string{agent.AnnotationNode: "worker-1"}}, Data: map[string][]byte{"k": []byte("v")}}
+	if other, err = admin.CoreV1().Secrets(agent.Namespace).Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		what string
 		do   func() error
@@ -125,6 +131,30 @@ func TestAgentRightsOnARealAPIServer(t *testing.T) {
 			_, err := agent1.CoreV1().Secrets(agent.Namespace).Update(ctx, s, dry)
 			return err
 		}, "only its own node's step requests"},
+		{"answer another node's request by a patch", func() error {
+			_, err := agent1.CoreV1().Secrets(agent.Namespace).Patch(ctx, requests["worker-2"].Name, types.MergePatchType,
+				[]byte(`{"data":{"result":"e30="}}`), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}, "only its own node's step requests"},
+		{"change its own answer once given", func() error {
+			s := got.DeepCopy()
+			s.Data["stdout"] = []byte("no\n")
+			_, err := agent1.CoreV1().Secrets(agent.Namespace).Update(ctx, s, dry)
+			return err
+		}, "may not change an answer once given"},
+		{"drop its own request's annotation", func() error {
+			s := requests["worker-1"].DeepCopy()
+			delete(s.Annotations, agent.AnnotationNode)
+			s.ResourceVersion = got.ResourceVersion
+			_, err := agent1.CoreV1().Secrets(agent.Namespace).Update(ctx, s, dry)
+			return err
+		}, "may not change a step request's type, labels or annotations"},
+		{"change a Secret that is no request", func() error {
+			s := other.DeepCopy()
+			s.Data["k"] = []byte("w")
+			_, err := agent1.CoreV1().Secrets(agent.Namespace).Update(ctx, s, dry)
+			return err
+		}, "may not change a step request's type"},
 		{"answer with a token that names no node", func() error {
 			_, err := noNode.CoreV1().Secrets(agent.Namespace).Update(ctx, answer(requests["worker-2"]), dry)
 			return err
