@@ -66,6 +66,13 @@ func TestEtcdSwapAndRestore(t *testing.T) {
 	if got := n.read(n.systemctlLog); got != "restart --no-block etcd\nrestart --no-block etcd\nrestart --no-block etcd\n" {
 		t.Errorf("systemctl was asked %q", got)
 	}
+	// Put back already and running: nothing restarts.
+	if out, code := n.run(EtcdRestore.Command(backup, n.bin, "etcd")); code != 0 || out != "### same\n" {
+		t.Errorf("etcd-restore again: exit %d: %q, want ### same", code, out)
+	}
+	if got := n.read(n.systemctlLog); got != "restart --no-block etcd\nrestart --no-block etcd\nrestart --no-block etcd\nis-active --quiet etcd\n" {
+		t.Errorf("etcd-restore again asked systemctl %q", got)
+	}
 	if out, _ := n.run(EtcdRestore.Command(filepath.Join(n.root, "nothing"), n.bin, "etcd")); out != "### none\n" {
 		t.Errorf("etcd-restore without a backup said %q", out)
 	}

@@ -172,6 +172,9 @@ func (c *cluster) node(name string) *fakenode.Node {
 			if !ok {
 				return "### none\n", nil
 			}
+			if c.versions[name] == old { // put back already, and running
+				return "### same\n", nil
+			}
 			c.order = append(c.order, "restore "+name)
 			for n, left := range c.lagging {
 				if n != name && left > 0 {
@@ -304,6 +307,10 @@ func TestPutBack(t *testing.T) {
 	}
 	if c.overlaps != 0 || len(c.order) != 2 {
 		t.Errorf("restarts overlapped %d times (did %v)", c.overlaps, c.order)
+	}
+	// A rollback run again restarts nothing (etcd-restore: ### same).
+	if err := c.mover(t, &Move{From: v("v3.5.32"), To: v("v3.5.35")}).PutBack(context.Background()); err != nil || len(c.order) != 2 {
+		t.Errorf("put back again: %v, did %v", err, c.order)
 	}
 
 	// A run killed while cp-2's new etcd would not start left it down: it

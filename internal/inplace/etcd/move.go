@@ -243,8 +243,8 @@ func (m Mover) PutBack(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if m.Dry || strings.Contains(said, "### none") {
-			continue // a dry run said the restore instead
+		if m.Dry || strings.Contains(said, "### none") || strings.Contains(said, "### same") {
+			continue // a dry run said the restore instead; none or same: nothing restarted
 		}
 		// The next member that does not run keeps the cluster from being
 		// healthy: until the last of them, the wait is for the member.
