@@ -31,6 +31,20 @@ type units struct {
 
 func newUnits() *units { return &units{active: map[string]bool{}, starts: map[string]int{}} }
 
+// set says whether the unit runs, as the test wants it.
+func (u *units) set(name string, active bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.active[name] = active
+}
+
+// counts are the unit's starts, and all stops.
+func (u *units) counts(name string) (starts, stops int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.starts[name], u.stops
+}
+
 func (u *units) Start(_ context.Context, name string, argv []string) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -118,8 +132,8 @@ func TestRunOnce(t *testing.T) {
 	if res := wait(t, again, r); string(res.Stdout) != "the file\n" {
 		t.Errorf("asked again: %+v", res)
 	}
-	if u.starts[UnitName(r.Name)] != 1 {
-		t.Errorf("started %d times", u.starts[UnitName(r.Name)])
+	if first(u.counts(UnitName(r.Name))) != 1 {
+		t.Errorf("started %d times", first(u.counts(UnitName(r.Name))))
 	}
 
 	// A failing step: its exit status and the end of its standard error.
@@ -144,13 +158,13 @@ func TestRestartedAgent(t *testing.T) {
 	if err := os.WriteFile(h.local(r.Name, "began"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	u.active[UnitName(r.Name)] = true // it runs still
-	if res, err := h.Run(context.Background(), r); res != nil || err != nil || u.starts[UnitName(r.Name)] != 0 {
-		t.Fatalf("a running step: %+v %v, %d starts", res, err, u.starts[UnitName(r.Name)])
+	u.set(UnitName(r.Name), true) // it runs still
+	if res, err := h.Run(context.Background(), r); res != nil || err != nil || first(u.counts(UnitName(r.Name))) != 0 {
+		t.Fatalf("a running step: %+v %v, %d starts", res, err, first(u.counts(UnitName(r.Name))))
 	}
-	u.active[UnitName(r.Name)] = false // gone without a result
+	u.set(UnitName(r.Name), false) // gone without a result
 	res, err := h.Run(context.Background(), r)
-	if err != nil || res == nil || !strings.Contains(res.Err().Error(), "ended without a result") || u.starts[UnitName(r.Name)] != 0 {
+	if err != nil || res == nil || !strings.Contains(res.Err().Error(), "ended without a result") || first(u.counts(UnitName(r.Name))) != 0 {
 		t.Errorf("a unit gone: %+v %v", res, err)
 	}
 }
@@ -171,8 +185,8 @@ func TestUnitThatNeverBegins(t *testing.T) {
 	}
 	now = now.Add(6 * time.Second)
 	res, err := h.Run(context.Background(), r)
-	if err != nil || res == nil || !strings.Contains(res.Err().Error(), "did not begin within 10s") || u.starts[UnitName(r.Name)] != 1 || u.stops != 1 {
-		t.Errorf("after the grace: %+v %v (%d stops: the unit is stopped before it is reported)", res, err, u.stops)
+	if err != nil || res == nil || !strings.Contains(res.Err().Error(), "did not begin within 10s") || first(u.counts(UnitName(r.Name))) != 1 || second(u.counts("")) != 1 {
+		t.Errorf("after the grace: %+v %v (%d stops: the unit is stopped before it is reported)", res, err, second(u.counts("")))
 	}
 }
 
@@ -263,8 +277,8 @@ func TestSameNameForgetAndSweep(t *testing.T) {
 	gone := request(t, nodescript.Exists.Command("/tmp"), "", time.Minute)
 	gone.Name += "0"
 	h.Forget(gone.Name)
-	if res, err := h.Run(context.Background(), gone); res != nil || err != nil || u.starts[UnitName(gone.Name)] != 0 {
-		t.Errorf("a forgotten request: %+v %v, %d starts", res, err, u.starts[UnitName(gone.Name)])
+	if res, err := h.Run(context.Background(), gone); res != nil || err != nil || first(u.counts(UnitName(gone.Name))) != 0 {
+		t.Errorf("a forgotten request: %+v %v, %d starts", res, err, first(u.counts(UnitName(gone.Name))))
 	}
 	// A step whose unit still runs keeps its directory until it ended.
 	running := request(t, nodescript.Exists.Command("/run"), "", time.Minute)
@@ -272,14 +286,14 @@ func TestSameNameForgetAndSweep(t *testing.T) {
 	if err := h.prepare(running); err != nil {
 		t.Fatal(err)
 	}
-	u.active[UnitName(running.Name)] = true
+	u.set(UnitName(running.Name), true)
 	if err := h.Sweep(context.Background(), func(string) bool { return false }); err != nil {
 		t.Fatal(err)
 	}
 	if left, _ := os.ReadDir(dir); len(left) != 1 || left[0].Name() != running.Name {
 		t.Errorf("after the sweep: %v, want only the running step's directory", left)
 	}
-	u.active[UnitName(running.Name)] = false
+	u.set(UnitName(running.Name), false)
 	if err := h.Sweep(context.Background(), func(string) bool { return false }); err != nil {
 		t.Fatal(err)
 	}
@@ -287,3 +301,6 @@ func TestSameNameForgetAndSweep(t *testing.T) {
 		t.Errorf("%d step directories left after its unit ended", len(left))
 	}
 }
+
+func first(a, _ int) int  { return a }
+func second(_, b int) int { return b }
