@@ -45,6 +45,10 @@ type Units interface {
 // ErrExists is a transient unit whose name is taken.
 var ErrExists = errors.New("the unit exists already")
 
+// errNameUsedTwice is a step directory that holds another request's
+// command under this request's name.
+var errNameUsedTwice = errors.New("a request name used twice")
+
 // Host runs steps on one node.
 type Host struct {
 	// Root is the host's root as the agent sees it ("/host"), and Dir
@@ -120,6 +124,9 @@ func (h *Host) Run(ctx context.Context, r agent.Request) (*agent.Result, error) 
 		return &agent.Result{Exit: 1, Unit: unit, Failed: fmt.Sprintf("the step's unit %s did not begin within %s, and was stopped", unit, h.grace())}, nil
 	}
 	if err := h.prepare(r); err != nil {
+		if errors.Is(err, errNameUsedTwice) { // for good: answered, not tried again
+			return &agent.Result{Exit: 1, Unit: unit, Failed: err.Error()}, nil
+		}
 		return nil, err
 	}
 	// The script is a file of the step's, not a word of the command:
@@ -152,7 +159,7 @@ func (h *Host) prepare(r agent.Request) error {
 	if _, err := os.Stat(final); err == nil {
 		for _, file := range []string{"cmd", "stdin"} {
 			if got, err := os.ReadFile(filepath.Join(final, file)); err != nil || !bytes.Equal(got, want[file]) {
-				return fmt.Errorf("step %s: %s holds another command or input than the request's (%v): a request name used twice", r.Name, final, err)
+				return fmt.Errorf("step %s: %s holds another command or input than the request's (%v): %w", r.Name, final, err, errNameUsedTwice)
 			}
 		}
 		return nil

@@ -270,8 +270,8 @@ func TestSameNameForgetAndSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	h2 := &Host{Root: "/", Dir: dir, Units: u}
-	if _, err := h2.Run(context.Background(), other); err == nil || !strings.Contains(err.Error(), "a request name used twice") {
-		t.Errorf("another command under the same name: %v", err)
+	if res, err := h2.Run(context.Background(), other); err != nil || res == nil || !strings.Contains(res.Failed, "a request name used twice") {
+		t.Errorf("another command under the same name: %+v %v, want it answered failed (not tried again)", res, err)
 	}
 
 	gone := request(t, nodescript.Exists.Command("/tmp"), "", time.Minute)
