@@ -109,14 +109,14 @@ TEST_PARALLEL ?= 2
 # every build a test started.
 test: SHELL := /bin/bash
 TEST_FIRST := env/fleet stories/applyha stories/kubeadm env/sandbox stories/apply stories/multihop \
-	stories/drain stories/engine stories/kubeadmha env/simcluster stories/scale upstream stories/e2e
+	stories/agent stories/drain stories/engine stories/kubeadmha env/simcluster stories/scale upstream stories/e2e
 test: deps lint
 	@hack/disk-check.sh $(TEST_DISK_GB)
 	@guard=$$(mktemp); export KUBELIFT_BUILD_CACHE=$$(mktemp -d -t go-build-kubelift.XXXXXX); \
 	export KUBELIFT_BUILD_LOG=$$(mktemp) KUBELIFT_TEST_BIN=$$(mktemp -d -t kubelift-bin.XXXXXX); prebuild_log=$$(mktemp); pb=; \
 	trap '[ -z "$$pb" ] || kill -- -$$pb 2>/dev/null; rm -rf "$$KUBELIFT_BUILD_CACHE" "$$guard" "$$KUBELIFT_BUILD_LOG" "$$KUBELIFT_TEST_BIN" "$$prebuild_log"' EXIT; trap 'exit 130' INT TERM; \
 	hack/host-guard.sh snapshot $$guard; rc=0; \
-	$(GOGC_BUILD) $(GO) build -o $$KUBELIFT_TEST_BIN/ ./cmd/bundle ./cmd/upgrade ./test/env/sandbox/cmd/kubelift-sandbox || exit 1; \
+	CGO_ENABLED=0 $(GOGC_BUILD) $(GO) build -o $$KUBELIFT_TEST_BIN/ ./cmd/bundle ./cmd/upgrade ./test/env/sandbox/cmd/kubelift-sandbox || exit 1; \
 	set -m; hack/prebuild.sh $$KUBELIFT_TEST_BIN/kubelift-sandbox >$$prebuild_log 2>&1 & pb=$$!; set +m; \
 	echo "$$(date -u +%T) unit tests; the stories' releases build meanwhile (hack/prebuild.sh)"; \
 	(cd pkg/hashskip && $(GOGC_BUILD) $(GO) test -vet=off -ldflags=-w -count=1 ./...) || rc=1; \

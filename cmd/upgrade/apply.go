@@ -119,6 +119,11 @@ upgrading-kubelets) for a later apply.`,
 					return cli.Usagef("--etcd-snapshot-dir with --skip-etcd-backup: no snapshot is taken to keep")
 				}
 			}
+			if opts.Path.Via == viaAgent && (opts.SnapshotRepo != "" || opts.SnapshotDir != "") {
+				// An answer is readable to every agent, and the snapshot
+				// holds every Secret: it stays on its node.
+				return cli.Usagef("--etcd-snapshot-dir and --etcd-snapshot-repo with --via agent: agent mode keeps the etcd snapshot on its node (docs/agent-mode.md); copy it off over SSH, or take it with --via ssh")
+			}
 			if opts.SnapshotRepo != "" {
 				if _, err := name.NewRepository(opts.SnapshotRepo, name.StrictValidation); err != nil {
 					return cli.Usagef("--etcd-snapshot-repo %q: %v", opts.SnapshotRepo, err)
@@ -192,7 +197,7 @@ func checkDurations(positive, nonNegative map[string]time.Duration) error {
 	return nil
 }
 
-func applyRun(ctx context.Context, opts *applyOptions) error {
+func applyRun(ctx context.Context, opts *applyOptions) (err error) {
 	var selector labels.Selector
 	if opts.Selector != "" {
 		sel, err := labels.Parse(opts.Selector)
@@ -202,6 +207,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 		selector = sel
 	}
 	po, err := opts.Engine(ctx)
+	defer opts.reached.stop(ctx, &err)
 	if err != nil {
 		return err
 	}
@@ -218,7 +224,7 @@ func applyRun(ctx context.Context, opts *applyOptions) error {
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
-		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun,
+		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun, AgentImage: opts.reached.agent(),
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,
 	})
@@ -325,9 +331,13 @@ func printActions(w io.Writer, actions []inplace.Action) {
 
 // snapshots is where apply keeps the etcd snapshot off its node: a copy
 // in the directory asked for, or etcd-snapshots below the cache
-// directory; pushed on to --etcd-snapshot-repo through access.
+// directory; pushed on to --etcd-snapshot-repo through access; on its
+// node in agent mode.
 func snapshots(opts *applyOptions, access registry.Access) inplace.Snapshots {
 	s := inplace.Snapshots{Dir: opts.SnapshotDir, Repository: opts.SnapshotRepo, Registry: access}
+	if opts.Path.Via == viaAgent {
+		return inplace.Snapshots{} // kept on its node: every agent could read a copy made through agents
+	}
 	if s.Dir == "" {
 		s.Dir = filepath.Join(opts.CacheDir, "etcd-snapshots")
 	}

@@ -18,6 +18,7 @@ type cleanupOptions struct {
 	IO          *cli.IO
 	Kube        kubeFlags
 	Nodes       cli.NodeFlags
+	Agent       agentFlags
 	CatalogFile string
 	DryRun      bool
 	Output      string
@@ -40,6 +41,9 @@ old kubelet still run, the file stays and the count says how many.`,
 			if _, err := cli.OutputFlag(opts.Output); err != nil {
 				return err
 			}
+			if err := opts.Agent.check(); err != nil {
+				return err
+			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
@@ -48,6 +52,7 @@ old kubelet still run, the file stays and the count says how many.`,
 	}
 	opts.Kube.addFlags(cmd)
 	opts.Nodes.AddFlags(cmd)
+	opts.Agent.addFlags(cmd)
 	cmd.Flags().StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "say where the file would go; remove nothing")
 	cmd.Flags().StringVar(&opts.StageDir, "stage-dir", release.DefaultStageDir, "where binaries are staged on the nodes (as given to stage and apply)")
@@ -55,7 +60,7 @@ old kubelet still run, the file stays and the count says how many.`,
 	return cmd
 }
 
-func cleanupRun(ctx context.Context, opts *cleanupOptions) error {
+func cleanupRun(ctx context.Context, opts *cleanupOptions) (err error) {
 	asJSON, err := cli.OutputFlag(opts.Output)
 	if err != nil {
 		return err
@@ -68,11 +73,12 @@ func cleanupRun(ctx context.Context, opts *cleanupOptions) error {
 	if err != nil {
 		return err
 	}
-	inv, dialer, err := opts.Nodes.Access()
+	r, err := opts.Agent.reach(ctx, client, &opts.Nodes)
 	if err != nil {
 		return err
 	}
-	res, err := inplace.Cleanup(ctx, compat.CleanupOptions{Client: client, Catalog: cat, Connector: dialer, Inventory: inv,
+	defer r.stop(ctx, &err)
+	res, err := inplace.Cleanup(ctx, compat.CleanupOptions{Client: client, Catalog: cat, Connector: r.Connector, Inventory: r.Inventory,
 		Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir, DryRun: opts.DryRun})
 	if asJSON {
 		if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {

@@ -102,16 +102,25 @@ func registryAccess(in io.Reader, rf *cli.RegistryFlags, t *release.Release) (re
 type stagePath struct{ Via, Codec, NodeCredentials string }
 
 func (p *stagePath) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&p.Via, "via", stage.ViaAuto, "how nodes get their files: auto (nodes that reach the private registry pull from it, the others are sent them over SSH), registry, or ssh")
+	cmd.Flags().StringVar(&p.Via, "via", stage.ViaAuto, "how nodes are reached and get their files: auto (over SSH; nodes that reach the private registry pull from it, the others are sent them over SSH), registry, ssh, or agent (no SSH: an agent the run starts on each node runs its steps, and nodes pull their files from the registry; docs/agent-mode.md)")
 	cmd.Flags().StringVar(&p.NodeCredentials, "node-credentials", stage.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
 	cmd.Flags().StringVar(&p.Codec, "codec", stage.CodecAuto, "how files sent over SSH are encoded: auto (the registry's zstd copies where the node has zstd, else zstd or gzip or none, whichever the first megabytes measure faster), zstd, gzip, or none")
 }
 
 func (p *stagePath) check() error {
-	if err := stage.CheckChoice(p.Via, p.Codec, p.NodeCredentials); err != nil {
+	if err := stage.CheckChoice(p.stageVia(), p.Codec, p.NodeCredentials); err != nil {
 		return cli.Usagef("%v", err)
 	}
 	return nil
+}
+
+// stageVia is how staging gets files to the nodes: through agents, from
+// the registry.
+func (p *stagePath) stageVia() string {
+	if p.Via == viaAgent {
+		return stage.ViaRegistry
+	}
+	return p.Via
 }
 
 func addStageFlags(cmd *cobra.Command, stageDir, cacheDir *string) {

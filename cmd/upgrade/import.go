@@ -15,6 +15,7 @@ import (
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/importer"
+	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 )
 
@@ -173,7 +174,14 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	if err != nil {
 		return err
 	}
-	sres, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
+	if opts.Path.Via == viaAgent {
+		// The agents' image is the record's, just written.
+		if target, err = release.Load(ctx, client, res.KubernetesVersion, trust); err != nil {
+			return err
+		}
+		source = stage.RegistrySource{Access: access}
+	}
+	sres, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, access, opts.Registry.Domain, opts.Quiet)
 	if sres != nil && !asJSON {
 		printStage(opts.IO.Out, sres)
 	}

@@ -40,6 +40,8 @@ type planOptions struct {
 	// Engine builds what the engine reads the cluster with (engine,
 	// unless a test sets it).
 	Engine func(context.Context) (*preflight.PlanOptions, error)
+	// reached is how engine reached the nodes (stopped at the end).
+	reached *reached
 }
 
 func newCmdPlan(s *cli.IO, runF func(context.Context, *planOptions) error) *cobra.Command {
@@ -137,23 +139,28 @@ func (opts *planOptions) engine(ctx context.Context) (*preflight.PlanOptions, er
 	if err != nil {
 		return nil, err
 	}
-	inv, dialer, err := opts.Nodes.Access()
+	if err := opts.Path.check(); err != nil {
+		return nil, err
+	}
+	r, err := reachForRelease(ctx, opts.Path.Via, &opts.Nodes, client, target, access, opts.Registry.Domain)
 	if err != nil {
 		return nil, err
 	}
+	opts.reached = r
 	return &preflight.PlanOptions{Client: client, Dynamic: dyn, REST: cfg, Target: target, Catalog: cat,
-		Access: access, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
-		StageVia: opts.Path.Via, StageCodec: opts.Path.Codec, NodeCredentials: opts.Path.NodeCredentials,
+		Access: access, Connector: r.Connector, Inventory: r.Inventory, Parallel: opts.Nodes.Parallel, StageDir: opts.StageDir,
+		StageVia: opts.Path.stageVia(), StageCodec: opts.Path.Codec, NodeCredentials: opts.Path.NodeCredentials,
 		MaxUnavailable: opts.MaxUnavailable, Canary: opts.Canary, AllowRestarts: opts.AllowRestarts, HealthWindow: opts.HealthWindow,
 		NoWorkloadGate: opts.NoWorkloadGate, Log: opts.IO.Logger(opts.Quiet)}, nil
 }
 
-func planRun(ctx context.Context, opts *planOptions) error {
+func planRun(ctx context.Context, opts *planOptions) (err error) {
 	asJSON, err := cli.OutputFlag(opts.Output)
 	if err != nil {
 		return err
 	}
 	po, err := opts.Engine(ctx)
+	defer opts.reached.stop(ctx, &err)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ type rollbackOptions struct {
 	IO           *cli.IO
 	Kube         kubeFlags
 	Nodes        cli.NodeFlags
+	Agent        agentFlags
 	CatalogFile  string
 	BackupDir    string
 	ReadyTimeout time.Duration
@@ -47,6 +48,9 @@ saying why: a minor upgrade goes forward once an API server has moved.`,
 			if err := checkDurations(map[string]time.Duration{"--ready-timeout": opts.ReadyTimeout}, nil); err != nil {
 				return err
 			}
+			if err := opts.Agent.check(); err != nil {
+				return err
+			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
@@ -55,6 +59,7 @@ saying why: a minor upgrade goes forward once an API server has moved.`,
 	}
 	opts.Kube.addFlags(cmd)
 	opts.Nodes.AddFlags(cmd)
+	opts.Agent.addFlags(cmd)
 	f := cmd.Flags()
 	f.StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	f.StringVar(&opts.BackupDir, "backup-dir", release.DefaultBackupDir, "where apply kept the replaced binaries on the nodes")
@@ -65,7 +70,7 @@ saying why: a minor upgrade goes forward once an API server has moved.`,
 	return cmd
 }
 
-func rollbackRun(ctx context.Context, opts *rollbackOptions) error {
+func rollbackRun(ctx context.Context, opts *rollbackOptions) (err error) {
 	cat, err := catalog.Load(opts.CatalogFile)
 	if err != nil {
 		return err
@@ -78,12 +83,13 @@ func rollbackRun(ctx context.Context, opts *rollbackOptions) error {
 	if err != nil {
 		return err
 	}
-	inv, dialer, err := opts.Nodes.Access()
+	r, err := opts.Agent.reach(ctx, client, &opts.Nodes)
 	if err != nil {
 		return err
 	}
+	defer r.stop(ctx, &err)
 	res, err := inplace.Rollback(ctx, inplace.ApplyOptions{
-		Plan: preflight.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: dialer, Inventory: inv, Parallel: opts.Nodes.Parallel,
+		Plan: preflight.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: r.Connector, Inventory: r.Inventory, Parallel: opts.Nodes.Parallel,
 			HealthWindow: opts.HealthWindow, Log: opts.IO.Logger(opts.Quiet)},
 		BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun})
 	switch {

@@ -15,6 +15,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/registry"
 )
 
 type stageOptions struct {
@@ -110,6 +111,10 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 	}
 	var target *release.Release
 	var source stage.Source
+	var access registry.Access
+	if opts.Bundle != "" && opts.Path.Via == viaAgent {
+		return cli.Usagef("--via agent with a bundle FILE: through agents, nodes pull their files from the registry (stage --to VERSION)")
+	}
 	if opts.Bundle != "" {
 		trust, err := opts.Cluster.Trust.Trust()
 		if err != nil {
@@ -131,13 +136,12 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 		if target, err = opts.Cluster.target(ctx, client); err != nil {
 			return err
 		}
-		access, err := registryAccess(opts.IO.In, &opts.Registry, target)
-		if err != nil {
+		if access, err = registryAccess(opts.IO.In, &opts.Registry, target); err != nil {
 			return err
 		}
 		source = stage.RegistrySource{Access: access}
 	}
-	res, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, opts.Quiet)
+	res, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, access, opts.Registry.Domain, opts.Quiet)
 	if res != nil {
 		if asJSON {
 			if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
@@ -150,17 +154,20 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 	return err
 }
 
-// stage stages target on every node of the cluster.
+// stageNodes stages target on every node of the cluster, reached over
+// SSH or, with --via agent, through agents (acc and domain reach the
+// registry their image is in).
 func stageNodes(ctx context.Context, s *cli.IO, client kubernetes.Interface, nf *cli.NodeFlags, target *release.Release, source stage.Source,
-	stageDir, cacheDir string, path stagePath, quiet bool) (*stage.Result, error) {
-	inv, dialer, err := nf.Access()
+	stageDir, cacheDir string, path stagePath, acc registry.Access, domain string, quiet bool) (_ *stage.Result, err error) {
+	r, err := reachForRelease(ctx, path.Via, nf, client, target, acc, domain)
 	if err != nil {
 		return nil, err
 	}
+	defer r.stop(ctx, &err)
 	sink, finish := s.Progress(quiet, "staging")
 	defer finish()
-	return inplace.StageCluster(ctx, client, inv, stage.Options{Release: target, Source: source, Connector: dialer,
-		Parallel: nf.Parallel, StageDir: stageDir, CacheDir: cacheDir, Via: path.Via, Codec: path.Codec, NodeCredentials: path.NodeCredentials, Progress: sink, Log: s.Logger(quiet)})
+	return inplace.StageCluster(ctx, client, r.Inventory, stage.Options{Release: target, Source: source, Connector: r.Connector,
+		Parallel: nf.Parallel, StageDir: stageDir, CacheDir: cacheDir, Via: path.stageVia(), Codec: path.Codec, NodeCredentials: path.NodeCredentials, Progress: sink, Log: s.Logger(quiet)})
 }
 
 func printStage(w io.Writer, res *stage.Result) {

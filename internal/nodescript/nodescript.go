@@ -42,6 +42,7 @@ var (
 	Swap         = load("swap", writes)
 	Restore      = load("restore", writes)
 	WriteFile    = load("write-file", writes)
+	PutFile      = load("put-file", writes)
 	Running      = load("running", readOnly)
 	Installed    = load("installed", readOnly)
 	Containers   = load("containers", readOnly)

@@ -34,6 +34,7 @@ var goldenArgs = map[string][]string{
 	"backup":                {"/var/lib/kubelift/backup/" + hostile, "kubelet", "/usr/local/bin/kubelet", hostile, "/var/lib/kubelet", "cpu_manager_state"},
 	"swap":                  {"/var/lib/kubelift/staged/v1.31.4/kubelet", hostile, "/usr/local/bin/kubelet", "kubelet"},
 	"restore":               {"/var/lib/kubelift/backup/" + hostile, "/usr/local/bin/kubelet", "kubelet", "/var/lib/kubelet", "kubelift-hash-skip.json", "cpu_manager_state"},
+	"put-file":              {"/var/lib/kubelift/kubeadm/upgrade-" + hostile + ".yaml", "0600"},
 	"write-file":            {"/var/lib/kubelet/kubelift-hash-skip.json", `{"oldKubeletVersion":"` + hostile + `"}`},
 	"running":               {"kubelet"},
 	"installed":             {"/usr/local/bin/" + hostile},
@@ -124,6 +125,27 @@ func TestHostileArgumentsStayData(t *testing.T) {
 	}
 	if out, err := run(Exists.Command(file)); err != nil || out != "yes\n" {
 		t.Fatalf("exists: %q %v", out, err)
+	}
+	put := func(mode, content string) (string, error) {
+		c := exec.Command("sh", "-c", PutFile.Command(file, mode))
+		c.Dir, c.Stdin = dir, strings.NewReader(content)
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := put("0640", hostile); err != nil {
+		t.Fatalf("put-file: %v: %s", err, out)
+	}
+	if data, err := os.ReadFile(file); err != nil || string(data) != hostile {
+		t.Fatalf("put-file wrote %q, %v", data, err)
+	}
+	if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("put-file's mode: %v %v", fi.Mode(), err)
+	}
+	if out, err := put("0640; touch x", "changed"); err == nil || !strings.Contains(out, "want octal") {
+		t.Fatalf("put-file took a mode that is not one: %v %s", err, out)
+	}
+	if data, _ := os.ReadFile(file); string(data) != hostile {
+		t.Fatalf("a refused put-file changed the file: %q", data)
 	}
 	// list-staged lists what it can name on a line of its own: a file
 	// named with anything but [A-Za-z0-9._-] is left out (it is no file

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
@@ -39,8 +40,37 @@ type Connector struct {
 	// Wait polls for answers (every Poll, 200 ms when 0).
 	Wait waiter.Waiter
 	Poll time.Duration
+	// Image is the agents' image (REPOSITORY@DIGEST); with it the
+	// connector keeps each node's agent pod up: Dial waits for it (Ready
+	// at most, 3 minutes when 0), and a step unanswered for Grace (10 s
+	// when 0) has its pod made again where it is gone. Empty: agents are
+	// run by someone else.
+	Image string
+	Ready time.Duration
+	Grace time.Duration
 
 	seq atomic.Int64
+}
+
+// Start makes what agent mode needs in the cluster (Setup) and starts an
+// agent on each of nodes, for a run of its own; Stop ends it.
+func Start(ctx context.Context, client kubernetes.Interface, image string, nodes []string) (*Connector, error) {
+	if err := Setup(ctx, client); err != nil {
+		return nil, fmt.Errorf("agent mode: %w", err)
+	}
+	c := &Connector{Client: client, Run: NewRunID(), Image: image}
+	if err := c.EnsureAgents(ctx, image, nodes); err != nil {
+		return nil, errors.Join(err, c.Stop(ctx))
+	}
+	return c, nil
+}
+
+// Stop deletes the run's requests and the agents' pods (a step in flight
+// goes on in its unit on the host).
+func (c *Connector) Stop(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	return errors.Join(c.Cleanup(ctx), c.RemoveAgents(ctx))
 }
 
 // NewRunID is a run's name for its requests: random, 10 hex digits.
@@ -50,10 +80,14 @@ func NewRunID() string {
 	return hex.EncodeToString(b)
 }
 
-// Dial returns the node t names, reached through its agent; nothing is
-// asked of the node until a command runs.
-func (c *Connector) Dial(_ context.Context, t nodeaccess.Address) (nodeaccess.Node, error) {
-	return &node{c: c, name: t.Name}, nil
+// Dial returns the node t names, reached through its agent, once that
+// agent runs (when the connector has an Image).
+func (c *Connector) Dial(ctx context.Context, t nodeaccess.Address) (nodeaccess.Node, error) {
+	n := &node{c: c, name: t.Name}
+	if err := c.agentUp(ctx, t.Name); err != nil {
+		return nil, n.fail("reach its agent", err)
+	}
+	return n, nil
 }
 
 // Cleanup deletes this run's requests (the agents then forget them).
@@ -121,8 +155,21 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 	if poll <= 0 {
 		poll = 200 * time.Millisecond
 	}
+	grace := n.c.Grace
+	if grace <= 0 {
+		grace = 10 * time.Second
+	}
 	var res *agent.Result
+	asked := n.c.Wait.Now()
 	err = n.c.Wait.Poll(ctx, poll, deadline+time.Minute, func(ctx context.Context) error {
+		if n.c.Image != "" && n.c.Wait.Since(asked) >= grace {
+			// Unanswered for a while: the agent may be gone (its pod
+			// deleted or evicted); a new one answers from the host.
+			asked = n.c.Wait.Now()
+			if _, err := n.c.revive(ctx, n.name); err != nil {
+				return err
+			}
+		}
 		got, err := secrets.Get(ctx, r.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return waiter.Stop(errors.New("the request was deleted before its answer"))
@@ -158,10 +205,21 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 	return res.Stdout, nil
 }
 
-// Upload is not carried by agent mode yet: the files a run sends travel
-// through the registry.
-func (n *node) Upload(context.Context, string, os.FileMode, io.Reader) (int64, error) {
-	return 0, n.fail("upload", errors.New("agent mode does not upload files yet"))
+// Upload writes a small file (MaxStdin at most: a configuration; the
+// files a run stages travel through the registry) with the put-file
+// node script, its content on the step's standard input.
+func (n *node) Upload(ctx context.Context, p string, mode os.FileMode, r io.Reader) (int64, error) {
+	data, err := io.ReadAll(io.LimitReader(r, agent.MaxStdin+1))
+	if err != nil {
+		return 0, n.fail("upload "+p, err)
+	}
+	if len(data) > agent.MaxStdin {
+		return 0, n.fail("upload "+p, fmt.Errorf("more than %d bytes: agent mode sends only small files to a node (stage larger ones from the registry)", agent.MaxStdin))
+	}
+	if _, err := n.Run(ctx, nodescript.PutFile.Command(p, fmt.Sprintf("%04o", mode.Perm())), bytes.NewReader(data)); err != nil {
+		return 0, err
+	}
+	return int64(len(data)), nil
 }
 
 // Stream runs cmd and writes its output to w (bounded, as every step's).

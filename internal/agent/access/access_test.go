@@ -175,3 +175,35 @@ func TestRunIDUsedTwice(t *testing.T) {
 		t.Errorf("the same step, answered for another run: %q %v", out, err)
 	}
 }
+
+// A small file goes to the node in the step's standard input (put-file),
+// whole, with its mode; one over the bound is refused before any request.
+func TestUpload(t *testing.T) {
+	c := fake.NewClientset()
+	serveNode(t, c, &hoststeptest.Direct{})
+	conn := &Connector{Client: c, Run: "r1", Poll: 20 * time.Millisecond}
+	n, err := conn.Dial(context.Background(), nodeaccess.Address{Name: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	file := filepath.Join(t.TempDir(), "upgrade.yaml")
+	content := "apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\n"
+	if sent, err := n.Upload(ctx, file, 0o600, strings.NewReader(content)); err != nil || sent != int64(len(content)) {
+		t.Fatalf("upload: %d, %v", sent, err)
+	}
+	if data, err := os.ReadFile(file); err != nil || string(data) != content {
+		t.Fatalf("the node's file: %q, %v", data, err)
+	}
+	if fi, _ := os.Stat(file); fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v", fi.Mode())
+	}
+	big := strings.NewReader(strings.Repeat("x", agent.MaxStdin+1))
+	if _, err := n.Upload(ctx, file+".big", 0o600, big); err == nil || !strings.Contains(err.Error(), "only small files") {
+		t.Errorf("a file over the bound: %v", err)
+	}
+	if _, err := os.Stat(file + ".big"); err == nil {
+		t.Error("the file over the bound was written")
+	}
+}

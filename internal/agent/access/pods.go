@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/waiter"
 )
 
 // The agents' pods and their account (docs/agent-mode.md).
@@ -90,4 +92,79 @@ func (c *Connector) RemoveAgents(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// podFailures are the waiting reasons of an agent container that does not
+// start by itself: its node cannot pull the image, or cannot run it.
+var podFailures = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "ErrImageNeverPull": true, "InvalidImageName": true,
+	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true, "CrashLoopBackOff": true,
+}
+
+// agentUp waits until node's agent runs: its pod created where it is
+// missing (or made again where it ended), and its container running. A
+// pod that cannot start (its image not pulled, its container not run)
+// fails at once, with the kubelet's reason.
+func (c *Connector) agentUp(ctx context.Context, node string) error {
+	if c.Image == "" {
+		return nil // agents started by someone else (tests)
+	}
+	bound := c.Ready
+	if bound <= 0 {
+		bound = 3 * time.Minute
+	}
+	poll := c.Poll
+	if poll <= 0 {
+		poll = 200 * time.Millisecond
+	}
+	name := AgentPod(c.Run, node, c.Image).Name
+	return c.Wait.Poll(ctx, poll, bound, func(ctx context.Context) error {
+		p, err := c.revive(ctx, node)
+		if err != nil {
+			return err
+		}
+		if p == nil {
+			return fmt.Errorf("its agent's pod %s/%s is being made again", agent.Namespace, name)
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if w := s.State.Waiting; w != nil && podFailures[w.Reason] {
+				return waiter.Stop(fmt.Errorf("its agent's pod %s/%s cannot start (image %s): %s: %s", agent.Namespace, name, c.Image, w.Reason, w.Message))
+			}
+			if s.State.Running != nil {
+				return nil
+			}
+		}
+		return fmt.Errorf("its agent's pod %s/%s is %s, not running yet", agent.Namespace, name, p.Status.Phase)
+	})
+}
+
+// revive makes node's agent pod where it is missing, and deletes one
+// that ended or is going (the next call makes it again); it returns the
+// pod that stays, nil where there is none yet. A step in flight goes on
+// in its unit on the host; the new agent answers it from its directory.
+func (c *Connector) revive(ctx context.Context, node string) (*corev1.Pod, error) {
+	pods := c.Client.CoreV1().Pods(agent.Namespace)
+	want := AgentPod(c.Run, node, c.Image)
+	p, err := pods.Get(ctx, want.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		p, err = pods.Create(ctx, want, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("creating its agent's pod %s/%s: %w", agent.Namespace, want.Name, err)
+		}
+		return p, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading its agent's pod %s/%s: %w", agent.Namespace, want.Name, err)
+	case p.DeletionTimestamp != nil:
+		return nil, nil
+	case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
+		if err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return nil, fmt.Errorf("deleting its agent's pod %s/%s, which ended (%s): %w", agent.Namespace, p.Name, p.Status.Phase, err)
+		}
+		return nil, nil
+	}
+	return p, nil
 }

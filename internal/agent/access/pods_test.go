@@ -4,12 +4,16 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/agent/hoststep/hoststeptest"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/nodescript"
 )
 
 // An agent's pod is pinned to its node whatever its taints, never pulls
@@ -51,5 +55,99 @@ func TestEnsureAndRemoveAgents(t *testing.T) {
 	}
 	if list, _ := cs.CoreV1().Pods(agent.Namespace).List(ctx, metav1.ListOptions{}); len(list.Items) != 0 {
 		t.Errorf("%d pods left", len(list.Items))
+	}
+}
+
+// setPod sets the status of node's agent pod once it exists.
+func setPod(t *testing.T, cs *fake.Clientset, status corev1.PodStatus) {
+	t.Helper()
+	pods := cs.CoreV1().Pods(agent.Namespace)
+	name := AgentPod("", "worker-1", "").Name
+	for i := 0; i < 500; i++ {
+		p, err := pods.Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil {
+			p.Status = status
+			if _, err := pods.UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+				t.Error(err)
+			}
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Error("no agent pod was made")
+}
+
+// Dial makes the node's agent pod and waits for it to run; a pod whose
+// image the node cannot pull fails at once with the kubelet's reason; a
+// pod that is gone is made again.
+func TestDialStartsTheAgent(t *testing.T) {
+	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	c := &Connector{Client: cs, Run: "r1", Image: img, Poll: 10 * time.Millisecond, Ready: 20 * time.Second}
+	go setPod(t, cs, corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "Back-off pulling image"}}}}})
+	_, err := c.Dial(ctx, nodeaccess.Address{Name: "worker-1"})
+	if err == nil || !strings.Contains(err.Error(), "cannot start (image "+img+"): ImagePullBackOff") || !strings.Contains(err.Error(), "node worker-1") {
+		t.Fatalf("an image the node cannot pull: %v", err)
+	}
+	go setPod(t, cs, corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}})
+	// the waiting status may still be read once before the update
+	for i := 0; ; i++ {
+		if _, err = c.Dial(ctx, nodeaccess.Address{Name: "worker-1"}); err == nil || i == 50 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("a running agent: %v", err)
+	}
+	pods := cs.CoreV1().Pods(agent.Namespace)
+	if err := pods.Delete(ctx, AgentPod("", "worker-1", "").Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	go setPod(t, cs, corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}})
+	if _, err := c.Dial(ctx, nodeaccess.Address{Name: "worker-1"}); err != nil {
+		t.Fatalf("a deleted agent: %v", err)
+	}
+	p, err := pods.Get(ctx, AgentPod("", "worker-1", "").Name, metav1.GetOptions{})
+	if err != nil || p.Spec.Containers[0].Image != img || p.Spec.NodeName != "worker-1" {
+		t.Fatalf("the agent made again: %v", err)
+	}
+}
+
+// A step unanswered for the grace has its node's agent pod made again
+// where it is gone (deleted mid-step), and the new agent answers it.
+func TestUnansweredStepRevivesTheAgent(t *testing.T) {
+	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cs := fake.NewClientset()
+	c := &Connector{Client: cs, Run: "r1", Image: img, Poll: 10 * time.Millisecond, Grace: 50 * time.Millisecond}
+	go setPod(t, cs, corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}})
+	n, err := c.Dial(ctx, nodeaccess.Address{Name: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := cs.CoreV1().Pods(agent.Namespace)
+	name := AgentPod("", "worker-1", "").Name
+	if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		// The agent comes back once its pod is made again.
+		for ctx.Err() == nil {
+			if _, err := pods.Get(ctx, name, metav1.GetOptions{}); err == nil {
+				serveNode(t, cs, &hoststeptest.Direct{})
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if out, err := n.Run(ctx, nodescript.Exists.Command("/"), nil); err != nil || string(out) != "yes\n" {
+		t.Fatalf("a step whose agent was deleted: %q, %v", out, err)
 	}
 }

@@ -284,7 +284,7 @@ func (pc *planCheck) images(ctx context.Context) {
 func (pc *planCheck) sshReach() {
 	for _, t := range pc.view.Addresses {
 		if err := pc.view.SSH[t.Name]; err != nil {
-			pc.add(Blocking, CheckSSH, "node/"+t.Name, fmt.Sprintf("not reachable over SSH: %v", err), "fix SSH access (--ssh-key, --known-hosts, --inventory) and plan again")
+			pc.add(Blocking, CheckSSH, "node/"+t.Name, fmt.Sprintf("not reachable: %v", err), "fix SSH access (--ssh-key, --known-hosts, --inventory), or with --via agent the agent's pod (its image in the registry and pullable by the node), and plan again")
 		}
 	}
 }

@@ -182,3 +182,43 @@ func (t *Release) File(name, arch string) (bundle.File, string, bool) {
 	}
 	return bundle.File{}, "", false
 }
+
+// ErrNoAgent means the release's bundle carries no agent image (it was
+// made without bundle create --agent).
+var ErrNoAgent = errors.New("the bundle carries no agent image (bundle create --agent)")
+
+// AgentImage is the agent's image (REPOSITORY@DIGEST) as the record says
+// import pushed it to domain: the image the signed manifest names under
+// repository, at the digest the manifest signs, on the registry the run
+// uses (the record is not signed).
+func (t *Release) AgentImage(repository, domain string) (string, error) {
+	var signed *bundle.Image
+	for i, im := range t.Manifest.Images {
+		if r, err := name.ParseReference(im.Ref, name.WeakValidation); err == nil && r.Context().Name() == repository {
+			signed = &t.Manifest.Images[i]
+		}
+	}
+	if signed == nil {
+		return "", fmt.Errorf("%s: %w", t.Version, ErrNoAgent)
+	}
+	if t.Record == nil {
+		return "", fmt.Errorf("%s: not imported: the agent image %s is in no registry", t.Version, signed.Ref)
+	}
+	for _, im := range t.Record.Images {
+		if im.Ref != signed.Ref {
+			continue
+		}
+		if im.Digest != signed.Digest {
+			return "", fmt.Errorf("record of %s: agent image %s pushed at %s, not the signed %s: refused (import the bundle again)", t.Version, im.Target, im.Digest, signed.Digest)
+		}
+		tgt, err := name.ParseReference(im.Target, name.WeakValidation)
+		if err != nil {
+			return "", fmt.Errorf("record of %s: agent image target %q: %w", t.Version, im.Target, err)
+		}
+		if host := tgt.Context().RegistryStr(); host != domain {
+			return "", fmt.Errorf("record of %s: agent image %s is on %s, not the registry this run uses (%s): refused, since the record is not signed", t.Version, im.Target, host, domain)
+		}
+		return tgt.Context().Digest(signed.Digest).String(), nil
+	}
+	return "", fmt.Errorf("record of %s: the agent image %s was not pushed (import the bundle again)", t.Version, signed.Ref)
+}

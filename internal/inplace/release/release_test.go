@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 )
@@ -30,6 +31,39 @@ func TestCheckArtifacts(t *testing.T) {
 	} {
 		if err := target(artifact).CheckArtifacts("registry.local:5000"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("artifact %s: %v, want %q", artifact, err, want)
+		}
+	}
+}
+
+// The agents' image is the one the signed manifest names, at its signed
+// digest, pushed to the run's registry; a record that says otherwise is
+// refused, and a bundle without one says how to make one that has it.
+func TestAgentImage(t *testing.T) {
+	const repo, domain = "kubelift.dev/kubelift-agent", "registry.local:5000"
+	signed := "sha256:" + strings.Repeat("a", 64)
+	ref := repo + ":sha256-aaaaaaaaaaaaaaaa"
+	target := func(pushedTo, digest string) *Release {
+		return &Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4},
+			Manifest: &bundle.Manifest{Images: []bundle.Image{{Ref: "registry.k8s.io/pause:3.10", Digest: "sha256:" + strings.Repeat("b", 64)}, {Ref: ref, Digest: signed}}},
+			Record: &cluster.Available{Registry: domain, Images: []cluster.ImageRecord{
+				{Ref: "registry.k8s.io/pause:3.10", Target: domain + "/library/pause:3.10", Digest: "sha256:" + strings.Repeat("b", 64)},
+				{Ref: ref, Target: pushedTo, Digest: digest}}}}
+	}
+	got, err := target(domain+"/library/kubelift-agent:sha256-aaaaaaaaaaaaaaaa", signed).AgentImage(repo, domain)
+	if err != nil || got != domain+"/library/kubelift-agent@"+signed {
+		t.Fatalf("AgentImage: %q, %v", got, err)
+	}
+	for name, tc := range map[string]struct {
+		t    *Release
+		want string
+	}{
+		"another digest":   {target(domain+"/library/kubelift-agent:x", "sha256:"+strings.Repeat("c", 64)), "not the signed " + signed},
+		"another registry": {target("evil.example/library/kubelift-agent:x", signed), "is on evil.example, not the registry this run uses"},
+		"not pushed":       {&Release{Manifest: target("", "").Manifest, Record: &cluster.Available{}}, "was not pushed"},
+		"no agent":         {&Release{Manifest: &bundle.Manifest{}, Record: &cluster.Available{}}, "bundle create --agent"},
+	} {
+		if _, err := tc.t.AgentImage(repo, domain); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
 		}
 	}
 }

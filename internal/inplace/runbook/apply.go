@@ -80,6 +80,9 @@ type ApplyOptions struct {
 	// given to every `kubeadm upgrade` (--config): kubeadm's own
 	// settings, its timeouts for example.
 	KubeadmConfig *kubeadm.UpgradeConfig
+	// AgentImage is the agents' image where nodes are reached through
+	// agents (agent mode), kept in the record for a rollback or cleanup.
+	AgentImage string
 	// Clock is what every wait of the run waits on (the real clock when
 	// nil; unit tests drive a fake one).
 	Clock clock.Clock

@@ -36,6 +36,7 @@ type Harness struct {
 	HashSkipBundle, UpstreamBundle string
 	tmp                            string
 	cfg                            sandbox.Config
+	agent                          bool
 	// teardown takes the sandbox down and removes tmp, at Close or at
 	// the first interrupt.
 	teardown *sandbox.Teardown
@@ -45,18 +46,28 @@ type Harness struct {
 	said transcript
 }
 
-// Option changes the sandbox Setup brings up.
-type Option func(*sandbox.Config)
+// Option changes the sandbox Setup brings up, or its bundles.
+type Option func(*setup)
+
+// setup is what the options change.
+type setup struct {
+	sandbox.Config
+	agent bool
+}
+
+// Agent puts the agent's image in the hash-skip bundle (bundle create
+// --agent, from the upgrade program built here): agent mode's.
+func Agent() Option { return func(c *setup) { c.agent = true } }
 
 // From starts the sandbox's nodes at version instead of the sandbox's
 // default old version (the bundles stay at its new version).
-func From(version string) Option { return func(c *sandbox.Config) { c.OldVersion = version } }
+func From(version string) Option { return func(c *setup) { c.OldVersion = version } }
 
 // StandIn runs the nodes on the CRI stand-in (containers as records, no
 // processes, no pod network) instead of containerd; why says what the
 // package needs it for.
 func StandIn(why string) Option {
-	return func(c *sandbox.Config) {
+	return func(c *setup) {
 		c.Runtime = sandbox.RuntimeStandIn
 		fmt.Fprintf(os.Stderr, "harness: nodes on the CRI stand-in: %s\n", why)
 	}
@@ -65,37 +76,37 @@ func StandIn(why string) Option {
 // Target makes the bundles (and the sandbox's new version) version; more
 // than one minor ahead of the nodes, the bundles carry the hops in between
 // (bundle create --from).
-func Target(version string) Option { return func(c *sandbox.Config) { c.NewVersion = version } }
+func Target(version string) Option { return func(c *setup) { c.NewVersion = version } }
 
 // Kubeadm builds the sandbox with kubeadm (sandbox.Config.Kubeadm).
-func Kubeadm() Option { return func(c *sandbox.Config) { c.Kubeadm = true } }
+func Kubeadm() Option { return func(c *setup) { c.Kubeadm = true } }
 
 // OldRuntime starts every node on containerd version (a version
 // kube.RuntimeFor knows) instead of the sandbox's default, and makes the
 // bundles carry the node stack (bundle create --node-stack) that moves
 // the nodes to the default, as a cluster on an older runtime needs.
-func OldRuntime(version string) Option { return func(c *sandbox.Config) { c.RuntimeVersion = version } }
+func OldRuntime(version string) Option { return func(c *setup) { c.RuntimeVersion = version } }
 
 // CoreDNS runs CoreDNS at version on the binary sandbox
 // (sandbox.Config.CoreDNS), as an installer of an earlier release left it.
-func CoreDNS(version string) Option { return func(c *sandbox.Config) { c.CoreDNS = version } }
+func CoreDNS(version string) Option { return func(c *setup) { c.CoreDNS = version } }
 
 // Etcd runs the binary sandbox's etcd as a cluster at version from, a
 // member on every control plane (sandbox.Config.Etcd), and makes the
 // bundles carry etcd at version to (bundle create --etcd), which the
 // stand-in internet serves (sandbox.Config.EtcdTo).
 func Etcd(from, to string) Option {
-	return func(c *sandbox.Config) { c.Etcd, c.EtcdTo = from, to }
+	return func(c *setup) { c.Etcd, c.EtcdTo = from, to }
 }
 
 // APIServerFeatureGates gives the binary sandbox's API servers
 // --feature-gates=gates (sandbox.Config.APIServerFeatureGates).
 func APIServerFeatureGates(gates string) Option {
-	return func(c *sandbox.Config) { c.APIServerFeatureGates = gates }
+	return func(c *setup) { c.APIServerFeatureGates = gates }
 }
 
 // StaticPod runs a static pod on the last worker (sandbox.Config.StaticPod).
-func StaticPod() Option { return func(c *sandbox.Config) { c.StaticPod = true } }
+func StaticPod() Option { return func(c *setup) { c.StaticPod = true } }
 
 // Setup builds the programs, brings up a sandbox (controlPlanes, workers)
 // named name on subnet, and makes the bundles. Close takes it all down,
@@ -117,9 +128,11 @@ func Setup(name, subnet string, controlPlanes, workers int, opts ...Option) (*Ha
 		return nil, err
 	}
 	h.cfg.Tool = filepath.Join(h.Bin, "kubelift-sandbox")
+	set := setup{Config: h.cfg}
 	for _, o := range opts {
-		o(&h.cfg)
+		o(&set)
 	}
+	h.cfg, h.agent = set.Config, set.agent
 	h.cfg.Defaults()
 	// The sandbox first: it boots its nodes while the target builds, and
 	// the hash-skip kubelet is built on the target's stock one.
@@ -175,6 +188,9 @@ func (h *Harness) makeBundles(hashSkipKubelet string) error {
 		out   string
 		extra []string
 	}{{h.HashSkipBundle, []string{"--kubelet-binary", hashSkipKubelet}}, {h.UpstreamBundle, nil}} {
+		if h.agent && i == 0 {
+			b.extra = append(b.extra, "--agent", filepath.Join(h.Bin, "upgrade"))
+		}
 		if i > 0 {
 			time.Sleep(1100 * time.Millisecond)
 		}

@@ -22,7 +22,8 @@ var packages = map[string]string{
 	"kubelift-sandbox": "github.com/kubelift/kubelift/test/env/sandbox/cmd/kubelift-sandbox",
 }
 
-// Dir returns a directory holding bundle, upgrade and kubelift-sandbox:
+// Dir returns a directory holding bundle, upgrade and kubelift-sandbox
+// (linked static):
 // $KUBELIFT_TEST_BIN if it is set (each program must be there), else dir,
 // built into with one `go build`.
 func Dir(dir string) (string, error) {
@@ -41,7 +42,11 @@ func Dir(dir string) (string, error) {
 	for _, p := range packages {
 		args = append(args, p)
 	}
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+	// Static, as make builds them: upgrade is also the agent's image's
+	// program (bundle create --agent).
+	build := exec.Command("go", args...)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build kubelift's programs: %v\n%s", err, out)
 	}
 	return dir, nil

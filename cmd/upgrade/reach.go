@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubelift/kubelift/internal/agent/access"
+	"github.com/kubelift/kubelift/internal/agent/image"
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// How a command reaches the nodes (docs/agent-mode.md): over SSH from
+// this machine, or through an agent the run starts on each node.
+const (
+	viaSSH   = "ssh"
+	viaAgent = "agent"
+)
+
+// reached is how a command reaches the nodes, for one run.
+type reached struct {
+	Connector nodeaccess.Connector
+	Inventory *nodeaccess.Inventory
+	// Agent is the agents' image ("" over SSH).
+	Agent  string
+	agents *access.Connector
+}
+
+// stop ends agent mode's run (its requests and pods deleted), joining
+// what fails to err.
+func (r *reached) stop(ctx context.Context, err *error) {
+	if r == nil || r.agents == nil {
+		return
+	}
+	*err = errors.Join(*err, r.agents.Stop(ctx))
+}
+
+// reachSSH reaches the nodes over SSH, as the SSH flags say.
+func reachSSH(nf *cli.NodeFlags) (*reached, error) {
+	inv, d, err := nf.Access()
+	if err != nil {
+		return nil, err
+	}
+	return &reached{Connector: d, Inventory: inv}, nil
+}
+
+// reachAgents starts an agent from img on every node of the cluster (the
+// inventory, when given, only names nodes' roles: no SSH is used).
+func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags, img string) (*reached, error) {
+	inv := &nodeaccess.Inventory{}
+	if nf.Inventory != "" {
+		var err error
+		if inv, err = nodeaccess.LoadInventory(nf.Inventory); err != nil {
+			return nil, err
+		}
+	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing the nodes to start their agents: %w", err)
+	}
+	names := make([]string, len(nodes.Items))
+	for i, n := range nodes.Items {
+		names[i] = n.Name
+	}
+	c, err := access.Start(ctx, client, img, names)
+	if err != nil {
+		return nil, err
+	}
+	return &reached{Connector: c, Inventory: inv, Agent: img, agents: c}, nil
+}
+
+// reachForRelease reaches the nodes for a run to target: over SSH, or
+// with via "agent" through agents from the target's agent image, which
+// must be in the registry first (nothing is made in the cluster when it
+// is not: the plan is blocked).
+func reachForRelease(ctx context.Context, via string, nf *cli.NodeFlags, client kubernetes.Interface, target *release.Release,
+	acc registry.Access, domain string) (*reached, error) {
+	if via != viaAgent {
+		return reachSSH(nf)
+	}
+	img, err := agentImage(ctx, target, acc, domain)
+	if err != nil {
+		return nil, &cli.CodeError{Code: cli.ExitBlocked, Err: fmt.Errorf("agent mode: %w", err)}
+	}
+	return reachAgents(ctx, client, nf, img)
+}
+
+// agentImage is target's agent image, checked in the registry by digest.
+func agentImage(ctx context.Context, target *release.Release, acc registry.Access, domain string) (string, error) {
+	if domain == "" {
+		return "", errors.New("no registry: agents' image comes from the private registry (--domain)")
+	}
+	img, err := target.AgentImage(image.Repository, domain)
+	if err != nil {
+		return "", err
+	}
+	ref, err := name.NewDigest(img, name.StrictValidation)
+	if err != nil {
+		return "", fmt.Errorf("agent image %q: %w", img, err)
+	}
+	want, err := v1.NewHash(ref.DigestStr())
+	if err != nil {
+		return "", fmt.Errorf("agent image %q: %w", img, err)
+	}
+	got, err := (&registry.Pusher{Access: acc, Jobs: 1}).ManifestDigest(ctx, ref)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("agent image %s: cannot check the registry: %w", img, err)
+	case got != want:
+		return "", fmt.Errorf("agent image %s is not in the registry (import the bundle again)", img)
+	}
+	return img, nil
+}
+
+// agentFlags are --via and --agent-image of the commands that follow an
+// upgrade already begun (rollback, compat cleanup).
+type agentFlags struct{ Via, Image string }
+
+func (f *agentFlags) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.Via, "via", viaSSH, "how nodes are reached: ssh (from this machine) or agent (an agent the run starts on each node, docs/agent-mode.md)")
+	cmd.Flags().StringVar(&f.Image, "agent-image", "", "with --via agent: the agents' image, REPOSITORY@DIGEST (default: the one the upgrade's record names)")
+}
+
+func (f *agentFlags) check() error {
+	switch f.Via {
+	case viaSSH, viaAgent:
+	default:
+		return cli.Usagef("--via %q: want ssh or agent", f.Via)
+	}
+	if f.Image != "" {
+		if f.Via != viaAgent {
+			return cli.Usagef("--agent-image without --via agent")
+		}
+		if _, err := name.NewDigest(f.Image, name.StrictValidation); err != nil {
+			return cli.Usagef("--agent-image %q: want REPOSITORY@sha256:DIGEST: %v", f.Image, err)
+		}
+	}
+	return nil
+}
+
+// reach reaches the nodes over SSH, or through agents from --agent-image
+// or the image the upgrade's record names.
+func (f *agentFlags) reach(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags) (*reached, error) {
+	if f.Via != viaAgent {
+		return reachSSH(nf)
+	}
+	img := f.Image
+	if img == "" {
+		st, err := record.Read(ctx, client)
+		if err != nil {
+			return nil, err
+		}
+		if st == nil || st.Agent == "" {
+			return nil, cli.Usagef("--via agent: no upgrade record names an agent image (the upgrade ran over SSH): pass --agent-image, or reach the nodes over SSH")
+		}
+		img = st.Agent
+	}
+	return reachAgents(ctx, client, nf, img)
+}
+
+// agent is the agents' image, "" over SSH.
+func (r *reached) agent() string {
+	if r == nil {
+		return ""
+	}
+	return r.Agent
+}

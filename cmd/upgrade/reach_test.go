@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/agent/image"
+	"github.com/kubelift/kubelift/internal/bundle"
+	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/registry"
+)
+
+// Agent mode starts only from an agent image in the registry by its
+// signed digest: one missing there blocks the run before anything is
+// made in the cluster; one there starts an agent on every node.
+func TestReachAgents(t *testing.T) {
+	srv := httptest.NewServer(ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	domain := u.Host
+	img, _ := random.Image(256, 1)
+	d, _ := img.Digest()
+	ref := image.Repository + ":sha256-0123456789abcdef"
+	target := &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4},
+		Manifest: &bundle.Manifest{Images: []bundle.Image{{Ref: ref, Digest: d.String()}}},
+		Record: &cluster.Available{Registry: domain, Images: []cluster.ImageRecord{
+			{Ref: ref, Target: domain + "/library/kubelift-agent:sha256-0123456789abcdef", Digest: d.String()}}}}
+	acc := registry.Access{Insecure: []string{domain}}
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-1"}}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}})
+	ctx := context.Background()
+
+	_, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain)
+	var ce *cli.CodeError
+	if !errors.As(err, &ce) || ce.Code != cli.ExitBlocked || !strings.Contains(err.Error(), "is not in the registry") {
+		t.Fatalf("an agent image missing from the registry: %v, want exit %d", err, cli.ExitBlocked)
+	}
+	for _, a := range cs.Actions() {
+		if a.GetVerb() != "get" && a.GetVerb() != "list" {
+			t.Errorf("the blocked run made %s %s", a.GetVerb(), a.GetResource().Resource)
+		}
+	}
+
+	pushed, _ := name.ParseReference(domain + "/library/kubelift-agent:sha256-0123456789abcdef")
+	if err := remote.Write(pushed, img); err != nil {
+		t.Fatal(err)
+	}
+	r, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.agent() != domain+"/library/kubelift-agent@"+d.String() {
+		t.Errorf("agent image %q", r.agent())
+	}
+	pods, _ := cs.CoreV1().Pods(agent.Namespace).List(ctx, metav1.ListOptions{})
+	if len(pods.Items) != 2 {
+		t.Errorf("%d agent pods for 2 nodes", len(pods.Items))
+	}
+	r.stop(ctx, &err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pods, _ := cs.CoreV1().Pods(agent.Namespace).List(ctx, metav1.ListOptions{}); len(pods.Items) != 0 {
+		t.Errorf("%d agent pods after the run", len(pods.Items))
+	}
+}
+
+// --via and --agent-image of rollback and compat cleanup.
+func TestViaFlags(t *testing.T) {
+	ok := "registry.local:5000/library/kubelift-agent@sha256:" + strings.Repeat("a", 64)
+	for _, tc := range []struct {
+		f    agentFlags
+		want string
+	}{
+		{agentFlags{Via: viaSSH}, ""},
+		{agentFlags{Via: viaAgent, Image: ok}, ""},
+		{agentFlags{Via: "kubectl"}, `--via "kubectl": want ssh or agent`},
+		{agentFlags{Via: viaSSH, Image: ok}, "--agent-image without --via agent"},
+		{agentFlags{Via: viaAgent, Image: "registry.local:5000/library/kubelift-agent:latest"}, "want REPOSITORY@sha256:DIGEST"},
+	} {
+		err := tc.f.check()
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.f, err, tc.want)
+		}
+	}
+}

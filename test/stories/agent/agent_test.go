@@ -1,0 +1,232 @@
+// Package agent tests agent mode (--via agent, docs/agent-mode.md) on a
+// sandbox of its own (1 control plane, 3 workers, containerd): every
+// node's sshd is stopped before the bundle is imported, and the cluster
+// is planned and upgraded through the agents the run starts on its
+// nodes, one of them deleted, and one node's containerd restarted, in
+// the middle of the kubelet step. What the test reads of the nodes it
+// reads from the API while sshd is down.
+package agent
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/agent/access"
+	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/test/env/harness"
+	"github.com/kubelift/kubelift/test/env/prober"
+)
+
+var h *harness.Harness
+
+func TestMain(m *testing.M) {
+	harness.Main(m, "kag", "10.92.0", 1, 3, func(x *harness.Harness) { h = x }, harness.Agent())
+}
+
+// agentFlags are an upgrade's flags in agent mode: no SSH flag, the
+// registry's (nodes pull their files with its password: it takes no
+// token).
+func agentFlags() ([]string, string) {
+	reg, pw := h.RegistryFlags()
+	return append([]string{"--to", h.SB.NewVersion, "--key", h.Key(), "--via", "agent", "--node-credentials", "password"}, reg...), pw
+}
+
+// containers is every container of every pod the API lists, as the
+// kubelet reports it (namespace/pod/container -> ID and restarts).
+func containers(t *testing.T) map[string]string {
+	t.Helper()
+	pods, err := h.Client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		if p.Namespace == agent.Namespace {
+			continue // the run's own
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			out[p.Namespace+"/"+p.Name+"/"+c.Name] = fmt.Sprintf("%s restarts=%d", c.ContainerID, c.RestartCount)
+		}
+	}
+	return out
+}
+
+// stopSSH stops sshd on every node, from each node's console (the
+// sandbox's service manager), and starts it again when the test ends.
+func stopSSH(t *testing.T) {
+	t.Helper()
+	for _, m := range h.SB.Nodes() {
+		if out, err := h.SB.Command(m, "systemctl", "stop", "ssh").CombinedOutput(); err != nil {
+			t.Fatalf("%s: systemctl stop ssh: %v: %s", m.Name, err, out)
+		}
+		t.Cleanup(func() {
+			if out, err := h.SB.Command(m, "systemctl", "start", "ssh").CombinedOutput(); err != nil {
+				t.Errorf("%s: systemctl start ssh: %v: %s", m.Name, err, out)
+			}
+		})
+		if _, err := h.TrySSH(m.Name, "true"); err == nil {
+			t.Fatalf("%s still answers SSH", m.Name)
+		}
+	}
+}
+
+// nothingLeft checks that the run left no agent pod and no step request.
+func nothingLeft(t *testing.T, after string) {
+	t.Helper()
+	ctx := context.Background()
+	harness.Eventually(t, time.Minute, func() (bool, string) {
+		pods, err := h.Client.CoreV1().Pods(agent.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		n := 0
+		all, err := h.Client.CoreV1().Secrets(agent.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, s := range all.Items {
+			if s.Type == agent.SecretType {
+				n++
+			}
+		}
+		return len(pods.Items) == 0 && n == 0, fmt.Sprintf("after %s: %d agent pods, %d step requests left", after, len(pods.Items), n)
+	})
+}
+
+// The whole upgrade with no sshd on any node: plan and apply through the
+// agents; an agent's pod deleted, and another node's containerd
+// restarted, in their kubelet steps; every node at the target, no
+// container restarted, and the prober saw no request fail.
+func TestUpgradeWithoutSSH(t *testing.T) {
+	ctx := context.Background()
+	stopSSH(t)
+	h.Import(t, h.HashSkipBundle)
+	before := containers(t)
+	targets, err := h.SB.ProbeTargets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := prober.Start(ctx, prober.Config{Targets: targets, Rate: 10, Streams: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			probe.Stop()
+		}
+	}()
+
+	flags, pw := agentFlags()
+	plan := h.Upgrade(t, pw, append([]string{"plan"}, flags...)...)
+	if plan.Code != 0 {
+		t.Fatalf("plan --via agent: exit %d\n%s%s", plan.Code, plan.Stdout, plan.Stderr)
+	}
+	for _, m := range h.SB.Nodes() {
+		if !strings.Contains(plan.Stdout, m.Name) {
+			t.Errorf("the plan does not name %s:\n%s", m.Name, plan.Stdout)
+		}
+	}
+	nothingLeft(t, "plan")
+
+	cmd, lines, err := h.StartLines(pw, append([]string{"apply", "--settle", "5s"}, flags...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var said strings.Builder
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for l := range lines {
+			said.WriteString(l + "\n")
+		}
+	}()
+	// worker-1's agent pod deleted, and worker-2's containerd
+	// restarted, once their kubelet step has begun.
+	deleted, restarted := "", false
+	pods := h.Client.CoreV1().Pods(agent.Namespace)
+	podName := access.AgentPod("", "worker-1", "").Name
+	deadline := time.Now().Add(20 * time.Minute)
+	for (deleted == "" || !restarted) && time.Now().Before(deadline) {
+		select {
+		case <-done:
+			deadline = time.Now()
+			continue
+		case <-time.After(100 * time.Millisecond):
+		}
+		st, err := record.Read(ctx, h.Client)
+		if err != nil || st == nil {
+			continue
+		}
+		for _, n := range st.Nodes {
+			if n.Status != record.NodeUpgrading || n.Step != "kubelet" {
+				continue
+			}
+			switch {
+			case n.Name == "worker-1" && deleted == "":
+				p, err := pods.Get(ctx, podName, metav1.GetOptions{})
+				if err != nil {
+					t.Fatalf("worker-1 in its kubelet step has no agent pod: %v", err)
+				}
+				if err := pods.Delete(ctx, podName, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				deleted = string(p.UID)
+				t.Logf("worker-1's agent pod %s deleted in its kubelet step", deleted)
+			case n.Name == "worker-2" && !restarted:
+				m, err := h.SB.Machine("worker-2")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out, err := h.SB.Command(*m, "systemctl", "restart", "containerd").CombinedOutput(); err != nil {
+					t.Fatalf("worker-2: systemctl restart containerd: %v: %s", err, out)
+				}
+				restarted = true
+				t.Log("worker-2's containerd restarted in its kubelet step")
+			}
+		}
+	}
+	<-done
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("apply --via agent: %v\n%s", err, said.String())
+	}
+	if deleted == "" || !restarted {
+		t.Fatalf("the test saw no kubelet step to disturb (agent pod deleted %v, containerd restarted %v)\n%s", deleted != "", restarted, said.String())
+	}
+	res := probe.Stop()
+	stopped = true
+
+	st, err := record.Read(ctx, h.Client)
+	if err != nil || st == nil || st.State != record.StateComplete || !strings.Contains(st.Agent, "kubelift-agent@sha256:") {
+		t.Fatalf("record after apply: %+v, %v", st, err)
+	}
+	nodes, err := h.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		if v := n.Status.NodeInfo.KubeletVersion; v != h.SB.NewVersion {
+			t.Errorf("%s: kubelet %s after apply, want %s", n.Name, v, h.SB.NewVersion)
+		}
+		if n.Spec.Unschedulable {
+			t.Errorf("%s is left cordoned", n.Name)
+		}
+	}
+	after := containers(t)
+	for k, v := range before {
+		if strings.HasPrefix(k, "kube-system/kube-") && !strings.HasPrefix(k, "kube-system/kube-proxy") {
+			continue // the control plane's mirror pods: no containers of the runtime's
+		}
+		if after[k] != v {
+			t.Errorf("container %s: %s before, %q after", k, v, after[k])
+		}
+	}
+	h.NoDisruption(t, res)
+	nothingLeft(t, "apply")
+}
