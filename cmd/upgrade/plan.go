@@ -166,6 +166,7 @@ func planRun(ctx context.Context, opts *planOptions) (err error) {
 	}
 	plan, err := inplace.BuildPlan(ctx, *po)
 	if plan != nil {
+		plan.Agents = opts.reached.made()
 		if asJSON {
 			if perr := cli.PrintJSON(opts.IO.Out, plan); perr != nil {
 				return perr
@@ -229,6 +230,14 @@ func printPlan(w io.Writer, p *preflight.Plan) {
 	}
 	if len(p.WorkloadGate) > 0 {
 		fmt.Fprintf(w, "\nWorkload gate: %d workloads are fully available now; after each node, those with a pod on it must be again within the health window:\n  %s\n", len(p.WorkloadGate), strings.Join(p.WorkloadGate, "\n  "))
+	}
+	if len(p.Agents) > 0 {
+		fmt.Fprintln(w, "\nAgent mode (--via agent) makes in the cluster; the admin needs no SSH key:")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, m := range p.Agents {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", m.Kind, m.Name, m.What)
+		}
+		tw.Flush()
 	}
 	fmt.Fprintln(w, "\nFindings:")
 	if len(p.Findings) == 0 {

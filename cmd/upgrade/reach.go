@@ -14,6 +14,7 @@ import (
 	"github.com/kubelift/kubelift/internal/agent/access"
 	"github.com/kubelift/kubelift/internal/agent/image"
 	"github.com/kubelift/kubelift/internal/cli"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -34,6 +35,16 @@ type reached struct {
 	// Agent is the agents' image ("" over SSH).
 	Agent  string
 	agents *access.Connector
+	nodes  int
+}
+
+// made is what agent mode makes in the cluster for the run (nil over
+// SSH).
+func (r *reached) made() []preflight.Made {
+	if r == nil || r.Agent == "" {
+		return nil
+	}
+	return access.Made(r.Agent, r.nodes)
 }
 
 // stop ends agent mode's run (its requests and pods deleted), joining
@@ -76,7 +87,7 @@ func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeF
 	if err != nil {
 		return nil, err
 	}
-	return &reached{Connector: c, Inventory: inv, Agent: img, agents: c}, nil
+	return &reached{Connector: c, Inventory: inv, Agent: img, agents: c, nodes: len(names)}, nil
 }
 
 // reachForRelease reaches the nodes for a run to target: over SSH, or

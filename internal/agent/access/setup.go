@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/inplace/preflight"
 )
 
 // Policy is the admission policy that keeps each agent to its own node's
@@ -35,6 +36,23 @@ var policyValidations = []struct{ expression, message string }{
 	{`['script', 'args', 'stdin', 'deadline'].all(k, (k in oldObject.data) == (k in object.data) && (!(k in oldObject.data) || object.data[k] == oldObject.data[k]))`,
 		"a kubelift agent may not change what a step request asks"},
 	{`!('result' in oldObject.data)`, "a kubelift agent may not change an answer once given"},
+}
+
+// Made is what agent mode makes in the cluster for a run from image on
+// nodes nodes, as plan lists it (Setup's objects, kept between runs;
+// the pods and requests, deleted at the run's end).
+func Made(image string, nodes int) []preflight.Made {
+	ns := agent.Namespace + "/"
+	return []preflight.Made{
+		{Kind: "Namespace", Name: agent.Namespace, What: "Pod Security enforce=privileged: the agents' pods are privileged (kept)"},
+		{Kind: "ValidatingAdmissionPolicy", Name: Policy, What: "an agent may update only its own node's step requests (the node its bound token names), only to answer each once (kept)"},
+		{Kind: "ValidatingAdmissionPolicyBinding", Name: Policy, What: "the policy, denying (kept)"},
+		{Kind: "ServiceAccount", Name: ns + ServiceAccount, What: "the agents' (kept)"},
+		{Kind: "Role", Name: ns + ServiceAccount, What: "secrets in " + agent.Namespace + ": get, list, watch, update, patch; no create, no delete, nothing else (kept)"},
+		{Kind: "RoleBinding", Name: ns + ServiceAccount, What: "the Role to the agents' service account (kept)"},
+		{Kind: "Pod", Name: fmt.Sprintf("%skubelift-agent-NODEHASH (%d, one per node)", ns, nodes), What: "image " + image + " (IfNotPresent), privileged, the host's / at /host, host network; deleted at the run's end"},
+		{Kind: "Secret", Name: ns + "kubelift-step-RUN-NODEHASH-SEQ", What: "one per node step, type " + string(agent.SecretType) + "; deleted at the run's end"},
+	}
 }
 
 // Setup makes, or brings up to date, what agent mode needs in the

@@ -133,6 +133,11 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 			t.Errorf("the plan does not name %s:\n%s", m.Name, plan.Stdout)
 		}
 	}
+	for _, want := range []string{"Agent mode (--via agent) makes", "ValidatingAdmissionPolicy", "kubelift-agent@sha256:", "no create, no delete"} {
+		if !strings.Contains(plan.Stdout, want) {
+			t.Errorf("the plan does not say %q:\n%s", want, plan.Stdout)
+		}
+	}
 	nothingLeft(t, "plan")
 
 	cmd, lines, err := h.StartLines(pw, append([]string{"apply", "--settle", "5s"}, flags...)...)
@@ -206,27 +211,100 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 	if err != nil || st == nil || st.State != record.StateComplete || !strings.Contains(st.Agent, "kubelift-agent@sha256:") {
 		t.Fatalf("record after apply: %+v, %v", st, err)
 	}
-	nodes, err := h.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	nodesAt(t, h.SB.NewVersion, "apply")
+	sameContainers(t, before, "apply")
+	h.NoDisruption(t, res)
+	nothingLeft(t, "apply")
+}
+
+// nodesAt checks every node's kubelet is at version and none is left
+// cordoned.
+func nodesAt(t *testing.T, version, after string) {
+	t.Helper()
+	nodes, err := h.Client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes.Items {
-		if v := n.Status.NodeInfo.KubeletVersion; v != h.SB.NewVersion {
-			t.Errorf("%s: kubelet %s after apply, want %s", n.Name, v, h.SB.NewVersion)
+		if v := n.Status.NodeInfo.KubeletVersion; v != version {
+			t.Errorf("%s: kubelet %s after %s, want %s", n.Name, v, after, version)
 		}
 		if n.Spec.Unschedulable {
-			t.Errorf("%s is left cordoned", n.Name)
+			t.Errorf("%s is left cordoned after %s", n.Name, after)
 		}
 	}
-	after := containers(t)
+}
+
+// sameContainers checks that no container of before was restarted or
+// replaced (the control plane's mirror pods aside: their containers are
+// no runtime's the API reports).
+func sameContainers(t *testing.T, before map[string]string, after string) {
+	t.Helper()
+	now := containers(t)
 	for k, v := range before {
 		if strings.HasPrefix(k, "kube-system/kube-") && !strings.HasPrefix(k, "kube-system/kube-proxy") {
-			continue // the control plane's mirror pods: no containers of the runtime's
+			continue
 		}
-		if after[k] != v {
-			t.Errorf("container %s: %s before, %q after", k, v, after[k])
+		if now[k] != v {
+			t.Errorf("container %s after %s: %s before, %q now", k, after, v, now[k])
 		}
 	}
-	h.NoDisruption(t, res)
-	nothingLeft(t, "apply")
+}
+
+// Over agents, with sshd stopped again: rollback (the agents' image from
+// the upgrade's record) puts every node back; an apply killed (SIGKILL)
+// mid-run leaves its agents, and the next apply takes them over and
+// finishes; no container restarted, nothing left.
+func TestRollbackAndResumeOverAgents(t *testing.T) {
+	ctx := context.Background()
+	st, err := record.Read(ctx, h.Client)
+	if err != nil || st == nil || st.State != record.StateComplete {
+		t.Fatalf("this test follows TestUpgradeWithoutSSH's complete upgrade; the record: %+v, %v", st, err)
+	}
+	stopSSH(t)
+	before := containers(t)
+	rb := h.Upgrade(t, "", "rollback", "--via", "agent")
+	if rb.Code != 0 {
+		t.Fatalf("rollback --via agent: exit %d\n%s%s", rb.Code, rb.Stdout, rb.Stderr)
+	}
+	nodesAt(t, h.SB.OldVersion, "rollback")
+	sameContainers(t, before, "rollback")
+	nothingLeft(t, "rollback")
+
+	flags, pw := agentFlags()
+	cmd, stderr, err := h.Start(pw, append([]string{"apply", "--settle", "5s"}, flags...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	for i := 0; i < 12000 && !killed; i++ {
+		time.Sleep(100 * time.Millisecond)
+		st, err := record.Read(ctx, h.Client)
+		if err != nil || st == nil || st.To != h.SB.NewVersion || st.State == record.StateRolledBack {
+			continue
+		}
+		for _, n := range st.Nodes {
+			if n.Name == "worker-1" && n.Status == record.NodeDone {
+				if err := cmd.Process.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				killed = true
+			}
+		}
+	}
+	_ = cmd.Wait()
+	if !killed {
+		t.Fatalf("apply ended before worker-1 was done:\n%s", stderr.String())
+	}
+	pods, err := h.Client.CoreV1().Pods(agent.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("the killed run left no agents: %d pods, %v", len(pods.Items), err)
+	}
+	res := h.Upgrade(t, pw, append([]string{"apply", "--settle", "5s"}, flags...)...)
+	if res.Code != 0 {
+		t.Fatalf("apply --via agent after the kill: exit %d\n%s%s", res.Code, res.Stdout, res.Stderr)
+	}
+	nodesAt(t, h.SB.NewVersion, "the resumed apply")
+	sameContainers(t, before, "the resumed apply")
+	nothingLeft(t, "the resumed apply")
 }
