@@ -224,7 +224,7 @@ func applyRun(ctx context.Context, opts *applyOptions) (err error) {
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
-		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun, AgentImage: opts.reached.agent(),
+		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun, Locked: opts.reached.adopt,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,
 	})

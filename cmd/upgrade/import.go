@@ -124,6 +124,9 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	if err := opts.Path.check(); err != nil {
 		return err
 	}
+	if opts.Stage && opts.SkipBinaries && opts.Path.Via == viaAgent {
+		return cli.Usagef("--via agent with --skip-binaries: through agents, nodes pull their files from the registry, where --skip-binaries does not push them")
+	}
 	trust, err := opts.Trust.Trust()
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -79,9 +80,12 @@ func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeF
 	if err != nil {
 		return nil, fmt.Errorf("listing the nodes to start their agents: %w", err)
 	}
-	names := make([]string, len(nodes.Items))
-	for i, n := range nodes.Items {
-		names[i] = n.Name
+	var names []string
+	for _, n := range nodes.Items {
+		if os := n.Labels[corev1.LabelOSStable]; os != "" && os != "linux" {
+			continue // kubelift upgrades Linux nodes only; the plan says so
+		}
+		names = append(names, n.Name)
 	}
 	c, err := access.Start(ctx, client, img, names)
 	if err != nil {
@@ -133,13 +137,17 @@ func agentImage(ctx context.Context, target *release.Release, acc registry.Acces
 	return img, nil
 }
 
-// agentFlags are --via and --agent-image of the commands that follow an
-// upgrade already begun (rollback, compat cleanup).
-type agentFlags struct{ Via, Image string }
+// agentFlags are --via, --agent-image and --key of the commands that
+// follow an upgrade already begun (rollback, compat cleanup).
+type agentFlags struct {
+	Via, Image string
+	Trust      cli.TrustOptions
+}
 
 func (f *agentFlags) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.Via, "via", viaSSH, "how nodes are reached: ssh (from this machine) or agent (an agent the run starts on each node, docs/agent-mode.md)")
-	cmd.Flags().StringVar(&f.Image, "agent-image", "", "with --via agent: the agents' image, REPOSITORY@DIGEST (default: the one the upgrade's record names)")
+	cmd.Flags().StringVar(&f.Via, "via", viaSSH, "how nodes are reached: ssh (from this machine) or agent (an agent the run starts on each node, docs/agent-mode.md; it makes its agents even for --dry-run)")
+	cmd.Flags().StringVar(&f.Image, "agent-image", "", "with --via agent: the agents' image, REPOSITORY@sha256:DIGEST (default: the one the signed bundle of the upgrade's version names, verified with --key)")
+	f.Trust.AddFlags(cmd)
 }
 
 func (f *agentFlags) check() error {
@@ -160,7 +168,9 @@ func (f *agentFlags) check() error {
 }
 
 // reach reaches the nodes over SSH, or through agents from --agent-image
-// or the image the upgrade's record names.
+// or the agent image of the upgrade's version: the one its signed
+// bundle names (verified with --key), where import pushed it (the
+// record is not signed: nothing it says alone picks the image).
 func (f *agentFlags) reach(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags) (*reached, error) {
 	if f.Via != viaAgent {
 		return reachSSH(nf)
@@ -171,12 +181,31 @@ func (f *agentFlags) reach(ctx context.Context, client kubernetes.Interface, nf 
 		if err != nil {
 			return nil, err
 		}
-		if st == nil || st.Agent == "" {
-			return nil, cli.Usagef("--via agent: no upgrade record names an agent image (the upgrade ran over SSH): pass --agent-image, or reach the nodes over SSH")
+		if st == nil {
+			return nil, errors.New("--via agent: no upgrade is recorded in this cluster: nothing to follow")
 		}
-		img = st.Agent
+		trust, err := f.Trust.Trust()
+		if err != nil {
+			return nil, err
+		}
+		target, err := release.Load(ctx, client, st.To, trust)
+		if err != nil {
+			return nil, fmt.Errorf("--via agent: the agents' image of %s: %w", st.To, err)
+		}
+		if img, err = target.AgentImage(image.Repository, target.Record.Registry); err != nil {
+			return nil, fmt.Errorf("--via agent: %w (or pass --agent-image)", err)
+		}
 	}
 	return reachAgents(ctx, client, nf, img)
+}
+
+// adopt, for a run that holds the upgrade's lock, takes over what agent
+// mode's runs that stopped left (nothing over SSH).
+func (r *reached) adopt(ctx context.Context) error {
+	if r == nil || r.agents == nil {
+		return nil
+	}
+	return r.agents.Adopt(ctx)
 }
 
 // agent is the agents' image, "" over SSH.

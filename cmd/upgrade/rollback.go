@@ -91,7 +91,7 @@ func rollbackRun(ctx context.Context, opts *rollbackOptions) (err error) {
 	res, err := inplace.Rollback(ctx, inplace.ApplyOptions{
 		Plan: preflight.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: r.Connector, Inventory: r.Inventory, Parallel: opts.Nodes.Parallel,
 			HealthWindow: opts.HealthWindow, Log: opts.IO.Logger(opts.Quiet)},
-		BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun})
+		BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun, Locked: r.adopt})
 	switch {
 	case res != nil && opts.DryRun:
 		printActions(opts.IO.Out, res.DryRun)

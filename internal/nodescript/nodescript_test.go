@@ -141,11 +141,32 @@ func TestHostileArgumentsStayData(t *testing.T) {
 	if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != 0o640 {
 		t.Fatalf("put-file's mode: %v %v", fi.Mode(), err)
 	}
-	if out, err := put("0640; touch x", "changed"); err == nil || !strings.Contains(out, "want octal") {
-		t.Fatalf("put-file took a mode that is not one: %v %s", err, out)
+	for _, mode := range []string{"0640; touch x", "4755", "0"} {
+		if out, err := put(mode, "changed"); err == nil || !strings.Contains(out, "want 3 octal digits") {
+			t.Fatalf("put-file took mode %q: %v %s", mode, err, out)
+		}
 	}
 	if data, _ := os.ReadFile(file); string(data) != hostile {
 		t.Fatalf("a refused put-file changed the file: %q", data)
+	}
+	// Its directory made where missing; a directory in FILE's place
+	// refused; no temporary file left either way.
+	deep := filepath.Join(dir, "new"+hostile, "kubeadm", "upgrade.yaml")
+	c := exec.Command("sh", "-c", PutFile.Command(deep, "600"))
+	c.Stdin = strings.NewReader("x")
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("put-file into a new directory: %v %s", err, out)
+	}
+	c = exec.Command("sh", "-c", PutFile.Command(filepath.Dir(deep), "600"))
+	c.Stdin = strings.NewReader("x")
+	if out, err := c.CombinedOutput(); err == nil || !strings.Contains(string(out), "is a directory") {
+		t.Fatalf("put-file over a directory: %v %s", err, out)
+	}
+	for _, d := range []string{dir, filepath.Dir(deep)} {
+		left, _ := filepath.Glob(filepath.Join(d, "*.kubelift-*"))
+		if len(left) != 0 {
+			t.Fatalf("put-file left %v", left)
+		}
 	}
 	// list-staged lists what it can name on a line of its own: a file
 	// named with anything but [A-Za-z0-9._-] is left out (it is no file

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,6 +51,9 @@ type Connector struct {
 	Grace time.Duration
 
 	seq atomic.Int64
+	// replaced: nodes whose ended agent pod this connector replaced.
+	mu       sync.Mutex
+	replaced map[string]bool
 }
 
 // Start makes what agent mode needs in the cluster (Setup) and starts an
@@ -166,8 +170,14 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 			// Unanswered for a while: the agent may be gone (its pod
 			// deleted or evicted); a new one answers from the host.
 			asked = n.c.Wait.Now()
-			if _, err := n.c.revive(ctx, n.name); err != nil {
+			p, err := n.c.revive(ctx, n.name)
+			if err != nil {
 				return err
+			}
+			if p != nil {
+				if err := cannotStart(p, n.c.Image); err != nil {
+					return waiter.Stop(err)
+				}
 			}
 		}
 		got, err := secrets.Get(ctx, r.Name, metav1.GetOptions{})

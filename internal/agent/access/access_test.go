@@ -190,13 +190,13 @@ func TestUpload(t *testing.T) {
 	defer cancel()
 	file := filepath.Join(t.TempDir(), "upgrade.yaml")
 	content := "apiVersion: kubeadm.k8s.io/v1beta4\nkind: UpgradeConfiguration\n"
-	if sent, err := n.Upload(ctx, file, 0o600, strings.NewReader(content)); err != nil || sent != int64(len(content)) {
+	if sent, err := n.Upload(ctx, file, 0o640, strings.NewReader(content)); err != nil || sent != int64(len(content)) {
 		t.Fatalf("upload: %d, %v", sent, err)
 	}
 	if data, err := os.ReadFile(file); err != nil || string(data) != content {
 		t.Fatalf("the node's file: %q, %v", data, err)
 	}
-	if fi, _ := os.Stat(file); fi.Mode().Perm() != 0o600 {
+	if fi, _ := os.Stat(file); fi.Mode().Perm() != 0o640 {
 		t.Errorf("mode %v", fi.Mode())
 	}
 	big := strings.NewReader(strings.Repeat("x", agent.MaxStdin+1))

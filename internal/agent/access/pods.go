@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/waiter"
@@ -78,10 +79,12 @@ func (c *Connector) EnsureAgents(ctx context.Context, image string, nodes []stri
 	return errors.Join(errs...)
 }
 
-// RemoveAgents deletes every agent pod (the run is over).
+// RemoveAgents deletes the agent pods of this run (those it made, and
+// those it took over: Adopt); another run's (a plan beside an apply)
+// stay.
 func (c *Connector) RemoveAgents(ctx context.Context) error {
 	pods := c.Client.CoreV1().Pods(agent.Namespace)
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{LabelApp: appName}).String()})
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{LabelApp: appName, agent.LabelRun: c.Run}).String()})
 	if err != nil {
 		return fmt.Errorf("listing the agents' pods in %s: %w", agent.Namespace, err)
 	}
@@ -89,6 +92,52 @@ func (c *Connector) RemoveAgents(ctx context.Context) error {
 	for _, p := range list.Items {
 		if err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("deleting agent pod %s/%s: %w", agent.Namespace, p.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Adopt takes over what runs that stopped left, for a run that holds the
+// upgrade's lock (no other apply or rollback runs): their agents' pods
+// become this run's (deleted at its end), or are deleted where they run
+// another image, and their step requests are deleted (an answer may hold
+// what a step printed; a request never answered is not to run later).
+func (c *Connector) Adopt(ctx context.Context) error {
+	pods := c.Client.CoreV1().Pods(agent.Namespace)
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{LabelApp: appName}).String()})
+	if err != nil {
+		return fmt.Errorf("listing the agents' pods in %s: %w", agent.Namespace, err)
+	}
+	var errs []error
+	for _, p := range list.Items {
+		switch {
+		case p.Labels[agent.LabelRun] == c.Run:
+		case c.Image != "" && (len(p.Spec.Containers) != 1 || p.Spec.Containers[0].Image != c.Image):
+			if err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("deleting agent pod %s/%s of another image: %w", agent.Namespace, p.Name, err))
+			}
+		default:
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, agent.LabelRun, c.Run)
+			if _, err := pods.Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("taking over agent pod %s/%s: %w", agent.Namespace, p.Name, err))
+			}
+		}
+	}
+	secrets := c.Client.CoreV1().Secrets(agent.Namespace)
+	sel, err := labels.Parse(agent.LabelRun + "," + agent.LabelRun + "!=" + c.Run)
+	if err != nil {
+		return err
+	}
+	old, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("listing step requests of earlier runs in %s: %w", agent.Namespace, err))...)
+	}
+	for _, s := range old.Items {
+		if s.Type != agent.SecretType {
+			continue
+		}
+		if err := secrets.Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("deleting step request %s/%s of an earlier run: %w", agent.Namespace, s.Name, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -126,16 +175,43 @@ func (c *Connector) agentUp(ctx context.Context, node string) error {
 		if p == nil {
 			return fmt.Errorf("its agent's pod %s/%s is being made again", agent.Namespace, name)
 		}
+		if err := cannotStart(p, c.Image); err != nil {
+			return waiter.Stop(err)
+		}
 		for _, s := range p.Status.ContainerStatuses {
-			if w := s.State.Waiting; w != nil && podFailures[w.Reason] {
-				return waiter.Stop(fmt.Errorf("its agent's pod %s/%s cannot start (image %s): %s: %s", agent.Namespace, name, c.Image, w.Reason, w.Message))
-			}
 			if s.State.Running != nil {
 				return nil
 			}
 		}
 		return fmt.Errorf("its agent's pod %s/%s is %s, not running yet", agent.Namespace, name, p.Status.Phase)
 	})
+}
+
+// replacedOnce says whether node's ended agent pod was replaced already
+// by this connector, and counts this replacement.
+func (c *Connector) replacedOnce(node string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.replaced == nil {
+		c.replaced = map[string]bool{}
+	}
+	was := c.replaced[node]
+	c.replaced[node] = true
+	return was
+}
+
+// cannotStart says why the agent's pod p cannot run by itself: its node
+// rejected it, or cannot pull its image or run its container.
+func cannotStart(p *corev1.Pod, image string) error {
+	if p.Status.Phase == corev1.PodFailed {
+		return fmt.Errorf("its agent's pod %s/%s failed: %s: %s", p.Namespace, p.Name, p.Status.Reason, p.Status.Message)
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if w := s.State.Waiting; w != nil && podFailures[w.Reason] {
+			return fmt.Errorf("its agent's pod %s/%s cannot start (image %s): %s: %s", p.Namespace, p.Name, image, w.Reason, w.Message)
+		}
+	}
+	return nil
 }
 
 // revive makes node's agent pod where it is missing, and deletes one
@@ -160,6 +236,8 @@ func (c *Connector) revive(ctx context.Context, node string) (*corev1.Pod, error
 		return nil, fmt.Errorf("reading its agent's pod %s/%s: %w", agent.Namespace, want.Name, err)
 	case p.DeletionTimestamp != nil:
 		return nil, nil
+	case p.Status.Phase == corev1.PodFailed && c.replacedOnce(node):
+		return p, nil // failed again once replaced: the caller says why
 	case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
 		if err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return nil, fmt.Errorf("deleting its agent's pod %s/%s, which ended (%s): %w", agent.Namespace, p.Name, p.Status.Phase, err)

@@ -8,7 +8,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/agent/hoststep/hoststeptest"
@@ -149,5 +151,89 @@ func TestUnansweredStepRevivesTheAgent(t *testing.T) {
 	}()
 	if out, err := n.Run(ctx, nodescript.Exists.Command("/"), nil); err != nil || string(out) != "yes\n" {
 		t.Fatalf("a step whose agent was deleted: %q, %v", out, err)
+	}
+}
+
+// A pod the node ended (evicted) is replaced once; one that fails again
+// fails the dial with the node's reason, not a loop of new pods.
+func TestEndedAgentReplacedOnce(t *testing.T) {
+	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	c := &Connector{Client: cs, Run: "r1", Image: img, Poll: 10 * time.Millisecond, Ready: 20 * time.Second}
+	failed := corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."}
+	pods := cs.CoreV1().Pods(agent.Namespace)
+	name := AgentPod("", "worker-1", "").Name
+	p := AgentPod("r0", "worker-1", img)
+	p.Status = failed
+	if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	creates := 0
+	cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		creates++
+		return false, nil, nil
+	})
+	go func() {
+		// The new pod fails too.
+		for i := 0; i < 500; i++ {
+			if q, err := pods.Get(ctx, name, metav1.GetOptions{}); err == nil && q.Labels[agent.LabelRun] == "r1" {
+				q.Status = failed
+				_, _ = pods.UpdateStatus(ctx, q, metav1.UpdateOptions{})
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	_, err := c.Dial(ctx, nodeaccess.Address{Name: "worker-1"})
+	if err == nil || !strings.Contains(err.Error(), "failed: Evicted: The node was low on resource") {
+		t.Fatalf("an agent pod failing twice: %v", err)
+	}
+	if creates != 1 {
+		t.Errorf("%d pods made, want 1 (the ended one replaced once)", creates)
+	}
+}
+
+// A run holding the lock takes over the agents a stopped run left (and
+// deletes them at its end), replaces those of another image, and deletes
+// the stopped run's requests; a run's end leaves another run's agents.
+func TestAdopt(t *testing.T) {
+	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	pods := cs.CoreV1().Pods(agent.Namespace)
+	for _, p := range []*corev1.Pod{AgentPod("old", "worker-1", img), AgentPod("old", "worker-2", "registry.local:5000/library/kubelift-agent@sha256:"+strings.Repeat("9", 64))} {
+		if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, _ := agent.NewRequest("old", "worker-1", 1, nodescript.Exists.Command("/"), nil, time.Minute)
+	s, _ := r.Secret()
+	if _, err := cs.CoreV1().Secrets(agent.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	plan := &Connector{Client: cs, Run: "plan", Image: img}
+	if err := plan.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := pods.List(ctx, metav1.ListOptions{}); len(l.Items) != 2 {
+		t.Fatalf("another run's end deleted agents: %d left", len(l.Items))
+	}
+	c := &Connector{Client: cs, Run: "new", Image: img}
+	if err := c.Adopt(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := pods.List(ctx, metav1.ListOptions{})
+	if len(l.Items) != 1 || l.Items[0].Spec.NodeName != "worker-1" || l.Items[0].Labels[agent.LabelRun] != "new" {
+		t.Fatalf("after adopt: %+v", l.Items)
+	}
+	if l, _ := cs.CoreV1().Secrets(agent.Namespace).List(ctx, metav1.ListOptions{}); len(l.Items) != 0 {
+		t.Errorf("%d requests of the stopped run left", len(l.Items))
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := pods.List(ctx, metav1.ListOptions{}); len(l.Items) != 0 {
+		t.Errorf("%d agents left after the adopting run's end", len(l.Items))
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	kubectldrain "k8s.io/kubectl/pkg/drain"
 
+	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/cluster"
 )
 
@@ -253,6 +254,11 @@ func (d *Drainer) drainLeft(ctx context.Context, pods []corev1.Pod, err error) e
 // drain is refused (kubectl drain without --force refuses it too, but
 // says to use --force).
 func refuseUnreplicated(p corev1.Pod) kubectldrain.PodDeleteStatus {
+	if p.Namespace == agent.Namespace {
+		// Agent mode's agent: the run's own, which runs the node's steps
+		// and goes at the run's end; never evicted.
+		return kubectldrain.MakePodDeleteStatusSkip()
+	}
 	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return kubectldrain.MakePodDeleteStatusOkay()
 	}

@@ -18,6 +18,8 @@ import (
 	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kubelift/kubelift/internal/agent"
 )
 
 // drainWorld is a fake API server holding node n1 and pods on it; an
@@ -209,5 +211,22 @@ func TestCordonAndUncordonThroughALeaderChange(t *testing.T) {
 	}
 	if n := drainedNode(t, c); n.Spec.Unschedulable {
 		t.Error("left cordoned")
+	}
+}
+
+// Agent mode's agent, a pod no controller makes, neither refuses the
+// drain nor is evicted: it runs the node's steps, and goes at the run's
+// end.
+func TestDrainLeavesTheAgent(t *testing.T) {
+	a := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "kubelift-agent-1", Namespace: agent.Namespace}}
+	r, c := drainWorld(t, []corev1.Pod{owned("web"), a}, nil)
+	if err := r.Drain(context.Background(), "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Pods(agent.Namespace).Get(context.Background(), a.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the agent after the drain: %v", err)
+	}
+	if _, err := c.CoreV1().Pods("default").Get(context.Background(), "web", metav1.GetOptions{}); err == nil {
+		t.Error("web was not evicted")
 	}
 }

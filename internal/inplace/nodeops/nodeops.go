@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -255,6 +256,9 @@ func (o *Ops) Containers(ctx context.Context) (map[string]Container, error) {
 	}
 	out := map[string]Container{}
 	for _, c := range cs {
+		if c.Namespace == agent.Namespace {
+			continue // agent mode's agent: the run's own, made again where it goes
+		}
 		if c.Running {
 			out[c.ID] = Container{What: c.Namespace + "/" + c.Pod + "/" + c.Name, PID: pids[c.ID]}
 		}

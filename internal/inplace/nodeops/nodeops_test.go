@@ -1,8 +1,12 @@
 package nodeops
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/kubelift/kubelift/internal/nodescript"
+	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
 )
 
 // The unit restart's time is read off swap's last line, by the node's
@@ -27,5 +31,24 @@ func TestRestartTime(t *testing.T) {
 		if got := restartTime(tc.out, tc.call); got != tc.want {
 			t.Errorf("restartTime(%q, %s) = %s, want %s", tc.out, tc.call, got, tc.want)
 		}
+	}
+}
+
+// A node's containers are its workloads': agent mode's agent (the run's
+// own, made again where it goes) is not one of them.
+func TestContainersLeaveTheAgentOut(t *testing.T) {
+	ps := `{"containers":[` +
+		`{"id":"aaa","state":"CONTAINER_RUNNING","metadata":{"name":"api"},"labels":{"io.kubernetes.pod.namespace":"shop","io.kubernetes.pod.name":"api-1","io.kubernetes.pod.uid":"u1","io.kubernetes.container.name":"api"}},` +
+		`{"id":"bbb","state":"CONTAINER_RUNNING","metadata":{"name":"agent"},"labels":{"io.kubernetes.pod.namespace":"kubelift-system","io.kubernetes.pod.name":"kubelift-agent-1","io.kubernetes.pod.uid":"u2","io.kubernetes.container.name":"agent"}}]}`
+	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+		nodescript.Containers.Name: func([]string) (string, error) { return ps + tasksMarker + "TASK PID STATUS\naaa 10 RUNNING\nbbb 11 RUNNING\n", nil },
+	}}
+	o := &Ops{Node: node, Name: "worker-1"}
+	got, err := o.Containers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got["aaa"].What != "shop/api-1/api" || got["aaa"].PID != 10 {
+		t.Errorf("containers %+v, want shop's only", got)
 	}
 }

@@ -73,9 +73,6 @@ type Upgrade struct {
 	// makes, recorded before the first member moves: what a rollback
 	// puts back.
 	Etcd *EtcdMove `json:"etcd,omitempty"`
-	// Agent is the agents' image (REPOSITORY@DIGEST) of a run in agent
-	// mode, which a rollback or cleanup over agents starts again.
-	Agent string `json:"agentImage,omitempty"`
 }
 
 // EtcdMove is an etcd move's versions.

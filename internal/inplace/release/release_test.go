@@ -44,7 +44,7 @@ func TestAgentImage(t *testing.T) {
 	ref := repo + ":sha256-aaaaaaaaaaaaaaaa"
 	target := func(pushedTo, digest string) *Release {
 		return &Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4},
-			Manifest: &bundle.Manifest{Images: []bundle.Image{{Ref: "registry.k8s.io/pause:3.10", Digest: "sha256:" + strings.Repeat("b", 64)}, {Ref: ref, Digest: signed}}},
+			Manifest: &bundle.Manifest{Images: []bundle.Image{{Ref: ref, Digest: signed}, {Ref: "registry.k8s.io/pause:3.10", Digest: "sha256:" + strings.Repeat("b", 64)}}},
 			Record: &cluster.Available{Registry: domain, Images: []cluster.ImageRecord{
 				{Ref: "registry.k8s.io/pause:3.10", Target: domain + "/library/pause:3.10", Digest: "sha256:" + strings.Repeat("b", 64)},
 				{Ref: ref, Target: pushedTo, Digest: digest}}}}

@@ -80,9 +80,10 @@ type ApplyOptions struct {
 	// given to every `kubeadm upgrade` (--config): kubeadm's own
 	// settings, its timeouts for example.
 	KubeadmConfig *kubeadm.UpgradeConfig
-	// AgentImage is the agents' image where nodes are reached through
-	// agents (agent mode), kept in the record for a rollback or cleanup.
-	AgentImage string
+	// Locked, where set, runs once the run holds the lock, before
+	// anything else: agent mode takes over what a run that stopped left
+	// (its agents' pods, its step requests).
+	Locked func(context.Context) error
 	// Clock is what every wait of the run waits on (the real clock when
 	// nil; unit tests drive a fake one).
 	Clock clock.Clock
@@ -238,6 +239,11 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		var stopKeeping func()
 		ctx, stopKeeping = upgradelock.Hold(ctx, lock, r.log)
 		defer stopKeeping()
+		if opts.Locked != nil {
+			if err := opts.Locked(ctx); err != nil {
+				return nil, err
+			}
+		}
 		// Deferred in reverse: cordons this run left undone, events posted
 		// and the state written before the lock is released.
 		defer r.startFlushing(ctx)()

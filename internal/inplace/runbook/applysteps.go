@@ -185,9 +185,6 @@ func (r *upgradeRun) recordStep(ctx context.Context) error {
 	}
 	s.Holder, s.Bundle, s.LastError, s.ControlPlane = r.opts.Holder, r.target.Record.BundleDigest, "", r.driver.Kind()
 	s.Hops = r.plan.Hops
-	if r.opts.AgentImage != "" {
-		s.Agent = r.opts.AgentImage
-	}
 	for _, n := range r.plan.Nodes {
 		e := s.Node(n.Name, n.Role)
 		inFlight := false

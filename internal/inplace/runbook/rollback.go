@@ -48,6 +48,11 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 		var stopKeeping func()
 		ctx, stopKeeping = upgradelock.Hold(ctx, lock, p.Log)
 		defer stopKeeping()
+		if opts.Locked != nil {
+			if err := opts.Locked(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
 
 	tv, err := catalog.ParseVersion(to)

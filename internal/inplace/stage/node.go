@@ -121,7 +121,7 @@ func (s *nodeStager) decide(st *staged, pullable bool, header string) error {
 			s.ns.Path = ViaRegistry
 		}
 		if s.ns.Path != ViaRegistry && via == ViaRegistry {
-			return fmt.Errorf("node %s: cannot pull from the registry (%s): stage with --via auto or ssh", s.t.Name, s.ns.PathReason)
+			return fmt.Errorf("node %s: cannot pull from the registry (%s): let it reach the registry, or stage it over SSH (--via auto or ssh)", s.t.Name, s.ns.PathReason)
 		}
 	}
 	return s.pickCodec(st)

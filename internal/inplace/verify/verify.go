@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -226,6 +227,9 @@ func (c Checker) PodsOn(ctx context.Context, node string) (map[types.UID]Pod, er
 	out := map[types.UID]Pod{}
 	for i := range l.Items {
 		p := &l.Items[i]
+		if p.Namespace == agent.Namespace {
+			continue // agent mode's agent: the run's own, made again where it goes
+		}
 		staticUID, _ := kubeletcompat.StaticUID(p)
 		owner := ""
 		if ref := metav1.GetControllerOf(p); ref != nil {

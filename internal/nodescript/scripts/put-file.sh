@@ -1,16 +1,25 @@
 # kubelift node script: put-file
-# Writes standard input to FILE with permission MODE (octal), atomically:
-# a temporary file beside it, synced, then renamed over it (agent mode's
-# upload of a small file, a kubeadm UpgradeConfiguration).
+# Writes standard input to FILE with permission MODE (octal, no setuid,
+# setgid or sticky bit), atomically: a temporary file beside it (its
+# directory made where missing), synced, then renamed over it (agent
+# mode's upload of a small file: a kubeadm UpgradeConfiguration).
 # Arguments: FILE MODE
 set -eu
 case "$2" in
-  [0-7][0-7][0-7] | [0-7][0-7][0-7][0-7]) ;;
-  *) echo "mode $2: want octal digits" >&2; exit 64 ;;
+  [0-7][0-7][0-7] | 0[0-7][0-7][0-7]) ;;
+  *) echo "mode $2: want 3 octal digits (no setuid, setgid or sticky bit)" >&2; exit 64 ;;
 esac
-tmp="$1.kubelift-tmp"
-rm -f "$tmp"
-(umask 077 && cat >"$tmp")
-chmod "$2" "$tmp"
-sync "$tmp" 2>/dev/null || sync
-mv -f "$tmp" "$1"
+if [ -d "$1" ]; then
+  echo "$1 is a directory" >&2
+  exit 65
+fi
+dir=$(dirname -- "$1")
+mkdir -p -- "$dir"
+tmp=$(mktemp -- "$1.kubelift-XXXXXX")
+trap 'rm -f -- "$tmp"' EXIT
+cat >"$tmp"
+chmod -- "$2" "$tmp"
+sync -- "$tmp" 2>/dev/null || sync
+mv -f -- "$tmp" "$1"
+trap - EXIT
+sync -- "$dir" 2>/dev/null || true

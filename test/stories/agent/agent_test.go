@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -140,7 +141,7 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 	}
 	nothingLeft(t, "plan")
 
-	cmd, lines, err := h.StartLines(pw, append([]string{"apply", "--settle", "5s"}, flags...)...)
+	cmd, lines, err := h.StartLines(pw, append([]string{"apply", "--settle", "5s", "--lock-duration", "15s"}, flags...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,18 +153,31 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 			said.WriteString(l + "\n")
 		}
 	}()
+	waited := false
+	t.Cleanup(func() {
+		if !waited { // a failed check below: the run is stopped, by pid
+			_ = cmd.Process.Kill()
+			<-done
+			_ = cmd.Wait()
+		}
+	})
 	// worker-1's agent pod deleted, and worker-2's containerd
-	// restarted, once their kubelet step has begun.
-	deleted, restarted := "", false
+	// restarted, once their kubelet step has begun; the run makes the
+	// pod again (another UID) while it waits for worker-1's answer.
+	deleted, revived, restarted := "", "", false
 	pods := h.Client.CoreV1().Pods(agent.Namespace)
 	podName := access.AgentPod("", "worker-1", "").Name
-	deadline := time.Now().Add(20 * time.Minute)
-	for (deleted == "" || !restarted) && time.Now().Before(deadline) {
+	for ended := false; !ended; {
 		select {
 		case <-done:
-			deadline = time.Now()
+			ended = true
 			continue
 		case <-time.After(100 * time.Millisecond):
+		}
+		if deleted != "" && revived == "" {
+			if p, err := pods.Get(ctx, podName, metav1.GetOptions{}); err == nil && string(p.UID) != deleted {
+				revived = string(p.UID)
+			}
 		}
 		st, err := record.Read(ctx, h.Client)
 		if err != nil || st == nil {
@@ -197,18 +211,18 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 			}
 		}
 	}
-	<-done
+	waited = true
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("apply --via agent: %v\n%s", err, said.String())
 	}
-	if deleted == "" || !restarted {
-		t.Fatalf("the test saw no kubelet step to disturb (agent pod deleted %v, containerd restarted %v)\n%s", deleted != "", restarted, said.String())
+	if deleted == "" || revived == "" || !restarted {
+		t.Fatalf("the test saw no kubelet step to disturb (agent pod deleted %q, made again %q, containerd restarted %v)\n%s", deleted, revived, restarted, said.String())
 	}
 	res := probe.Stop()
 	stopped = true
 
 	st, err := record.Read(ctx, h.Client)
-	if err != nil || st == nil || st.State != record.StateComplete || !strings.Contains(st.Agent, "kubelift-agent@sha256:") {
+	if err != nil || st == nil || st.State != record.StateComplete {
 		t.Fatalf("record after apply: %+v, %v", st, err)
 	}
 	nodesAt(t, h.SB.NewVersion, "apply")
@@ -263,7 +277,7 @@ func TestRollbackAndResumeOverAgents(t *testing.T) {
 	}
 	stopSSH(t)
 	before := containers(t)
-	rb := h.Upgrade(t, "", "rollback", "--via", "agent")
+	rb := h.Upgrade(t, "", "rollback", "--via", "agent", "--key", h.Key())
 	if rb.Code != 0 {
 		t.Fatalf("rollback --via agent: exit %d\n%s%s", rb.Code, rb.Stdout, rb.Stderr)
 	}
@@ -272,35 +286,45 @@ func TestRollbackAndResumeOverAgents(t *testing.T) {
 	nothingLeft(t, "rollback")
 
 	flags, pw := agentFlags()
-	cmd, stderr, err := h.Start(pw, append([]string{"apply", "--settle", "5s"}, flags...)...)
+	cmd, stderr, err := h.Start(pw, append([]string{"apply", "--settle", "5s", "--lock-duration", "15s"}, flags...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
 	killed := false
-	for i := 0; i < 12000 && !killed; i++ {
-		time.Sleep(100 * time.Millisecond)
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	for !killed {
+		select {
+		case err := <-exited:
+			killed = true // it is gone: nothing to stop at the cleanup
+			t.Fatalf("apply ended (%v) before worker-1 was done:\n%s", err, stderr.String())
+		case <-time.After(100 * time.Millisecond):
+		}
 		st, err := record.Read(ctx, h.Client)
 		if err != nil || st == nil || st.To != h.SB.NewVersion || st.State == record.StateRolledBack {
 			continue
 		}
 		for _, n := range st.Nodes {
-			if n.Name == "worker-1" && n.Status == record.NodeDone {
-				if err := cmd.Process.Kill(); err != nil {
+			if n.Name == "worker-1" && n.Status == record.NodeDone && !killed {
+				if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 					t.Fatal(err)
 				}
+				<-exited
 				killed = true
 			}
 		}
-	}
-	_ = cmd.Wait()
-	if !killed {
-		t.Fatalf("apply ended before worker-1 was done:\n%s", stderr.String())
 	}
 	pods, err := h.Client.CoreV1().Pods(agent.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil || len(pods.Items) == 0 {
 		t.Fatalf("the killed run left no agents: %d pods, %v", len(pods.Items), err)
 	}
-	res := h.Upgrade(t, pw, append([]string{"apply", "--settle", "5s"}, flags...)...)
+	res := h.Upgrade(t, pw, append([]string{"apply", "--settle", "5s", "--lock-duration", "15s"}, flags...)...)
 	if res.Code != 0 {
 		t.Fatalf("apply --via agent after the kill: exit %d\n%s%s", res.Code, res.Stdout, res.Stderr)
 	}
