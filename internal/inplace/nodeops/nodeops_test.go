@@ -41,7 +41,9 @@ func TestContainersLeaveTheAgentOut(t *testing.T) {
 		`{"id":"aaa","state":"CONTAINER_RUNNING","metadata":{"name":"api"},"labels":{"io.kubernetes.pod.namespace":"shop","io.kubernetes.pod.name":"api-1","io.kubernetes.pod.uid":"u1","io.kubernetes.container.name":"api"}},` +
 		`{"id":"bbb","state":"CONTAINER_RUNNING","metadata":{"name":"agent"},"labels":{"io.kubernetes.pod.namespace":"kubelift-system","io.kubernetes.pod.name":"kubelift-agent-1","io.kubernetes.pod.uid":"u2","io.kubernetes.container.name":"agent"}}]}`
 	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
-		nodescript.Containers.Name: func([]string) (string, error) { return ps + tasksMarker + "TASK PID STATUS\naaa 10 RUNNING\nbbb 11 RUNNING\n", nil },
+		nodescript.Containers.Name: func([]string) (string, error) {
+			return ps + tasksMarker + "TASK PID STATUS\naaa 10 RUNNING\nbbb 11 RUNNING\n", nil
+		},
 	}}
 	o := &Ops{Node: node, Name: "worker-1"}
 	got, err := o.Containers(context.Background())
