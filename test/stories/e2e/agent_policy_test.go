@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -175,6 +176,15 @@ func TestAgentRightsOnARealAPIServer(t *testing.T) {
 		{"read a Node", func() error {
 			_, err := agent1.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
 			return err
+		}, "forbidden"},
+		{"patch another Node", func() error {
+			_, err := agent1.CoreV1().Nodes().Patch(ctx, "worker-2", types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`),
+				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}, "forbidden"},
+		{"evict a pod", func() error {
+			return agent1.CoreV1().Pods("kube-system").EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "coredns-1", Namespace: "kube-system"},
+				DeleteOptions: &metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}})
 		}, "forbidden"},
 	} {
 		err := tc.do()
