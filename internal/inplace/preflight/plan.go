@@ -475,7 +475,7 @@ func Read(ctx context.Context, opts PlanOptions) (*View, error) {
 		runtimes[n.Name], _ = nodefacts.ParseRuntime(n.Name, n.Status.NodeInfo.ContainerRuntimeVersion)
 	}
 	var mu sync.Mutex
-	opts.Log.Info("reading nodes over SSH", "nodes", len(tgts))
+	opts.Log.Info("reading the nodes", "nodes", len(tgts))
 	v.SSH = nodeaccess.ForEach(ctx, opts.Connector, tgts, opts.Parallel, func(ctx context.Context, t nodeaccess.Address, n nodeaccess.Node) error {
 		f, err := nodefacts.Read(ctx, n, t.Name, opts.StageDir, opts.Target.Version.String())
 		if err != nil {
