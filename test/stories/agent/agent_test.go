@@ -1,15 +1,17 @@
 // Package agent tests agent mode (--via agent, docs/agent-mode.md) on a
 // sandbox of its own (1 control plane, 3 workers, containerd): every
 // node's sshd is stopped before the bundle is imported, and the cluster
-// is planned and upgraded through the agents the run starts on its
-// nodes, one of them deleted, and one node's containerd restarted, in
-// the middle of the kubelet step. What the test reads of the nodes it
-// reads from the API while sshd is down.
+// is planned, upgraded, rolled back and resumed through the agents the
+// runs start on its nodes; one agent is deleted, and one node's
+// containerd restarted, in the middle of their kubelet steps, and the
+// admin process is killed. What the test reads of the nodes it reads
+// from the API while sshd is down.
 package agent
 
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -100,29 +102,55 @@ func nothingLeft(t *testing.T, after string) {
 	})
 }
 
-// The whole upgrade with no sshd on any node: plan and apply through the
-// agents; an agent's pod deleted, and another node's containerd
-// restarted, in their kubelet steps; every node at the target, no
-// container restarted, and the prober saw no request fail.
-func TestUpgradeWithoutSSH(t *testing.T) {
+// startApply starts apply over agents; the test's end stops it (by pid)
+// where the test has not waited for it. The channel says its exit.
+func startApply(t *testing.T, extra ...string) (*exec.Cmd, *strings.Builder, <-chan error) {
+	t.Helper()
+	flags, pw := agentFlags()
+	cmd, lines, err := h.StartLines(pw, append(append([]string{"apply", "--settle", "5s", "--lock-duration", "15s", "--restore-labels"}, flags...), extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// said is written until the program closes its standard error, and
+	// read once it has exited.
+	said := &strings.Builder{}
+	exited, done := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(done)
+		for l := range lines {
+			said.WriteString(l + "\n")
+		}
+		exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	return cmd, said, exited
+}
+
+// kill kills cmd (SIGKILL) and waits for it to end.
+func kill(t *testing.T, cmd *exec.Cmd, exited <-chan error) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+}
+
+// An apply killed (SIGKILL) right after it recorded the upgrade, before
+// the control plane moves, leaves its agents; a rollback over agents
+// (their image from the signed bundle, --key) takes them over and puts
+// the upgrade back, with nothing left behind.
+func TestKilledApplyRolledBackOverAgents(t *testing.T) {
 	ctx := context.Background()
 	stopSSH(t)
 	h.Import(t, h.HashSkipBundle)
 	before := containers(t)
-	targets, err := h.SB.ProbeTargets(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	probe, err := prober.Start(ctx, prober.Config{Targets: targets, Rate: 10, Streams: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			probe.Stop()
-		}
-	}()
 
 	flags, pw := agentFlags()
 	plan := h.Upgrade(t, pw, append([]string{"plan"}, flags...)...)
@@ -150,37 +178,67 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 	}
 	nothingLeft(t, "plan")
 
-	cmd, lines, err := h.StartLines(pw, append([]string{"apply", "--settle", "5s", "--lock-duration", "15s", "--restore-labels"}, flags...)...)
+	cmd, said, exited := startApply(t)
+	for recorded := false; !recorded; {
+		select {
+		case err := <-exited:
+			t.Fatalf("apply ended (%v) before it recorded the upgrade:\n%s", err, said.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		st, err := record.Read(ctx, h.Client)
+		recorded = err == nil && st != nil && st.To == h.SB.NewVersion
+	}
+	kill(t, cmd, exited)
+	pods, err := h.Client.CoreV1().Pods(agent.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("the killed run left no agents: %d pods, %v", len(pods.Items), err)
+	}
+	rb := h.Upgrade(t, "", "rollback", "--via", "agent", "--key", h.Key())
+	if rb.Code != 0 {
+		t.Fatalf("rollback --via agent: exit %d\n%s%s\nthe killed apply said:\n%s", rb.Code, rb.Stdout, rb.Stderr, said.String())
+	}
+	if st, err := record.Read(ctx, h.Client); err != nil || st == nil || st.State != record.StateRolledBack {
+		t.Fatalf("record after the rollback: %+v, %v", st, err)
+	}
+	nodesAt(t, h.SB.OldVersion, "rollback")
+	sameContainers(t, before, "rollback")
+	nothingLeft(t, "rollback")
+}
+
+// The whole upgrade with no sshd on any node, through agents: worker-1's
+// agent pod deleted, and worker-2's containerd restarted, in their
+// kubelet steps (the run makes the pod again and goes on); the admin
+// process killed once worker-2 is done, and apply run again to finish;
+// every node at the target, no container restarted, the prober saw no
+// request fail, and nothing is left.
+func TestUpgradeWithoutSSH(t *testing.T) {
+	ctx := context.Background()
+	stopSSH(t)
+	before := containers(t)
+	targets, err := h.SB.ProbeTargets(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var said strings.Builder
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for l := range lines {
-			said.WriteString(l + "\n")
+	probe, err := prober.Start(ctx, prober.Config{Targets: targets, Rate: 10, Streams: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			probe.Stop()
 		}
 	}()
-	waited := false
-	t.Cleanup(func() {
-		if !waited { // a failed check below: the run is stopped, by pid
-			_ = cmd.Process.Kill()
-			<-done
-			_ = cmd.Wait()
-		}
-	})
-	// worker-1's agent pod deleted, and worker-2's containerd
-	// restarted, once their kubelet step has begun; the run makes the
-	// pod again (another UID) while it waits for worker-1's answer.
-	deleted, revived, restarted := "", "", false
+
+	cmd, said, exited := startApply(t)
+	deleted, revived, restarted, killed := "", "", false, false
 	pods := h.Client.CoreV1().Pods(agent.Namespace)
 	podName := access.AgentPod("", "worker-1", "").Name
-	for ended := false; !ended; {
+	for !killed {
 		select {
-		case <-done:
-			ended = true
-			continue
+		case err := <-exited:
+			t.Fatalf("apply ended (%v) before worker-2 was done (agent pod deleted %q, made again %q, containerd restarted %v):\n%s",
+				err, deleted, revived, restarted, said.String())
 		case <-time.After(100 * time.Millisecond):
 		}
 		if deleted != "" && revived == "" {
@@ -193,11 +251,8 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 			continue
 		}
 		for _, n := range st.Nodes {
-			if n.Status != record.NodeUpgrading || n.Step != "kubelet" {
-				continue
-			}
 			switch {
-			case n.Name == "worker-1" && deleted == "":
+			case n.Name == "worker-1" && deleted == "" && n.Status == record.NodeUpgrading && n.Step == "kubelet":
 				p, err := pods.Get(ctx, podName, metav1.GetOptions{})
 				if err != nil {
 					t.Fatalf("worker-1 in its kubelet step has no agent pod: %v", err)
@@ -207,7 +262,7 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 				}
 				deleted = string(p.UID)
 				t.Logf("worker-1's agent pod %s deleted in its kubelet step", deleted)
-			case n.Name == "worker-2" && !restarted:
+			case n.Name == "worker-2" && !restarted && n.Status == record.NodeUpgrading && n.Step == "kubelet":
 				m, err := h.SB.Machine("worker-2")
 				if err != nil {
 					t.Fatal(err)
@@ -217,17 +272,25 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 				}
 				restarted = true
 				t.Log("worker-2's containerd restarted in its kubelet step")
+			case n.Name == "worker-2" && n.Status == record.NodeDone && !killed:
+				kill(t, cmd, exited)
+				killed = true
+				t.Log("apply killed (SIGKILL) once worker-2 was done")
 			}
 		}
-	}
-	waited = true
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("apply --via agent: %v\n%s", err, said.String())
 	}
 	if deleted == "" || revived == "" || !restarted {
 		t.Fatalf("the test saw no kubelet step to disturb (agent pod deleted %q, made again %q, containerd restarted %v)\n%s", deleted, revived, restarted, said.String())
 	}
-	res := probe.Stop()
+	if l, err := pods.List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) == 0 {
+		t.Fatalf("the killed run left no agents: %v", err)
+	}
+	flags, pw := agentFlags()
+	res := h.Upgrade(t, pw, append([]string{"apply", "--settle", "5s", "--lock-duration", "15s", "--restore-labels"}, flags...)...)
+	if res.Code != 0 {
+		t.Fatalf("apply --via agent after the kill: exit %d\n%s%s\nthe killed apply said:\n%s", res.Code, res.Stdout, res.Stderr, said.String())
+	}
+	pr := probe.Stop()
 	stopped = true
 
 	st, err := record.Read(ctx, h.Client)
@@ -236,7 +299,7 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 	}
 	nodesAt(t, h.SB.NewVersion, "apply")
 	sameContainers(t, before, "apply")
-	h.NoDisruption(t, res)
+	h.NoDisruption(t, pr)
 	nothingLeft(t, "apply")
 }
 
@@ -272,72 +335,4 @@ func sameContainers(t *testing.T, before map[string]string, after string) {
 			t.Errorf("container %s after %s: %s before, %q now", k, after, v, now[k])
 		}
 	}
-}
-
-// Over agents, with sshd stopped again: rollback (the agents' image from
-// the upgrade's record) puts every node back; an apply killed (SIGKILL)
-// mid-run leaves its agents, and the next apply takes them over and
-// finishes; no container restarted, nothing left.
-func TestRollbackAndResumeOverAgents(t *testing.T) {
-	ctx := context.Background()
-	st, err := record.Read(ctx, h.Client)
-	if err != nil || st == nil || st.State != record.StateComplete {
-		t.Fatalf("this test follows TestUpgradeWithoutSSH's complete upgrade; the record: %+v, %v", st, err)
-	}
-	stopSSH(t)
-	before := containers(t)
-	rb := h.Upgrade(t, "", "rollback", "--via", "agent", "--key", h.Key())
-	if rb.Code != 0 {
-		t.Fatalf("rollback --via agent: exit %d\n%s%s", rb.Code, rb.Stdout, rb.Stderr)
-	}
-	nodesAt(t, h.SB.OldVersion, "rollback")
-	sameContainers(t, before, "rollback")
-	nothingLeft(t, "rollback")
-
-	flags, pw := agentFlags()
-	cmd, stderr, err := h.Start(pw, append([]string{"apply", "--settle", "5s", "--lock-duration", "15s"}, flags...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	killed := false
-	t.Cleanup(func() {
-		if !killed {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	for !killed {
-		select {
-		case err := <-exited:
-			killed = true // it is gone: nothing to stop at the cleanup
-			t.Fatalf("apply ended (%v) before worker-1 was done:\n%s", err, stderr.String())
-		case <-time.After(100 * time.Millisecond):
-		}
-		st, err := record.Read(ctx, h.Client)
-		if err != nil || st == nil || st.To != h.SB.NewVersion || st.State == record.StateRolledBack {
-			continue
-		}
-		for _, n := range st.Nodes {
-			if n.Name == "worker-1" && n.Status == record.NodeDone && !killed {
-				if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-					t.Fatal(err)
-				}
-				<-exited
-				killed = true
-			}
-		}
-	}
-	pods, err := h.Client.CoreV1().Pods(agent.Namespace).List(ctx, metav1.ListOptions{})
-	if err != nil || len(pods.Items) == 0 {
-		t.Fatalf("the killed run left no agents: %d pods, %v", len(pods.Items), err)
-	}
-	res := h.Upgrade(t, pw, append([]string{"apply", "--settle", "5s", "--lock-duration", "15s"}, flags...)...)
-	if res.Code != 0 {
-		t.Fatalf("apply --via agent after the kill: exit %d\n%s%s", res.Code, res.Stdout, res.Stderr)
-	}
-	nodesAt(t, h.SB.NewVersion, "the resumed apply")
-	sameContainers(t, before, "the resumed apply")
-	nothingLeft(t, "the resumed apply")
 }
