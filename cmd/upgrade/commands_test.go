@@ -53,6 +53,9 @@ func TestApplyFlags(t *testing.T) {
 		{[]string{"--to", "v1.31.4", "--etcd-snapshot-repo", "registry.corp:5000/Backups:latest"}, `--etcd-snapshot-repo "registry.corp:5000/Backups:latest"`},
 		{[]string{"--to", "v1.31.4", "--skip-etcd-backup", "--etcd-snapshot-repo", "registry.corp:5000/backups/etcd"}, "--etcd-snapshot-repo with --skip-etcd-backup"},
 		{[]string{"--to", "v1.31.4", "--etcd-snapshot-dir", "/srv/keep", "--skip-etcd-backup"}, "--etcd-snapshot-dir with --skip-etcd-backup"},
+		{[]string{"--to", "v1.31.4", "--via", "agent", "--etcd-snapshot-dir", "/srv/keep"}, "--etcd-snapshot-dir and --etcd-snapshot-repo with --via agent"},
+		{[]string{"--to", "v1.31.4", "--via", "agent", "--etcd-snapshot-repo", "registry.corp:5000/backups/etcd"}, "agent mode keeps the etcd snapshot on its node"},
+		{[]string{"--to", "v1.31.4", "--via", "tunnel"}, `staging path "tunnel"`},
 		{[]string{"--to", "v1.31.4", "-o", "yaml"}, "yaml"},
 		// A lock renewed every third of 2ns panics; one under a second
 		// is a Lease of 0 seconds, taken over at once.

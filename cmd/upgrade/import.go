@@ -90,6 +90,11 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 			for _, f := range []string{"inventory", "ssh-key", "known-hosts", "ssh-jump"} {
 				opts.Stage = opts.Stage || cmd.Flags().Changed(f)
 			}
+			// Through agents, the nodes need no SSH flag to be staged.
+			opts.Stage = opts.Stage || opts.Path.Via == viaAgent
+			if opts.Stage && opts.SkipBinaries && opts.Path.Via == viaAgent {
+				return cli.Usagef("--via agent with --skip-binaries: through agents, nodes pull their files from the registry, where --skip-binaries does not push them")
+			}
 			if err := opts.Registry.Validate(); err != nil {
 				return err
 			}
@@ -123,9 +128,6 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	}
 	if err := opts.Path.check(); err != nil {
 		return err
-	}
-	if opts.Stage && opts.SkipBinaries && opts.Path.Via == viaAgent {
-		return cli.Usagef("--via agent with --skip-binaries: through agents, nodes pull their files from the registry, where --skip-binaries does not push them")
 	}
 	trust, err := opts.Trust.Trust()
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -99,5 +100,37 @@ func TestViaFlags(t *testing.T) {
 		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.f, err, tc.want)
 		}
+	}
+}
+
+// Agent mode keeps the etcd snapshot on its node and stages from the
+// registry; SSH's path keeps a copy here and stages as --via says.
+func TestAgentModeSnapshotAndStaging(t *testing.T) {
+	var got *applyOptions
+	mk := func(s *cli.IO) *cobra.Command {
+		return newCmdApply(s, func(_ context.Context, o *applyOptions) error { got = o; return nil })
+	}
+	if err := parse(t, mk, "--to", "v1.31.4", "--via", "agent", "--cache-dir", "/srv/cache"); err != nil {
+		t.Fatal(err)
+	}
+	if s := snapshots(got, registry.Access{}); s.Dir != "" || s.Repository != "" {
+		t.Errorf("agent mode's snapshots %+v, want none kept off the node", s)
+	}
+	if v := got.Path.stageVia(); v != "registry" {
+		t.Errorf("agent mode stages via %q, want registry", v)
+	}
+	if err := parse(t, mk, "--to", "v1.31.4", "--via", "ssh", "--cache-dir", "/srv/cache"); err != nil {
+		t.Fatal(err)
+	}
+	if s := snapshots(got, registry.Access{}); s.Dir != "/srv/cache/etcd-snapshots" || got.Path.stageVia() != "ssh" {
+		t.Errorf("SSH's snapshots %+v, staging %q", s, got.Path.stageVia())
+	}
+	stage := func(s *cli.IO) *cobra.Command { return newCmdStage(s, nil) }
+	if err := parse(t, stage, "--via", "agent", "--key", "k.pub", "bundle.run"); err == nil || !strings.Contains(err.Error(), "--via agent with a bundle FILE") {
+		t.Errorf("stage --via agent FILE: %v", err)
+	}
+	imp := func(s *cli.IO) *cobra.Command { return newCmdImport(s, nil) }
+	if err := parse(t, imp, "bundle.run", "--via", "agent", "--skip-binaries", "--domain", "r.local:5000", "--key", "k.pub"); err == nil || !strings.Contains(err.Error(), "--via agent with --skip-binaries") {
+		t.Errorf("import --via agent --skip-binaries --stage: %v", err)
 	}
 }

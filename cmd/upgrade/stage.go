@@ -81,6 +81,9 @@ named, the others are staged, and the exit code is 1.`,
 			if opts.Bundle == "" && opts.Cluster.To == "" {
 				return cli.Usagef("--to VERSION is required (or a bundle FILE)")
 			}
+			if opts.Bundle != "" && opts.Path.Via == viaAgent {
+				return cli.Usagef("--via agent with a bundle FILE: through agents, nodes pull their files from the registry (stage --to VERSION)")
+			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
@@ -112,9 +115,6 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 	var target *release.Release
 	var source stage.Source
 	var access registry.Access
-	if opts.Bundle != "" && opts.Path.Via == viaAgent {
-		return cli.Usagef("--via agent with a bundle FILE: through agents, nodes pull their files from the registry (stage --to VERSION)")
-	}
 	if opts.Bundle != "" {
 		trust, err := opts.Cluster.Trust.Trust()
 		if err != nil {
