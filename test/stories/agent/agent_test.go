@@ -10,6 +10,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -301,6 +302,24 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 	sameContainers(t, before, "apply")
 	h.NoDisruption(t, pr)
 	nothingLeft(t, "apply")
+
+	// compat cleanup over agents reads every node's hash-skip file and
+	// containers (a dry run: it removes nothing).
+	cl := h.Upgrade(t, "", "compat", "cleanup", "--via", "agent", "--key", h.Key(), "--dry-run", "-o", "json")
+	var nodes []struct {
+		Node  string `json:"node"`
+		File  bool   `json:"file"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(cl.Stdout), &nodes); cl.Code != 0 || err != nil || len(nodes) != len(h.SB.Nodes()) {
+		t.Fatalf("compat cleanup --via agent --dry-run: exit %d, %v\n%s%s", cl.Code, err, cl.Stdout, cl.Stderr)
+	}
+	for _, n := range nodes {
+		if !n.File || n.Error != "" {
+			t.Errorf("compat cleanup over agents on %s: %+v, want the hash-skip file apply wrote read through the agent", n.Node, n)
+		}
+	}
+	nothingLeft(t, "compat cleanup")
 }
 
 // nodesAt checks every node's kubelet is at version and none is left
