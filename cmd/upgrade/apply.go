@@ -206,6 +206,7 @@ func applyRun(ctx context.Context, opts *applyOptions) (err error) {
 		}
 		selector = sel
 	}
+	opts.holder = upgradelock.NewHolder()
 	po, err := opts.Engine(ctx)
 	defer opts.reached.stop(ctx, &err)
 	if err != nil {
@@ -224,7 +225,7 @@ func applyRun(ctx context.Context, opts *applyOptions) (err error) {
 	start := time.Now()
 	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
 		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
-		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun, Locked: opts.reached.adopt,
+		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun, Holder: opts.holder, Locked: opts.reached.adopt,
 		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
 		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,
 	})
@@ -284,7 +285,7 @@ func hooks(pre, post string, out io.Writer) func(ctx context.Context, phase, nod
 func printApply(w io.Writer, res *inplace.ApplyResult, dry bool, took time.Duration) {
 	switch {
 	case dry && res.Plan != nil:
-		printPlan(w, res.Plan)
+		printPlan(w, res.Plan, nil)
 		fmt.Fprintln(w)
 		printActions(w, res.DryRun)
 		return

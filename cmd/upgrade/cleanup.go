@@ -73,7 +73,7 @@ func cleanupRun(ctx context.Context, opts *cleanupOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	r, err := opts.Agent.reach(ctx, client, &opts.Nodes)
+	r, err := opts.Agent.reach(ctx, client, &opts.Nodes, "")
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubelift/kubelift/internal/agent"
+	agentaccess "github.com/kubelift/kubelift/internal/agent/access"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
@@ -42,6 +44,9 @@ type planOptions struct {
 	Engine func(context.Context) (*preflight.PlanOptions, error)
 	// reached is how engine reached the nodes (stopped at the end).
 	reached *reached
+	// holder is apply's name as the lock's holder ("" for plan): its
+	// agents' run id.
+	holder string
 }
 
 func newCmdPlan(s *cli.IO, runF func(context.Context, *planOptions) error) *cobra.Command {
@@ -142,7 +147,7 @@ func (opts *planOptions) engine(ctx context.Context) (*preflight.PlanOptions, er
 	if err := opts.Path.check(); err != nil {
 		return nil, err
 	}
-	r, err := reachForRelease(ctx, opts.Path.Via, &opts.Nodes, client, target, access, opts.Registry.Domain)
+	r, err := reachForRelease(ctx, opts.Path.Via, &opts.Nodes, client, target, access, opts.Registry.Domain, agentaccess.RunOfHolder(opts.holder))
 	if err != nil {
 		return nil, err
 	}
@@ -166,13 +171,18 @@ func planRun(ctx context.Context, opts *planOptions) (err error) {
 	}
 	plan, err := inplace.BuildPlan(ctx, *po)
 	if plan != nil {
-		plan.Agents = opts.reached.made()
+		agents := opts.reached.made()
 		if asJSON {
-			if perr := cli.PrintJSON(opts.IO.Out, plan); perr != nil {
+			// The plan, and what agent mode makes for the run.
+			out := struct {
+				*preflight.Plan
+				Agents []agent.Made `json:"agents,omitempty"`
+			}{plan, agents}
+			if perr := cli.PrintJSON(opts.IO.Out, out); perr != nil {
 				return perr
 			}
 		} else {
-			printPlan(opts.IO.Out, plan)
+			printPlan(opts.IO.Out, plan, agents)
 		}
 	}
 	if errors.Is(err, preflight.ErrBlocked) {
@@ -187,7 +197,7 @@ func planRun(ctx context.Context, opts *planOptions) (err error) {
 	return err
 }
 
-func printPlan(w io.Writer, p *preflight.Plan) {
+func printPlan(w io.Writer, p *preflight.Plan, agents []agent.Made) {
 	fmt.Fprintf(w, "Upgrade to %s (from %s), control plane: %s\n", p.To, strings.Join(p.From, ", "), p.ControlPlane)
 	if len(p.Hops) > 0 {
 		fmt.Fprintf(w, "The control plane passes through %s; kubelets go straight to %s.\n", strings.Join(p.Hops, ", "), p.To)
@@ -231,10 +241,10 @@ func printPlan(w io.Writer, p *preflight.Plan) {
 	if len(p.WorkloadGate) > 0 {
 		fmt.Fprintf(w, "\nWorkload gate: %d workloads are fully available now; after each node, those with a pod on it must be again within the health window:\n  %s\n", len(p.WorkloadGate), strings.Join(p.WorkloadGate, "\n  "))
 	}
-	if len(p.Agents) > 0 {
+	if len(agents) > 0 {
 		fmt.Fprintln(w, "\nAgent mode (--via agent) makes in the cluster; the admin needs no SSH key:")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		for _, m := range p.Agents {
+		for _, m := range agents {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\n", m.Kind, m.Name, m.What)
 		}
 		tw.Flush()

@@ -69,7 +69,7 @@ func (unreachable) Dial(_ context.Context, t nodeaccess.Address) (nodeaccess.Nod
 func TestPrintPlanSaysTheCoreDNSMove(t *testing.T) {
 	var b bytes.Buffer
 	printPlan(&b, &preflight.Plan{To: "v1.31.4", CoreDNS: &coredns.Planned{From: "1.7.1", To: "1.8.0", Image: "reg/coredns:1.8.0",
-		MigratesCorefile: true, Notices: []string{`Option "transfer" in plugin "kubernetes" is removed in 1.8.0.`}}})
+		MigratesCorefile: true, Notices: []string{`Option "transfer" in plugin "kubernetes" is removed in 1.8.0.`}}}, nil)
 	if want := `CoreDNS: 1.7.1 to 1.8.0 (reg/coredns:1.8.0) after the control plane, before the kubelets, every new replica serving before an old one leaves its Services; its Corefile migrated (Option "transfer" in plugin "kubernetes" is removed in 1.8.0.).`; !strings.Contains(b.String(), want) {
 		t.Errorf("plan output lacks %q:\n%s", want, b.String())
 	}
@@ -79,7 +79,7 @@ func TestPrintPlanSaysTheCoreDNSMove(t *testing.T) {
 // when.
 func TestPrintPlanSaysTheEtcdMove(t *testing.T) {
 	var b bytes.Buffer
-	printPlan(&b, &preflight.Plan{To: "v1.31.14", Etcd: &etcd.Planned{From: "v3.5.35", To: "v3.6.16", Nodes: []string{"cp-1", "cp-2", "cp-3"}}})
+	printPlan(&b, &preflight.Plan{To: "v1.31.14", Etcd: &etcd.Planned{From: "v3.5.35", To: "v3.6.16", Nodes: []string{"cp-1", "cp-2", "cp-3"}}}, nil)
 	if want := "etcd: v3.5.35 to v3.6.16 on cp-1, cp-2, cp-3 before the control plane, after a snapshot kept off its node: one member at a time, the leader last"; !strings.Contains(b.String(), want) {
 		t.Errorf("plan output lacks %q:\n%s", want, b.String())
 	}

@@ -12,10 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/agent/access"
 	"github.com/kubelift/kubelift/internal/agent/image"
 	"github.com/kubelift/kubelift/internal/cli"
-	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -41,7 +41,7 @@ type reached struct {
 
 // made is what agent mode makes in the cluster for the run (nil over
 // SSH).
-func (r *reached) made() []preflight.Made {
+func (r *reached) made() []agent.Made {
 	if r == nil || r.Agent == "" {
 		return nil
 	}
@@ -68,7 +68,7 @@ func reachSSH(nf *cli.NodeFlags) (*reached, error) {
 
 // reachAgents starts an agent from img on every node of the cluster (the
 // inventory, when given, only names nodes' roles: no SSH is used).
-func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags, img string) (*reached, error) {
+func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags, run, img string) (*reached, error) {
 	inv := &nodeaccess.Inventory{}
 	if nf.Inventory != "" {
 		var err error
@@ -87,19 +87,23 @@ func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeF
 		}
 		names = append(names, n.Name)
 	}
-	c, err := access.Start(ctx, client, img, names)
+	if run == "" {
+		run = access.NewRunID()
+	}
+	c, err := access.Start(ctx, client, run, img, names)
 	if err != nil {
 		return nil, err
 	}
 	return &reached{Connector: c, Inventory: inv, Agent: img, agents: c, nodes: len(names)}, nil
 }
 
-// reachForRelease reaches the nodes for a run to target: over SSH, or
+// reachForRelease reaches the nodes for a run to target (run: its id,
+// "" for a new one): over SSH, or
 // with via "agent" through agents from the target's agent image, which
 // must be in the registry first (nothing is made in the cluster when it
 // is not: the plan is blocked).
 func reachForRelease(ctx context.Context, via string, nf *cli.NodeFlags, client kubernetes.Interface, target *release.Release,
-	acc registry.Access, domain string) (*reached, error) {
+	acc registry.Access, domain, run string) (*reached, error) {
 	if via != viaAgent {
 		return reachSSH(nf)
 	}
@@ -107,7 +111,7 @@ func reachForRelease(ctx context.Context, via string, nf *cli.NodeFlags, client 
 	if err != nil {
 		return nil, &cli.CodeError{Code: cli.ExitBlocked, Err: fmt.Errorf("agent mode: %w", err)}
 	}
-	return reachAgents(ctx, client, nf, img)
+	return reachAgents(ctx, client, nf, run, img)
 }
 
 // agentImage is target's agent image, checked in the registry by digest.
@@ -171,7 +175,7 @@ func (f *agentFlags) check() error {
 // or the agent image of the upgrade's version: the one its signed
 // bundle names (verified with --key), where import pushed it (the
 // record is not signed: nothing it says alone picks the image).
-func (f *agentFlags) reach(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags) (*reached, error) {
+func (f *agentFlags) reach(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags, run string) (*reached, error) {
 	if f.Via != viaAgent {
 		return reachSSH(nf)
 	}
@@ -196,16 +200,16 @@ func (f *agentFlags) reach(ctx context.Context, client kubernetes.Interface, nf 
 			return nil, fmt.Errorf("--via agent: %w (or pass --agent-image)", err)
 		}
 	}
-	return reachAgents(ctx, client, nf, img)
+	return reachAgents(ctx, client, nf, run, img)
 }
 
-// adopt, for a run that holds the upgrade's lock, takes over what agent
-// mode's runs that stopped left (nothing over SSH).
-func (r *reached) adopt(ctx context.Context) error {
+// adopt, for a run that took over the upgrade's lock from takenOver,
+// takes over what that run's agents left (nothing over SSH).
+func (r *reached) adopt(ctx context.Context, takenOver string) error {
 	if r == nil || r.agents == nil {
 		return nil
 	}
-	return r.agents.Adopt(ctx)
+	return r.agents.Adopt(ctx, access.RunOfHolder(takenOver))
 }
 
 // agent is the agents' image, "" over SSH.

@@ -48,7 +48,7 @@ func TestReachAgents(t *testing.T) {
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-1"}}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}})
 	ctx := context.Background()
 
-	_, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain)
+	_, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain, "")
 	var ce *cli.CodeError
 	if !errors.As(err, &ce) || ce.Code != cli.ExitBlocked || !strings.Contains(err.Error(), "is not in the registry") {
 		t.Fatalf("an agent image missing from the registry: %v, want exit %d", err, cli.ExitBlocked)
@@ -63,7 +63,7 @@ func TestReachAgents(t *testing.T) {
 	if err := remote.Write(pushed, img); err != nil {
 		t.Fatal(err)
 	}
-	r, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain)
+	r, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain, "")
 	if err != nil {
 		t.Fatal(err)
 	}

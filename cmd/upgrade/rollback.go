@@ -7,11 +7,13 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubelift/kubelift/internal/agent/access"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 )
 
 type rollbackOptions struct {
@@ -83,7 +85,10 @@ func rollbackRun(ctx context.Context, opts *rollbackOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	r, err := opts.Agent.reach(ctx, client, &opts.Nodes)
+	// The lock's holder names the agents' run: the next holder, taking
+	// the lock over from a run that stopped, takes its agents over.
+	holder := upgradelock.NewHolder()
+	r, err := opts.Agent.reach(ctx, client, &opts.Nodes, access.RunOfHolder(holder))
 	if err != nil {
 		return err
 	}
@@ -91,7 +96,7 @@ func rollbackRun(ctx context.Context, opts *rollbackOptions) (err error) {
 	res, err := inplace.Rollback(ctx, inplace.ApplyOptions{
 		Plan: preflight.PlanOptions{Client: client, REST: cfg, Catalog: cat, Connector: r.Connector, Inventory: r.Inventory, Parallel: opts.Nodes.Parallel,
 			HealthWindow: opts.HealthWindow, Log: opts.IO.Logger(opts.Quiet)},
-		BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun, Locked: r.adopt})
+		BackupDir: opts.BackupDir, ReadyTimeout: opts.ReadyTimeout, DryRun: opts.DryRun, Holder: holder, Locked: r.adopt})
 	switch {
 	case res != nil && opts.DryRun:
 		printActions(opts.IO.Out, res.DryRun)

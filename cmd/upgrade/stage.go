@@ -159,7 +159,7 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 // registry their image is in).
 func stageNodes(ctx context.Context, s *cli.IO, client kubernetes.Interface, nf *cli.NodeFlags, target *release.Release, source stage.Source,
 	stageDir, cacheDir string, path stagePath, acc registry.Access, domain string, quiet bool) (_ *stage.Result, err error) {
-	r, err := reachForRelease(ctx, path.Via, nf, client, target, acc, domain)
+	r, err := reachForRelease(ctx, path.Via, nf, client, target, acc, domain, "")
 	if err != nil {
 		return nil, err
 	}

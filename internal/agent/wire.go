@@ -259,3 +259,15 @@ func (res *Result) Err() error {
 	}
 	return &nodeaccess.ExitError{Code: res.Exit, Stderr: res.Stderr}
 }
+
+// Made is an object agent mode makes in the cluster for a run, as plan
+// lists it: its kind, its name, and what it is for or allows.
+type Made struct {
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	What string `json:"what"`
+}
+
+// ValidRun says whether run can name a run's requests (NewRunID's, or a
+// lock holder's random part).
+func ValidRun(run string) bool { return runRE.MatchString(run) }

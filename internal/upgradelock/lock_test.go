@@ -344,3 +344,26 @@ func TestARenewalWhoseAnswerWasLostKeepsTheLock(t *testing.T) {
 		t.Errorf("released another's lease: held by %s", deref(got.Spec.HolderIdentity))
 	}
 }
+
+// Take runs its then once the lock is held, with the held context; a
+// then that fails leaves nothing held: the next run takes the lock at
+// once.
+func TestTakeRunsThenUnderTheLock(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	log := slog.New(slog.DiscardHandler)
+	ran := false
+	_, _, _, err := Take(ctx, c, "admin-1_aaaa", MinDuration, nil, log, func(ctx context.Context, _ string) error {
+		l, err := c.CoordinationV1().Leases("kube-system").Get(ctx, Name, metav1.GetOptions{})
+		ran = err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == "admin-1_aaaa"
+		return errors.New("adopt failed")
+	})
+	if err == nil || err.Error() != "adopt failed" || !ran {
+		t.Fatalf("Take with a failing then: %v (ran under the lock: %v)", err, ran)
+	}
+	lock, _, stop, err := Take(ctx, c, "admin-2_bbbb", MinDuration, nil, log, nil)
+	if err != nil || lock.TakenOver != "" {
+		t.Fatalf("the next run, after a then that failed: %v %+v", err, lock)
+	}
+	stop()
+}

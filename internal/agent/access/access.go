@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,12 +58,13 @@ type Connector struct {
 }
 
 // Start makes what agent mode needs in the cluster (Setup) and starts an
-// agent on each of nodes, for a run of its own; Stop ends it.
-func Start(ctx context.Context, client kubernetes.Interface, image string, nodes []string) (*Connector, error) {
+// agent on each of nodes, for run (NewRunID, or RunOfHolder for a run
+// that takes the upgrade's lock); Stop ends it.
+func Start(ctx context.Context, client kubernetes.Interface, run, image string, nodes []string) (*Connector, error) {
 	if err := Setup(ctx, client); err != nil {
 		return nil, fmt.Errorf("agent mode: %w", err)
 	}
-	c := &Connector{Client: client, Run: NewRunID(), Image: image}
+	c := &Connector{Client: client, Run: run, Image: image}
 	if err := c.EnsureAgents(ctx, image, nodes); err != nil {
 		return nil, errors.Join(err, c.Stop(ctx))
 	}
@@ -82,6 +84,17 @@ func NewRunID() string {
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// RunOfHolder is the run id of the run that holds, or held, the
+// upgrade's lock as holder (upgradelock.NewHolder: HOST_HEX): its random
+// part, so that the next holder, taking over the lock of a run that
+// stopped, knows which run's agents and requests it takes over.
+func RunOfHolder(holder string) string {
+	if i := strings.LastIndexByte(holder, '_'); i >= 0 && agent.ValidRun(holder[i+1:]) {
+		return holder[i+1:]
+	}
+	return ""
 }
 
 // Dial returns the node t names, reached through its agent, once that

@@ -207,3 +207,13 @@ func TestUpload(t *testing.T) {
 		t.Error("the file over the bound was written")
 	}
 }
+
+// A run that takes the upgrade's lock names its agents' requests after
+// the lock's holder, so that the next holder knows whose to take over.
+func TestRunOfHolder(t *testing.T) {
+	for holder, want := range map[string]string{"admin-vm_51fca777e552": "51fca777e552", "kubelift_0a1b2c3d4e5f": "0a1b2c3d4e5f", "nounderscore": "", "": "", "host_NOT-a-run!": ""} {
+		if got := RunOfHolder(holder); got != want {
+			t.Errorf("RunOfHolder(%q) = %q, want %q", holder, got, want)
+		}
+	}
+}

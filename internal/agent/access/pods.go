@@ -97,47 +97,50 @@ func (c *Connector) RemoveAgents(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Adopt takes over what runs that stopped left, for a run that holds the
-// upgrade's lock (no other apply or rollback runs): their agents' pods
-// become this run's (deleted at its end), or are deleted where they run
-// another image, and their step requests are deleted (an answer may hold
-// what a step printed; a request never answered is not to run later).
-func (c *Connector) Adopt(ctx context.Context) error {
+// Adopt takes over what run, one that stopped, left: for a run that
+// took over the upgrade's lock from it (RunOfHolder of the lock's
+// TakenOver; nothing when ""). Its agents' pods become this run's
+// (deleted at its end), or are deleted where they run another image, and
+// its step requests are deleted (an answer may hold what a step printed;
+// a request never answered is not to run later). Other runs' (a plan
+// beside this run) are left alone.
+func (c *Connector) Adopt(ctx context.Context, run string) error {
+	if run == "" || run == c.Run {
+		return nil
+	}
+	sel := labels.SelectorFromSet(labels.Set{agent.LabelRun: run}).String()
 	pods := c.Client.CoreV1().Pods(agent.Namespace)
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{LabelApp: appName}).String()})
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
-		return fmt.Errorf("listing the agents' pods in %s: %w", agent.Namespace, err)
+		return fmt.Errorf("listing the agents' pods of run %s in %s: %w", run, agent.Namespace, err)
 	}
 	var errs []error
 	for _, p := range list.Items {
-		switch {
-		case p.Labels[agent.LabelRun] == c.Run:
-		case c.Image != "" && (len(p.Spec.Containers) != 1 || p.Spec.Containers[0].Image != c.Image):
+		if p.Labels[LabelApp] != appName {
+			continue
+		}
+		if c.Image != "" && (len(p.Spec.Containers) != 1 || p.Spec.Containers[0].Image != c.Image) {
 			if err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, fmt.Errorf("deleting agent pod %s/%s of another image: %w", agent.Namespace, p.Name, err))
 			}
-		default:
-			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, agent.LabelRun, c.Run)
-			if _, err := pods.Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				errs = append(errs, fmt.Errorf("taking over agent pod %s/%s: %w", agent.Namespace, p.Name, err))
-			}
+			continue
+		}
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, agent.LabelRun, c.Run)
+		if _, err := pods.Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("taking over agent pod %s/%s: %w", agent.Namespace, p.Name, err))
 		}
 	}
 	secrets := c.Client.CoreV1().Secrets(agent.Namespace)
-	sel, err := labels.Parse(agent.LabelRun + "," + agent.LabelRun + "!=" + c.Run)
+	old, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
-		return err
-	}
-	old, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
-	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("listing step requests of earlier runs in %s: %w", agent.Namespace, err))...)
+		return errors.Join(append(errs, fmt.Errorf("listing step requests of run %s in %s: %w", run, agent.Namespace, err))...)
 	}
 	for _, s := range old.Items {
 		if s.Type != agent.SecretType {
 			continue
 		}
 		if err := secrets.Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("deleting step request %s/%s of an earlier run: %w", agent.Namespace, s.Name, err))
+			errs = append(errs, fmt.Errorf("deleting step request %s/%s of run %s: %w", agent.Namespace, s.Name, run, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -236,6 +239,12 @@ func (c *Connector) revive(ctx context.Context, node string) (*corev1.Pod, error
 		return nil, fmt.Errorf("reading its agent's pod %s/%s: %w", agent.Namespace, want.Name, err)
 	case p.DeletionTimestamp != nil:
 		return nil, nil
+	case len(p.Spec.Containers) != 1 || p.Spec.Containers[0].Image != c.Image:
+		// Another run's agent, of another release: never this run's
+		// steps (its scripts are its own); that run deletes it at its
+		// end, or the next holder of the lock replaces it.
+		return nil, waiter.Stop(fmt.Errorf("its agent's pod %s/%s runs another image than this run's %s (run %s's): wait for that run to end",
+			agent.Namespace, p.Name, c.Image, p.Labels[agent.LabelRun]))
 	case p.Status.Phase == corev1.PodFailed && c.replacedOnce(node):
 		return p, nil // failed again once replaced: the caller says why
 	case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:

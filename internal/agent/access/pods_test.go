@@ -60,23 +60,20 @@ func TestEnsureAndRemoveAgents(t *testing.T) {
 	}
 }
 
-// setPod sets the status of node's agent pod once it exists.
-func setPod(t *testing.T, cs *fake.Clientset, status corev1.PodStatus) {
-	t.Helper()
+// setPod sets the status of node's agent pod once it exists (its
+// failures show in the test's own checks: it runs in a goroutine that may
+// outlive the test, so it reports nothing through t).
+func setPod(_ *testing.T, cs *fake.Clientset, status corev1.PodStatus) {
 	pods := cs.CoreV1().Pods(agent.Namespace)
 	name := AgentPod("", "worker-1", "").Name
 	for i := 0; i < 500; i++ {
-		p, err := pods.Get(context.Background(), name, metav1.GetOptions{})
-		if err == nil {
+		if p, err := pods.Get(context.Background(), name, metav1.GetOptions{}); err == nil {
 			p.Status = status
-			if _, err := pods.UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-				t.Error(err)
-			}
+			_, _ = pods.UpdateStatus(context.Background(), p, metav1.UpdateOptions{})
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Error("no agent pod was made")
 }
 
 // Dial makes the node's agent pod and waits for it to run; a pod whose
@@ -194,46 +191,71 @@ func TestEndedAgentReplacedOnce(t *testing.T) {
 	}
 }
 
-// A run holding the lock takes over the agents a stopped run left (and
-// deletes them at its end), replaces those of another image, and deletes
-// the stopped run's requests; a run's end leaves another run's agents.
+// A run that took the lock over from a stopped run takes over that
+// run's agents (and deletes them at its end), replaces those of another
+// image, and deletes its requests; a plan's beside it stay, and a run's
+// end leaves another run's agents.
 func TestAdopt(t *testing.T) {
 	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	ctx := context.Background()
 	cs := fake.NewClientset()
 	pods := cs.CoreV1().Pods(agent.Namespace)
-	for _, p := range []*corev1.Pod{AgentPod("old", "worker-1", img), AgentPod("old", "worker-2", "registry.local:5000/library/kubelift-agent@sha256:"+strings.Repeat("9", 64))} {
+	for _, p := range []*corev1.Pod{AgentPod("dead", "worker-1", img), AgentPod("dead", "worker-2", "registry.local:5000/library/kubelift-agent@sha256:"+strings.Repeat("9", 64)),
+		AgentPod("plan", "worker-3", img)} {
 		if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r, _ := agent.NewRequest("old", "worker-1", 1, nodescript.Exists.Command("/"), nil, time.Minute)
-	s, _ := r.Secret()
-	if _, err := cs.CoreV1().Secrets(agent.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	plan := &Connector{Client: cs, Run: "plan", Image: img}
-	if err := plan.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if l, _ := pods.List(ctx, metav1.ListOptions{}); len(l.Items) != 2 {
-		t.Fatalf("another run's end deleted agents: %d left", len(l.Items))
+	for _, run := range []string{"dead", "plan"} {
+		r, _ := agent.NewRequest(run, "worker-1", 1, nodescript.Exists.Command("/"), nil, time.Minute)
+		s, _ := r.Secret()
+		if _, err := cs.CoreV1().Secrets(agent.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c := &Connector{Client: cs, Run: "new", Image: img}
-	if err := c.Adopt(ctx); err != nil {
+	if err := c.Adopt(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
-	l, _ := pods.List(ctx, metav1.ListOptions{})
-	if len(l.Items) != 1 || l.Items[0].Spec.NodeName != "worker-1" || l.Items[0].Labels[agent.LabelRun] != "new" {
-		t.Fatalf("after adopt: %+v", l.Items)
+	if l, _ := pods.List(ctx, metav1.ListOptions{}); len(l.Items) != 3 {
+		t.Fatalf("a lock taken from nobody adopted: %d pods left", len(l.Items))
 	}
-	if l, _ := cs.CoreV1().Secrets(agent.Namespace).List(ctx, metav1.ListOptions{}); len(l.Items) != 0 {
-		t.Errorf("%d requests of the stopped run left", len(l.Items))
+	if err := c.Adopt(ctx, "dead"); err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string]string{}
+	l, _ := pods.List(ctx, metav1.ListOptions{})
+	for _, p := range l.Items {
+		runs[p.Spec.NodeName] = p.Labels[agent.LabelRun]
+	}
+	if len(runs) != 2 || runs["worker-1"] != "new" || runs["worker-3"] != "plan" {
+		t.Fatalf("after adopting the dead run's agents: %v", runs)
+	}
+	secrets, _ := cs.CoreV1().Secrets(agent.Namespace).List(ctx, metav1.ListOptions{})
+	if len(secrets.Items) != 1 || secrets.Items[0].Labels[agent.LabelRun] != "plan" {
+		t.Errorf("requests after adopt: %d, want the plan's alone", len(secrets.Items))
 	}
 	if err := c.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if l, _ := pods.List(ctx, metav1.ListOptions{}); len(l.Items) != 0 {
-		t.Errorf("%d agents left after the adopting run's end", len(l.Items))
+	if l, _ := pods.List(ctx, metav1.ListOptions{}); len(l.Items) != 1 || l.Items[0].Labels[agent.LabelRun] != "plan" {
+		t.Errorf("after the adopting run's end: %d agents, want the plan's alone", len(l.Items))
+	}
+}
+
+// A node's agent of another image (another run's, another release) is
+// never used: the dial fails, naming that run.
+func TestAnotherImagesAgentRefused(t *testing.T) {
+	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	p := AgentPod("other", "worker-1", "registry.local:5000/library/kubelift-agent@sha256:"+strings.Repeat("9", 64))
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}}
+	if _, err := cs.CoreV1().Pods(agent.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := &Connector{Client: cs, Run: "r1", Image: img, Poll: 10 * time.Millisecond, Ready: 5 * time.Second}
+	if _, err := c.Dial(ctx, nodeaccess.Address{Name: "worker-1"}); err == nil || !strings.Contains(err.Error(), "runs another image than this run's") || !strings.Contains(err.Error(), "run other's") {
+		t.Fatalf("another image's agent: %v", err)
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/agent"
-	"github.com/kubelift/kubelift/internal/inplace/preflight"
 )
 
 // Policy is the admission policy that keeps each agent to its own node's
@@ -41,9 +40,9 @@ var policyValidations = []struct{ expression, message string }{
 // Made is what agent mode makes in the cluster for a run from image on
 // nodes nodes, as plan lists it (Setup's objects, kept between runs;
 // the pods and requests, deleted at the run's end).
-func Made(image string, nodes int) []preflight.Made {
+func Made(image string, nodes int) []agent.Made {
 	ns := agent.Namespace + "/"
-	return []preflight.Made{
+	return []agent.Made{
 		{Kind: "Namespace", Name: agent.Namespace, What: "Pod Security enforce=privileged: the agents' pods are privileged (kept)"},
 		{Kind: "ValidatingAdmissionPolicy", Name: Policy, What: "an agent may update only its own node's step requests (the node its bound token names), only to answer each once (kept)"},
 		{Kind: "ValidatingAdmissionPolicyBinding", Name: Policy, What: "the policy, denying (kept)"},

@@ -198,17 +198,6 @@ type Plan struct {
 	// Etcd is a binary cluster's etcd move, where the bundle carries
 	// etcd (bundle create --etcd); kubeadm moves its own.
 	Etcd *etcd.Planned `json:"etcd,omitempty"`
-	// Agents is what agent mode makes in the cluster for the run (nil
-	// over SSH); the command that reached the nodes fills it in.
-	Agents []Made `json:"agents,omitempty"`
-}
-
-// Made is an object a run makes in the cluster: its kind, its name, and
-// what it is for or allows.
-type Made struct {
-	Kind string `json:"kind"`
-	Name string `json:"name"`
-	What string `json:"what"`
 }
 
 // ErrBlocked means the plan has blocking findings.

@@ -81,9 +81,9 @@ type ApplyOptions struct {
 	// settings, its timeouts for example.
 	KubeadmConfig *kubeadm.UpgradeConfig
 	// Locked, where set, runs once the run holds the lock, before
-	// anything else: agent mode takes over what a run that stopped left
-	// (its agents' pods, its step requests).
-	Locked func(context.Context) error
+	// anything else, with the holder whose lock it took over (""):
+	// agent mode takes over what that run left (its agents, its requests).
+	Locked func(ctx context.Context, takenOver string) error
 	// Clock is what every wait of the run waits on (the real clock when
 	// nil; unit tests drive a fake one).
 	Clock clock.Clock
@@ -228,22 +228,12 @@ func Apply(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	p := &opts.Plan
 	r := &upgradeRun{opts: opts, client: p.Client, log: p.Log, target: p.Target, res: &ApplyResult{}, dry: opts.DryRun, wait: waiter.Waiter{Clock: opts.Clock}}
 	if !r.dry {
-		lock, err := upgradelock.Acquire(ctx, r.client, opts.Holder, opts.LockDuration, opts.Clock, r.log)
-		if err != nil {
+		var stop func()
+		var err error
+		if r.lock, ctx, stop, err = upgradelock.Take(ctx, r.client, opts.Holder, opts.LockDuration, opts.Clock, r.log, opts.Locked); err != nil {
 			return nil, err
 		}
-		r.lock = lock
-		if lock.TakenOver != "" {
-			r.log.Warn("took over the lock of a run that stopped", "holder", lock.TakenOver)
-		}
-		var stopKeeping func()
-		ctx, stopKeeping = upgradelock.Hold(ctx, lock, r.log)
-		defer stopKeeping()
-		if opts.Locked != nil {
-			if err := opts.Locked(ctx); err != nil {
-				return nil, err
-			}
-		}
+		defer stop()
 		// Deferred in reverse: cordons this run left undone, events posted
 		// and the state written before the lock is released.
 		defer r.startFlushing(ctx)()

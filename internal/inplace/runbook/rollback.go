@@ -41,18 +41,11 @@ func Rollback(ctx context.Context, opts ApplyOptions) (*ApplyResult, error) {
 	to, from := st.To, st.From
 	var lock *upgradelock.Lock
 	if !opts.DryRun {
-		lock, err = upgradelock.Acquire(ctx, p.Client, opts.Holder, opts.LockDuration, opts.Clock, p.Log)
-		if err != nil {
+		var stop func()
+		if lock, ctx, stop, err = upgradelock.Take(ctx, p.Client, opts.Holder, opts.LockDuration, opts.Clock, p.Log, opts.Locked); err != nil {
 			return nil, err
 		}
-		var stopKeeping func()
-		ctx, stopKeeping = upgradelock.Hold(ctx, lock, p.Log)
-		defer stopKeeping()
-		if opts.Locked != nil {
-			if err := opts.Locked(ctx); err != nil {
-				return nil, err
-			}
-		}
+		defer stop()
 	}
 
 	tv, err := catalog.ParseVersion(to)

@@ -17,9 +17,11 @@ dir=$(dirname -- "$1")
 mkdir -p -- "$dir"
 tmp=$(mktemp -- "$1.kubelift-XXXXXX")
 trap 'rm -f -- "$tmp"' EXIT
+# dash runs no EXIT trap on a signal (timeout's TERM at the deadline)
+trap 'exit 143' TERM INT HUP
 cat >"$tmp"
 chmod -- "$2" "$tmp"
 sync -- "$tmp" 2>/dev/null || sync
 mv -f -- "$tmp" "$1"
-trap - EXIT
+trap - EXIT TERM INT HUP
 sync -- "$dir" 2>/dev/null || true

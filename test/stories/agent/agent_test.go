@@ -140,8 +140,15 @@ func kill(t *testing.T, cmd *exec.Cmd, exited <-chan error) {
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-exited
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatal("the killed apply did not end within a minute")
+	}
 }
+
+// bound is how long a test waits for a run to reach a point.
+const bound = 15 * time.Minute
 
 // An apply killed (SIGKILL) right after it recorded the upgrade, before
 // the control plane moves, leaves its agents; a rollback over agents
@@ -180,7 +187,10 @@ func TestKilledApplyRolledBackOverAgents(t *testing.T) {
 	nothingLeft(t, "plan")
 
 	cmd, said, exited := startApply(t)
-	for recorded := false; !recorded; {
+	for recorded, until := false, time.Now().Add(bound); !recorded; {
+		if time.Now().After(until) {
+			t.Fatalf("apply did not record the upgrade within %s:\n(its transcript follows the test's end)", bound)
+		}
 		select {
 		case err := <-exited:
 			t.Fatalf("apply ended (%v) before it recorded the upgrade:\n%s", err, said.String())
@@ -235,7 +245,10 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 	deleted, revived, restarted, killed := "", "", false, false
 	pods := h.Client.CoreV1().Pods(agent.Namespace)
 	podName := access.AgentPod("", "worker-1", "").Name
-	for !killed {
+	for until := time.Now().Add(bound); !killed; {
+		if time.Now().After(until) {
+			t.Fatalf("worker-2 was not done within %s (agent pod deleted %q, made again %q, containerd restarted %v)", bound, deleted, revived, restarted)
+		}
 		select {
 		case err := <-exited:
 			t.Fatalf("apply ended (%v) before worker-2 was done (agent pod deleted %q, made again %q, containerd restarted %v):\n%s",
