@@ -7,6 +7,7 @@ package nodeops
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"strconv"
@@ -238,10 +239,35 @@ func (c Container) Pod() string {
 // Containers script's output.
 const tasksMarker = "\n### tasks\n"
 
+// runtimeRetries and runtimeRetryPause bound how long Containers waits
+// for a runtime that does not answer (containerd restarting: its own
+// swap, or an operator's restart in the middle of a node's step).
+var (
+	runtimeRetries    = 30
+	runtimeRetryPause = time.Second
+)
+
+// runtimeUnavailable says crictl could not reach the runtime's socket.
+func runtimeUnavailable(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "validate service connection") || strings.Contains(msg, "code = Unavailable") ||
+		strings.Contains(msg, "connect: connection refused")
+}
+
 // Containers lists the runtime's running containers (crictl ps) and,
-// where containerd's tasks can be read, each one's process.
+// where containerd's tasks can be read, each one's process. A runtime
+// that does not answer is asked again, every runtimeRetryPause, up to
+// runtimeRetries times: a containerd restarting is back within seconds.
 func (o *Ops) Containers(ctx context.Context) (map[string]Container, error) {
 	raw, err := o.Run(ctx, "crictl ps", nodescript.Containers)
+	for i := 0; err != nil && runtimeUnavailable(err) && i < runtimeRetries; i++ {
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		case <-time.After(runtimeRetryPause):
+		}
+		raw, err = o.Run(ctx, "crictl ps", nodescript.Containers)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package nodeops
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -52,5 +53,38 @@ func TestContainersLeaveTheAgentOut(t *testing.T) {
 	}
 	if len(got) != 1 || got["aaa"].What != "shop/api-1/api" || got["aaa"].PID != 10 {
 		t.Errorf("containers %+v, want shop's only", got)
+	}
+}
+
+// A runtime that does not answer for a moment (containerd restarting) is
+// asked again; one that answers with another error is not.
+func TestContainersWaitForTheRuntime(t *testing.T) {
+	defer func(p time.Duration) { runtimeRetryPause = p }(runtimeRetryPause)
+	runtimeRetryPause = time.Millisecond
+	ps := `{"containers":[{"id":"aaa","state":"CONTAINER_RUNNING","metadata":{"name":"api"},"labels":{"io.kubernetes.pod.namespace":"shop","io.kubernetes.pod.name":"api-1","io.kubernetes.pod.uid":"u1","io.kubernetes.container.name":"api"}}]}`
+	down := 2
+	calls := 0
+	node := &fakenode.Node{Scripts: map[string]fakenode.Handler{
+		nodescript.Containers.Name: func([]string) (string, error) {
+			calls++
+			if calls <= down {
+				return "", errors.New(`exit status 1: level=fatal msg="validate service connection: validate CRI v1 runtime API for endpoint \"unix:///run/containerd/containerd.sock\": rpc error: code = Unavailable desc = connection error"`)
+			}
+			return ps + tasksMarker + "TASK PID STATUS\naaa 10 RUNNING\n", nil
+		},
+	}}
+	o := &Ops{Node: node, Name: "worker-2"}
+	got, err := o.Containers(context.Background())
+	if err != nil || len(got) != 1 || calls != 3 {
+		t.Fatalf("containers after the runtime came back: %v, %v, %d calls", got, err, calls)
+	}
+	calls, down = 0, 1000
+	if _, err := o.Containers(context.Background()); err == nil || calls != runtimeRetries+1 {
+		t.Fatalf("a runtime that never comes back: %v after %d calls, want %d", err, calls, runtimeRetries+1)
+	}
+	calls = 0
+	node.Scripts[nodescript.Containers.Name] = func([]string) (string, error) { calls++; return "", errors.New("exit status 127: crictl: not found") }
+	if _, err := o.Containers(context.Background()); err == nil || calls != 1 {
+		t.Fatalf("another error: %v after %d calls, want 1", err, calls)
 	}
 }
