@@ -254,20 +254,28 @@ func runtimeUnavailable(err error) bool {
 		strings.Contains(msg, "connect: connection refused")
 }
 
-// Containers lists the runtime's running containers (crictl ps) and,
-// where containerd's tasks can be read, each one's process. A runtime
-// that does not answer is asked again, every runtimeRetryPause, up to
-// runtimeRetries times: a containerd restarting is back within seconds.
-func (o *Ops) Containers(ctx context.Context) (map[string]Container, error) {
-	raw, err := o.Run(ctx, "crictl ps", nodescript.Containers)
+// ContainersWaiting is Containers, but a runtime that does not answer is
+// asked again, every runtimeRetryPause, up to runtimeRetries times: a
+// containerd restarting (an operator's restart in the middle of a
+// node's kubelet step) is back within seconds. The runtime's own move
+// waits for its socket itself, with Containers.
+func (o *Ops) ContainersWaiting(ctx context.Context) (map[string]Container, error) {
+	cs, err := o.Containers(ctx)
 	for i := 0; err != nil && runtimeUnavailable(err) && i < runtimeRetries; i++ {
 		select {
 		case <-ctx.Done():
 			return nil, errors.Join(err, ctx.Err())
 		case <-time.After(runtimeRetryPause):
 		}
-		raw, err = o.Run(ctx, "crictl ps", nodescript.Containers)
+		cs, err = o.Containers(ctx)
 	}
+	return cs, err
+}
+
+// Containers lists the runtime's running containers (crictl ps) and,
+// where containerd's tasks can be read, each one's process.
+func (o *Ops) Containers(ctx context.Context) (map[string]Container, error) {
+	raw, err := o.Run(ctx, "crictl ps", nodescript.Containers)
 	if err != nil {
 		return nil, err
 	}

@@ -74,17 +74,17 @@ func TestContainersWaitForTheRuntime(t *testing.T) {
 		},
 	}}
 	o := &Ops{Node: node, Name: "worker-2"}
-	got, err := o.Containers(context.Background())
+	got, err := o.ContainersWaiting(context.Background())
 	if err != nil || len(got) != 1 || calls != 3 {
 		t.Fatalf("containers after the runtime came back: %v, %v, %d calls", got, err, calls)
 	}
 	calls, down = 0, 1000
-	if _, err := o.Containers(context.Background()); err == nil || calls != runtimeRetries+1 {
+	if _, err := o.ContainersWaiting(context.Background()); err == nil || calls != runtimeRetries+1 {
 		t.Fatalf("a runtime that never comes back: %v after %d calls, want %d", err, calls, runtimeRetries+1)
 	}
 	calls = 0
 	node.Scripts[nodescript.Containers.Name] = func([]string) (string, error) { calls++; return "", errors.New("exit status 127: crictl: not found") }
-	if _, err := o.Containers(context.Background()); err == nil || calls != 1 {
+	if _, err := o.ContainersWaiting(context.Background()); err == nil || calls != 1 {
 		t.Fatalf("another error: %v after %d calls, want 1", err, calls)
 	}
 }

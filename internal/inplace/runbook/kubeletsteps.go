@@ -285,7 +285,7 @@ func (r *upgradeRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
 				containersCh <- containersResult{nil, r.recovered(k.name, p)}
 			}
 		}()
-		c, err := k.o.Containers(ctx)
+		c, err := k.o.ContainersWaiting(ctx)
 		containersCh <- containersResult{c, err}
 	}()
 	if err := k.o.Backup(ctx, "kubelet"); err != nil {

@@ -49,7 +49,7 @@ type Checker struct {
 // of new IDs running as before) within Timeout; Node returns those
 // recreated (ns/name, in order).
 func (c Checker) Node(ctx context.Context, o *nodeops.Ops, to catalog.Version, before map[string]nodeops.Container, podsBefore map[types.UID]Pod) ([]string, error) {
-	after, err := o.Containers(ctx)
+	after, err := o.ContainersWaiting(ctx)
 	if err != nil {
 		return nil, err
 	}
