@@ -108,17 +108,24 @@ func (c *Connector) Dial(ctx context.Context, t nodeaccess.Address) (nodeaccess.
 }
 
 // Cleanup deletes this run's requests (the agents then forget them).
-func (c *Connector) Cleanup(ctx context.Context) error {
-	sel := labels.SelectorFromSet(labels.Set{agent.LabelRun: c.Run}).String()
+func (c *Connector) Cleanup(ctx context.Context) error { return c.deleteRequests(ctx, c.Run) }
+
+// deleteRequests deletes the step requests of run (Secrets of the step
+// type only, whatever else bears the label).
+func (c *Connector) deleteRequests(ctx context.Context, run string) error {
+	sel := labels.SelectorFromSet(labels.Set{agent.LabelRun: run}).String()
 	secrets := c.Client.CoreV1().Secrets(agent.Namespace)
 	list, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
-		return fmt.Errorf("listing the run's step requests (%s in %s): %w", sel, agent.Namespace, err)
+		return fmt.Errorf("listing the step requests of run %s (%s in %s): %w", run, sel, agent.Namespace, err)
 	}
 	var errs []error
 	for _, s := range list.Items {
+		if s.Type != agent.SecretType {
+			continue
+		}
 		if err := secrets.Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("deleting step request %s/%s: %w", agent.Namespace, s.Name, err))
+			errs = append(errs, fmt.Errorf("deleting step request %s/%s of run %s: %w", agent.Namespace, s.Name, run, err))
 		}
 	}
 	return errors.Join(errs...)

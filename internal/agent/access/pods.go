@@ -130,19 +130,7 @@ func (c *Connector) Adopt(ctx context.Context, run string) error {
 			errs = append(errs, fmt.Errorf("taking over agent pod %s/%s: %w", agent.Namespace, p.Name, err))
 		}
 	}
-	secrets := c.Client.CoreV1().Secrets(agent.Namespace)
-	old, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: sel})
-	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("listing step requests of run %s in %s: %w", run, agent.Namespace, err))...)
-	}
-	for _, s := range old.Items {
-		if s.Type != agent.SecretType {
-			continue
-		}
-		if err := secrets.Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("deleting step request %s/%s of run %s: %w", agent.Namespace, s.Name, run, err))
-		}
-	}
+	errs = append(errs, c.deleteRequests(ctx, run))
 	return errors.Join(errs...)
 }
 
