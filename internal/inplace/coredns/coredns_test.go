@@ -271,7 +271,7 @@ func TestApplyAndUndo(t *testing.T) {
 	}
 	// The new pods all up before an old one stops, the old ones out of
 	// the Service while they still answer, then everything as it was.
-	if got, want := strings.Join(*rolled, ", "), "priv/coredns:v1.11.3 Corefile (maxUnavailable 0, minReadySeconds 40), "+
+	if got, want := strings.Join(*rolled, ", "), "priv/coredns:v1.11.3 Corefile (maxUnavailable 0, minReadySeconds 400), "+
 		"kube-dns map[k8s-app:kube-dns pod-template-hash:h2], kube-dns map[k8s-app:kube-dns]"; got != want {
 		t.Fatalf("rolled %s\nwant   %s", got, want)
 	}
@@ -296,7 +296,7 @@ func TestApplyAndUndo(t *testing.T) {
 	if undone, err := r.Undo(ctx); !undone || err != nil {
 		t.Fatalf("undo = %v, %v", undone, err)
 	}
-	if got := lastTemplate(*rolled); got != "reg/coredns:v1.11.1 Corefile (maxUnavailable 0, minReadySeconds 40)" {
+	if got := lastTemplate(*rolled); got != "reg/coredns:v1.11.1 Corefile (maxUnavailable 0, minReadySeconds 400)" {
 		t.Fatalf("after undo the template runs %s", got)
 	}
 	knobsAsBefore(t, c)
@@ -335,9 +335,9 @@ func TestApplyMigratesTheCorefileInKubeadmsOrder(t *testing.T) {
 	if err := r.Apply(ctx, f, m); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(*rolled, ", "), "reg/coredns:1.7.1 Corefile-backup (maxUnavailable 0, minReadySeconds 40), "+
+	if got, want := strings.Join(*rolled, ", "), "reg/coredns:1.7.1 Corefile-backup (maxUnavailable 0, minReadySeconds 400), "+
 		"kube-dns map[k8s-app:kube-dns pod-template-hash:h2], kube-dns map[k8s-app:kube-dns], "+
-		"priv/coredns:1.8.0 Corefile (maxUnavailable 0, minReadySeconds 40), "+
+		"priv/coredns:1.8.0 Corefile (maxUnavailable 0, minReadySeconds 400), "+
 		"kube-dns map[k8s-app:kube-dns pod-template-hash:h3], kube-dns map[k8s-app:kube-dns]"; got != want {
 		t.Fatalf("rolled %s\nwant   %s", got, want)
 	}
@@ -360,9 +360,9 @@ func TestApplyMigratesTheCorefileInKubeadmsOrder(t *testing.T) {
 	if _, extra := data[backupKey]; extra || data["Corefile"] != transferCorefile {
 		t.Fatalf("configmap after undo: %v", data)
 	}
-	if got, want := strings.Join(*rolled, ", "), "reg/coredns:1.7.1 Corefile-backup (maxUnavailable 0, minReadySeconds 40), "+
+	if got, want := strings.Join(*rolled, ", "), "reg/coredns:1.7.1 Corefile-backup (maxUnavailable 0, minReadySeconds 400), "+
 		"kube-dns map[k8s-app:kube-dns pod-template-hash:h2], kube-dns map[k8s-app:kube-dns], "+
-		"reg/coredns:1.7.1 Corefile (maxUnavailable 0, minReadySeconds 40), "+
+		"reg/coredns:1.7.1 Corefile (maxUnavailable 0, minReadySeconds 400), "+
 		"kube-dns map[k8s-app:kube-dns pod-template-hash:h1], kube-dns map[k8s-app:kube-dns]"; got != want {
 		t.Fatalf("undo rolled %s\nwant        %s", got, want)
 	}
@@ -504,8 +504,8 @@ func TestMove(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 		// The new pods never ready: the Service never left the old ones.
-		if got, want := strings.Join(*rolled, ", "), "priv/coredns:v1.11.3 Corefile (maxUnavailable 0, minReadySeconds 40), "+
-			"reg/coredns:v1.11.1 Corefile (maxUnavailable 0, minReadySeconds 40), "+
+		if got, want := strings.Join(*rolled, ", "), "priv/coredns:v1.11.3 Corefile (maxUnavailable 0, minReadySeconds 400), "+
+			"reg/coredns:v1.11.1 Corefile (maxUnavailable 0, minReadySeconds 400), "+
 			"kube-dns map[k8s-app:kube-dns pod-template-hash:h1], kube-dns map[k8s-app:kube-dns]"; got != want {
 			t.Fatalf("rolled %s\nwant   %s", got, want)
 		}

@@ -19,14 +19,15 @@ import (
 	"github.com/kubelift/kubelift/internal/waiter"
 )
 
-// DrainTime is how long an old CoreDNS pod goes on answering after it
-// left its Services, before its Deployment stops it: longer than the
-// kernel keeps a UDP conntrack entry that still points at it (30 s,
-// nf_conntrack_udp_timeout). Without it, a query whose source port
-// matches such an entry goes to the old pod past its exit (its lameduck,
-// 5 s in kubeadm's Corefile, ends it while kube-proxy still flushes
-// those entries only once the pod is gone: kubernetes#129617): a lookup
-// lost, that the client waits out.
+// DrainTime is how long an old CoreDNS pod goes on answering, at the
+// least, after it left its Services, before its Deployment stops it:
+// longer than the kernel keeps a UDP conntrack entry that still points at
+// it and is not used (30 s, nf_conntrack_udp_timeout). Without it, a
+// query whose source port matches such an entry goes to the old pod past
+// its exit (its lameduck, 5 s in kubeadm's Corefile, ends it while
+// kube-proxy still flushes those entries only once the pod is gone:
+// kubernetes#129617): a lookup lost, that the client waits out. Entries
+// that are used live on: quiet.go waits for them too.
 const DrainTime = 40 * time.Second
 
 // knobs are what a roll changes while it runs and puts back after: the
@@ -54,14 +55,15 @@ func (r Roller) knobsOf(ctx context.Context, d *appsv1.Deployment) (knobs, error
 }
 
 // drainRoll writes next so that every new replica starts before any old
-// one stops (maxSurge 100%, maxUnavailable 0) and is ready DrainTime
-// before they do (minReadySeconds); once every new replica is ready, the
-// Services in front of the pods select the new ones only (their
-// pod-template-hash), so that the old ones leave every node's rules while
-// they still answer; then it waits until the old ones are gone. The
-// knobs are put back after (restore), whatever happened; the backup says
-// a drain is under way meanwhile, so that a run killed in it puts them
-// back first (settle).
+// one stops (maxSurge 100%, maxUnavailable 0), the old ones held
+// (minReadySeconds past DrainTime and Hold); once every new replica is
+// ready, the Services in front of the pods select the new ones only
+// (their pod-template-hash), so that the old ones leave every node's
+// rules while they still answer; once no node sends them queries any
+// more (untilQuiet), the Deployment lets them go, and it waits until they
+// are gone. The knobs are put back after (restore), whatever happened;
+// the backup says a drain is under way meanwhile, so that a run killed in
+// it puts them back first (settle).
 func (r Roller) drainRoll(ctx context.Context, next *appsv1.Deployment, b *Backup) error {
 	if err := r.markDraining(ctx, true); err != nil {
 		return err
@@ -126,7 +128,9 @@ func (r Roller) drain(ctx context.Context, next *appsv1.Deployment, b *Backup) e
 	all, none := intstr.FromString("100%"), intstr.FromInt32(0)
 	next.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
 		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: &all, MaxUnavailable: &none}}
-	next.Spec.MinReadySeconds = max(b.Knobs.MinReadySeconds, int32(r.drainTime()/time.Second))
+	// The Deployment holds the old pods (minReadySeconds past the hold)
+	// until untilQuiet lets them go.
+	next.Spec.MinReadySeconds = max(b.Knobs.MinReadySeconds, int32((r.drainTime()+Hold+time.Minute)/time.Second))
 	if err := r.updateDeployment(ctx, func(d *appsv1.Deployment) {
 		d.Spec.Template, d.Spec.Strategy, d.Spec.MinReadySeconds = next.Spec.Template, next.Spec.Strategy, next.Spec.MinReadySeconds
 	}); err != nil {
@@ -143,8 +147,23 @@ func (r Roller) drain(ctx context.Context, next *appsv1.Deployment, b *Backup) e
 			return err
 		}
 	}
-	// The old pods stop minReadySeconds after the new ones were ready.
-	return r.waitRolledWithin(ctx, next.Name, r.Timeout+r.drainTime())
+	// The old pods stop once no node sends them queries any more.
+	switched := r.Wait.Now()
+	d, err := r.Client.AppsV1().Deployments(Namespace).Get(ctx, next.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("deployment %s/%s: %w", Namespace, next.Name, err)
+	}
+	old, err := r.oldPods(ctx, d, hash)
+	if err != nil {
+		return err
+	}
+	if err := r.untilQuiet(ctx, old, switched); err != nil {
+		return err
+	}
+	if err := r.updateDeployment(ctx, func(d *appsv1.Deployment) { d.Spec.MinReadySeconds = b.Knobs.MinReadySeconds }); err != nil {
+		return err
+	}
+	return r.waitRolledWithin(ctx, next.Name, r.Timeout+time.Duration(b.Knobs.MinReadySeconds)*time.Second)
 }
 
 // updateDeployment applies change to the Deployment as the API holds it

@@ -32,6 +32,9 @@ type Roller struct {
 	// Drain is how long old pods answer after they left their Services
 	// (0: DrainTime).
 	Drain time.Duration
+	// Count reads an old pod's count of queries (nil: through the API
+	// server's pod proxy; quiet.go).
+	Count QueryCounter
 	Log   *slog.Logger
 	// Dry: Move and PutBack tell Would what they would do (node "",
 	// command "") instead of doing it.

@@ -417,6 +417,11 @@ func TestApplyKilledMidNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-exited
+	// CoreDNS's roll let its old pods go once their own count of queries,
+	// read through the API server's pod proxy, stood still (quiet.go).
+	if said := stderr.String(); !strings.Contains(said, "old CoreDNS pods stop: no node sends them queries any more") {
+		t.Errorf("apply did not let the old CoreDNS pods go on their query counts:\n%s", said)
+	}
 	st := h.Status(t)
 	if st.State == record.StateComplete {
 		t.Fatalf("state %s after a kill mid-node", st.State)
