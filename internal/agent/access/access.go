@@ -39,7 +39,8 @@ type Connector struct {
 	// Deadline bounds a step whose context has no deadline (an hour
 	// when 0).
 	Deadline time.Duration
-	// Wait polls for answers (every Poll, 200 ms when 0).
+	// Wait polls for answers in the cache of the run's watch of its
+	// requests (every Poll, 100 ms when 0).
 	Wait waiter.Waiter
 	Poll time.Duration
 	// Image is the agents' image (REPOSITORY@DIGEST); with it the
@@ -52,9 +53,11 @@ type Connector struct {
 	Grace time.Duration
 
 	seq atomic.Int64
-	// replaced: nodes whose ended agent pod this connector replaced.
+	// replaced: nodes whose ended agent pod this connector replaced;
+	// answers: the watch of the run's requests.
 	mu       sync.Mutex
 	replaced map[string]bool
+	answers  *answers
 }
 
 // Start makes what agent mode needs in the cluster (Setup) and starts an
@@ -76,6 +79,7 @@ func Start(ctx context.Context, client kubernetes.Interface, run, image string, 
 func (c *Connector) Stop(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
+	defer c.stopWatch()
 	return errors.Join(c.Cleanup(ctx), c.RemoveAgents(ctx))
 }
 
@@ -177,7 +181,7 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 	}
 	poll := n.c.Poll
 	if poll <= 0 {
-		poll = 200 * time.Millisecond
+		poll = 100 * time.Millisecond
 	}
 	grace := n.c.Grace
 	if grace <= 0 {
@@ -185,6 +189,7 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 	}
 	var res *agent.Result
 	asked := n.c.Wait.Now()
+	w := &waiting{name: r.Name, read: asked}
 	err = n.c.Wait.Poll(ctx, poll, deadline+time.Minute, func(ctx context.Context) error {
 		if n.c.Image != "" && n.c.Wait.Since(asked) >= grace {
 			// Unanswered for a while: the agent may be gone (its pod
@@ -200,15 +205,8 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 				}
 			}
 		}
-		got, err := secrets.Get(ctx, r.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return waiter.Stop(errors.New("the request was deleted before its answer"))
-		}
-		if err != nil {
+		if res, err = n.c.answer(ctx, w); err != nil {
 			return err
-		}
-		if res, err = agent.ParseResult(got); err != nil {
-			return waiter.Stop(err)
 		}
 		if res == nil {
 			return errors.New("no answer yet")

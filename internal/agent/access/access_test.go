@@ -71,6 +71,13 @@ func TestRunThroughTheAgent(t *testing.T) {
 	if _, err := n.Run(ctx, "reboot", nil); err == nil || !strings.Contains(err.Error(), "agent mode runs only kubelift's node scripts") {
 		t.Errorf("a command that is no node script: %v", err)
 	}
+	// The answers came through the run's one watch of its requests, not
+	// a read per step and poll.
+	for _, a := range c.Actions() {
+		if a.GetVerb() == "get" && a.GetResource().Resource == "secrets" {
+			t.Errorf("the connector read a request from the API: %v", a)
+		}
+	}
 	list, _ := c.CoreV1().Secrets(agent.Namespace).List(ctx, metav1.ListOptions{})
 	if len(list.Items) != 2 {
 		t.Errorf("%d requests, want 2", len(list.Items))
@@ -216,4 +223,35 @@ func TestRunOfHolder(t *testing.T) {
 			t.Errorf("RunOfHolder(%q) = %q, want %q", holder, got, want)
 		}
 	}
+}
+
+// A request deleted while its step is awaited (a run taking over this
+// one's requests) ends the wait at once, from the watch, saying so.
+func TestDeletedRequestEndsTheWait(t *testing.T) {
+	c := fake.NewClientset()
+	conn := &Connector{Client: c, Run: "r1", Poll: 10 * time.Millisecond}
+	n, err := conn.Dial(context.Background(), nodeaccess.Address{Name: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			list, _ := c.CoreV1().Secrets(agent.Namespace).List(context.Background(), metav1.ListOptions{})
+			if len(list.Items) == 1 && conn.watch().synced() {
+				if _, err := conn.watch().lister.Get(list.Items[0].Name); err == nil {
+					time.Sleep(100 * time.Millisecond) // the waiting step has seen it there too (every 10 ms)
+					_ = c.CoreV1().Secrets(agent.Namespace).Delete(context.Background(), list.Items[0].Name, metav1.DeleteOptions{})
+					return
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), recheck/2)
+	defer cancel()
+	_, err = n.Run(ctx, nodescript.ReadFile.Command("/etc/hostname"), nil)
+	if err == nil || !strings.Contains(err.Error(), "the request was deleted before its answer") {
+		t.Fatalf("err = %v, want the deletion named", err)
+	}
+	conn.stopWatch()
 }
