@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodescript"
@@ -254,7 +255,9 @@ func Read(ctx context.Context, r Runner, node, stageDir, version string) (*Facts
 				f.ContainersErr = err.Error()
 				break
 			}
-			f.Containers = cs
+			// Agent mode's agents are the run's own, made again where
+			// they go: no workload of the node's.
+			f.Containers = slices.DeleteFunc(cs, func(c kubeletcompat.RuntimeContainer) bool { return c.Namespace == agent.Namespace })
 		}
 	}
 	for _, c := range slices.Sorted(maps.Keys(units)) {

@@ -35,6 +35,7 @@ var (
 	scaleSample  = flag.Int("stage-sample", 20, "scale: nodes staged for real over SSH (the rest are placed by the fleet)")
 	scaleQPS     = flag.Int("kube-qps", 50, "scale: apply's --kube-qps (--kube-burst is twice it)")
 	scaleLease   = flag.Duration("lease", 40*time.Second, "scale: the simulated nodes' lease duration (longer: less load at rest, for 5000 nodes on 2 cores)")
+	scaleVia     = flag.String("via", "ssh,agent", "scale: how apply reaches the nodes, comma-separated for one upgrade each: ssh (the fleet's SSH servers) or agent (kubelift's agent loop per node, answering step requests through the API server)")
 )
 
 // benchScale upgrades simulated clusters (KWOK nodes, an SSH fleet, a real
@@ -55,12 +56,37 @@ func benchScale(ctx context.Context, work string) error {
 	fmt.Printf("\n== scale: kubelet restart %s + up to %s, --settle %s, %d pods per worker, client --kube-qps %d, node leases %s ==\n", *scaleRestart, *scaleJitter, *scaleSettle, *scalePods, *scaleQPS, *scaleLease)
 	for _, n := range ns {
 		for _, b := range bs {
-			if err := scaleRun(ctx, filepath.Join(work, fmt.Sprintf("scale-%d-%d", n, b)), n, b); err != nil {
-				return fmt.Errorf("%d nodes, window %d: %w", n, b, err)
+			for _, via := range strings.Split(*scaleVia, ",") {
+				if via != "ssh" && via != "agent" {
+					return fmt.Errorf("-via %q: want ssh or agent", via)
+				}
+				if err := scaleRun(ctx, filepath.Join(work, fmt.Sprintf("scale-%d-%d-%s", n, b, via)), n, b, via == "agent"); err != nil {
+					return fmt.Errorf("%d nodes, window %d, via %s: %w", n, b, via, err)
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// cpuSeconds is the CPU time process pid has used so far (its
+// /proc/PID/stat's utime and stime, in the kernel's 100 Hz ticks).
+func cpuSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b)[i+1:])
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return (utime + stime) / 100, nil
 }
 
 func ints(s string) ([]int, error) {
@@ -123,22 +149,59 @@ func (r *restarts) see(obj any) {
 	}
 }
 
-func scaleRun(ctx context.Context, dir string, nodes, window int) error {
+func scaleRun(ctx context.Context, dir string, nodes, window int, viaAgent bool) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
 	upStart := time.Now()
 	env, err := scale.Up(ctx, scale.Options{Dir: dir, Workers: nodes, PodsPerNode: *scalePods, NoTolerationsEvery: 4,
-		RestartDelay: *scaleRestart, RestartJitter: *scaleJitter, LeaseDuration: *scaleLease,
+		RestartDelay: *scaleRestart, RestartJitter: *scaleJitter, LeaseDuration: *scaleLease, Agent: viaAgent,
 		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "  scale: "+format+"\n", args...) }})
 	if err != nil {
 		return err
 	}
 	defer env.Close()
-	fmt.Printf("\n%d workers + 1 control-plane node, --max-unavailable %d (simulation up in %s)\n", nodes, window, time.Since(upStart).Round(time.Second))
+	mode := "over SSH"
+	if viaAgent {
+		mode = "through agents (--via agent)"
+	}
+	fmt.Printf("\n%d workers + 1 control-plane node, --max-unavailable %d, %s (simulation up in %s)\n", nodes, window, mode, time.Since(upStart).Round(time.Second))
 	pw := env.Registry.Password + "\n"
 	qps := []string{"--kube-qps", fmt.Sprint(*scaleQPS), "--kube-burst", fmt.Sprint(2 * *scaleQPS), "--parallel", "50"}
+	if viaAgent {
+		stop, err := env.ServeAgents(ctx)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		if err := agentPlan(ctx, env, window, pw, qps); err != nil {
+			return err
+		}
+	} else if err := sshStageAndPlan(ctx, env, window, pw, qps); err != nil {
+		return err
+	}
+	return measureApply(ctx, env, nodes, window, pw, qps, viaAgent)
+}
+
+// agentPlan places the files on every node (agent mode stages from the
+// registry, which the simulation's nodes do not play) and plans through
+// the agents.
+func agentPlan(ctx context.Context, env *scale.Env, window int, pw string, qps []string) error {
+	if err := env.PreStage(0); err != nil {
+		return err
+	}
+	r := env.Upgrade(ctx, pw, env.AgentArgs("plan", append([]string{"-o", "json", "--max-unavailable", fmt.Sprint(window)}, qps...)...)...)
+	if r.Code != 0 && r.Code != 4 {
+		return fmt.Errorf("plan --via agent: %w", r.Err)
+	}
+	fmt.Printf("  plan: %s wall, %.1f s CPU, %d MB peak RSS\n", r.Wall.Round(100*time.Millisecond), r.CPU.Seconds(), r.MaxRSS>>10)
+	return nil
+}
+
+// sshStageAndPlan stages a sample of nodes over SSH for real (the fleet
+// places the rest) and plans over SSH.
+func sshStageAndPlan(ctx context.Context, env *scale.Env, window int, pw string, qps []string) error {
 
 	// Staging: a sample over SSH for real, the rest placed by the fleet.
 	if err := env.PreStage(*scaleSample); err != nil {
@@ -170,7 +233,13 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 		return r.Err
 	}
 	fmt.Printf("  plan: %s wall, %.1f s CPU, %d MB peak RSS\n", r.Wall.Round(100*time.Millisecond), r.CPU.Seconds(), r.MaxRSS>>10)
+	return nil
+}
 
+// measureApply runs apply, over SSH or through agents, and prints its
+// schedule against the ideal, its API requests, the API server's CPU and
+// what reached the nodes.
+func measureApply(ctx context.Context, env *scale.Env, nodes, window int, pw string, qps []string, viaAgent bool) error {
 	rs := &restarts{down: map[string]time.Time{}, took: map[string]time.Duration{}}
 	inf := informers.NewSharedInformerFactory(env.Cluster.Client, 0)
 	if _, err := inf.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: rs.see, UpdateFunc: func(_, n any) { rs.see(n) }}); err != nil {
@@ -181,11 +250,25 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 	inf.Start(stop)
 	inf.WaitForCacheSync(stop)
 
+	flags := append([]string{"--max-unavailable", fmt.Sprint(window), "--settle", scaleSettle.String(), "-o", "json"}, qps...)
+	args := env.ApplyArgs(flags...)
+	if viaAgent {
+		args = env.AgentArgs("apply", flags...)
+	}
+	apiserver := env.Cluster.Pids()["kube-apiserver"]
+	cpuBefore, err := cpuSeconds(apiserver)
+	if err != nil {
+		return err
+	}
 	applyStart := time.Now()
-	r = env.Upgrade(ctx, pw, env.ApplyArgs(append([]string{"--max-unavailable", fmt.Sprint(window), "--settle", scaleSettle.String(), "-o", "json"}, qps...)...)...)
+	r := env.Upgrade(ctx, pw, args...)
 	applyEnd := time.Now()
 	if r.Err != nil {
 		return r.Err
+	}
+	cpuAfter, err := cpuSeconds(apiserver)
+	if err != nil {
+		return err
 	}
 	var res inplace.ApplyResult
 	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
@@ -222,8 +305,8 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 	fmt.Printf("  whole apply %.1f s vs ideal kubelets + the rest of apply as measured (%.1f s): control plane %.1f s, workloads %.1f s\n",
 		r.Wall.Seconds(), ideal+r.Wall.Seconds()-kubelets, steps["control plane"], steps["workloads"])
 	if *keepWorkDir {
-		if err := os.WriteFile(dir+".apply.log", []byte(r.Stderr), 0o644); err == nil {
-			fmt.Printf("  (apply's log: %s.apply.log)\n", dir)
+		if err := os.WriteFile(env.Dir+".apply.log", []byte(r.Stderr), 0o644); err == nil {
+			fmt.Printf("  (apply's log: %s.apply.log)\n", env.Dir)
 		}
 	}
 	if ph := phases(r.Stderr); ph.n > 0 {
@@ -263,6 +346,10 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 	}
 	fmt.Printf("  API requests by apply: %d, %.2f per node (%s); peak %d in one second, %s what --kube-qps %d --kube-burst %d allow in a second (%d); mean %.1f/s; %d watches\n",
 		total, float64(total)/float64(nodes+1), strings.Join(vs, ", "), peakQPS, within, *scaleQPS, 2**scaleQPS, 3**scaleQPS, float64(total)/applyEnd.Sub(applyStart).Seconds(), verbs["watch"])
+	fmt.Printf("  kube-apiserver: %.1f s CPU during apply (%.0f%% of a core)\n", cpuAfter-cpuBefore, 100*(cpuAfter-cpuBefore)/applyEnd.Sub(applyStart).Seconds())
+	if viaAgent {
+		return printAgents(env, nodes, applyStart, applyEnd)
+	}
 	fs := env.Fleet.Stats()
 	var cmds []string
 	var sshTotal int64
@@ -272,6 +359,37 @@ func scaleRun(ctx context.Context, dir string, nodes, window int) error {
 	}
 	sort.Strings(cmds)
 	fmt.Printf("  SSH: %d connections, %d commands, %.1f per node (%s)\n", fs.Connections, sshTotal, float64(sshTotal)/float64(nodes+1), strings.Join(cmds, ", "))
+	return nil
+}
+
+// printAgents prints what the agents asked of the API server during
+// apply, and the steps they played.
+func printAgents(env *scale.Env, nodes int, from, to time.Time) error {
+	events, err := env.Cluster.AuditRequests(scale.AgentUserAgent)
+	if err != nil {
+		return err
+	}
+	verbs := map[string]int{}
+	total := 0
+	for _, e := range events {
+		if e.Time.Before(from) || e.Time.After(to) {
+			continue
+		}
+		verbs[e.Verb]++
+		total++
+	}
+	var vs []string
+	for v, c := range verbs {
+		vs = append(vs, fmt.Sprintf("%s %.2f", v, float64(c)/float64(nodes+1)))
+	}
+	sort.Strings(vs)
+	fs := env.Fleet.Stats()
+	var steps int64
+	for _, c := range fs.Commands {
+		steps += c
+	}
+	fmt.Printf("  agents: %d API requests during apply, %.2f per node (%s); %d steps played, %.1f per node\n",
+		total, float64(total)/float64(nodes+1), strings.Join(vs, ", "), steps, float64(steps)/float64(nodes+1))
 	return nil
 }
 

@@ -333,15 +333,14 @@ func (pc *planCheck) staged() {
 		}
 		s.Staged = len(missing) == 0
 		if len(missing) > 0 {
-			how := "apply stages them"
+			how, sev := "apply stages them", Info
 			if p, ok := pc.view.Paths[s.Name]; ok {
 				s.StagePath, s.StagePathReason = p[0], p[1]
-				how = "apply has the node pull them from the private registry"
-				if p[0] == stage.ViaSSH {
-					how = "apply sends them over SSH (" + p[1] + ")"
+				if how = stage.Describe(p[0], p[1]); p[0] == stage.ViaNone {
+					sev = Blocking
 				}
 			}
-			pc.add(Info, CheckStaged, "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: %s", strings.Join(missing, ", "), release.StagePath(pc.opts.StageDir, version, ""), how), "upgrade stage --to "+version)
+			pc.add(sev, CheckStaged, "node/"+s.Name, fmt.Sprintf("%s not staged in %s yet: %s", strings.Join(missing, ", "), release.StagePath(pc.opts.StageDir, version, ""), how), "upgrade stage --to "+version)
 		}
 		if f.FreeBytes > 0 && f.FreeBytes < need {
 			pc.add(Blocking, CheckDisk, "node/"+s.Name, fmt.Sprintf("%d MiB free below %s, staging and backups need %d MiB", f.FreeBytes>>20, pc.opts.StageDir, need>>20), "free disk space on the node")

@@ -57,6 +57,15 @@ func TestPlanCleanClusterBlocksNothing(t *testing.T) {
 			t.Errorf("worker-2's plan: %+v", n)
 		}
 	}
+	// A node that can get its files neither way (agent mode, or --via
+	// registry, and it cannot pull) blocks the plan, saying why.
+	w.View.Paths["worker-2"] = [2]string{stage.ViaNone, "node worker-2: cannot pull from the registry (the registry cannot be reached from the node)"}
+	if blocked := w.Plan(t); !blocked.Blocked {
+		t.Errorf("a node that cannot get its files does not block the plan: %+v", preflighttest.Only(blocked, "staged"))
+	} else {
+		preflighttest.Want(t, preflighttest.Only(blocked, "staged"), preflight.Blocking, "node/worker-2", "not staged", "apply cannot get them there: node worker-2: cannot pull from the registry")
+	}
+	w.View.Paths = nil
 	var order []string
 	for _, s := range p.Steps {
 		order = append(order, s.Phase+":"+strings.Join(s.Nodes, ","))

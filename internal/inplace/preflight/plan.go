@@ -476,7 +476,7 @@ func Read(ctx context.Context, opts PlanOptions) (*View, error) {
 			p, why, err := stage.Path(ctx, n, t, opts.Target, arch[t.Name], stage.Options{Source: stage.RegistrySource{Access: opts.Access}, StageDir: opts.StageDir,
 				Kind: kind, Via: opts.StageVia, Codec: opts.StageCodec, NodeCredentials: opts.NodeCredentials})
 			if err != nil {
-				p, why = stage.ViaSSH, err.Error()
+				p, why = stage.ViaNone, err.Error()
 			}
 			path = [2]string{p, why}
 		}

@@ -37,6 +37,10 @@ const (
 	ViaRegistry = "registry"
 	// ViaSSH: this machine sends every node its files over SSH.
 	ViaSSH = "ssh"
+	// ViaNone is the path of a node that can get its files neither way
+	// (--via registry or agent, and it cannot pull): only the plan says
+	// it.
+	ViaNone = "none"
 )
 
 // What nodes are handed to pull with (Options.NodeCredentials).
@@ -317,4 +321,16 @@ func Path(ctx context.Context, n nodeaccess.Node, t nodeaccess.Address, target *
 		}
 	}
 	return "", "", nil
+}
+
+// Describe says how apply gets a node its missing files along path (why:
+// what keeps it from the registry, or from both ways).
+func Describe(path, why string) string {
+	switch path {
+	case ViaSSH:
+		return "apply sends them over SSH (" + why + ")"
+	case ViaNone:
+		return "apply cannot get them there: " + why
+	}
+	return "apply has the node pull them from the private registry"
 }

@@ -27,6 +27,7 @@ var handlers = map[string]handler{
 	"swap":          {"swap", playSwap},
 	"restore":       {"restore", playRestore},
 	"write-file":    {"write hash-skip", playWriteFile},
+	"put-file":      {"put file", playPutFile},
 	"running":       {"running version", playRunning},
 	"installed":     {"program version", playInstalled},
 	"containers":    {"crictl ps", playCrictl},
@@ -293,6 +294,22 @@ func playWriteFile(_ *Fleet, n *node, args []string, io *stdio) int {
 		return 2
 	}
 	n.files[file] = vfile{data: []byte(data + "\n")}
+	return 0
+}
+
+// playPutFile answers the put-file script (agent mode's upload): the
+// file's content on standard input. args: FILE MODE.
+func playPutFile(_ *Fleet, n *node, args []string, io *stdio) int {
+	file := args[0]
+	var data bytes.Buffer
+	if _, err := data.ReadFrom(io.in); err != nil {
+		fmt.Fprintf(io.err, "put-file: %s: %v\n", file, err)
+		return 1
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.dirs[path.Dir(file)] = true // put-file makes the parent
+	n.files[file] = vfile{data: data.Bytes()}
 	return 0
 }
 

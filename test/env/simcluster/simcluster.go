@@ -167,6 +167,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		// Pods get the not-ready/unreachable tolerations from AddPods, so
 		// that some can go without.
 		"--disable-admission-plugins=DefaultTolerationSeconds",
+		// As a real cluster's: its CNI and kube-proxy run privileged, and
+		// so do agent mode's agents.
+		"--allow-privileged=true",
 	}})
 	if err != nil {
 		return nil, err

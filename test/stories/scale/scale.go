@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/exec"
@@ -22,6 +23,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
@@ -60,7 +64,10 @@ type Options struct {
 	// kubelets'): KWOK renews each a few times per duration, the load a
 	// cluster of that size puts on its API server at rest.
 	LeaseDuration time.Duration
-	Log           func(format string, args ...any)
+	// Agent: the bundle carries the agent's image too (agent mode: the
+	// fleet's agents answer the step requests, ServeAgents).
+	Agent bool
+	Log   func(format string, args ...any)
 }
 
 // Env is a running simulation.
@@ -111,7 +118,7 @@ func Up(ctx context.Context, o Options) (_ *Env, err error) {
 		return nil, err
 	}
 	o.Log("making the signed bundle of %s from the real builds", To)
-	if err := e.makeBundle(ctx, newBin, hashSkip); err != nil {
+	if err := e.makeBundle(ctx, newBin, hashSkip, o.Agent); err != nil {
 		return nil, err
 	}
 	if e.Registry, err = internet.StartRegistry(ctx, filepath.Join(o.Dir, "registry"), internet.RegistryOptions{TLS: true, User: "kubelift", Password: "scale-secret"}); err != nil {
@@ -184,7 +191,7 @@ func hashSkipKubelet(ctx context.Context) (string, error) {
 // registry seeded with the release's images and a file server with the
 // real builds (stand-ins for the files the simulation does not build, as
 // the sandbox does), then bundle create with kubelift's hash-skip kubelet.
-func (e *Env) makeBundle(ctx context.Context, newBin, hashSkip string) error {
+func (e *Env) makeBundle(ctx context.Context, newBin, hashSkip string, withAgent bool) error {
 	cat, err := catalog.Default()
 	if err != nil {
 		return err
@@ -230,6 +237,9 @@ func (e *Env) makeBundle(ctx context.Context, newBin, hashSkip string) error {
 	e.Key, e.Bundle = prefix+".pub", filepath.Join(e.Dir, "k8s-"+To+".tar")
 	args := append([]string{"create", "--kubernetes-version", To, "--sign-key", prefix + ".key", "-o", e.Bundle, "--cache-dir", filepath.Join(e.Dir, "bundle-cache"),
 		"-q", "--kubelet-binary", hashSkip}, flags...)
+	if withAgent {
+		args = append(args, "--agent", filepath.Join(e.Bin, "upgrade"))
+	}
 	if r := e.run(ctx, "", filepath.Join(e.Bin, "bundle"), args...); r.Err != nil {
 		return r.Err
 	}
@@ -272,6 +282,32 @@ func (e *Env) NodeFlags() []string {
 func (e *Env) ApplyArgs(extra ...string) []string {
 	args := append([]string{"apply", "--to", To, "--key", e.Key}, e.RegistryFlags()...)
 	return append(append(args, e.NodeFlags()...), extra...)
+}
+
+// AgentArgs is upgrade CMD to To in agent mode: no inventory, no SSH
+// key, the nodes reached through their agents (ServeAgents).
+func (e *Env) AgentArgs(cmd string, extra ...string) []string {
+	args := append([]string{cmd, "--to", To, "--key", e.Key, "--kubeconfig", e.Cluster.Kubeconfig, "--via", "agent"}, e.RegistryFlags()...)
+	return append(args, extra...)
+}
+
+// AgentUserAgent is the user agent of the fleet's agents' requests.
+const AgentUserAgent = "fleet-agent"
+
+// ServeAgents starts kubelift's agent loop for every node (the fleet's
+// ServeAgents), through one client with the request budget of as many
+// agents (none: each real agent has its own); stop ends them.
+func (e *Env) ServeAgents(ctx context.Context) (stop func(), err error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", e.Cluster.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.UserAgent = -1, AgentUserAgent
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return e.Fleet.ServeAgents(ctx, c, slog.New(slog.DiscardHandler)), nil
 }
 
 // PreStage places To's files, as staging would, on every node but the

@@ -3,9 +3,11 @@ package scale
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,7 +38,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	env, err = Up(context.Background(), Options{Dir: dir, Workers: workers, PodsPerNode: podsPerNode, NoTolerationsEvery: noTolEvery,
-		RestartDelay: time.Second, RestartJitter: 2 * time.Second,
+		RestartDelay: time.Second, RestartJitter: 2 * time.Second, Agent: true,
 		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "scale: "+format+"\n", args...) }})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
@@ -70,6 +72,84 @@ func (u *unavailable) see(obj any) {
 		u.notReady[n.Name] = true
 	}
 	u.max = max(u.max, len(u.notReady))
+}
+
+// Planned through the nodes' agents (kubelift's agent loop for every
+// node, answering step requests through the real API server), the
+// upgrade is the one planned over SSH: the same nodes, steps, window and
+// findings; and the plan leaves no agent pod or step request behind.
+func TestPlanThroughAgentsIsTheSSHPlan(t *testing.T) {
+	ctx := context.Background()
+	stop, err := env.ServeAgents(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	pw := env.Registry.Password + "\n"
+	plan := func(via string, args ...string) map[string]json.RawMessage {
+		t.Helper()
+		r := env.Upgrade(ctx, pw, args...)
+		var m map[string]json.RawMessage
+		if (r.Code != 0 && r.Code != 4) || json.Unmarshal([]byte(r.Stdout), &m) != nil {
+			t.Fatalf("plan %s: exit %d\n%s\n%s", via, r.Code, r.Stdout, lastLines(r.Stderr, 40))
+		}
+		return m
+	}
+	overSSH := plan("over SSH", append(append([]string{"plan", "--to", To, "--key", env.Key, "-o", "json"}, env.RegistryFlags()...), env.NodeFlags()...)...)
+	overAgents := plan("--via agent", env.AgentArgs("plan", "-o", "json")...)
+	// Each says how it would stage: over SSH, sent by this machine (the
+	// fleet's nodes have no curl to pull with); through agents, it cannot
+	// (agent mode stages from the registry only), which blocks the plan,
+	// naming each node.
+	agentsStage := 0
+	for _, m := range []map[string]json.RawMessage{overSSH, overAgents} {
+		var nodes []map[string]any
+		var findings []map[string]any
+		if err := errors.Join(json.Unmarshal(m["nodes"], &nodes), json.Unmarshal(m["findings"], &findings)); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes {
+			delete(n, "stagePath")
+			delete(n, "stagePathReason")
+		}
+		kept := findings[:0]
+		for _, f := range findings {
+			if f["check"] != "staged" {
+				kept = append(kept, f)
+				continue
+			}
+			if m["agents"] != nil && f["severity"] == "blocking" && strings.Contains(fmt.Sprint(f["message"]), "apply cannot get them there: node ") {
+				agentsStage++
+			}
+		}
+		m["nodes"], _ = json.Marshal(nodes)
+		m["findings"], _ = json.Marshal(kept)
+	}
+	if agentsStage != workers+1 {
+		t.Errorf("plan --via agent blocks %d nodes' staging, want every node's (%d): none can pull", agentsStage, workers+1)
+	}
+	for _, k := range []string{"nodes", "steps", "window", "findings", "coreDNS"} {
+		if a, b := string(overSSH[k]), string(overAgents[k]); a != b {
+			t.Errorf("plan's %s over SSH:\n%s\nthrough agents:\n%s", k, a, b)
+		}
+	}
+	if len(overSSH["nodes"]) < workers*10 {
+		t.Errorf("plan's nodes: %s", overSSH["nodes"])
+	}
+	if _, ok := overAgents["agents"]; !ok {
+		t.Error("plan --via agent -o json does not say what agent mode makes")
+	}
+	if got := env.Fleet.Stats().Commands["facts"]; got < 2*(workers+1) {
+		t.Errorf("the fleet played facts %d times, want at least twice per node (%d)", got, 2*(workers+1))
+	}
+	pods, err := env.Cluster.Client.CoreV1().Pods("kubelift-system").List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 0 {
+		t.Errorf("after the plan: %v agent pods left, %v", len(pods.Items), err)
+	}
+	secrets, err := env.Cluster.Client.CoreV1().Secrets("kubelift-system").List(ctx, metav1.ListOptions{FieldSelector: "type=kubelift.dev/step"})
+	if err != nil || len(secrets.Items) != 0 {
+		t.Errorf("after the plan: %v step requests left, %v", len(secrets.Items), err)
+	}
 }
 
 // The engine's sliding window never has more workers down than
