@@ -242,6 +242,17 @@ func StartAPIServer(ctx context.Context, dir, binDir string, opts ...APIServerOp
 	return s, nil
 }
 
+// Pids are its processes (etcd, kube-apiserver), by program name.
+func (s *APIServer) Pids() map[string]int {
+	m := map[string]int{}
+	for _, c := range s.procs {
+		if c.Process != nil {
+			m[filepath.Base(c.Path)] = c.Process.Pid
+		}
+	}
+	return m
+}
+
 func (s *APIServer) start(logPath, bin string, args ...string) error {
 	logf, err := os.Create(logPath)
 	if err != nil {

@@ -292,9 +292,12 @@ func KwokBinary(ctx context.Context) (string, error) {
 }
 
 // Pids are the processes the cluster runs, by name (etcd and
-// kube-apiserver are kube.APIServer's).
+// kube-apiserver among them).
 func (c *Cluster) Pids() map[string]int {
 	m := map[string]int{}
+	if c.api != nil {
+		m = c.api.Pids()
+	}
 	for _, p := range c.procs {
 		m[p.name] = p.cmd.Process.Pid
 	}
