@@ -45,7 +45,7 @@ func serveNode(t *testing.T, c *fake.Clientset, units *hoststeptest.Direct) (ste
 // A command runs on the node through its agent and answers as over SSH:
 // its output, or an *nodeaccess.ExitError naming the node.
 func TestRunThroughTheAgent(t *testing.T) {
-	c, units := fake.NewClientset(), &hoststeptest.Direct{}
+	c, units := newClient(), &hoststeptest.Direct{}
 	steps := serveNode(t, c, units)
 	conn := &Connector{Client: c, Run: "r1", Poll: 20 * time.Millisecond}
 	n, err := conn.Dial(context.Background(), nodeaccess.Address{Name: "worker-1"})
@@ -93,6 +93,16 @@ func TestRunThroughTheAgent(t *testing.T) {
 	if list, _ := c.CoreV1().Secrets(agent.Namespace).List(ctx, metav1.ListOptions{}); len(list.Items) != 0 {
 		t.Errorf("%d requests after the run's cleanup", len(list.Items))
 	}
+	// In one request (a run of 1000 nodes makes some 10,000 requests).
+	deletes := map[string]int{}
+	for _, a := range c.Actions() {
+		if a.GetResource().Resource == "secrets" {
+			deletes[a.GetVerb()]++
+		}
+	}
+	if deletes["delete-collection"] != 1 || deletes["delete"] != 0 {
+		t.Errorf("the run's cleanup: %d delete-collection, %d delete; want one delete-collection", deletes["delete-collection"], deletes["delete"])
+	}
 	// The agent forgets a deleted request's directory on the host.
 	for ctx.Err() == nil {
 		if left, _ := os.ReadDir(steps); len(left) == 0 {
@@ -108,7 +118,7 @@ func TestRunThroughTheAgent(t *testing.T) {
 // a Secret that is no request (its type) is not the agent's to answer,
 // even with the node's label and no data.
 func TestRefusedRequest(t *testing.T) {
-	c := fake.NewClientset()
+	c := newClient()
 	stray := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "stray", Namespace: agent.Namespace, Labels: map[string]string{agent.LabelNode: "worker-1"}}}
 	if _, err := c.CoreV1().Secrets(agent.Namespace).Create(context.Background(), stray, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -142,7 +152,7 @@ func TestRefusedRequest(t *testing.T) {
 // A node with no agent leaves the step unanswered: the run's context
 // ends it.
 func TestNoAgent(t *testing.T) {
-	c := fake.NewClientset()
+	c := newClient()
 	conn := &Connector{Client: c, Run: "r1", Poll: 20 * time.Millisecond}
 	n, _ := conn.Dial(context.Background(), nodeaccess.Address{Name: "worker-2"})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -160,7 +170,7 @@ func TestNoAgent(t *testing.T) {
 // A request under the name this run's next step takes, asking another
 // step (a run id used twice), is refused, not taken as the answer.
 func TestRunIDUsedTwice(t *testing.T) {
-	c := fake.NewClientset()
+	c := newClient()
 	old, err := agent.NewRequest("r9", "worker-1", 1, nodescript.Exists.Command("/etc"), nil, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +196,7 @@ func TestRunIDUsedTwice(t *testing.T) {
 // A small file goes to the node in the step's standard input (put-file),
 // whole, with its mode; one over the bound is refused before any request.
 func TestUpload(t *testing.T) {
-	c := fake.NewClientset()
+	c := newClient()
 	serveNode(t, c, &hoststeptest.Direct{})
 	conn := &Connector{Client: c, Run: "r1", Poll: 20 * time.Millisecond}
 	n, err := conn.Dial(context.Background(), nodeaccess.Address{Name: "worker-1"})
@@ -228,7 +238,7 @@ func TestRunOfHolder(t *testing.T) {
 // A request deleted while its step is awaited (a run taking over this
 // one's requests) ends the wait at once, from the watch, saying so.
 func TestDeletedRequestEndsTheWait(t *testing.T) {
-	c := fake.NewClientset()
+	c := newClient()
 	conn := &Connector{Client: c, Run: "r1", Poll: 10 * time.Millisecond}
 	n, err := conn.Dial(context.Background(), nodeaccess.Address{Name: "worker-1"})
 	if err != nil {

@@ -84,7 +84,13 @@ func (c *Connector) EnsureAgents(ctx context.Context, image string, nodes []stri
 // stay.
 func (c *Connector) RemoveAgents(ctx context.Context) error {
 	pods := c.Client.CoreV1().Pods(agent.Namespace)
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{LabelApp: appName, agent.LabelRun: c.Run}).String()})
+	sel := labels.SelectorFromSet(labels.Set{LabelApp: appName, agent.LabelRun: c.Run}).String()
+	// One request for them all; one by one where the API server refuses
+	// that.
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err == nil {
+		return nil
+	}
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return fmt.Errorf("listing the agents' pods in %s: %w", agent.Namespace, err)
 	}

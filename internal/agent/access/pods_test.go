@@ -41,7 +41,7 @@ func TestAgentPod(t *testing.T) {
 // The run creates each node's agent once, and removes them all.
 func TestEnsureAndRemoveAgents(t *testing.T) {
 	ctx := context.Background()
-	cs := fake.NewClientset()
+	cs := newClient()
 	c := &Connector{Client: cs, Run: "r1"}
 	for i := 0; i < 2; i++ {
 		if err := c.EnsureAgents(ctx, "agent@sha256:"+strings.Repeat("b", 64), []string{"worker-1", "worker-2"}); err != nil {
@@ -82,7 +82,7 @@ func setPod(_ *testing.T, cs *fake.Clientset, status corev1.PodStatus) {
 func TestDialStartsTheAgent(t *testing.T) {
 	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	ctx := context.Background()
-	cs := fake.NewClientset()
+	cs := newClient()
 	c := &Connector{Client: cs, Run: "r1", Image: img, Poll: 10 * time.Millisecond, Ready: 20 * time.Second}
 	go setPod(t, cs, corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
 		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "Back-off pulling image"}}}}})
@@ -123,7 +123,7 @@ func TestUnansweredStepRevivesTheAgent(t *testing.T) {
 	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cs := fake.NewClientset()
+	cs := newClient()
 	c := &Connector{Client: cs, Run: "r1", Image: img, Poll: 10 * time.Millisecond, Grace: 50 * time.Millisecond}
 	go setPod(t, cs, corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
 		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}})
@@ -156,7 +156,7 @@ func TestUnansweredStepRevivesTheAgent(t *testing.T) {
 func TestEndedAgentReplacedOnce(t *testing.T) {
 	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	ctx := context.Background()
-	cs := fake.NewClientset()
+	cs := newClient()
 	c := &Connector{Client: cs, Run: "r1", Image: img, Poll: 10 * time.Millisecond, Ready: 20 * time.Second}
 	failed := corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."}
 	pods := cs.CoreV1().Pods(agent.Namespace)
@@ -198,7 +198,7 @@ func TestEndedAgentReplacedOnce(t *testing.T) {
 func TestAdopt(t *testing.T) {
 	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	ctx := context.Background()
-	cs := fake.NewClientset()
+	cs := newClient()
 	pods := cs.CoreV1().Pods(agent.Namespace)
 	for _, p := range []*corev1.Pod{AgentPod("dead", "worker-1", img), AgentPod("dead", "worker-2", "registry.local:5000/library/kubelift-agent@sha256:"+strings.Repeat("9", 64)),
 		AgentPod("plan", "worker-3", img)} {
@@ -248,7 +248,7 @@ func TestAdopt(t *testing.T) {
 func TestAnotherImagesAgentRefused(t *testing.T) {
 	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	ctx := context.Background()
-	cs := fake.NewClientset()
+	cs := newClient()
 	p := AgentPod("other", "worker-1", "registry.local:5000/library/kubelift-agent@sha256:"+strings.Repeat("9", 64))
 	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}}
 	if _, err := cs.CoreV1().Pods(agent.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {

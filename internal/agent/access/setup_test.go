@@ -6,14 +6,13 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // What plan says agent mode makes is what Setup makes: each object it
 // lists that Setup keeps exists after Setup, under that name.
 func TestMadeIsWhatSetupMakes(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
+	c := newClient()
 	if err := Setup(ctx, c); err != nil {
 		t.Fatal(err)
 	}
