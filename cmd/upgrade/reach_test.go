@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubelift/kubelift/internal/agent"
+	"github.com/kubelift/kubelift/internal/agent/access/accesstest"
 	"github.com/kubelift/kubelift/internal/agent/image"
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/catalog"
@@ -46,6 +47,7 @@ func TestReachAgents(t *testing.T) {
 			{Ref: ref, Target: domain + "/library/kubelift-agent:sha256-0123456789abcdef", Digest: d.String()}}}}
 	acc := registry.Access{Insecure: []string{domain}}
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-1"}}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1"}})
+	accesstest.DeleteCollections(cs) // the run's end deletes its pods in one request
 	ctx := context.Background()
 
 	_, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain, "")
