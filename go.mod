@@ -18,6 +18,7 @@ require (
 
 require (
 	github.com/coredns/corefile-migration v1.0.36
+	github.com/prometheus/client_model v0.6.2
 	github.com/prometheus/common v0.70.0
 	golang.org/x/crypto v0.59.0
 	k8s.io/component-helpers v0.37.2
@@ -49,7 +50,6 @@ require (
 	github.com/moby/term v0.5.2 // indirect
 	github.com/monochromegane/go-gitignore v0.0.0-20200626010858-205db1a8cc00 // indirect
 	github.com/peterbourgon/diskv v2.0.1+incompatible // indirect
-	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/xlab/treeprint v1.2.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.4 // indirect

@@ -77,8 +77,11 @@ func cpuSeconds(pid int) (float64, error) {
 		return 0, err
 	}
 	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
 	f := strings.Fields(string(b)[i+1:])
-	if i < 0 || len(f) < 13 {
+	if len(f) < 13 {
 		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
 	}
 	utime, err1 := strconv.ParseFloat(f[11], 64)

@@ -54,10 +54,11 @@ type Connector struct {
 
 	seq atomic.Int64
 	// replaced: nodes whose ended agent pod this connector replaced;
-	// answers: the watch of the run's requests.
-	mu       sync.Mutex
-	replaced map[string]bool
-	answers  *answers
+	// answers: the watch of the run's requests (none once watchStopped).
+	mu           sync.Mutex
+	replaced     map[string]bool
+	answers      *answers
+	watchStopped bool
 }
 
 // Start makes what agent mode needs in the cluster (Setup) and starts an

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,41 +23,42 @@ import (
 // spend a client's whole request budget asking), so that a step's answer
 // is read from the cache the watch keeps.
 type answers struct {
-	once   sync.Once
 	stop   chan struct{}
 	lister listerscorev1.SecretNamespaceLister
 	synced cache.InformerSynced
-	err    error
 }
 
-// watch starts the run's watch once; later calls share it.
+// watch is the run's watch, started on the first call. After stopWatch
+// there is none: answers are read from the API (every recheck).
 func (c *Connector) watch() *answers {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.answers == nil {
-		c.answers = &answers{stop: make(chan struct{})}
-	}
-	a := c.answers
-	c.mu.Unlock()
-	a.once.Do(func() {
+		a := &answers{stop: make(chan struct{}), synced: func() bool { return false }}
+		c.answers = a
+		if c.watchStopped {
+			return a
+		}
 		sel := labels.SelectorFromSet(labels.Set{agent.LabelRun: c.Run}).String()
 		f := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(agent.Namespace),
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
 		inf := f.Core().V1().Secrets()
 		a.lister, a.synced = inf.Lister().Secrets(agent.Namespace), inf.Informer().HasSynced
 		f.Start(a.stop)
-	})
-	return a
+	}
+	return c.answers
 }
 
-// stopWatch ends the run's watch, if it began.
+// stopWatch ends the run's watch, if it began; none starts after.
 func (c *Connector) stopWatch() {
 	c.mu.Lock()
-	a := c.answers
-	c.answers = nil
-	c.mu.Unlock()
-	if a != nil {
-		a.once.Do(func() {}) // never to start after this
-		close(a.stop)
+	defer c.mu.Unlock()
+	if !c.watchStopped {
+		c.watchStopped = true
+		if c.answers != nil {
+			close(c.answers.stop)
+		}
+		c.answers = &answers{stop: make(chan struct{}), synced: func() bool { return false }}
 	}
 }
 

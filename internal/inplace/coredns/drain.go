@@ -131,6 +131,11 @@ func (r Roller) drain(ctx context.Context, next *appsv1.Deployment, b *Backup) e
 	// The Deployment holds the old pods (minReadySeconds past the hold)
 	// until untilQuiet lets them go.
 	next.Spec.MinReadySeconds = max(b.Knobs.MinReadySeconds, int32((r.drainTime()+Hold+time.Minute)/time.Second))
+	if pds := next.Spec.ProgressDeadlineSeconds; pds != nil && *pds <= next.Spec.MinReadySeconds {
+		// The API server takes no minReadySeconds of the deadline or
+		// more: the hold is the deadline's, short of it.
+		next.Spec.MinReadySeconds = max(b.Knobs.MinReadySeconds, *pds-1)
+	}
 	if err := r.updateDeployment(ctx, func(d *appsv1.Deployment) {
 		d.Spec.Template, d.Spec.Strategy, d.Spec.MinReadySeconds = next.Spec.Template, next.Spec.Strategy, next.Spec.MinReadySeconds
 	}); err != nil {

@@ -3,11 +3,13 @@ package coredns
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	appsv1 "k8s.io/api/apps/v1"
@@ -77,7 +79,7 @@ func (r Roller) proxyCount(ctx context.Context, pod *corev1.Pod, port int32) (fl
 	return n, nil
 }
 
-// parseRequests sums the samples of CoreDNS's count of queries in a
+// parseRequests sums the samples of CoreDNS's count of UDP queries in a
 // Prometheus text exposition: 0 where there is none (a counter with
 // labels shows once it first counts). A value that is not a finite count
 // is refused, naming the metric and the value.
@@ -94,6 +96,9 @@ func parseRequests(body []byte) (float64, error) {
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			if !udp(m) {
+				continue // TCP connections are not kube-proxy's to flush: they go on to the old pod until they close
+			}
 			v := m.GetCounter().GetValue()
 			if m.GetCounter() == nil {
 				v = m.GetUntyped().GetValue()
@@ -105,6 +110,17 @@ func parseRequests(body []byte) (float64, error) {
 		}
 	}
 	return sum, nil
+}
+
+// udp says whether a sample counts UDP queries: its proto label says so,
+// or it has none.
+func udp(m *dto.Metric) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == "proto" {
+			return l.GetValue() == "udp"
+		}
+	}
+	return true
 }
 
 // metricsPort is the port pod serves CoreDNS's metrics on: the container
@@ -127,7 +143,8 @@ func metricsPort(pod *corev1.Pod) (int32, bool) {
 	return fallback, fallback != 0
 }
 
-// oldPods are d's pods of another template than hash's.
+// oldPods are d's running pods of another template than hash's (an
+// evicted or ended one answers nothing, and has no metrics to read).
 func (r Roller) oldPods(ctx context.Context, d *appsv1.Deployment, hash string) ([]corev1.Pod, error) {
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	if err != nil {
@@ -139,7 +156,7 @@ func (r Roller) oldPods(ctx context.Context, d *appsv1.Deployment, hash string) 
 	}
 	var old []corev1.Pod
 	for _, p := range pods.Items {
-		if p.Labels[appsv1.DefaultDeploymentUniqueLabelKey] != hash && p.DeletionTimestamp == nil {
+		if p.Labels[appsv1.DefaultDeploymentUniqueLabelKey] != hash && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
 			old = append(old, p)
 		}
 	}
@@ -172,13 +189,17 @@ func (r Roller) countsOf(old []corev1.Pod) (*queryCounts, error) {
 }
 
 // read returns how many queries the pods answered since the last read (a
-// count that went down, its pod restarted, counts whole).
+// count that went down, its pod restarted, counts whole). A pod that
+// does not answer is read again next time, the others counted meanwhile;
+// an error only where none answered.
 func (q *queryCounts) read(ctx context.Context) (float64, error) {
 	seen := 0.0
+	var errs []error
 	for i := range q.pods {
 		n, err := q.count(ctx, &q.pods[i], q.ports[i])
 		if err != nil {
-			return 0, err
+			errs = append(errs, err)
+			continue
 		}
 		if n >= q.last[i] {
 			seen += n - q.last[i]
@@ -186,6 +207,9 @@ func (q *queryCounts) read(ctx context.Context) (float64, error) {
 			seen += n
 		}
 		q.last[i] = n
+	}
+	if len(errs) == len(q.pods) {
+		return 0, errors.Join(errs...)
 	}
 	return seen, nil
 }
@@ -220,7 +244,7 @@ func (r Roller) untilQuiet(ctx context.Context, old []corev1.Pod, switched time.
 			r.Log.Info("old CoreDNS pods stop: no node sends them queries any more", "quietFor", quiet, "held", since.Round(time.Second), "queriesSeenLate", late)
 			return nil
 		}
-		if since >= Hold {
+		if since >= max(Hold, drain) {
 			r.Log.Warn("old CoreDNS pods are still sent queries after they left their Services; they stop now, at the hold's end: a lookup that still goes to one is lost", "hold", Hold, "queriesSeenLate", late)
 			return nil
 		}

@@ -42,10 +42,11 @@ func (f *Fleet) ServeAgents(ctx context.Context, client kubernetes.Interface, lo
 // (serve.Host): a request runs once, its answer kept until it is
 // forgotten.
 type agentHost struct {
-	f     *Fleet
-	n     *node
-	mu    sync.Mutex
-	steps map[string]*agentStep
+	f         *Fleet
+	n         *node
+	mu        sync.Mutex
+	steps     map[string]*agentStep
+	forgotten map[string]bool
 }
 
 type agentStep struct {
@@ -56,6 +57,10 @@ type agentStep struct {
 // Run starts r's command unless it began, and answers once it ended.
 func (h *agentHost) Run(_ context.Context, r agent.Request) (*agent.Result, error) {
 	h.mu.Lock()
+	if h.forgotten[r.Name] {
+		h.mu.Unlock()
+		return nil, nil // deleted: never started (again)
+	}
 	s, ok := h.steps[r.Name]
 	if !ok {
 		s = &agentStep{done: make(chan struct{})}
@@ -85,10 +90,14 @@ func (h *agentHost) play(r agent.Request, s *agentStep) {
 	close(s.done)
 }
 
-// Forget drops a deleted request's answer (a step still playing ends
-// on its own).
+// Forget drops a deleted request's answer, and never starts it again
+// (a step still playing ends on its own).
 func (h *agentHost) Forget(name string) {
 	h.mu.Lock()
+	if h.forgotten == nil {
+		h.forgotten = map[string]bool{}
+	}
+	h.forgotten[name] = true
 	delete(h.steps, name)
 	h.mu.Unlock()
 }
