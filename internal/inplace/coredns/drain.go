@@ -154,11 +154,7 @@ func (r Roller) drain(ctx context.Context, next *appsv1.Deployment, b *Backup) e
 	}
 	// The old pods stop once no node sends them queries any more.
 	switched := r.Wait.Now()
-	d, err := r.Client.AppsV1().Deployments(Namespace).Get(ctx, next.Name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("deployment %s/%s: %w", Namespace, next.Name, err)
-	}
-	old, err := r.oldPods(ctx, d, hash)
+	old, err := r.oldPods(ctx, next, hash)
 	if err != nil {
 		return err
 	}
