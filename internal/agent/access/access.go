@@ -40,7 +40,7 @@ type Connector struct {
 	// when 0).
 	Deadline time.Duration
 	// Wait polls for answers in the cache of the run's watch of its
-	// requests (every Poll, 100 ms when 0).
+	// requests (every Poll, 20 ms when 0: a read of the cache).
 	Wait waiter.Waiter
 	Poll time.Duration
 	// Image is the agents' image (REPOSITORY@DIGEST); with it the
@@ -187,7 +187,7 @@ func (n *node) Run(ctx context.Context, cmd string, stdin io.Reader) ([]byte, er
 	}
 	poll := n.c.Poll
 	if poll <= 0 {
-		poll = 100 * time.Millisecond
+		poll = 20 * time.Millisecond
 	}
 	grace := n.c.Grace
 	if grace <= 0 {
