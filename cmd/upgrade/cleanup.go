@@ -73,7 +73,11 @@ func cleanupRun(ctx context.Context, opts *cleanupOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	r, err := opts.Agent.reach(ctx, client, &opts.Nodes, "")
+	steps, err := opts.Kube.stepClient(opts.Agent.QPS)
+	if err != nil {
+		return err
+	}
+	r, err := opts.Agent.reach(ctx, client, steps, &opts.Nodes, "")
 	if err != nil {
 		return err
 	}

@@ -49,6 +49,41 @@ func (f *kubeFlags) config() (*rest.Config, error) {
 	return cfg, nil
 }
 
+// stepClient is the client agent mode's step requests go through: the
+// same API server and user agent, at a rate of its own (--agent-qps,
+// burst twice it). A node step is one request through an agent where it
+// is an SSH command otherwise: at 1000 nodes and a window of 100 the
+// steps alone need more than --kube-qps's default, and sharing it
+// slowed the engine's own requests (docs/scale.md). 0 is the flag's
+// default.
+func (f *kubeFlags) stepClient(qps float32) (kubernetes.Interface, error) {
+	cfg, err := f.stepConfig(qps)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+func (f *kubeFlags) stepConfig(qps float32) (*rest.Config, error) {
+	cfg, err := f.config()
+	if err != nil {
+		return nil, err
+	}
+	if qps <= 0 {
+		qps = defaultAgentQPS
+	}
+	cfg.QPS, cfg.Burst = qps, int(2*qps)
+	cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst)
+	return cfg, nil
+}
+
+const defaultAgentQPS = 50
+
+// agentQPSFlag is --agent-qps, beside --via.
+func agentQPSFlag(cmd *cobra.Command, qps *float32) {
+	cmd.Flags().Float32Var(qps, "agent-qps", defaultAgentQPS, "with --via agent: node steps asked of the agents per second at most (each is an API request, on a budget of its own beside --kube-qps)")
+}
+
 func (f *kubeFlags) client() (kubernetes.Interface, error) {
 	cfg, err := f.config()
 	if err != nil {
@@ -99,17 +134,28 @@ func registryAccess(in io.Reader, rf *cli.RegistryFlags, t *release.Release) (re
 
 // stagePath is how nodes get their files: --via, --codec and
 // --node-credentials.
-type stagePath struct{ Via, Codec, NodeCredentials string }
+type stagePath struct {
+	Via, Codec, NodeCredentials string
+	AgentQPS                    float32
+}
 
 func (p *stagePath) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&p.Via, "via", stage.ViaAuto, "how nodes are reached and get their files: auto (over SSH; nodes that reach the private registry pull from it, the others are sent them over SSH), registry, ssh, or agent (no SSH: an agent the run starts on each node runs its steps, and nodes pull their files from the registry; docs/agent-mode.md)")
 	cmd.Flags().StringVar(&p.NodeCredentials, "node-credentials", stage.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
+	agentQPSFlag(cmd, &p.AgentQPS)
 	cmd.Flags().StringVar(&p.Codec, "codec", stage.CodecAuto, "how files sent over SSH are encoded: auto (the registry's zstd copies where the node has zstd, else zstd or gzip or none, whichever the first megabytes measure faster), zstd, gzip, or none")
 }
 
 func (p *stagePath) check() error {
 	if err := stage.CheckChoice(p.stageVia(), p.Codec, p.NodeCredentials); err != nil {
 		return cli.Usagef("%v", err)
+	}
+	return checkAgentQPS(p.AgentQPS)
+}
+
+func checkAgentQPS(qps float32) error {
+	if !(qps >= 0) { // NaN too
+		return cli.Usagef("--agent-qps %v: want a rate, more than 0 (0: %d)", qps, defaultAgentQPS)
 	}
 	return nil
 }

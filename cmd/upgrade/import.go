@@ -186,7 +186,11 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		}
 		source = stage.RegistrySource{Access: access}
 	}
-	sres, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, access, opts.Registry.Domain, opts.Quiet)
+	steps, err := (&kubeFlags{Kubeconfig: opts.Kubeconfig}).stepClient(opts.Path.AgentQPS)
+	if err != nil {
+		return err
+	}
+	sres, err := stageNodes(ctx, opts.IO, client, steps, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, access, opts.Registry.Domain, opts.Quiet)
 	if sres != nil && !asJSON {
 		printStage(opts.IO.Out, sres)
 	}

@@ -147,7 +147,11 @@ func (opts *planOptions) engine(ctx context.Context) (*preflight.PlanOptions, er
 	if err := opts.Path.check(); err != nil {
 		return nil, err
 	}
-	r, err := reachForRelease(ctx, opts.Path.Via, &opts.Nodes, client, target, access, opts.Registry.Domain, agentaccess.RunOfHolder(opts.holder))
+	steps, err := opts.Cluster.stepClient(opts.Path.AgentQPS)
+	if err != nil {
+		return nil, err
+	}
+	r, err := reachForRelease(ctx, opts.Path.Via, &opts.Nodes, client, steps, target, access, opts.Registry.Domain, agentaccess.RunOfHolder(opts.holder))
 	if err != nil {
 		return nil, err
 	}

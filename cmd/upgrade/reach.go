@@ -67,8 +67,9 @@ func reachSSH(nf *cli.NodeFlags) (*reached, error) {
 }
 
 // reachAgents starts an agent from img on every node of the cluster (the
-// inventory, when given, only names nodes' roles: no SSH is used).
-func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags, run, img string) (*reached, error) {
+// inventory, when given, only names nodes' roles: no SSH is used); the
+// step requests go through steps (kubeFlags.stepClient).
+func reachAgents(ctx context.Context, client, steps kubernetes.Interface, nf *cli.NodeFlags, run, img string) (*reached, error) {
 	inv := &nodeaccess.Inventory{}
 	if nf.Inventory != "" {
 		var err error
@@ -90,7 +91,7 @@ func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeF
 	if run == "" {
 		run = access.NewRunID()
 	}
-	c, err := access.Start(ctx, client, run, img, names)
+	c, err := access.Start(ctx, steps, run, img, names)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func reachAgents(ctx context.Context, client kubernetes.Interface, nf *cli.NodeF
 // with via "agent" through agents from the target's agent image, which
 // must be in the registry first (nothing is made in the cluster when it
 // is not: the plan is blocked).
-func reachForRelease(ctx context.Context, via string, nf *cli.NodeFlags, client kubernetes.Interface, target *release.Release,
+func reachForRelease(ctx context.Context, via string, nf *cli.NodeFlags, client, steps kubernetes.Interface, target *release.Release,
 	acc registry.Access, domain, run string) (*reached, error) {
 	if via != viaAgent {
 		return reachSSH(nf)
@@ -111,7 +112,7 @@ func reachForRelease(ctx context.Context, via string, nf *cli.NodeFlags, client 
 	if err != nil {
 		return nil, &cli.CodeError{Code: cli.ExitBlocked, Err: fmt.Errorf("agent mode: %w", err)}
 	}
-	return reachAgents(ctx, client, nf, run, img)
+	return reachAgents(ctx, client, steps, nf, run, img)
 }
 
 // agentImage is target's agent image, checked in the registry by digest.
@@ -145,11 +146,13 @@ func agentImage(ctx context.Context, target *release.Release, acc registry.Acces
 // follow an upgrade already begun (rollback, compat cleanup).
 type agentFlags struct {
 	Via, Image string
+	QPS        float32
 	Trust      cli.TrustOptions
 }
 
 func (f *agentFlags) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.Via, "via", viaSSH, "how nodes are reached: ssh (from this machine) or agent (an agent the run starts on each node, docs/agent-mode.md; it makes its agents even for --dry-run)")
+	agentQPSFlag(cmd, &f.QPS)
 	cmd.Flags().StringVar(&f.Image, "agent-image", "", "with --via agent: the agents' image, REPOSITORY@sha256:DIGEST (default: the one the signed bundle of the upgrade's version names, verified with --key)")
 	f.Trust.AddFlags(cmd)
 }
@@ -159,6 +162,9 @@ func (f *agentFlags) check() error {
 	case viaSSH, viaAgent:
 	default:
 		return cli.Usagef("--via %q: want ssh or agent", f.Via)
+	}
+	if err := checkAgentQPS(f.QPS); err != nil {
+		return err
 	}
 	if f.Image != "" {
 		if f.Via != viaAgent {
@@ -175,7 +181,7 @@ func (f *agentFlags) check() error {
 // or the agent image of the upgrade's version: the one its signed
 // bundle names (verified with --key), where import pushed it (the
 // record is not signed: nothing it says alone picks the image).
-func (f *agentFlags) reach(ctx context.Context, client kubernetes.Interface, nf *cli.NodeFlags, run string) (*reached, error) {
+func (f *agentFlags) reach(ctx context.Context, client, steps kubernetes.Interface, nf *cli.NodeFlags, run string) (*reached, error) {
 	if f.Via != viaAgent {
 		return reachSSH(nf)
 	}
@@ -200,7 +206,7 @@ func (f *agentFlags) reach(ctx context.Context, client kubernetes.Interface, nf 
 			return nil, fmt.Errorf("--via agent: %w (or pass --agent-image)", err)
 		}
 	}
-	return reachAgents(ctx, client, nf, run, img)
+	return reachAgents(ctx, client, steps, nf, run, img)
 }
 
 // adopt, for a run that took over the upgrade's lock from takenOver,

@@ -7,6 +7,8 @@ import (
 	"log"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -50,7 +52,7 @@ func TestReachAgents(t *testing.T) {
 	accesstest.DeleteCollections(cs) // the run's end deletes its pods in one request
 	ctx := context.Background()
 
-	_, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain, "")
+	_, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, cs, target, acc, domain, "")
 	var ce *cli.CodeError
 	if !errors.As(err, &ce) || ce.Code != cli.ExitBlocked || !strings.Contains(err.Error(), "is not in the registry") {
 		t.Fatalf("an agent image missing from the registry: %v, want exit %d", err, cli.ExitBlocked)
@@ -65,7 +67,7 @@ func TestReachAgents(t *testing.T) {
 	if err := remote.Write(pushed, img); err != nil {
 		t.Fatal(err)
 	}
-	r, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, target, acc, domain, "")
+	r, err := reachForRelease(ctx, viaAgent, &cli.NodeFlags{}, cs, cs, target, acc, domain, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,5 +136,35 @@ func TestAgentModeSnapshotAndStaging(t *testing.T) {
 	imp := func(s *cli.IO) *cobra.Command { return newCmdImport(s, nil) }
 	if err := parse(t, imp, "bundle.run", "--via", "agent", "--skip-binaries", "--domain", "r.local:5000", "--key", "k.pub"); err == nil || !strings.Contains(err.Error(), "--via agent with --skip-binaries") {
 		t.Errorf("import --via agent --skip-binaries --stage: %v", err)
+	}
+}
+
+// Agent mode's step requests have a rate of their own (--agent-qps),
+// not a share of --kube-qps's: the engine's requests keep theirs.
+func TestStepClientHasItsOwnRate(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := &kubeFlags{Kubeconfig: kc, QPS: 5, Burst: 10}
+	engine, err := f.config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, err := f.stepConfig(200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps.RateLimiter == engine.RateLimiter || steps.RateLimiter.QPS() != 200 || steps.Burst != 400 || engine.RateLimiter.QPS() != 5 {
+		t.Errorf("steps at %v (burst %d), the engine at %v: want 200 (400) apart from 5", steps.RateLimiter.QPS(), steps.Burst, engine.RateLimiter.QPS())
+	}
+	if d, _ := f.stepConfig(0); d.RateLimiter.QPS() != defaultAgentQPS {
+		t.Errorf("--agent-qps 0: %v, want the default %d", d.RateLimiter.QPS(), defaultAgentQPS)
 	}
 }

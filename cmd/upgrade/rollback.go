@@ -88,7 +88,11 @@ func rollbackRun(ctx context.Context, opts *rollbackOptions) (err error) {
 	// The lock's holder names the agents' run: the next holder, taking
 	// the lock over from a run that stopped, takes its agents over.
 	holder := upgradelock.NewHolder()
-	r, err := opts.Agent.reach(ctx, client, &opts.Nodes, access.RunOfHolder(holder))
+	steps, err := opts.Kube.stepClient(opts.Agent.QPS)
+	if err != nil {
+		return err
+	}
+	r, err := opts.Agent.reach(ctx, client, steps, &opts.Nodes, access.RunOfHolder(holder))
 	if err != nil {
 		return err
 	}

@@ -141,7 +141,11 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 		}
 		source = stage.RegistrySource{Access: access}
 	}
-	res, err := stageNodes(ctx, opts.IO, client, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, access, opts.Registry.Domain, opts.Quiet)
+	steps, err := opts.Cluster.stepClient(opts.Path.AgentQPS)
+	if err != nil {
+		return err
+	}
+	res, err := stageNodes(ctx, opts.IO, client, steps, &opts.Nodes, target, source, opts.StageDir, opts.CacheDir, opts.Path, access, opts.Registry.Domain, opts.Quiet)
 	if res != nil {
 		if asJSON {
 			if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
@@ -157,9 +161,9 @@ func stageRun(ctx context.Context, opts *stageOptions) error {
 // stageNodes stages target on every node of the cluster, reached over
 // SSH or, with --via agent, through agents (acc and domain reach the
 // registry their image is in).
-func stageNodes(ctx context.Context, s *cli.IO, client kubernetes.Interface, nf *cli.NodeFlags, target *release.Release, source stage.Source,
+func stageNodes(ctx context.Context, s *cli.IO, client, steps kubernetes.Interface, nf *cli.NodeFlags, target *release.Release, source stage.Source,
 	stageDir, cacheDir string, path stagePath, acc registry.Access, domain string, quiet bool) (_ *stage.Result, err error) {
-	r, err := reachForRelease(ctx, path.Via, nf, client, target, acc, domain, "")
+	r, err := reachForRelease(ctx, path.Via, nf, client, steps, target, acc, domain, "")
 	if err != nil {
 		return nil, err
 	}

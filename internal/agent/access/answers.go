@@ -21,11 +21,20 @@ import (
 // answers watches the run's requests (one watch for the whole run, not a
 // read per step and poll: a window of 100 nodes in flight would otherwise
 // spend a client's whole request budget asking), so that a step's answer
-// is read from the cache the watch keeps.
+// is read from the cache the watch keeps; and the agents' pods, so that
+// a node whose agent runs is reached without reading its pod.
 type answers struct {
 	stop   chan struct{}
 	lister listerscorev1.SecretNamespaceLister
 	synced cache.InformerSynced
+	pods   listerscorev1.PodNamespaceLister
+	podsOK cache.InformerSynced
+}
+
+// notSynced is a watch that never synced: every answer is read from the API.
+func notSynced() *answers {
+	never := func() bool { return false }
+	return &answers{stop: make(chan struct{}), synced: never, podsOK: never}
 }
 
 // watch is the run's watch, started on the first call. After stopWatch
@@ -34,7 +43,7 @@ func (c *Connector) watch() *answers {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.answers == nil {
-		a := &answers{stop: make(chan struct{}), synced: func() bool { return false }}
+		a := notSynced()
 		c.answers = a
 		if c.watchStopped {
 			return a
@@ -45,6 +54,14 @@ func (c *Connector) watch() *answers {
 		inf := f.Core().V1().Secrets()
 		a.lister, a.synced = inf.Lister().Secrets(agent.Namespace), inf.Informer().HasSynced
 		f.Start(a.stop)
+		// Every agent's pod, this run's or not (one of another run's
+		// image is refused by name).
+		podSel := labels.SelectorFromSet(labels.Set{LabelApp: appName}).String()
+		pf := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(agent.Namespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = podSel }))
+		pinf := pf.Core().V1().Pods()
+		a.pods, a.podsOK = pinf.Lister().Pods(agent.Namespace), pinf.Informer().HasSynced
+		pf.Start(a.stop)
 	}
 	return c.answers
 }
@@ -58,8 +75,28 @@ func (c *Connector) stopWatch() {
 		if c.answers != nil {
 			close(c.answers.stop)
 		}
-		c.answers = &answers{stop: make(chan struct{}), synced: func() bool { return false }}
+		c.answers = notSynced()
 	}
+}
+
+// runningAgent is the agent pod name as the watch last saw it, where it
+// runs image and its container runs: nil where the watch does not say so
+// (the caller then reads the pod from the API).
+func (a *answers) runningAgent(name, image string) *corev1.Pod {
+	if !a.podsOK() {
+		return nil
+	}
+	p, err := a.pods.Get(name)
+	if err != nil || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning ||
+		len(p.Spec.Containers) != 1 || p.Spec.Containers[0].Image != image {
+		return nil
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.State.Running != nil {
+			return p
+		}
+	}
+	return nil
 }
 
 // recheck is how often a step not answered in the watch's cache is read

@@ -213,11 +213,17 @@ func cannotStart(p *corev1.Pod, image string) error {
 
 // revive makes node's agent pod where it is missing, and deletes one
 // that ended or is going (the next call makes it again); it returns the
-// pod that stays, nil where there is none yet. A step in flight goes on
+// pod that stays, nil where there is none yet. A pod the run's watch
+// saw running is taken from the watch's cache; every other state is read
+// from the API (the cache may lag a deletion or creation this connector
+// made). A step in flight goes on
 // in its unit on the host; the new agent answers it from its directory.
 func (c *Connector) revive(ctx context.Context, node string) (*corev1.Pod, error) {
-	pods := c.Client.CoreV1().Pods(agent.Namespace)
 	want := AgentPod(c.Run, node, c.Image)
+	if p := c.watch().runningAgent(want.Name, c.Image); p != nil {
+		return p, nil // runs, as the run's watch saw it: nothing to read
+	}
+	pods := c.Client.CoreV1().Pods(agent.Namespace)
 	p, err := pods.Get(ctx, want.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

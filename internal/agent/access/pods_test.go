@@ -106,6 +106,7 @@ func TestDialStartsTheAgent(t *testing.T) {
 	if err := pods.Delete(ctx, AgentPod("", "worker-1", "").Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	waitGone(t, c, AgentPod("", "worker-1", "").Name)
 	go setPod(t, cs, corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
 		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}})
 	if _, err := c.Dial(ctx, nodeaccess.Address{Name: "worker-1"}); err != nil {
@@ -114,6 +115,51 @@ func TestDialStartsTheAgent(t *testing.T) {
 	p, err := pods.Get(ctx, AgentPod("", "worker-1", "").Name, metav1.GetOptions{})
 	if err != nil || p.Spec.Containers[0].Image != img || p.Spec.NodeName != "worker-1" {
 		t.Fatalf("the agent made again: %v", err)
+	}
+}
+
+// waitGone waits until the run's watch saw pod name go.
+func waitGone(t *testing.T, c *Connector, name string) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		if a := c.watch(); a.podsOK() {
+			if _, err := a.pods.Get(name); err != nil {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("the run's watch still has pod %s", name)
+}
+
+// A node whose agent the run's watch saw running is dialled without a
+// read of its pod: at 1000 nodes those reads were two of every node's 17
+// requests, against the run's --kube-qps.
+func TestDialReadsNoRunningPod(t *testing.T) {
+	const img = "registry.local:5000/library/kubelift-agent@sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	ctx := context.Background()
+	p := AgentPod("r1", "worker-1", img)
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}}
+	cs := newClient(p)
+	c := &Connector{Client: cs, Run: "r1", Image: img, Poll: 10 * time.Millisecond, Ready: 20 * time.Second}
+	defer c.stopWatch()
+	if _, err := c.Dial(ctx, nodeaccess.Address{Name: "worker-1"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 500 && !c.watch().podsOK(); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cs.ClearActions()
+	for i := 0; i < 3; i++ {
+		if _, err := c.Dial(ctx, nodeaccess.Address{Name: "worker-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range cs.Actions() {
+		if a.GetResource().Resource == "pods" && a.GetVerb() != "list" && a.GetVerb() != "watch" {
+			t.Errorf("a dial asked the API: %s %s", a.GetVerb(), a.GetResource().Resource)
+		}
 	}
 }
 
