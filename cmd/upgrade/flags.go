@@ -77,7 +77,7 @@ func (f *kubeFlags) stepConfig(qps float32) (*rest.Config, error) {
 	return cfg, nil
 }
 
-const defaultAgentQPS = 50
+const defaultAgentQPS = 100
 
 // agentQPSFlag is --agent-qps, beside --via.
 func agentQPSFlag(cmd *cobra.Command, qps *float32) {

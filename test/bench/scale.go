@@ -34,7 +34,7 @@ var (
 	scalePods    = flag.Int("pods-per-node", 3, "scale: bare pods per worker (every 4th without tolerations)")
 	scaleSample  = flag.Int("stage-sample", 20, "scale: nodes staged for real over SSH (the rest are placed by the fleet)")
 	scaleQPS     = flag.Int("kube-qps", 50, "scale: apply's --kube-qps (--kube-burst is twice it)")
-	scaleAgentQ  = flag.Int("agent-qps", 50, "scale: apply's --agent-qps through agents (its burst is twice it)")
+	scaleAgentQ  = flag.Int("agent-qps", 100, "scale: apply's --agent-qps through agents (its burst is twice it)")
 	scaleLease   = flag.Duration("lease", 40*time.Second, "scale: the simulated nodes' lease duration (longer: less load at rest, for 5000 nodes on 2 cores)")
 	scaleVia     = flag.String("via", "ssh,agent", "scale: how apply reaches the nodes, comma-separated for one upgrade each: ssh (the fleet's SSH servers) or agent (kubelift's agent loop per node, answering step requests through the API server)")
 )
