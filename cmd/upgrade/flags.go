@@ -49,9 +49,9 @@ func (f *kubeFlags) config() (*rest.Config, error) {
 	return cfg, nil
 }
 
-// stepClient is the client agent mode's step requests go through: the
-// same API server and user agent, at a rate of its own (--agent-qps,
-// burst twice it). A node step is one request through an agent where it
+// stepClient is the client agent mode goes through (its step requests,
+// and the agents' pods and namespace): the same API server and user
+// agent, at a rate of its own (--agent-qps, burst twice it). A node step is one request through an agent where it
 // is an SSH command otherwise: at 1000 nodes and a window of 100 the
 // steps alone need more than --kube-qps's default, and sharing it
 // slowed the engine's own requests (docs/scale.md). 0 is the flag's
@@ -72,16 +72,16 @@ func (f *kubeFlags) stepConfig(qps float32) (*rest.Config, error) {
 	if qps <= 0 {
 		qps = defaultAgentQPS
 	}
-	cfg.QPS, cfg.Burst = qps, int(2*qps)
+	cfg.QPS, cfg.Burst = qps, max(1, int(2*qps))
 	cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst)
 	return cfg, nil
 }
 
-const defaultAgentQPS = 100
+const defaultAgentQPS, maxAgentQPS = 100, 100000
 
 // agentQPSFlag is --agent-qps, beside --via.
 func agentQPSFlag(cmd *cobra.Command, qps *float32) {
-	cmd.Flags().Float32Var(qps, "agent-qps", defaultAgentQPS, "with --via agent: node steps asked of the agents per second at most (each is an API request, on a budget of its own beside --kube-qps)")
+	cmd.Flags().Float32Var(qps, "agent-qps", defaultAgentQPS, "with --via agent: API requests per second at most for agent mode (a node step is one; also the agents' pods), a budget of its own beside --kube-qps (0: 100)")
 }
 
 func (f *kubeFlags) client() (kubernetes.Interface, error) {
@@ -154,8 +154,8 @@ func (p *stagePath) check() error {
 }
 
 func checkAgentQPS(qps float32) error {
-	if !(qps >= 0) { // NaN too
-		return cli.Usagef("--agent-qps %v: want a rate, more than 0 (0: %d)", qps, defaultAgentQPS)
+	if !(qps >= 0 && qps <= maxAgentQPS) { // NaN too
+		return cli.Usagef("--agent-qps %v: want requests per second, 0 (%d) to %d", qps, defaultAgentQPS, maxAgentQPS)
 	}
 	return nil
 }

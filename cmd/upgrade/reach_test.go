@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"math"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -166,5 +167,13 @@ current-context: x
 	}
 	if d, _ := f.stepConfig(0); d.RateLimiter.QPS() != defaultAgentQPS {
 		t.Errorf("--agent-qps 0: %v, want the default %d", d.RateLimiter.QPS(), defaultAgentQPS)
+	}
+	if d, _ := f.stepConfig(0.25); d.Burst != 1 {
+		t.Errorf("--agent-qps 0.25: burst %d, want 1 (a burst of 0 refuses every request)", d.Burst)
+	}
+	for _, q := range []float32{float32(math.NaN()), -1, 1e19} {
+		if err := checkAgentQPS(q); err == nil || !strings.Contains(err.Error(), "--agent-qps") {
+			t.Errorf("--agent-qps %v: %v, want refused", q, err)
+		}
 	}
 }

@@ -215,8 +215,9 @@ func cannotStart(p *corev1.Pod, image string) error {
 // that ended or is going (the next call makes it again); it returns the
 // pod that stays, nil where there is none yet. A pod the run's watch
 // saw running is taken from the watch's cache; every other state is read
-// from the API (the cache may lag a deletion or creation this connector
-// made). A step in flight goes on
+// from the API (the cache lags every change, and while the watch is
+// broken it keeps what it last saw: a pod deleted then is found gone
+// when a step goes unanswered for Grace after the watch is back). A step in flight goes on
 // in its unit on the host; the new agent answers it from its directory.
 func (c *Connector) revive(ctx context.Context, node string) (*corev1.Pod, error) {
 	want := AgentPod(c.Run, node, c.Image)

@@ -30,8 +30,8 @@ import (
 	"github.com/kubelift/kubelift/internal/agent"
 )
 
-// Host runs the steps on the node (*hoststep.Host). Its calls come from
-// one goroutine.
+// Host runs the steps on the node (*hoststep.Host). Run and Sweep come
+// from one goroutine; Forget from the watch's, at any time.
 type Host interface {
 	// Run starts the request unless it began, and returns its result
 	// once there is one (nil while it runs).
@@ -102,7 +102,8 @@ func (a *Agent) Serve(ctx context.Context) error {
 		return err
 	}
 	f.Start(ctx.Done())
-	defer f.Shutdown()
+	// The watch stops with ctx: cancelled first, whatever ends Serve.
+	defer func() { cancel(); f.Shutdown() }()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return fmt.Errorf("node %s: watching its requests in %s: %w", a.Node, agent.Namespace, ctx.Err())
 	}
@@ -123,8 +124,8 @@ func (a *Agent) Serve(ctx context.Context) error {
 	lister := inf.Lister().Secrets(agent.Namespace)
 	for {
 		name, shutdown := q.Get()
-		if shutdown {
-			return nil
+		if shutdown || ctx.Err() != nil {
+			return nil // what is queued is served by the next agent
 		}
 		err := a.process(ctx, q, lister, name)
 		q.Done(name)
