@@ -142,9 +142,16 @@ func TestPlanThroughAgentsIsTheSSHPlan(t *testing.T) {
 	if got := env.Fleet.Stats().Commands["facts"]; got < 2*(workers+1) {
 		t.Errorf("the fleet played facts %d times, want at least twice per node (%d)", got, 2*(workers+1))
 	}
+	// Deleted: gone, or going (KWOK, the nodes' kubelet here, ends a
+	// pod's grace when it gets to it; FC55 listed one still going).
 	pods, err := env.Cluster.Client.CoreV1().Pods("kubelift-system").List(ctx, metav1.ListOptions{})
-	if err != nil || len(pods.Items) != 0 {
-		t.Errorf("after the plan: %v agent pods left, %v", len(pods.Items), err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			t.Errorf("after the plan: agent pod %s (node %s, run %s, made %s, %s) left", p.Name, p.Spec.NodeName, p.Labels["kubelift.dev/run"], p.CreationTimestamp, p.Status.Phase)
+		}
 	}
 	secrets, err := env.Cluster.Client.CoreV1().Secrets("kubelift-system").List(ctx, metav1.ListOptions{FieldSelector: "type=kubelift.dev/step"})
 	if err != nil || len(secrets.Items) != 0 {
