@@ -51,11 +51,11 @@ func (f *kubeFlags) config() (*rest.Config, error) {
 
 // stepClient is the client agent mode goes through (its step requests,
 // and the agents' pods and namespace): the same API server and user
-// agent, at a rate of its own (--agent-qps, burst twice it). A node step is one request through an agent where it
+// agent, at a rate of its own (--agent-qps, burst twice it; 0 is the
+// flag's default). A node step is one request through an agent where it
 // is an SSH command otherwise: at 1000 nodes and a window of 100 the
 // steps alone need more than --kube-qps's default, and sharing it
-// slowed the engine's own requests (docs/scale.md). 0 is the flag's
-// default.
+// slowed the engine's own requests (docs/scale.md).
 func (f *kubeFlags) stepClient(qps float32) (kubernetes.Interface, error) {
 	cfg, err := f.stepConfig(qps)
 	if err != nil {

@@ -48,22 +48,25 @@ func (c *Connector) watch() *answers {
 		if c.watchStopped {
 			return a
 		}
-		sel := labels.SelectorFromSet(labels.Set{agent.LabelRun: c.Run}).String()
-		f := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(agent.Namespace),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+		f := c.labelled(labels.Set{agent.LabelRun: c.Run})
 		inf := f.Core().V1().Secrets()
 		a.lister, a.synced = inf.Lister().Secrets(agent.Namespace), inf.Informer().HasSynced
 		f.Start(a.stop)
 		// Every agent's pod, this run's or not (one of another run's
 		// image is refused by name).
-		podSel := labels.SelectorFromSet(labels.Set{LabelApp: appName}).String()
-		pf := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(agent.Namespace),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = podSel }))
+		pf := c.labelled(labels.Set{LabelApp: appName})
 		pinf := pf.Core().V1().Pods()
 		a.pods, a.podsOK = pinf.Lister().Pods(agent.Namespace), pinf.Informer().HasSynced
 		pf.Start(a.stop)
 	}
 	return c.answers
+}
+
+// labelled is a watch of agent mode's namespace, of what bears set.
+func (c *Connector) labelled(set labels.Set) informers.SharedInformerFactory {
+	sel := labels.SelectorFromSet(set).String()
+	return informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(agent.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
 }
 
 // stopWatch ends the run's watch, if it began; none starts after.
@@ -88,15 +91,10 @@ func (a *answers) runningAgent(name, image string) *corev1.Pod {
 	}
 	p, err := a.pods.Get(name)
 	if err != nil || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning ||
-		len(p.Spec.Containers) != 1 || p.Spec.Containers[0].Image != image {
+		len(p.Spec.Containers) != 1 || p.Spec.Containers[0].Image != image || !containerRuns(p) {
 		return nil
 	}
-	for _, s := range p.Status.ContainerStatuses {
-		if s.State.Running != nil {
-			return p
-		}
-	}
-	return nil
+	return p
 }
 
 // recheck is how often a step not answered in the watch's cache is read

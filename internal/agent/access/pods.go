@@ -175,13 +175,21 @@ func (c *Connector) agentUp(ctx context.Context, node string) error {
 		if err := cannotStart(p, c.Image); err != nil {
 			return waiter.Stop(err)
 		}
-		for _, s := range p.Status.ContainerStatuses {
-			if s.State.Running != nil {
-				return nil
-			}
+		if containerRuns(p) {
+			return nil
 		}
 		return fmt.Errorf("its agent's pod %s/%s is %s, not running yet", agent.Namespace, name, p.Status.Phase)
 	})
+}
+
+// containerRuns says whether p's agent container runs.
+func containerRuns(p *corev1.Pod) bool {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.State.Running != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // replacedOnce says whether node's ended agent pod was replaced already
