@@ -109,7 +109,7 @@ TEST_PARALLEL ?= 2
 # every build a test started.
 test: SHELL := /bin/bash
 TEST_FIRST := env/fleet stories/applyha stories/kubeadm env/sandbox stories/apply stories/multihop \
-	stories/agent stories/drain stories/engine stories/kubeadmha env/simcluster stories/scale upstream stories/e2e
+	stories/agent stories/controller stories/drain stories/engine stories/kubeadmha env/simcluster stories/scale upstream stories/e2e
 test: deps lint
 	@hack/disk-check.sh $(TEST_DISK_GB)
 	@guard=$$(mktemp); export KUBELIFT_BUILD_CACHE=$$(mktemp -d -t go-build-kubelift.XXXXXX); \

@@ -1,6 +1,7 @@
 // Package manifests embeds kubelift's data: the version catalog
 // (catalog.yaml) that says, per Kubernetes version, which images and
-// binaries make it up and which upgrades are allowed.
+// binaries make it up and which upgrades are allowed; and the Upgrade
+// custom resource's definition (upgrade-crd.yaml).
 package manifests
 
 import _ "embed"
@@ -13,3 +14,9 @@ var Catalog []byte
 
 // CatalogName names the built-in catalog in error messages.
 const CatalogName = "built-in catalog (manifests/catalog.yaml)"
+
+// UpgradeCRD is the CustomResourceDefinition of kubelift.dev's Upgrade
+// (internal/upgradeapi), which `upgrade controller install` applies.
+//
+//go:embed upgrade-crd.yaml
+var UpgradeCRD []byte

@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
@@ -51,11 +52,22 @@ type applyOptions struct {
 	PreHook        string
 	PostHook       string
 	KubeadmConfig  string
+	// hook, when set, is the runbook's hook in place of PreHook and
+	// PostHook's (the controller's hold).
+	hook      func(ctx context.Context, phase, node, from, to string) error
+	InCluster inClusterFlags
 }
 
 func newCmdApply(s *cli.IO, runF func(context.Context, *applyOptions) error) *cobra.Command {
 	opts := &applyOptions{planOptions: planOptions{IO: s}}
 	opts.Engine = opts.engine
+	opts.InCluster.Dynamic = func() (dynamic.Interface, error) {
+		cfg, err := opts.Cluster.config()
+		if err != nil {
+			return nil, err
+		}
+		return dynamic.NewForConfig(cfg)
+	}
 	cmd := &cobra.Command{
 		Use:   "apply --to VERSION --key PUB [flags]",
 		Short: "Upgrade the cluster in place, node by node, keeping every container running",
@@ -91,9 +103,18 @@ already runs the target, and on an upgraded cluster changes nothing.
 
 Manual mode: --nodes or --selector choose the workers whose kubelets move
 now; the rest wait (status shows them pending, the state stays
-upgrading-kubelets) for a later apply.`,
+upgrading-kubelets) for a later apply.
+
+In the cluster: --in-cluster runs nothing here. It writes an Upgrade
+(kubelift.dev) with this policy, which the controller ('upgrade controller
+install') runs over agents, and follows it to its end (--detach: returns at
+once; this machine may go away). --paused and --window hold it before its
+next node (docs/controller.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkInCluster(cmd, &opts.InCluster); err != nil {
+				return err
+			}
 			if len(opts.Workers) > 0 && opts.Selector != "" {
 				return cli.Usagef("--nodes and --selector exclude each other")
 			}
@@ -143,6 +164,9 @@ upgrading-kubelets) for a later apply.`,
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
+			if opts.InCluster.InCluster {
+				return applyInCluster(cmd.Context(), opts)
+			}
 			return applyRun(cmd.Context(), opts)
 		},
 	}
@@ -178,6 +202,7 @@ upgrading-kubelets) for a later apply.`,
 	f.BoolVar(&opts.DryRun, "dry-run", false, "walk every step, print each change and node script it would make; change nothing")
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress on stderr")
 	f.StringVarP(&opts.Output, "output", "o", "", "output format: text or json (the plan, the state, timings)")
+	opts.InCluster.addFlags(cmd)
 	return cmd
 }
 
@@ -197,38 +222,13 @@ func checkDurations(positive, nonNegative map[string]time.Duration) error {
 	return nil
 }
 
-func applyRun(ctx context.Context, opts *applyOptions) (err error) {
-	var selector labels.Selector
-	if opts.Selector != "" {
-		sel, err := labels.Parse(opts.Selector)
-		if err != nil {
-			return cli.Usagef("--selector %q: %v", opts.Selector, err)
-		}
-		selector = sel
-	}
-	opts.holder = upgradelock.NewHolder()
-	po, err := opts.Engine(ctx)
-	defer opts.reached.stop(ctx, &err)
-	if err != nil {
-		return err
-	}
+func applyRun(ctx context.Context, opts *applyOptions) error {
 	asJSON, err := cli.OutputFlag(opts.Output)
 	if err != nil {
 		return err
 	}
-	var kubeadmConfig *kubeadm.UpgradeConfig
-	if opts.KubeadmConfig != "" {
-		if kubeadmConfig, err = readKubeadmConfig(opts.KubeadmConfig, po.Target.Version.String()); err != nil {
-			return err
-		}
-	}
 	start := time.Now()
-	res, err := inplace.Apply(ctx, inplace.ApplyOptions{
-		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
-		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun, Holder: opts.holder, Locked: opts.reached.adopt,
-		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
-		Hook: hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut), KubeadmConfig: kubeadmConfig,
-	})
+	res, err := opts.apply(ctx)
 	switch {
 	case res != nil && asJSON:
 		if perr := cli.PrintJSON(opts.IO.Out, res); perr != nil {
@@ -241,6 +241,41 @@ func applyRun(ctx context.Context, opts *applyOptions) (err error) {
 		return &cli.CodeError{Code: cli.ExitBlocked, Err: err}
 	}
 	return err
+}
+
+// apply runs the engine as opts say: the plan, then the runbook; the
+// agents it started are stopped before it returns.
+func (opts *applyOptions) apply(ctx context.Context) (res *inplace.ApplyResult, err error) {
+	var selector labels.Selector
+	if opts.Selector != "" {
+		sel, err := labels.Parse(opts.Selector)
+		if err != nil {
+			return nil, cli.Usagef("--selector %q: %v", opts.Selector, err)
+		}
+		selector = sel
+	}
+	opts.holder = upgradelock.NewHolder()
+	po, err := opts.Engine(ctx)
+	defer opts.reached.stop(ctx, &err)
+	if err != nil {
+		return nil, err
+	}
+	var kubeadmConfig *kubeadm.UpgradeConfig
+	if opts.KubeadmConfig != "" {
+		if kubeadmConfig, err = readKubeadmConfig(opts.KubeadmConfig, po.Target.Version.String()); err != nil {
+			return nil, err
+		}
+	}
+	hook := opts.hook
+	if hook == nil {
+		hook = hooks(opts.PreHook, opts.PostHook, opts.IO.ErrOut)
+	}
+	return inplace.Apply(ctx, inplace.ApplyOptions{
+		Plan: *po, Source: stage.RegistrySource{Access: po.Access}, CacheDir: opts.CacheDir, BackupDir: opts.BackupDir, RestoreLabels: opts.RestoreLabels,
+		Ignore: opts.ignore, Soak: opts.Soak, Settle: opts.Settle, ReadyTimeout: opts.ReadyTimeout, SkipEtcdBackup: opts.SkipEtcdBackup, Snapshot: snapshots(opts, po.Access), DryRun: opts.DryRun, Holder: opts.holder, Locked: opts.reached.adopt,
+		LockDuration: opts.LockDuration, Nodes: opts.Workers, Selector: selector, Drain: opts.Drain, DrainTimeout: opts.DrainTimeout,
+		Hook: hook, KubeadmConfig: kubeadmConfig,
+	})
 }
 
 // readKubeadmConfig reads and checks --kubeadm-config's file.

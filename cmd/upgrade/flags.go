@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"time"
 
@@ -97,6 +98,9 @@ type clusterFlags struct {
 	kubeFlags
 	To    string
 	Trust cli.TrustOptions
+	// Bundle, when set, is the digest of the imported bundle To must
+	// come from (an Upgrade's spec.bundle).
+	Bundle string
 }
 
 func (f *clusterFlags) addFlags(cmd *cobra.Command) {
@@ -114,7 +118,11 @@ func (f *clusterFlags) target(ctx context.Context, c kubernetes.Interface) (*rel
 	if err != nil {
 		return nil, err
 	}
-	return release.Load(ctx, c, f.To, trust)
+	t, err := release.Load(ctx, c, f.To, trust)
+	if err == nil && f.Bundle != "" && t.Record.BundleDigest != f.Bundle {
+		return nil, fmt.Errorf("%s: the cluster's newest imported bundle of it that verifies is %s, not %s (import that bundle again)", f.To, t.Record.BundleDigest, f.Bundle)
+	}
+	return t, err
 }
 
 // registryAccess reaches the record's registry unless --domain names
@@ -141,7 +149,7 @@ type stagePath struct {
 
 func (p *stagePath) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&p.Via, "via", stage.ViaAuto, "how nodes are reached and get their files: auto (over SSH; nodes that reach the private registry pull from it, the others are sent them over SSH), registry, ssh, or agent (no SSH: an agent the run starts on each node runs its steps, and nodes pull their files from the registry; docs/agent-mode.md)")
-	cmd.Flags().StringVar(&p.NodeCredentials, "node-credentials", stage.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
+	nodeCredentialsFlag(cmd.Flags(), &p.NodeCredentials)
 	agentQPSFlag(cmd, &p.AgentQPS)
 	cmd.Flags().StringVar(&p.Codec, "codec", stage.CodecAuto, "how files sent over SSH are encoded: auto (the registry's zstd copies where the node has zstd, else zstd or gzip or none, whichever the first megabytes measure faster), zstd, gzip, or none")
 }
@@ -183,4 +191,9 @@ func addHealthWindowFlag(f *pflag.FlagSet, d *time.Duration) {
 // addWorkloadGateFlag adds --no-workload-gate.
 func addWorkloadGateFlag(f *pflag.FlagSet, off *bool) {
 	f.BoolVar(off, "no-workload-gate", false, "do not hold each node to the workloads (Deployments, StatefulSets, DaemonSets) fully available before its swap being fully available again within --health-window")
+}
+
+// nodeCredentialsFlag registers --node-credentials.
+func nodeCredentialsFlag(f *pflag.FlagSet, v *string) {
+	f.StringVar(v, "node-credentials", stage.NodeTokens, "what nodes pulling from the registry are handed, on stdin: token (a pull-scoped token where the registry has a token service; nodes of a registry that takes only passwords are sent their files over SSH) or password (also this machine's registry password, which on an htpasswd registry can usually push too)")
 }

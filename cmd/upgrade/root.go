@@ -20,6 +20,7 @@ public key, imports it, and upgrades the cluster in place:
   upgrade versions                                           # what the nodes run, what is available
   upgrade plan    --to v1.31.4 --key team.pub [ssh flags]    # what apply would do; changes nothing
   upgrade apply   --to v1.31.4 --key team.pub [ssh flags]    # in place, node by node; again to resume
+  upgrade apply   --to v1.31.4 --in-cluster [--detach]       # the cluster's controller runs it
   upgrade status                                             # the upgrade's state, per node
   upgrade rollback [ssh flags]                               # undo it from the backups, when allowed
   upgrade compat cleanup [ssh flags]                         # hash-skip files no longer needed
@@ -30,6 +31,6 @@ A .run bundle carries this program: './k8s-v1.31.4-linux-amd64.run --help'.`,
 	root.SetOut(s.Out)
 	root.SetErr(s.ErrOut)
 	root.AddCommand(newCmdImport(s, nil), newCmdStage(s, nil), newCmdVersions(s, nil), newCmdPlan(s, nil), newCmdApply(s, nil), newCmdStatus(s, nil), newCmdRollback(s, nil),
-		cli.NewCmdVerify(s), cli.NewCmdExtract(s), cli.NewCmdInspect(s), newCmdCompat(s), newCmdAgent(s, nil))
+		cli.NewCmdVerify(s), cli.NewCmdExtract(s), cli.NewCmdInspect(s), newCmdCompat(s), newCmdAgent(s, nil), newCmdController(s, nil))
 	return root
 }

@@ -9,10 +9,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/upgradeapi"
 )
 
 type statusOptions struct {
@@ -20,19 +23,29 @@ type statusOptions struct {
 	Kube kubeFlags
 	// KubeClient makes the API client (from Kube unless a test sets it).
 	KubeClient func() (kubernetes.Interface, error)
-	Output     string
+	// Dynamic makes the client of Upgrades (nil: none are read).
+	Dynamic func() (dynamic.Interface, error)
+	Output  string
 }
 
 func newCmdStatus(s *cli.IO, runF func(context.Context, *statusOptions) error) *cobra.Command {
 	opts := &statusOptions{IO: s}
 	opts.KubeClient = opts.Kube.client
+	opts.Dynamic = func() (dynamic.Interface, error) {
+		cfg, err := opts.Kube.config()
+		if err != nil {
+			return nil, err
+		}
+		return dynamic.NewForConfig(cfg)
+	}
 	cmd := &cobra.Command{
 		Use:   "status [-o json]",
 		Short: "Show the upgrade's state and every node's, with versions read live",
 		Long: `Status shows the upgrade recorded in kube-system/kubelift-upgrade (from, to,
 state, last error, etcd backup) and, per node, its part of the upgrade with
 the kubelet version the Node reports now (StarlingX's kube-upgrade-show and
-kube-host-upgrade-list).`,
+kube-host-upgrade-list). Where the controller is installed, it first lists the
+cluster's Upgrades (kubelift.dev) with their phase and progress.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if _, err := cli.OutputFlag(opts.Output); err != nil {
@@ -62,14 +75,24 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case st == nil && asJSON:
-		return cli.PrintJSON(opts.IO.Out, struct{}{})
-	case st == nil:
+	ups, err := opts.upgrades(ctx)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		out := struct {
+			*record.Status
+			Upgrades []*upgradeapi.Upgrade `json:"upgrades,omitempty"`
+		}{st, ups}
+		return cli.PrintJSON(opts.IO.Out, out)
+	}
+	if len(ups) > 0 {
+		printUpgrades(opts.IO.Out, ups)
+		fmt.Fprintln(opts.IO.Out)
+	}
+	if st == nil {
 		fmt.Fprintln(opts.IO.Out, "no upgrade has run in this cluster")
 		return nil
-	case asJSON:
-		return cli.PrintJSON(opts.IO.Out, st)
 	}
 	apiServer := st.APIServer
 	if st.APIServerErr != "" {
@@ -77,6 +100,32 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 	}
 	printState(opts.IO.Out, st.Upgrade, st.Kubelets, apiServer)
 	return nil
+}
+
+// upgrades lists the cluster's Upgrades; none where the resource is not
+// installed.
+func (opts *statusOptions) upgrades(ctx context.Context) ([]*upgradeapi.Upgrade, error) {
+	if opts.Dynamic == nil {
+		return nil, nil
+	}
+	dyn, err := opts.Dynamic()
+	if err != nil {
+		return nil, err
+	}
+	ups, err := upgradeapi.Client{Dynamic: dyn}.List(ctx)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return ups, err
+}
+
+func printUpgrades(w io.Writer, ups []*upgradeapi.Upgrade) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "UPGRADE\tVERSION\tPHASE\tPROGRESS\tNODE\tMESSAGE")
+	for _, u := range ups {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", u.Name, u.Spec.Version, orDash(u.Status.Phase), orDash(u.Status.Progress), orDash(u.Status.Current), u.Status.Message)
+	}
+	tw.Flush()
 }
 
 func printState(w io.Writer, st *record.Upgrade, live map[string]string, apiServer string) {

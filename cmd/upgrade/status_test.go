@@ -12,11 +12,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/version"
 	fakediscovery "k8s.io/client-go/discovery/fake"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/upgradeapi"
 )
 
 // runStatus runs `upgrade status ARGS` against client, as the command
@@ -27,6 +29,7 @@ func runStatus(t *testing.T, client kubernetes.Interface, args ...string) (strin
 	s := &cli.IO{In: strings.NewReader(""), Out: out, ErrOut: &bytes.Buffer{}}
 	cmd := newCmdStatus(s, func(ctx context.Context, o *statusOptions) error {
 		o.KubeClient = func() (kubernetes.Interface, error) { return client, nil }
+		o.Dynamic = nil // no Upgrade resource
 		return statusRun(ctx, o)
 	})
 	cmd.SetArgs(args)
@@ -115,5 +118,37 @@ func TestStatus(t *testing.T) {
 
 	if _, err := runStatus(t, client, "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "yaml") {
 		t.Errorf("-o yaml: %v, want an error naming it", err)
+	}
+}
+
+// Where the controller is installed, status lists the Upgrades first.
+func TestStatusListsUpgrades(t *testing.T) {
+	ctx := context.Background()
+	dyn := fakeUpgrades()
+	u, err := upgradeapi.Client{Dynamic: dyn}.Create(ctx, &upgradeapi.Upgrade{ObjectMeta: metav1.ObjectMeta{Name: "v1.31.4"}, Spec: upgradeapi.Spec{Version: "v1.31.4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Status = upgradeapi.Status{Phase: upgradeapi.Running, Progress: "1/4", Current: "worker-1"}
+	if _, err := (upgradeapi.Client{Dynamic: dyn}).UpdateStatus(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	out := &bytes.Buffer{}
+	s := &cli.IO{In: strings.NewReader(""), Out: out, ErrOut: &bytes.Buffer{}}
+	cmd := newCmdStatus(s, func(ctx context.Context, o *statusOptions) error {
+		o.KubeClient = func() (kubernetes.Interface, error) { return fake.NewSimpleClientset(), nil }
+		o.Dynamic = func() (dynamic.Interface, error) { return dyn, nil }
+		return statusRun(ctx, o)
+	})
+	cmd.SetArgs(nil)
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out.String(), "\n")
+	if len(lines) < 2 || !strings.HasPrefix(lines[0], "UPGRADE") || strings.Join(strings.Fields(lines[1]), " ") != "v1.31.4 v1.31.4 Running 1/4 worker-1" {
+		t.Errorf("status:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "no upgrade has run in this cluster") {
+		t.Errorf("status without a record:\n%s", out.String())
 	}
 }

@@ -59,16 +59,26 @@ func (f *RegistryFlags) Validate() error {
 // else --password, else $KUBELIFT_REGISTRY_PASSWORD) when there is a
 // --username, and returns how to reach the registry.
 func (f *RegistryFlags) Access(in io.Reader) (registry.Access, error) {
+	c, err := f.Credentials(in)
+	if err != nil {
+		return registry.Access{}, err
+	}
+	return c.Access()
+}
+
+// Credentials reads the password as Access does and returns the
+// registry's credentials.
+func (f *RegistryFlags) Credentials(in io.Reader) (registry.Credentials, error) {
 	c := registry.Credentials{Domain: f.Domain, Username: f.Username, CAFile: f.CAFile,
 		SkipTLSVerify: f.SkipTLSVerify, PlainHTTP: f.PlainHTTP}
 	if f.Username != "" {
 		password, err := f.password(in)
 		if err != nil {
-			return registry.Access{}, err
+			return registry.Credentials{}, err
 		}
 		c.Password = password
 	}
-	return c.Access()
+	return c, nil
 }
 
 func (f *RegistryFlags) password(in io.Reader) (string, error) {

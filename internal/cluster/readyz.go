@@ -7,9 +7,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -48,6 +53,9 @@ func readyzAs(ctx context.Context, cfg *rest.Config, addr, serverName string) er
 	c := rest.CopyConfig(cfg)
 	host := c.Host
 	c.Host = apiserverURL(host, addr)
+	if port := inClusterPort(ctx, cfg); port != "" {
+		c.Host = "https://" + net.JoinHostPort(addr, port)
+	}
 	switch {
 	case serverName != "":
 		c.TLSClientConfig.ServerName = serverName
@@ -70,4 +78,44 @@ func readyzAs(ctx context.Context, cfg *rest.Config, addr, serverName string) er
 		return fmt.Errorf("%s: %s", c.Host, body)
 	}
 	return nil
+}
+
+// inClusterPorts caches inClusterPort's answer per service address.
+var inClusterPorts sync.Map
+
+// inClusterPort is, for a config made in a pod (rest.InClusterConfig:
+// the kubernetes Service's address, $KUBERNETES_SERVICE_HOST), the API
+// servers' own port, which the Service's port is not: the port named
+// https of the Service's EndpointSlice. "" for any other config, or when
+// it cannot be read (the config's port is tried then).
+func inClusterPort(ctx context.Context, cfg *rest.Config) string {
+	svc := os.Getenv("KUBERNETES_SERVICE_HOST")
+	if svc == "" {
+		return ""
+	}
+	u, err := url.Parse(cfg.Host)
+	if err != nil || u.Hostname() != svc {
+		return ""
+	}
+	if p, ok := inClusterPorts.Load(cfg.Host); ok {
+		return p.(string)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return ""
+	}
+	eps, err := cs.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=kubernetes"})
+	if err != nil {
+		return ""
+	}
+	for _, sl := range eps.Items {
+		for _, p := range sl.Ports {
+			if p.Name != nil && *p.Name == "https" && p.Port != nil && *p.Port > 0 {
+				port := strconv.Itoa(int(*p.Port))
+				inClusterPorts.Store(cfg.Host, port)
+				return port
+			}
+		}
+	}
+	return ""
 }

@@ -59,3 +59,39 @@ func TestAPIServerURL(t *testing.T) {
 		}
 	}
 }
+
+// In a pod, the config names the kubernetes Service (its port is not the
+// API servers'): each API server's /readyz is asked on the port of the
+// Service's EndpointSlice.
+func TestReadyzInAPodUsesTheAPIServersPort(t *testing.T) {
+	// The API server itself, on its own port; the "Service" answers
+	// the EndpointSlice list only.
+	apiserver := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			_, _ = w.Write([]byte("ok"))
+		}
+	}))
+	defer apiserver.Close()
+	_, port, _ := net.SplitHostPort(apiserver.Listener.Addr().String())
+	service := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices" || r.URL.Query().Get("labelSelector") != "kubernetes.io/service-name=kubernetes" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","items":[{"metadata":{"name":"kubernetes"},"addressType":"IPv4","endpoints":[{"addresses":["127.0.0.1"]}],"ports":[{"name":"https","port":` + port + `,"protocol":"TCP"}]}]}`))
+	}))
+	defer service.Close()
+	svcHost, svcPort, _ := net.SplitHostPort(service.Listener.Addr().String())
+	// Both serve the same test certificate (127.0.0.1, example.com).
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: service.Certificate().Raw})
+	cfg := &rest.Config{Host: "https://" + net.JoinHostPort(svcHost, svcPort), TLSClientConfig: rest.TLSClientConfig{CAData: ca}}
+	t.Setenv("KUBERNETES_SERVICE_HOST", "localhost") // another config's
+	if err := Readyz(context.Background(), cfg, "127.0.0.1"); err == nil {
+		t.Fatal("the Service's port answered /readyz: the test proves nothing")
+	}
+	t.Setenv("KUBERNETES_SERVICE_HOST", svcHost)
+	if err := Readyz(context.Background(), cfg, "127.0.0.1"); err != nil {
+		t.Fatalf("in a pod: %v", err)
+	}
+}

@@ -41,45 +41,6 @@ func agentFlags() ([]string, string) {
 	return append([]string{"--to", h.SB.NewVersion, "--key", h.Key(), "--via", "agent", "--node-credentials", "password"}, reg...), pw
 }
 
-// containers is every container of every pod the API lists, as the
-// kubelet reports it (namespace/pod/container -> ID and restarts).
-func containers(t *testing.T) map[string]string {
-	t.Helper()
-	pods, err := h.Client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, p := range pods.Items {
-		if p.Namespace == agent.Namespace {
-			continue // the run's own
-		}
-		for _, c := range p.Status.ContainerStatuses {
-			out[p.Namespace+"/"+p.Name+"/"+c.Name] = fmt.Sprintf("%s restarts=%d", c.ContainerID, c.RestartCount)
-		}
-	}
-	return out
-}
-
-// stopSSH stops sshd on every node, from each node's console (the
-// sandbox's service manager), and starts it again when the test ends.
-func stopSSH(t *testing.T) {
-	t.Helper()
-	for _, m := range h.SB.Nodes() {
-		if out, err := h.SB.Command(m, "systemctl", "stop", "ssh").CombinedOutput(); err != nil {
-			t.Fatalf("%s: systemctl stop ssh: %v: %s", m.Name, err, out)
-		}
-		t.Cleanup(func() {
-			if out, err := h.SB.Command(m, "systemctl", "start", "ssh").CombinedOutput(); err != nil {
-				t.Errorf("%s: systemctl start ssh: %v: %s", m.Name, err, out)
-			}
-		})
-		if _, err := h.TrySSH(m.Name, "true"); err == nil {
-			t.Fatalf("%s still answers SSH", m.Name)
-		}
-	}
-}
-
 // nothingLeft checks that the run left no agent pod and no step request.
 func nothingLeft(t *testing.T, after string) {
 	t.Helper()
@@ -156,9 +117,9 @@ const bound = 15 * time.Minute
 // the upgrade back, with nothing left behind.
 func TestKilledApplyRolledBackOverAgents(t *testing.T) {
 	ctx := context.Background()
-	stopSSH(t)
+	h.StopSSH(t)
 	h.Import(t, h.HashSkipBundle)
-	before := containers(t)
+	before := h.APIContainers(t)
 
 	flags, pw := agentFlags()
 	plan := h.Upgrade(t, pw, append([]string{"plan"}, flags...)...)
@@ -211,8 +172,8 @@ func TestKilledApplyRolledBackOverAgents(t *testing.T) {
 	if st, err := record.Read(ctx, h.Client); err != nil || st == nil || st.State != record.StateRolledBack {
 		t.Fatalf("record after the rollback: %+v, %v", st, err)
 	}
-	nodesAt(t, h.SB.OldVersion, "rollback")
-	sameContainers(t, before, "rollback")
+	h.NodesAt(t, h.SB.OldVersion, "rollback")
+	h.SameAPIContainers(t, before, "rollback")
 	nothingLeft(t, "rollback")
 }
 
@@ -224,8 +185,8 @@ func TestKilledApplyRolledBackOverAgents(t *testing.T) {
 // request fail, and nothing is left.
 func TestUpgradeWithoutSSH(t *testing.T) {
 	ctx := context.Background()
-	stopSSH(t)
-	before := containers(t)
+	h.StopSSH(t)
+	before := h.APIContainers(t)
 	targets, err := h.SB.ProbeTargets(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -311,8 +272,8 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 	if err != nil || st == nil || st.State != record.StateComplete {
 		t.Fatalf("record after apply: %+v, %v", st, err)
 	}
-	nodesAt(t, h.SB.NewVersion, "apply")
-	sameContainers(t, before, "apply")
+	h.NodesAt(t, h.SB.NewVersion, "apply")
+	h.SameAPIContainers(t, before, "apply")
 	h.NoDisruption(t, pr)
 	nothingLeft(t, "apply")
 
@@ -333,38 +294,4 @@ func TestUpgradeWithoutSSH(t *testing.T) {
 		}
 	}
 	nothingLeft(t, "compat cleanup")
-}
-
-// nodesAt checks every node's kubelet is at version and none is left
-// cordoned.
-func nodesAt(t *testing.T, version, after string) {
-	t.Helper()
-	nodes, err := h.Client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range nodes.Items {
-		if v := n.Status.NodeInfo.KubeletVersion; v != version {
-			t.Errorf("%s: kubelet %s after %s, want %s", n.Name, v, after, version)
-		}
-		if n.Spec.Unschedulable {
-			t.Errorf("%s is left cordoned after %s", n.Name, after)
-		}
-	}
-}
-
-// sameContainers checks that no container of before was restarted or
-// replaced (the control plane's mirror pods aside: their containers are
-// no runtime's the API reports).
-func sameContainers(t *testing.T, before map[string]string, after string) {
-	t.Helper()
-	now := containers(t)
-	for k, v := range before {
-		if strings.HasPrefix(k, "kube-system/kube-") && !strings.HasPrefix(k, "kube-system/kube-proxy") {
-			continue
-		}
-		if now[k] != v {
-			t.Errorf("container %s after %s: %s before, %q now", k, after, v, now[k])
-		}
-	}
 }

@@ -1,0 +1,388 @@
+// Package controller runs the cluster's Upgrades (internal/upgradeapi)
+// from inside the cluster: one at a time, oldest first, by the runbook
+// apply runs, while it leads its Lease. It decides from the objects as
+// they are now, not from events it saw, so a controller that takes over
+// (its pod deleted, its node restarted) resumes where the last stopped:
+// the run's record says which nodes are done.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/kubelift/kubelift/internal/inplace/record"
+	"github.com/kubelift/kubelift/internal/upgradeapi"
+)
+
+// Run is one run of an Upgrade, as the controller hands it to a Runner.
+type Run struct {
+	Upgrade *upgradeapi.Upgrade
+	// Hold is called before each node's kubelet moves; it returns when
+	// the node may go (not paused, the window open), or an error that
+	// stops the run before the node: the Upgrade deleted, or its spec
+	// changed (the controller runs it again with the new spec).
+	Hold func(ctx context.Context, node string) error
+}
+
+// Outcome is what a run says of itself beside its error.
+type Outcome struct {
+	From, To, Bundle string
+	Findings         []upgradeapi.Finding
+}
+
+// Runner runs the runbook for an Upgrade (apply, over agents) and
+// returns when it ends: done, failed, or ctx cancelled.
+type Runner func(ctx context.Context, run Run) (Outcome, error)
+
+// errRespec stops a run whose Upgrade's spec changed: it runs again
+// with the new one, resuming from the record.
+var errRespec = errors.New("the upgrade's spec changed: the run starts again with it")
+
+// errDeleted stops a run whose Upgrade was deleted.
+var errDeleted = errors.New("the upgrade was deleted")
+
+// Controller runs Upgrades.
+type Controller struct {
+	Upgrades upgradeapi.Client
+	Kube     kubernetes.Interface
+	Run      Runner
+	// Identity names this controller (its pod) in status and Events.
+	Identity string
+	Log      *slog.Logger
+	// Poll is how often it looks at the Upgrades, a paused Upgrade and
+	// the run's record (default 2 s).
+	Poll time.Duration
+	// Now is the clock the maintenance window is read with.
+	Now func() time.Time
+
+	mu sync.Mutex // one status write at a time
+}
+
+func (c *Controller) poll() time.Duration {
+	if c.Poll <= 0 {
+		return 2 * time.Second
+	}
+	return c.Poll
+}
+
+func (c *Controller) now() time.Time {
+	if c.Now == nil {
+		return time.Now()
+	}
+	return c.Now()
+}
+
+// Reconcile runs Upgrades until ctx is done: each pass lists them, says
+// to every Upgrade but the one it runs that it waits, and runs that one
+// to its end.
+func (c *Controller) Reconcile(ctx context.Context) error {
+	for {
+		active, err := c.next(ctx)
+		if err != nil {
+			c.Log.Warn("upgrades", "err", err)
+		}
+		if active != nil {
+			c.runUpgrade(ctx, active)
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(c.poll()):
+		}
+	}
+}
+
+// next picks the Upgrade to run and tells the others they wait for it:
+// one that was started and not finished (a controller before this one
+// ran it), else the oldest that is not done.
+func (c *Controller) next(ctx context.Context) (*upgradeapi.Upgrade, error) {
+	us, err := c.Upgrades.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var active *upgradeapi.Upgrade
+	for _, u := range us {
+		if !u.Done() && (u.Status.Phase == upgradeapi.Running || u.Status.Phase == upgradeapi.Paused) {
+			active = u
+			break
+		}
+	}
+	for _, u := range us {
+		if active == nil && !u.Done() {
+			active = u
+		}
+	}
+	if active == nil {
+		return nil, nil
+	}
+	return active, c.tellWaiting(ctx, us, active.Name)
+}
+
+// tellWaiting says to each Upgrade of us that is not done, but active,
+// that it waits for active.
+func (c *Controller) tellWaiting(ctx context.Context, us []*upgradeapi.Upgrade, active string) error {
+	for _, u := range us {
+		if u.Name == active || u.Done() || (u.Status.Phase == upgradeapi.Waiting && u.Status.WaitingFor == active) {
+			continue
+		}
+		if err := c.setStatus(ctx, u.Name, func(s *upgradeapi.Status) {
+			s.Phase, s.WaitingFor = upgradeapi.Waiting, active
+			s.Message = "waits for upgrade " + active + ": one upgrade runs at a time"
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runUpgrade runs u until it ends, its spec changes (then the next pass
+// runs it again) or ctx is done.
+func (c *Controller) runUpgrade(ctx context.Context, u *upgradeapi.Upgrade) {
+	if _, err := u.Spec.Check(); err != nil {
+		c.finish(ctx, u, upgradeapi.Failed, &upgradeapi.FailedAction{Step: "spec", Reason: err.Error()}, nil)
+		return
+	}
+	generation := u.Generation
+	err := c.setStatus(ctx, u.Name, func(s *upgradeapi.Status) {
+		if s.Phase != upgradeapi.Running {
+			s.Phase, s.Message = upgradeapi.Running, ""
+		}
+		s.WaitingFor, s.Controller, s.ObservedGeneration, s.LastError, s.Completed = "", c.Identity, generation, nil, nil
+		if s.Started == nil {
+			now := metav1.NewTime(c.now())
+			s.Started = &now
+		}
+	})
+	if err != nil {
+		c.Log.Warn("upgrade "+u.Name, "err", err)
+		return
+	}
+	c.event(ctx, u, corev1.EventTypeNormal, "Running", fmt.Sprintf("%s runs the upgrade to %s", c.Identity, u.Spec.Version))
+	runCtx, cancel := context.WithCancel(ctx)
+	mirrored := make(chan struct{})
+	go func() {
+		defer close(mirrored)
+		c.mirror(runCtx, u)
+	}()
+	out, err := c.Run(runCtx, Run{Upgrade: u, Hold: func(ctx context.Context, node string) error {
+		return c.hold(ctx, u.Name, generation, node)
+	}})
+	cancel()
+	<-mirrored
+	switch {
+	case ctx.Err() != nil:
+		return // stopped leading: the next leader resumes it
+	case errors.Is(err, errRespec):
+		c.event(ctx, u, corev1.EventTypeNormal, "SpecChanged", "the spec changed: the run starts again with it, from its record")
+		return
+	case errors.Is(err, errDeleted):
+		return
+	}
+	st, rerr := record.ReadStatus(ctx, c.Kube)
+	if rerr != nil {
+		c.Log.Warn("record", "err", rerr)
+	}
+	if err != nil {
+		c.finish(ctx, u, upgradeapi.Failed, failedAction(st, err), &out)
+		return
+	}
+	c.finish(ctx, u, upgradeapi.Complete, nil, &out)
+}
+
+// failedAction names what failed: the node the record says failed, its
+// step and its error, else the run's error.
+func failedAction(st *record.Status, err error) *upgradeapi.FailedAction {
+	f := &upgradeapi.FailedAction{Reason: err.Error()}
+	if st == nil {
+		return f
+	}
+	for _, n := range st.Nodes {
+		if n.Status == record.NodeFailed || n.Status == record.NodeRolledBack {
+			f.Node, f.Step = n.Name, n.Step
+			if n.LastError != "" {
+				f.Reason = n.LastError
+			}
+			break
+		}
+	}
+	return f
+}
+
+// finish writes an Upgrade's end.
+func (c *Controller) finish(ctx context.Context, u *upgradeapi.Upgrade, phase string, failed *upgradeapi.FailedAction, out *Outcome) {
+	st, err := record.ReadStatus(ctx, c.Kube)
+	if err != nil {
+		c.Log.Warn("record", "err", err)
+	}
+	err = c.setStatus(ctx, u.Name, func(s *upgradeapi.Status) {
+		now := metav1.NewTime(c.now())
+		s.Phase, s.LastError, s.Completed, s.ObservedGeneration = phase, failed, &now, u.Generation
+		s.Message = ""
+		if failed != nil {
+			s.Message = failed.Reason
+			if failed.Node != "" {
+				s.Current = failed.Node
+			}
+		}
+		if out != nil {
+			s.From, s.To, s.Bundle, s.Findings = out.From, out.To, out.Bundle, out.Findings
+		}
+		mirrorRecord(s, st)
+		if phase == upgradeapi.Complete {
+			s.Current = ""
+		}
+	})
+	if err != nil {
+		c.Log.Warn("upgrade "+u.Name, "err", err)
+	}
+	if failed != nil {
+		where := ""
+		if failed.Node != "" {
+			where = fmt.Sprintf(" (node %s, step %s)", failed.Node, failed.Step)
+		}
+		c.event(ctx, u, corev1.EventTypeWarning, "Failed", "the upgrade failed"+where+": "+failed.Reason)
+		return
+	}
+	c.event(ctx, u, corev1.EventTypeNormal, "Complete", "every node runs "+u.Spec.Version)
+}
+
+// hold returns when node may go: the Upgrade not paused and its window
+// open; errRespec when its spec changed since the run started, and
+// errDeleted when it is gone. While it holds, the Upgrade says Paused.
+func (c *Controller) hold(ctx context.Context, name string, generation int64, node string) error {
+	paused := false
+	for {
+		u, err := c.Upgrades.Get(ctx, name)
+		switch {
+		case err != nil:
+			c.Log.Warn("upgrade "+name, "err", err) // the API may be restarting: look again
+		case u == nil || u.DeletionTimestamp != nil:
+			return errDeleted
+		case u.Generation != generation:
+			return errRespec
+		case u.Spec.Paused || !u.Spec.Window.Open(c.now()):
+			why := "spec.paused"
+			if !u.Spec.Paused {
+				why = "outside its window (" + u.Spec.Window.String() + ")"
+			}
+			if !paused {
+				paused = true
+				c.event(ctx, u, corev1.EventTypeNormal, "Paused", "holds before node "+node+": "+why)
+			}
+			_ = c.setStatus(ctx, name, func(s *upgradeapi.Status) {
+				s.Phase, s.Message = upgradeapi.Paused, "holds before node "+node+": "+why
+			})
+		default:
+			if paused {
+				c.event(ctx, u, corev1.EventTypeNormal, "Resumed", "node "+node+" goes on")
+				if err := c.setStatus(ctx, name, func(s *upgradeapi.Status) {
+					s.Phase, s.Message = upgradeapi.Running, ""
+				}); err != nil {
+					c.Log.Warn("upgrade "+name, "err", err)
+				}
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(c.poll()):
+		}
+	}
+}
+
+// mirror copies the run's record into the Upgrade's status every poll
+// until ctx is done, and tells Upgrades written meanwhile that they wait.
+func (c *Controller) mirror(ctx context.Context, u *upgradeapi.Upgrade) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(c.poll()):
+		}
+		if us, err := c.Upgrades.List(ctx); err == nil {
+			if err := c.tellWaiting(ctx, us, u.Name); err != nil && ctx.Err() == nil {
+				c.Log.Warn("upgrades", "err", err)
+			}
+		}
+		st, err := record.ReadStatus(ctx, c.Kube)
+		if err != nil || st == nil || st.To != u.Spec.Version {
+			continue // no record of this upgrade yet
+		}
+		if err := c.setStatus(ctx, u.Name, func(s *upgradeapi.Status) { mirrorRecord(s, st) }); err != nil && ctx.Err() == nil {
+			c.Log.Warn("upgrade "+u.Name, "err", err)
+		}
+	}
+}
+
+// mirrorRecord copies a run's record into s: each node's status, step
+// and kubelet version, the progress, the node in flight.
+func mirrorRecord(s *upgradeapi.Status, st *record.Status) {
+	if st == nil {
+		return
+	}
+	s.From, s.To = st.From, st.To
+	s.Nodes = s.Nodes[:0]
+	done, current := 0, []string{}
+	for _, n := range st.Nodes {
+		updated := metav1.NewTime(n.Updated)
+		s.Nodes = append(s.Nodes, upgradeapi.NodeStatus{Name: n.Name, Role: n.Role, Status: n.Status, Step: n.Step,
+			Version: st.Kubelets[n.Name], LastError: n.LastError, Updated: &updated})
+		if st.Kubelets[n.Name] == st.To {
+			done++
+		}
+		if n.Status == record.NodeUpgrading {
+			current = append(current, n.Name)
+		}
+	}
+	s.Progress = fmt.Sprintf("%d/%d", done, len(st.Nodes))
+	if len(current) > 0 {
+		s.Current = strings.Join(current, ",")
+	}
+	updated := metav1.NewTime(st.Updated)
+	s.Updated = &updated
+}
+
+// setStatus changes the Upgrade name's status as change says, on its
+// newest copy, again on a conflict.
+func (c *Controller) setStatus(ctx context.Context, name string, change func(*upgradeapi.Status)) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		u, err := c.Upgrades.Get(ctx, name)
+		if err != nil || u == nil {
+			return err
+		}
+		change(&u.Status)
+		_, err = c.Upgrades.UpdateStatus(ctx, u)
+		return err
+	})
+}
+
+// event records an Event on the Upgrade (in default: the Upgrade has no
+// namespace); one that cannot be written is logged.
+func (c *Controller) event(ctx context.Context, u *upgradeapi.Upgrade, kind, reason, message string) {
+	now := metav1.NewTime(c.now())
+	ev := &corev1.Event{
+		// Named as client-go's recorder names them.
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", u.Name, time.Now().UnixNano()), Namespace: metav1.NamespaceDefault},
+		InvolvedObject: corev1.ObjectReference{APIVersion: upgradeapi.Group + "/" + upgradeapi.Version, Kind: upgradeapi.Kind,
+			Name: u.Name, UID: u.UID},
+		Type: kind, Reason: reason, Message: message, FirstTimestamp: now, LastTimestamp: now, Count: 1,
+		Source: corev1.EventSource{Component: "kubelift-controller", Host: c.Identity},
+	}
+	if _, err := c.Kube.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
+		c.Log.Warn("event", "upgrade", u.Name, "reason", reason, "err", err)
+	}
+}
