@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,9 +20,11 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/controller"
+	"github.com/kubelift/kubelift/internal/inplace"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/registry"
 	"github.com/kubelift/kubelift/internal/upgradeapi"
 )
 
@@ -34,6 +38,7 @@ type controllerOptions struct {
 	CacheDir        string
 	Identity        string
 	Poll            time.Duration
+	StopTimeout     time.Duration
 }
 
 func newCmdController(s *cli.IO, runF func(context.Context, *controllerOptions) error) *cobra.Command {
@@ -41,6 +46,8 @@ func newCmdController(s *cli.IO, runF func(context.Context, *controllerOptions) 
 	cmd := &cobra.Command{
 		Use:   "controller",
 		Short: "Run the cluster's Upgrades from inside it (in its Deployment; 'controller install' makes it)",
+		// SIGTERM stops the run at the next node boundary, not mid-node.
+		Annotations: map[string]string{cli.OwnSignals: "stops at a node boundary"},
 		Long: `controller runs the cluster's Upgrade objects (kubelift.dev/v1alpha1, docs/controller.md),
 so that no admin machine has to stay up while a cluster upgrades. It runs in
 the Deployment ` + agent.Namespace + `/` + controller.Name + ` that 'upgrade controller install' makes, from the
@@ -51,9 +58,11 @@ The leader runs one Upgrade at a time, the oldest first (the others say they
 wait for it), through agents (--via agent): the same plan and runbook as
 'upgrade apply'. It decides from the objects as they are, so a leader that
 takes over (its pod deleted, its node upgraded) resumes the run from its record.
-Before each node's kubelet moves it reads the Upgrade again: spec.paused or a
-closed spec.window holds the run there (the nodes in flight finish); a changed
-spec stops it there and it starts again with the new one.`,
+Before the run starts and before each node's kubelet moves it reads the Upgrade
+again: spec.paused or a closed spec.window holds the run there (the nodes in
+flight finish); a changed policy stops it there and it starts again with the
+new one. On SIGTERM it stops there too, within --stop-timeout, and releases
+the Lease: the next leader goes on from that node.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.Identity == "" {
@@ -81,13 +90,38 @@ spec stops it there and it starts again with the new one.`,
 	f.StringVar(&opts.Identity, "identity", cmp.Or(os.Getenv(controller.PodNameEnv), host), "this replica's name in the leader Lease and the Upgrades' status (default $"+controller.PodNameEnv+", else the host name)")
 	f.StringVar(&opts.CacheDir, "cache-dir", cli.DefaultCacheDir(), "where fetched files are kept")
 	f.DurationVar(&opts.Poll, "poll", 2*time.Second, "how often the Upgrades and the run's record are read")
+	f.DurationVar(&opts.StopTimeout, "stop-timeout", controller.StopTimeout, "on SIGTERM, how long the nodes in flight may take to finish before the run stops where it is (keep it below the pod's termination grace period)")
 	cmd.AddCommand(newCmdControllerInstall(s, nil))
 	return cmd
 }
 
 func controllerRun(ctx context.Context, opts *controllerOptions) error {
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
-	defer stop()
+	// SIGTERM (the pod deleted) stops the run before its next node; the
+	// nodes in flight finish within --stop-timeout, then it stops there.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopping, leading, led := make(chan struct{}), atomic.Bool{}, make(chan struct{})
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, syscall.SIGTERM, os.Interrupt)
+	defer signal.Stop(signals)
+	log := opts.IO.Logger(false)
+	go func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-signals:
+		}
+		close(stopping)
+		if leading.Load() {
+			log.Info("controller: stopping after the nodes in flight", "within", opts.StopTimeout)
+			select {
+			case <-led:
+			case <-signals:
+			case <-time.After(opts.StopTimeout):
+			}
+		}
+		cancel()
+	}()
 	cfg, err := opts.Kube.config()
 	if err != nil {
 		return err
@@ -100,16 +134,22 @@ func controllerRun(ctx context.Context, opts *controllerOptions) error {
 	if err != nil {
 		return err
 	}
-	log := opts.IO.Logger(false)
 	c := &controller.Controller{Upgrades: upgradeapi.Client{Dynamic: dyn}, Kube: kube, Identity: opts.Identity, Log: log, Poll: opts.Poll,
-		Run: opts.run}
+		Run: opts.run, Stopping: stopping}
 	log.Info("controller: waiting to lead", "lease", agent.Namespace+"/"+controller.LeaseName, "identity", opts.Identity)
 	err = controller.Lead(ctx, kube, agent.Namespace, opts.Identity, func(ctx context.Context) {
+		leading.Store(true)
+		defer close(led)
 		log.Info("controller: leading")
 		_ = c.Reconcile(ctx)
 	})
-	if ctx.Err() != nil {
+	select {
+	case <-stopping:
 		return nil // stopped
+	default:
+	}
+	if ctx.Err() != nil {
+		return nil
 	}
 	return err
 }
@@ -135,7 +175,10 @@ func (opts *controllerOptions) run(ctx context.Context, run controller.Run) (con
 			if phase != "pre" {
 				return nil
 			}
-			return run.Hold(ctx, node)
+			if err := run.Hold(ctx, node); err != nil {
+				return fmt.Errorf("%w: %w", inplace.ErrNotStarted, err) // the node stays pending
+			}
+			return nil
 		},
 	}
 	a.Engine = a.engine
@@ -149,8 +192,11 @@ func (opts *controllerOptions) run(ctx context.Context, run controller.Run) (con
 	start := time.Now()
 	res, err := a.apply(ctx)
 	out := controller.Outcome{To: spec.Version}
+	if res != nil && res.State != nil {
+		out.Bundle = res.State.Bundle
+	}
 	if res != nil && res.Plan != nil {
-		out.From = joinFrom(res.Plan.From)
+		out.From = strings.Join(res.Plan.From, ", ")
 		for _, f := range res.Plan.Findings {
 			out.Findings = append(out.Findings, upgradeapi.Finding{Severity: string(f.Severity), Check: string(f.Check), Object: f.Object, Message: f.Message})
 		}
@@ -159,17 +205,6 @@ func (opts *controllerOptions) run(ctx context.Context, run controller.Run) (con
 		printApply(opts.IO.ErrOut, res, false, time.Since(start))
 	}
 	return out, err
-}
-
-func joinFrom(from []string) string {
-	out := ""
-	for i, f := range from {
-		if i > 0 {
-			out += ", "
-		}
-		out += f
-	}
-	return out
 }
 
 type controllerInstallOptions struct {
@@ -245,7 +280,17 @@ func controllerInstallRun(ctx context.Context, opts *controllerInstallOptions) e
 	if err != nil {
 		return err
 	}
-	img, err := agentImage(ctx, target, access, opts.Registry.Domain)
+	creds.Domain = opts.Registry.Domain // the record's, when not given
+	return installController(ctx, opts.IO.Out, kube, dyn, target, access, creds, opts.Cluster.Trust,
+		controller.Install{Replicas: opts.Replicas, AgentQPS: opts.AgentQPS, NodeCredentials: opts.NodeCredentials}, opts.DryRun)
+}
+
+// installController installs (or updates) the controller as in says,
+// from target's agent image, with the registry's credentials and the
+// team's key; with dry, it says what it would make.
+func installController(ctx context.Context, out io.Writer, kube kubernetes.Interface, dyn dynamic.Interface, target *release.Release,
+	access registry.Access, creds registry.Credentials, trust cli.TrustOptions, in controller.Install, dry bool) error {
+	img, err := agentImage(ctx, target, access, creds.Domain)
 	if err != nil {
 		return err
 	}
@@ -253,29 +298,28 @@ func controllerInstallRun(ctx context.Context, opts *controllerInstallOptions) e
 	if err != nil {
 		return err
 	}
-	in := controller.Install{Image: img, Replicas: opts.Replicas, Domain: opts.Registry.Domain, Username: creds.Username, Password: creds.Password,
-		SkipTLSVerify: opts.Registry.SkipTLSVerify, PlainHTTP: opts.Registry.PlainHTTP, AllowUnsigned: opts.Cluster.Trust.AllowUnsigned,
-		AgentQPS: opts.AgentQPS, NodeCredentials: opts.NodeCredentials, Catalog: cat}
-	if opts.Registry.CAFile != "" {
-		if in.CA, err = os.ReadFile(opts.Registry.CAFile); err != nil {
+	in.Image, in.Domain, in.Username, in.Password = img, creds.Domain, creds.Username, creds.Password
+	in.SkipTLSVerify, in.PlainHTTP, in.AllowUnsigned, in.Catalog = creds.SkipTLSVerify, creds.PlainHTTP, trust.AllowUnsigned, cat
+	if creds.CAFile != "" {
+		if in.CA, err = os.ReadFile(creds.CAFile); err != nil {
 			return cli.Usagef("--ca-file: %v", err)
 		}
 	}
-	if opts.Cluster.Trust.KeyFile != "" {
-		if in.Key, err = os.ReadFile(opts.Cluster.Trust.KeyFile); err != nil {
+	if trust.KeyFile != "" {
+		if in.Key, err = os.ReadFile(trust.KeyFile); err != nil {
 			return cli.Usagef("--key: %v", err)
 		}
 	}
-	if opts.DryRun {
-		printMade(opts.IO.Out, in.Made())
-		fmt.Fprintln(opts.IO.Out, "dry run: nothing was made")
+	if dry {
+		printMade(out, in.Made())
+		fmt.Fprintln(out, "dry run: nothing was made")
 		return nil
 	}
 	if err := in.Apply(ctx, kube, dyn); err != nil {
 		return err
 	}
-	printMade(opts.IO.Out, in.Made())
-	fmt.Fprintf(opts.IO.Out, "the controller runs from %s; write an Upgrade with 'upgrade apply --in-cluster'\n", img)
+	printMade(out, in.Made())
+	fmt.Fprintf(out, "the controller runs from %s; write an Upgrade with 'upgrade apply --in-cluster'\n", img)
 	return nil
 }
 

@@ -10,13 +10,17 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/controller"
 	"github.com/kubelift/kubelift/internal/importer"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
+	"github.com/kubelift/kubelift/internal/registry"
 )
 
 type importOptions struct {
@@ -38,6 +42,9 @@ type importOptions struct {
 	StageDir string
 	CacheDir string
 	Path     stagePath
+	// InstallController: install (or update) the in-cluster controller
+	// from the imported bundle's agent image.
+	InstallController bool
 }
 
 func newCmdImport(s *cli.IO, runF func(context.Context, *importOptions) error) *cobra.Command {
@@ -118,6 +125,7 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
 	f.BoolVar(&opts.SkipBinaries, "skip-binaries", false, "do not push the binaries as OCI artifacts (for registries that refuse them; stage from the bundle file instead)")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "record the version as available in this cluster (default: KUBECONFIG, or in-cluster; none: not recorded)")
+	f.BoolVar(&opts.InstallController, "install-controller", false, "then install (or update) the in-cluster controller from the bundle's agent image, as 'upgrade controller install --to VERSION' does, with these registry credentials and --key (docs/controller.md)")
 	return cmd
 }
 
@@ -133,13 +141,19 @@ func importRun(ctx context.Context, opts *importOptions) error {
 	if err != nil {
 		return err
 	}
-	access, err := opts.Registry.Access(opts.IO.In)
+	creds, err := opts.Registry.Credentials(opts.IO.In)
+	if err != nil {
+		return err
+	}
+	access, err := creds.Access()
 	if err != nil {
 		return err
 	}
 	var recorder importer.Recorder
 	client, err := cluster.Client(opts.Kubeconfig)
 	switch {
+	case errors.Is(err, cluster.ErrNoKubeconfig) && opts.InstallController:
+		return cli.Usagef("--install-controller: %v", err)
 	case errors.Is(err, cluster.ErrNoKubeconfig) && !opts.Stage:
 		// Not recorded: said in the summary.
 	case err != nil:
@@ -163,6 +177,9 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		} else {
 			printImport(opts.IO.Out, res, time.Since(start))
 		}
+	}
+	if err == nil && opts.InstallController && !opts.DryRun {
+		err = opts.installController(ctx, client, res.KubernetesVersion, trust, access, creds)
 	}
 	if err != nil || !opts.Stage || opts.DryRun {
 		return err
@@ -244,4 +261,24 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 	case !res.DryRun:
 		fmt.Fprintln(w, "not recorded in a cluster (no --kubeconfig, KUBECONFIG or in-cluster config)")
 	}
+}
+
+// installController installs the controller from the version just
+// imported (its record's agent image).
+func (opts *importOptions) installController(ctx context.Context, client kubernetes.Interface, version string, trust bundle.Trust,
+	access registry.Access, creds registry.Credentials) error {
+	cfg, err := cluster.Config(opts.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	target, err := release.Load(ctx, client, version, trust)
+	if err != nil {
+		return err
+	}
+	return installController(ctx, opts.IO.Out, client, dyn, target, access, creds, opts.Trust,
+		controller.Install{Replicas: 2, AgentQPS: opts.Path.AgentQPS, NodeCredentials: opts.Path.NodeCredentials}, false)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/upgradeapi"
@@ -83,6 +85,9 @@ func (opts *applyOptions) upgradeSpec(f *inClusterFlags) (upgradeapi.Spec, error
 		spec.Window = &upgradeapi.MaintenanceWindow{Days: f.WindowDays, Start: start, End: end}
 	}
 	if _, err := spec.Check(); err != nil {
+		if spec.Window != nil && strings.Contains(err.Error(), "spec.window") {
+			return spec, cli.Usagef("--window %s --window-days %s: %v", f.Window, strings.Join(f.WindowDays, ","), err)
+		}
 		return spec, cli.Usagef("%v", err)
 	}
 	return spec, nil
@@ -121,12 +126,22 @@ func applyInCluster(ctx context.Context, opts *applyOptions) error {
 		return cli.Usagef("upgrade %s exists and is to %s, not %s: give another --name", name, u.Spec.Version, spec.Version)
 	case u.Status.Phase == upgradeapi.Failed:
 		// Running apply again after a failure retries, with the policy
-		// given now: a new generation.
-		u.Spec = spec
-		if u, err = c.Update(ctx, u); err != nil {
+		// given now and the next attempt: a new generation.
+		message := u.Status.Message
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			now, err := c.Get(ctx, name)
+			if err != nil || now == nil {
+				return cmp.Or(err, fmt.Errorf("upgrade %s: deleted", name))
+			}
+			spec.Attempt = now.Spec.Attempt + 1
+			now.Spec = spec
+			u, err = c.Update(ctx, now)
+			return err
+		})
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(opts.IO.ErrOut, "upgrade %s failed before (%s): written again, the controller retries it\n", name, u.Status.Message)
+		fmt.Fprintf(opts.IO.ErrOut, "upgrade %s failed before (%s): written again (attempt %d), the controller retries it\n", name, message, spec.Attempt)
 	default:
 		fmt.Fprintf(opts.IO.ErrOut, "upgrade %s exists (%s): following it\n", name, orDash(u.Status.Phase))
 	}

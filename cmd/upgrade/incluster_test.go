@@ -122,8 +122,8 @@ func TestApplyInClusterAgain(t *testing.T) {
 	if err != nil || !strings.Contains(said, "failed before (node worker-1: kubelet: rolled back): written again") {
 		t.Fatalf("after a failure: %v, said %q", err, said)
 	}
-	if u, _ = c.Get(ctx, "v1.31.4"); u.Spec.Settle != "30s" {
-		t.Errorf("spec not written again: %+v", u.Spec)
+	if u, _ = c.Get(ctx, "v1.31.4"); u.Spec.Settle != "30s" || u.Spec.Attempt != 1 {
+		t.Errorf("spec not written again as the next attempt: %+v", u.Spec)
 	}
 	u.Status = upgradeapi.Status{Phase: upgradeapi.Running}
 	if _, err := c.UpdateStatus(ctx, u); err != nil {

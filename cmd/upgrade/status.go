@@ -113,7 +113,11 @@ func (opts *statusOptions) upgrades(ctx context.Context) ([]*upgradeapi.Upgrade,
 		return nil, err
 	}
 	ups, err := upgradeapi.Client{Dynamic: dyn}.List(ctx)
-	if apierrors.IsNotFound(err) {
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil // not installed
+	case apierrors.IsForbidden(err):
+		fmt.Fprintf(opts.IO.ErrOut, "warning: the Upgrades (kubelift.dev) are not shown: %v\n", err)
 		return nil, nil
 	}
 	return ups, err

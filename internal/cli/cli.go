@@ -87,12 +87,21 @@ func ExitCode(err error) int {
 	return ExitError
 }
 
-// Main runs a root command with a context cancelled by SIGINT/SIGTERM and
-// exits with the mapped code.
+// OwnSignals, as a command's annotation (its value says why), keeps Main
+// from cancelling that command's context on SIGINT/SIGTERM: it handles
+// them itself.
+const OwnSignals = "kubelift.dev/own-signals"
+
+// Main runs a root command with a context cancelled by SIGINT/SIGTERM
+// (but for a command that handles them itself: OwnSignals) and exits
+// with the mapped code.
 func Main(newRoot func(*IO) *cobra.Command) {
 	streams := System()
-	ctx, stop := Interrupts(context.Background(), streams.ErrOut, os.Exit)
 	root := newRoot(streams)
+	ctx, stop := context.Background(), func() {}
+	if c, _, err := root.Find(os.Args[1:]); err != nil || c.Annotations[OwnSignals] == "" {
+		ctx, stop = Interrupts(ctx, streams.ErrOut, os.Exit)
+	}
 	root.SilenceErrors = true
 	root.SilenceUsage = true
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &UsageError{err} })

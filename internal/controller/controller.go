@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/upgradeapi"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 )
 
 // Run is one run of an Upgrade, as the controller hands it to a Runner.
@@ -51,6 +53,10 @@ var errRespec = errors.New("the upgrade's spec changed: the run starts again wit
 // errDeleted stops a run whose Upgrade was deleted.
 var errDeleted = errors.New("the upgrade was deleted")
 
+// errStopping stops a run before its next node: the controller is
+// stopping (its pod deleted); the next leader resumes it.
+var errStopping = errors.New("the controller is stopping: the next leader goes on")
+
 // Controller runs Upgrades.
 type Controller struct {
 	Upgrades upgradeapi.Client
@@ -64,6 +70,10 @@ type Controller struct {
 	Poll time.Duration
 	// Now is the clock the maintenance window is read with.
 	Now func() time.Time
+	// Stopping, closed, stops the run before its next node (the nodes
+	// in flight finish) and starts no other: a pod being deleted hands
+	// the run over at a node boundary, not in the middle of a node.
+	Stopping <-chan struct{}
 
 	mu sync.Mutex // one status write at a time
 }
@@ -73,6 +83,15 @@ func (c *Controller) poll() time.Duration {
 		return 2 * time.Second
 	}
 	return c.Poll
+}
+
+func (c *Controller) stopping() bool {
+	select {
+	case <-c.Stopping:
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *Controller) now() time.Time {
@@ -87,13 +106,15 @@ func (c *Controller) now() time.Time {
 // to its end.
 func (c *Controller) Reconcile(ctx context.Context) error {
 	for {
+		if c.stopping() {
+			return nil
+		}
 		active, err := c.next(ctx)
 		if err != nil {
 			c.Log.Warn("upgrades", "err", err)
 		}
-		if active != nil {
-			c.runUpgrade(ctx, active)
-			continue
+		if active != nil && c.runUpgrade(ctx, active) {
+			continue // ended: the next at once
 		}
 		select {
 		case <-ctx.Done():
@@ -136,7 +157,8 @@ func (c *Controller) tellWaiting(ctx context.Context, us []*upgradeapi.Upgrade, 
 		if u.Name == active || u.Done() || (u.Status.Phase == upgradeapi.Waiting && u.Status.WaitingFor == active) {
 			continue
 		}
-		if err := c.setStatus(ctx, u.Name, func(s *upgradeapi.Status) {
+		if err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) {
+			s := &now.Status
 			s.Phase, s.WaitingFor = upgradeapi.Waiting, active
 			s.Message = "waits for upgrade " + active + ": one upgrade runs at a time"
 		}); err != nil {
@@ -146,69 +168,108 @@ func (c *Controller) tellWaiting(ctx context.Context, us []*upgradeapi.Upgrade, 
 	return nil
 }
 
-// runUpgrade runs u until it ends, its spec changes (then the next pass
-// runs it again) or ctx is done.
-func (c *Controller) runUpgrade(ctx context.Context, u *upgradeapi.Upgrade) {
+// runUpgrade runs u until it ends (true), its spec changes (then the
+// next pass runs it again), the upgrade lock is another run's, or ctx is
+// done.
+func (c *Controller) runUpgrade(ctx context.Context, u *upgradeapi.Upgrade) (ended bool) {
 	if _, err := u.Spec.Check(); err != nil {
 		c.finish(ctx, u, upgradeapi.Failed, &upgradeapi.FailedAction{Step: "spec", Reason: err.Error()}, nil)
-		return
+		return true
 	}
-	generation := u.Generation
-	err := c.setStatus(ctx, u.Name, func(s *upgradeapi.Status) {
-		if s.Phase != upgradeapi.Running {
+	err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) {
+		s := &now.Status
+		if s.Phase != upgradeapi.Running && s.Phase != upgradeapi.Paused {
 			s.Phase, s.Message = upgradeapi.Running, ""
 		}
-		s.WaitingFor, s.Controller, s.ObservedGeneration, s.LastError, s.Completed = "", c.Identity, generation, nil, nil
+		s.WaitingFor, s.Controller, s.ObservedGeneration, s.LastError, s.Completed = "", c.Identity, now.Generation, nil, nil
 		if s.Started == nil {
-			now := metav1.NewTime(c.now())
-			s.Started = &now
+			t := metav1.NewTime(c.now())
+			s.Started = &t
 		}
 	})
 	if err != nil {
 		c.Log.Warn("upgrade "+u.Name, "err", err)
-		return
+		return false
 	}
-	c.event(ctx, u, corev1.EventTypeNormal, "Running", fmt.Sprintf("%s runs the upgrade to %s", c.Identity, u.Spec.Version))
+	before := u.Status
+	if u, err = c.Upgrades.Get(ctx, u.Name); err != nil || u == nil {
+		return false
+	}
+	if before.Controller != c.Identity || (before.Phase != upgradeapi.Running && before.Phase != upgradeapi.Paused) {
+		c.event(ctx, u, corev1.EventTypeNormal, "Running", fmt.Sprintf("%s runs the upgrade to %s", c.Identity, u.Spec.Version))
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	mirrored := make(chan struct{})
 	go func() {
 		defer close(mirrored)
 		c.mirror(runCtx, u)
 	}()
-	out, err := c.Run(runCtx, Run{Upgrade: u, Hold: func(ctx context.Context, node string) error {
-		return c.hold(ctx, u.Name, generation, node)
-	}})
+	hold := func(ctx context.Context, node string) error { return c.hold(ctx, u, node) }
+	// Nothing moves while it is paused or out of its window.
+	var out Outcome
+	err = hold(runCtx, "")
+	if err == nil {
+		out, err = c.Run(runCtx, Run{Upgrade: u, Hold: hold})
+	}
 	cancel()
 	<-mirrored
 	switch {
-	case ctx.Err() != nil:
-		return // stopped leading: the next leader resumes it
+	case ctx.Err() != nil || errors.Is(err, errStopping):
+		return false // stopped leading: the next leader resumes it
 	case errors.Is(err, errRespec):
 		c.event(ctx, u, corev1.EventTypeNormal, "SpecChanged", "the spec changed: the run starts again with it, from its record")
-		return
+		return false
 	case errors.Is(err, errDeleted):
-		return
+		return true
+	case errors.Is(err, upgradelock.ErrLocked) || errors.Is(err, upgradelock.ErrLost):
+		// Another run holds the lock (an admin machine's apply, or the
+		// run of the leader before this one, still stopping): not this
+		// Upgrade's failure. The next pass tries again.
+		msg := "waits for the upgrade lock: " + err.Error()
+		if before.Message != msg {
+			c.event(ctx, u, corev1.EventTypeWarning, "Locked", err.Error())
+		}
+		if err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) { now.Status.Message = msg }); err != nil {
+			c.Log.Warn("upgrade "+u.Name, "err", err)
+		}
+		return false
+	case err != nil:
+		c.Log.Warn("upgrade "+u.Name+" failed", "err", err)
+		c.finish(ctx, u, upgradeapi.Failed, failedAction(c.recordOf(ctx, u), err), &out)
+	default:
+		c.finish(ctx, u, upgradeapi.Complete, nil, &out)
 	}
-	st, rerr := record.ReadStatus(ctx, c.Kube)
-	if rerr != nil {
-		c.Log.Warn("record", "err", rerr)
-	}
-	if err != nil {
-		c.finish(ctx, u, upgradeapi.Failed, failedAction(st, err), &out)
-		return
-	}
-	c.finish(ctx, u, upgradeapi.Complete, nil, &out)
+	return true
 }
 
-// failedAction names what failed: the node the record says failed, its
-// step and its error, else the run's error.
+// recordOf reads the run's record when it is u's: to u's version, and
+// written since u started (an earlier run's record of the same version
+// is not u's); nil otherwise.
+func (c *Controller) recordOf(ctx context.Context, u *upgradeapi.Upgrade) *record.Status {
+	st, err := record.ReadStatus(ctx, c.Kube)
+	if err != nil {
+		c.Log.Warn("record", "err", err)
+		return nil
+	}
+	if st == nil || st.To != u.Spec.Version {
+		return nil
+	}
+	if now, err := c.Upgrades.Get(ctx, u.Name); err == nil && now != nil && now.Status.Started != nil && st.Updated.Before(now.Status.Started.Time) {
+		return nil
+	}
+	return st
+}
+
+// failedAction names what failed: the node the record says failed that
+// the run's error names, its step and its error; else the run's error
+// (a node an earlier attempt left failed is not this failure).
 func failedAction(st *record.Status, err error) *upgradeapi.FailedAction {
 	f := &upgradeapi.FailedAction{Reason: err.Error()}
 	if st == nil {
 		return f
 	}
 	for _, n := range st.Nodes {
-		if n.Status == record.NodeFailed || n.Status == record.NodeRolledBack {
+		if (n.Status == record.NodeFailed || n.Status == record.NodeRolledBack) && names(err, n.Name) {
 			f.Node, f.Step = n.Name, n.Step
 			if n.LastError != "" {
 				f.Reason = n.LastError
@@ -219,32 +280,46 @@ func failedAction(st *record.Status, err error) *upgradeapi.FailedAction {
 	return f
 }
 
-// finish writes an Upgrade's end.
+// names says whether err names node ("node NAME " or "node NAME:", as
+// the engine's errors do).
+func names(err error, node string) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "node "+node+" ") || strings.Contains(msg, "node "+node+":")
+}
+
+// finish writes an Upgrade's end, trying again (every poll) until it is
+// written or ctx is done: an end left unwritten would run it again.
 func (c *Controller) finish(ctx context.Context, u *upgradeapi.Upgrade, phase string, failed *upgradeapi.FailedAction, out *Outcome) {
-	st, err := record.ReadStatus(ctx, c.Kube)
-	if err != nil {
-		c.Log.Warn("record", "err", err)
-	}
-	err = c.setStatus(ctx, u.Name, func(s *upgradeapi.Status) {
-		now := metav1.NewTime(c.now())
-		s.Phase, s.LastError, s.Completed, s.ObservedGeneration = phase, failed, &now, u.Generation
-		s.Message = ""
-		if failed != nil {
-			s.Message = failed.Reason
-			if failed.Node != "" {
+	st := c.recordOf(ctx, u)
+	for {
+		err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) {
+			s := &now.Status
+			t := metav1.NewTime(c.now())
+			s.Phase, s.LastError, s.Completed, s.Message = phase, failed, &t, ""
+			// The generation it ended at: a later one that changed only
+			// paused or the window changed nothing it ran.
+			s.ObservedGeneration = u.Generation
+			if samePolicy(now.Spec, u.Spec) {
+				s.ObservedGeneration = now.Generation
+			}
+			if out != nil {
+				s.From, s.To, s.Bundle, s.Findings = out.From, out.To, out.Bundle, out.Findings
+			}
+			mirrorRecord(s, st)
+			s.Current = ""
+			if failed != nil {
+				s.Message = failed.Reason
 				s.Current = failed.Node
 			}
+		})
+		if err == nil || ctx.Err() != nil {
+			break
 		}
-		if out != nil {
-			s.From, s.To, s.Bundle, s.Findings = out.From, out.To, out.Bundle, out.Findings
-		}
-		mirrorRecord(s, st)
-		if phase == upgradeapi.Complete {
-			s.Current = ""
-		}
-	})
-	if err != nil {
 		c.Log.Warn("upgrade "+u.Name, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(c.poll()):
+		}
 	}
 	if failed != nil {
 		where := ""
@@ -257,39 +332,57 @@ func (c *Controller) finish(ctx context.Context, u *upgradeapi.Upgrade, phase st
 	c.event(ctx, u, corev1.EventTypeNormal, "Complete", "every node runs "+u.Spec.Version)
 }
 
-// hold returns when node may go: the Upgrade not paused and its window
-// open; errRespec when its spec changed since the run started, and
-// errDeleted when it is gone. While it holds, the Upgrade says Paused.
-func (c *Controller) hold(ctx context.Context, name string, generation int64, node string) error {
-	paused := false
+// samePolicy says whether two specs ask the same run: all but paused
+// and the window, which only hold it.
+func samePolicy(a, b upgradeapi.Spec) bool {
+	a.Paused, a.Window, b.Paused, b.Window = false, nil, false, nil
+	return reflect.DeepEqual(a, b)
+}
+
+// hold returns when node may go ("": the run may start): the Upgrade
+// not paused and its window open; errRespec when its policy changed
+// since the run started (u), and errDeleted when it is gone. While it
+// holds, the Upgrade says Paused.
+func (c *Controller) hold(ctx context.Context, u *upgradeapi.Upgrade, node string) error {
+	where := "before node " + node
+	if node == "" {
+		where = "before it starts"
+	}
+	said := ""
 	for {
-		u, err := c.Upgrades.Get(ctx, name)
+		if c.stopping() {
+			return errStopping
+		}
+		now, err := c.Upgrades.Get(ctx, u.Name)
 		switch {
 		case err != nil:
-			c.Log.Warn("upgrade "+name, "err", err) // the API may be restarting: look again
-		case u == nil || u.DeletionTimestamp != nil:
+			c.Log.Warn("upgrade "+u.Name, "err", err) // the API may be restarting: look again
+		case now == nil || now.DeletionTimestamp != nil:
 			return errDeleted
-		case u.Generation != generation:
+		case !samePolicy(now.Spec, u.Spec):
 			return errRespec
-		case u.Spec.Paused || !u.Spec.Window.Open(c.now()):
+		case now.Spec.Paused || !now.Spec.Window.Open(c.now()):
 			why := "spec.paused"
-			if !u.Spec.Paused {
-				why = "outside its window (" + u.Spec.Window.String() + ")"
+			if !now.Spec.Paused {
+				why = "outside its window (" + now.Spec.Window.String() + ")"
 			}
-			if !paused {
-				paused = true
-				c.event(ctx, u, corev1.EventTypeNormal, "Paused", "holds before node "+node+": "+why)
-			}
-			_ = c.setStatus(ctx, name, func(s *upgradeapi.Status) {
-				s.Phase, s.Message = upgradeapi.Paused, "holds before node "+node+": "+why
-			})
-		default:
-			if paused {
-				c.event(ctx, u, corev1.EventTypeNormal, "Resumed", "node "+node+" goes on")
-				if err := c.setStatus(ctx, name, func(s *upgradeapi.Status) {
-					s.Phase, s.Message = upgradeapi.Running, ""
+			if msg := "holds " + where + ": " + why; msg != said {
+				c.event(ctx, now, corev1.EventTypeNormal, "Paused", msg)
+				if err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) {
+					now.Status.Phase, now.Status.Message = upgradeapi.Paused, msg
 				}); err != nil {
-					c.Log.Warn("upgrade "+name, "err", err)
+					c.Log.Warn("upgrade "+u.Name, "err", err)
+				} else {
+					said = msg
+				}
+			}
+		default:
+			if said != "" || now.Status.Phase == upgradeapi.Paused {
+				c.event(ctx, now, corev1.EventTypeNormal, "Resumed", "goes on "+where)
+				if err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) {
+					now.Status.Phase, now.Status.Message = upgradeapi.Running, ""
+				}); err != nil {
+					c.Log.Warn("upgrade "+u.Name, "err", err)
 				}
 			}
 			return nil
@@ -297,6 +390,7 @@ func (c *Controller) hold(ctx context.Context, name string, generation int64, no
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-c.Stopping:
 		case <-time.After(c.poll()):
 		}
 	}
@@ -316,11 +410,11 @@ func (c *Controller) mirror(ctx context.Context, u *upgradeapi.Upgrade) {
 				c.Log.Warn("upgrades", "err", err)
 			}
 		}
-		st, err := record.ReadStatus(ctx, c.Kube)
-		if err != nil || st == nil || st.To != u.Spec.Version {
+		st := c.recordOf(ctx, u)
+		if st == nil {
 			continue // no record of this upgrade yet
 		}
-		if err := c.setStatus(ctx, u.Name, func(s *upgradeapi.Status) { mirrorRecord(s, st) }); err != nil && ctx.Err() == nil {
+		if err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) { mirrorRecord(&now.Status, st) }); err != nil && ctx.Err() == nil {
 			c.Log.Warn("upgrade "+u.Name, "err", err)
 		}
 	}
@@ -354,9 +448,9 @@ func mirrorRecord(s *upgradeapi.Status, st *record.Status) {
 	s.Updated = &updated
 }
 
-// setStatus changes the Upgrade name's status as change says, on its
-// newest copy, again on a conflict.
-func (c *Controller) setStatus(ctx context.Context, name string, change func(*upgradeapi.Status)) error {
+// setStatus changes the Upgrade name's status as change says (it may
+// read the rest), on its newest copy, again on a conflict.
+func (c *Controller) setStatus(ctx context.Context, name string, change func(*upgradeapi.Upgrade)) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -364,7 +458,7 @@ func (c *Controller) setStatus(ctx context.Context, name string, change func(*up
 		if err != nil || u == nil {
 			return err
 		}
-		change(&u.Status)
+		change(u)
 		_, err = c.Upgrades.UpdateStatus(ctx, u)
 		return err
 	})

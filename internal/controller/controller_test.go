@@ -18,15 +18,18 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/upgradeapi"
+	"github.com/kubelift/kubelift/internal/upgradelock"
 )
 
 // world is a controller over fake clients, its runner played by the test.
 type world struct {
 	t    *testing.T
 	c    *Controller
+	dyn  *dynamicfake.FakeDynamicClient
 	kube *fake.Clientset
 	mu   sync.Mutex
 	runs []string      // the Upgrades run, in order
@@ -52,7 +55,7 @@ func newWorld(t *testing.T, ups ...*upgradeapi.Upgrade) *world {
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{upgradeapi.Resource: "UpgradeList"}, objs...)
-	w := &world{t: t, kube: fake.NewSimpleClientset(), gate: make(chan struct{}), now: time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)}
+	w := &world{t: t, dyn: dyn, kube: fake.NewSimpleClientset(), gate: make(chan struct{}), now: time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)}
 	w.c = &Controller{Upgrades: upgradeapi.Client{Dynamic: dyn}, Kube: w.kube, Identity: "controller-0", Poll: 5 * time.Millisecond,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: w.clock,
 		Run: func(ctx context.Context, r Run) (Outcome, error) {
@@ -117,6 +120,49 @@ func (w *world) until(name, what string, cond func(*upgradeapi.Upgrade) bool) *u
 			w.t.Fatalf("upgrade %s never %s: %+v", name, what, u.Status)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// looks waits (bounded) until the controller has read the Upgrades n
+// more times: passes of its loop, or of a hold, have gone by.
+func (w *world) looks(n int) {
+	w.t.Helper()
+	count := func() int {
+		c := 0
+		for _, a := range w.dyn.Actions() {
+			if a.GetVerb() == "get" || a.GetVerb() == "list" {
+				c++
+			}
+		}
+		return c
+	}
+	want := count() + n
+	for end := time.Now().Add(10 * time.Second); count() < want; {
+		if time.Now().After(end) {
+			w.t.Fatalf("the controller did not look at the Upgrades %d more times", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// recv receives from ch, bounded.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no %s", what)
+	}
+	panic("unreachable")
+}
+
+// update writes u's spec as the API server does: a new generation.
+func (w *world) update(u *upgradeapi.Upgrade) {
+	w.t.Helper()
+	u.Generation++
+	if _, err := w.c.Upgrades.Update(context.Background(), u); err != nil {
+		w.t.Fatal(err)
 	}
 }
 
@@ -206,7 +252,7 @@ func TestResumesTheStartedUpgrade(t *testing.T) {
 // record; it is not run again until its spec changes.
 func TestFailureNamesTheNode(t *testing.T) {
 	w := newWorld(t, upgrade("v1.31.4"))
-	st := &record.Upgrade{From: "v1.30.14", To: "v1.31.4", State: record.StateFailed, Updated: time.Now()}
+	st := &record.Upgrade{From: "v1.30.14", To: "v1.31.4", State: record.StateFailed, Updated: w.clock().Add(time.Minute)} // written by the run
 	st.Node("cp-1", "control-plane").Status = record.NodeDone
 	n := st.Node("worker-1", "worker")
 	n.Status, n.Step, n.LastError = record.NodeRolledBack, "kubelet", "wait Ready: not Ready within 5m0s"
@@ -231,65 +277,108 @@ func TestFailureNamesTheNode(t *testing.T) {
 	if !strings.Contains(strings.Join(w.events(), ";"), "v1.31.4 Failed") {
 		t.Errorf("no Failed event: %v", w.events())
 	}
-	time.Sleep(20 * w.c.Poll) // passes go by: a failed upgrade is not run again by itself
+	w.looks(20) // passes go by: a failed upgrade is not run again by itself
 	if got := w.ran(); len(got) != 1 {
 		t.Fatalf("ran %v, want once", got)
 	}
-	// A changed spec (a new generation) retries it.
+	// The next attempt (a new generation) retries it.
+	w.mu.Lock()
 	w.run = nil
+	w.mu.Unlock()
 	close(w.gate)
-	u.Spec.Settle, u.Generation = "30s", 2
-	if _, err := w.c.Upgrades.Update(context.Background(), u); err != nil {
-		t.Fatal(err)
-	}
+	u.Spec.Attempt = 1
+	w.update(u)
 	u = w.until("v1.31.4", "completed", phase(upgradeapi.Complete))
 	if u.Status.ObservedGeneration != 2 || u.Status.LastError != nil || len(w.ran()) != 2 {
 		t.Errorf("retried: %+v, ran %v", u.Status, w.ran())
 	}
 }
 
-// Before each node the run holds while the Upgrade is paused or its
-// window closed, saying so; a changed spec stops the run there and runs
-// it again with the new spec.
-func TestHold(t *testing.T) {
+// A paused Upgrade, or one outside its window, does not start; unpaused
+// (a new generation: paused is in the spec) it runs, once, not started
+// again for the change; the window opening lets it start.
+func TestHoldBeforeTheStart(t *testing.T) {
 	u := upgrade("v1.31.4")
 	u.Spec.Paused = true
 	w := newWorld(t, u)
-	held := make(chan error, 10)
-	w.run = func(ctx context.Context, r Run) (Outcome, error) {
-		err := r.Hold(ctx, "worker-3")
-		held <- err
-		return Outcome{}, err
-	}
+	close(w.gate)
 	w.start()
 	p := w.until("v1.31.4", "paused", phase(upgradeapi.Paused))
-	if !strings.Contains(p.Status.Message, "holds before node worker-3: spec.paused") {
+	if p.Status.Message != "holds before it starts: spec.paused" {
 		t.Errorf("paused: %q", p.Status.Message)
 	}
-	select {
-	case err := <-held:
-		t.Fatalf("hold returned while paused: %v", err)
-	case <-time.After(20 * w.c.Poll):
+	w.looks(10)
+	if got := w.ran(); len(got) != 0 {
+		t.Fatalf("a paused upgrade ran: %v", got)
 	}
 	// Unpaused, but outside its window: it still holds.
 	p.Spec.Paused = false
 	p.Spec.Window = &upgradeapi.MaintenanceWindow{Start: "22:00", End: "04:00"}
-	if _, err := w.c.Upgrades.Update(context.Background(), p); err != nil { // the same generation: a test's stand-in for a clock-only change
-		t.Fatal(err)
-	}
+	w.update(p)
 	w.until("v1.31.4", "said its window", func(u *upgradeapi.Upgrade) bool {
-		return strings.Contains(u.Status.Message, "outside its window (22:00-04:00 UTC, every day)")
+		return u.Status.Message == "holds before it starts: outside its window (22:00-04:00 UTC, every day)"
 	})
-	w.setClock(time.Date(2026, 12, 5, 23, 0, 0, 0, time.UTC))
-	if err := <-held; err != nil {
-		t.Fatalf("hold in the window: %v", err)
+	w.looks(10)
+	if got := w.ran(); len(got) != 0 {
+		t.Fatalf("an upgrade out of its window ran: %v", got)
 	}
-	w.until("v1.31.4", "completed", phase(upgradeapi.Complete))
+	w.setClock(time.Date(2026, 12, 5, 23, 0, 0, 0, time.UTC))
+	u = w.until("v1.31.4", "completed", phase(upgradeapi.Complete))
+	if got := w.ran(); len(got) != 1 || u.Status.ObservedGeneration != u.Generation || u.Generation != 2 {
+		t.Errorf("ran %v, observed generation %d of %d: want once, at generation 2 (the change held it, not changed what it ran)", got, u.Status.ObservedGeneration, u.Generation)
+	}
 	evs := strings.Join(w.events(), "; ")
 	for _, want := range []string{"v1.31.4 Paused", "v1.31.4 Resumed"} {
 		if !strings.Contains(evs, want) {
 			t.Errorf("events %s: no %q", evs, want)
 		}
+	}
+}
+
+// Paused mid-run, the run holds before its next node (the node in
+// flight finishes), says so, and goes on, not started again, when
+// unpaused.
+func TestPausedMidRun(t *testing.T) {
+	w := newWorld(t, upgrade("v1.31.4"))
+	nodes, paused := make(chan string), make(chan struct{})
+	w.run = func(ctx context.Context, r Run) (Outcome, error) {
+		for i, n := range []string{"worker-1", "worker-2"} {
+			if i > 0 {
+				<-paused // worker-1 is in flight when it is paused
+			}
+			if err := r.Hold(ctx, n); err != nil {
+				return Outcome{}, err
+			}
+			nodes <- n
+		}
+		return Outcome{}, nil
+	}
+	w.start()
+	if n := recv(t, nodes, "first node"); n != "worker-1" {
+		t.Fatalf("first node %s", n)
+	}
+	u := w.get("v1.31.4")
+	u.Spec.Paused = true
+	w.update(u)
+	close(paused)
+	p := w.until("v1.31.4", "paused", phase(upgradeapi.Paused))
+	if p.Status.Message != "holds before node worker-2: spec.paused" {
+		t.Errorf("paused: %q", p.Status.Message)
+	}
+	w.looks(10)
+	select {
+	case n := <-nodes:
+		t.Fatalf("%s went while paused", n)
+	default:
+	}
+	p.Spec.Paused = false
+	w.update(p)
+	if n := recv(t, nodes, "next node"); n != "worker-2" {
+		t.Fatalf("next node %s", n)
+	}
+	w.until("v1.31.4", "completed", phase(upgradeapi.Complete))
+	if got := w.ran(); len(got) != 1 {
+		t.Errorf("ran %v: pausing started the run again", got)
 	}
 }
 
@@ -312,7 +401,7 @@ func TestWindowClosesMidRun(t *testing.T) {
 		return Outcome{}, nil
 	}
 	w.start()
-	if n := <-nodes; n != "worker-1" {
+	if n := recv(t, nodes, "first node"); n != "worker-1" {
 		t.Fatalf("first node %s", n)
 	}
 	w.setClock(time.Date(2026, 12, 5, 17, 30, 0, 0, time.UTC)) // closed
@@ -321,13 +410,14 @@ func TestWindowClosesMidRun(t *testing.T) {
 	if !strings.Contains(p.Status.Message, "holds before node worker-2: outside its window") {
 		t.Errorf("paused: %q", p.Status.Message)
 	}
+	w.looks(10)
 	select {
 	case n := <-nodes:
 		t.Fatalf("%s went with the window closed", n)
-	case <-time.After(20 * w.c.Poll):
+	default:
 	}
 	w.setClock(time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)) // open again the next day
-	if n := <-nodes; n != "worker-2" {
+	if n := recv(t, nodes, "next node"); n != "worker-2" {
 		t.Fatalf("next node %s", n)
 	}
 	w.until("v1.31.4", "completed", phase(upgradeapi.Complete))
@@ -351,10 +441,8 @@ func TestSpecChangeRunsAgain(t *testing.T) {
 	}
 	w.start()
 	u := w.until("v1.31.4", "ran", phase(upgradeapi.Running))
-	u.Spec.Settle, u.Generation = "1m", 2
-	if _, err := w.c.Upgrades.Update(context.Background(), u); err != nil {
-		t.Fatal(err)
-	}
+	u.Spec.Settle = "1m"
+	w.update(u)
 	close(changed)
 	u = w.until("v1.31.4", "completed", phase(upgradeapi.Complete))
 	w.mu.Lock()
@@ -380,5 +468,95 @@ func TestMirrorRecord(t *testing.T) {
 	mirrorRecord(&s, st)
 	if s.Progress != "1/3" || s.Current != "worker-1" || len(s.Nodes) != 3 || s.Nodes[1].Step != "kubelet" || s.Nodes[0].Version != "v1.31.4" {
 		t.Fatalf("mirrored: %+v", s)
+	}
+}
+
+// An earlier run's record of the same version (written before this
+// Upgrade started) is not this Upgrade's failure.
+func TestStaleRecordIsNotTheFailure(t *testing.T) {
+	w := newWorld(t, upgrade("v1.31.4"))
+	st := &record.Upgrade{From: "v1.30.14", To: "v1.31.4", State: record.StateFailed, Updated: w.clock().Add(-time.Hour)}
+	n := st.Node("worker-1", "worker")
+	n.Status, n.Step, n.LastError = record.NodeRolledBack, "kubelet", "an earlier run's"
+	if err := record.Write(context.Background(), w.kube, st); err != nil {
+		t.Fatal(err)
+	}
+	w.run = func(context.Context, Run) (Outcome, error) {
+		return Outcome{}, errors.New("plan: blocked by 1 finding")
+	}
+	w.start()
+	u := w.until("v1.31.4", "failed", phase(upgradeapi.Failed))
+	want := upgradeapi.FailedAction{Reason: "plan: blocked by 1 finding"}
+	if u.Status.LastError == nil || *u.Status.LastError != want || u.Status.Current != "" || len(u.Status.Nodes) != 0 {
+		t.Errorf("failed: %+v, last error %+v", u.Status, u.Status.LastError)
+	}
+}
+
+// Another run holding the upgrade lock (the last leader's, stopping) is
+// not a failure: the next pass runs it again.
+func TestLockedIsNotAFailure(t *testing.T) {
+	w := newWorld(t, upgrade("v1.31.4"))
+	tries := 0
+	w.run = func(context.Context, Run) (Outcome, error) {
+		if tries++; tries == 1 {
+			return Outcome{}, fmt.Errorf("lock: %w", &upgradelock.LockedError{Holder: "controller-1_abc"})
+		}
+		return Outcome{}, nil
+	}
+	failed := false
+	w.dyn.PrependReactor("update", "upgrades", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if u, ok := a.(k8stesting.UpdateAction).GetObject().(*unstructured.Unstructured); ok {
+			if p, _, _ := unstructured.NestedString(u.Object, "status", "phase"); p == upgradeapi.Failed {
+				failed = true
+			}
+		}
+		return false, nil, nil
+	})
+	w.start()
+	w.until("v1.31.4", "completed", phase(upgradeapi.Complete))
+	if failed || tries != 2 {
+		t.Errorf("written Failed %v, tries %d: want never, and a second try", failed, tries)
+	}
+	if !strings.Contains(strings.Join(w.events(), ";"), "v1.31.4 Locked") {
+		t.Errorf("no Locked event: %v", w.events())
+	}
+}
+
+// Stopping (the pod deleted), the run stops before its next node, the
+// Upgrade not failed and left running for the next leader, and no other
+// Upgrade is started.
+func TestStoppingHandsOverAtANodeBoundary(t *testing.T) {
+	w := newWorld(t, upgrade("v1.31.4"), upgrade("next"))
+	stopping := make(chan struct{})
+	w.c.Stopping = stopping
+	nodes := make(chan string)
+	held := make(chan error, 1)
+	w.run = func(ctx context.Context, r Run) (Outcome, error) {
+		if err := r.Hold(ctx, "worker-1"); err != nil {
+			return Outcome{}, err
+		}
+		nodes <- "worker-1"
+		<-stopping // worker-1 in flight when the pod is deleted
+		err := r.Hold(ctx, "worker-2")
+		held <- err
+		return Outcome{}, fmt.Errorf("node worker-2: pre-hook: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ended := make(chan error, 1)
+	go func() { ended <- w.c.Reconcile(ctx) }()
+	recv(t, nodes, "first node")
+	close(stopping)
+	if err := recv(t, held, "hold before worker-2"); !errors.Is(err, errStopping) {
+		t.Fatalf("hold while stopping: %v", err)
+	}
+	if err := recv(t, ended, "Reconcile's end"); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if u := w.get("v1.31.4"); u.Status.Phase != upgradeapi.Running {
+		t.Errorf("handed over: %s %q, want Running for the next leader", u.Status.Phase, u.Status.Message)
+	}
+	if got := w.ran(); len(got) != 1 {
+		t.Errorf("ran %v: want the one, and no other started", got)
 	}
 }

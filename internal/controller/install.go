@@ -25,6 +25,8 @@ import (
 	"github.com/kubelift/kubelift/internal/agent/access"
 	"github.com/kubelift/kubelift/internal/agent/image"
 	"github.com/kubelift/kubelift/internal/catalog"
+	"github.com/kubelift/kubelift/internal/inplace/coredns"
+	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/upgradeapi"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/manifests"
@@ -196,7 +198,8 @@ func (in Install) deployment(labels map[string]string) *appsac.DeploymentApplyCo
 		// It runs the upgrade of the node it is on, and of nodes that go
 		// NotReady for a moment: it tolerates everything.
 		WithTolerations(coreac.Toleration().WithOperator(corev1.TolerationOpExists)).
-		WithTerminationGracePeriodSeconds(60).
+		// The nodes in flight finish within StopTimeout of SIGTERM.
+		WithTerminationGracePeriodSeconds(int64((StopTimeout+15*time.Second)/time.Second)).
 		WithContainers(container).
 		WithVolumes(
 			coreac.Volume().WithName("trust").WithConfigMap(coreac.ConfigMapVolumeSource().WithName(TrustName)),
@@ -223,7 +226,7 @@ var core = []string{""}
 // catalog says go.
 func (in Install) clusterRules() []*rbacac.PolicyRuleApplyConfiguration {
 	rules := []*rbacac.PolicyRuleApplyConfiguration{
-		rule(core, []string{"nodes"}, "get", "list", "watch", "patch", "update"),
+		rule(core, []string{"nodes"}, "get", "list", "watch", "patch"),
 		rule(core, []string{"pods"}, "get", "list", "watch", "patch"),
 		rule(core, []string{"pods/eviction"}, "create"),
 		rule(core, []string{"events"}, "create", "patch"),
@@ -274,18 +277,18 @@ func agentNamespaceRules() []*rbacac.PolicyRuleApplyConfiguration {
 // kubeSystemRules is the run's part of kube-system: its record, its
 // lock, the cluster's imported releases and kubeadm's configuration
 // (ConfigMaps), the components' leader Leases, CoreDNS's Deployment and
-// kube-proxy's DaemonSet, which the node stack moves.
+// Service, and kube-proxy's DaemonSet, which the node stack moves.
 func kubeSystemRules() []*rbacac.PolicyRuleApplyConfiguration {
 	return []*rbacac.PolicyRuleApplyConfiguration{
 		rule(core, []string{"configmaps"}, "get", "list", "watch", "create", "update", "patch"),
-		rule(core, []string{"pods"}, "update"),
 		rule(core, []string{"pods/proxy"}, "get"),
-		rule(core, []string{"services"}, "get", "list"),
+		// CoreDNS's roll points its Service at the new pods, and back.
+		rule(core, []string{"services"}, "get", "list", "update"),
 		rule([]string{"coordination.k8s.io"}, []string{"leases"}, "get", "list", "watch"),
 		rule([]string{"coordination.k8s.io"}, []string{"leases"}, "create"),
-		rule([]string{"coordination.k8s.io"}, []string{"leases"}, "update", "patch", "delete").WithResourceNames(upgradelock.Name),
-		rule([]string{"apps"}, []string{"deployments", "daemonsets"}, "update", "patch"),
-		rule([]string{"apps"}, []string{"replicasets"}, "list"),
+		rule([]string{"coordination.k8s.io"}, []string{"leases"}, "update", "patch").WithResourceNames(upgradelock.Name),
+		rule([]string{"apps"}, []string{"deployments"}, "update", "patch").WithResourceNames(coredns.Name),
+		rule([]string{"apps"}, []string{"daemonsets"}, "update", "patch").WithResourceNames(kubeadm.KubeProxyName),
 	}
 }
 

@@ -28,6 +28,11 @@ const (
 	RetryPeriod   = 5 * time.Second
 )
 
+// StopTimeout is how long a controller told to stop (SIGTERM) lets the
+// nodes in flight finish before it stops where it is; its pod's
+// termination grace period is 15 s longer.
+const StopTimeout = 90 * time.Second
+
 // ErrNotLeading is returned when the controller stops leading while
 // ctx goes on: the process exits, and its Deployment starts it again as
 // a candidate.
@@ -35,22 +40,39 @@ var ErrNotLeading = errors.New("stopped leading")
 
 // Lead runs lead while this process (identity) leads the Lease
 // namespace/LeaseName, and returns when it stops leading or ctx is done.
+// The Lease is released only once lead has returned: a replica that
+// takes over never runs beside a run still stopping.
 func Lead(ctx context.Context, c kubernetes.Interface, namespace, identity string, lead func(context.Context)) error {
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: LeaseName},
 		Client:     c.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
 	}
-	done := make(chan struct{})
+	// The elector's context ends after lead's run has: ReleaseOnCancel
+	// releases the Lease when it ends.
+	electCtx, stopElecting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopElecting()
 	var started atomic.Bool
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		if !started.Load() {
+			stopElecting() // not leading: nothing runs
+		}
+	})
+	defer stop()
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: lock, LeaseDuration: LeaseDuration, RenewDeadline: RenewDeadline, RetryPeriod: RetryPeriod,
 		ReleaseOnCancel: true, Name: LeaseName,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
+			OnStartedLeading: func(leading context.Context) {
 				started.Store(true)
 				defer close(done)
-				lead(ctx)
+				defer stopElecting() // the run has stopped: release the Lease
+				// It runs until ctx is done or the lease is lost.
+				runCtx, cancel := context.WithCancel(leading)
+				defer cancel()
+				defer context.AfterFunc(ctx, cancel)()
+				lead(runCtx)
 			},
 			OnStoppedLeading: func() {},
 		},
@@ -58,9 +80,9 @@ func Lead(ctx context.Context, c kubernetes.Interface, namespace, identity strin
 	if err != nil {
 		return fmt.Errorf("lease %s/%s: %w", namespace, LeaseName, err)
 	}
-	le.Run(ctx) // returns when it stops leading, or ctx is done before it leads
+	le.Run(electCtx) // returns when it stops leading, or is stopped before it leads
 	if started.Load() {
-		<-done // lead's context is cancelled: its run has stopped
+		<-done // lead's run has stopped
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -27,6 +27,9 @@ var (
 	// ErrWorkloadsUnavailable means workloads fully available before a
 	// node's swap were not again within --health-window after it.
 	ErrWorkloadsUnavailable = runbook.ErrWorkloadsUnavailable
+	// ErrNotStarted, wrapped by the hook's error before a node, stops
+	// the run with the node left pending, not failed.
+	ErrNotStarted = driver.ErrNotStarted
 )
 
 // What an upgrade leaves on a Node and a kubeadm node.

@@ -147,13 +147,16 @@ func SetVersion(ctx context.Context, c kubernetes.Interface, from, v string) (bo
 	return changed, nil
 }
 
+// KubeProxyName is kubeadm's kube-proxy DaemonSet, in ConfigNamespace.
+const KubeProxyName = "kube-proxy"
+
 // SetProxyTag sets the tag of the kube-proxy DaemonSet's kube-proxy
 // container to tag when it is from (`kubeadm upgrade apply` sets it to the
 // version); it says whether it changed it.
 func SetProxyTag(ctx context.Context, c kubernetes.Interface, from, tag string) (bool, error) {
 	var ds *appsv1.DaemonSet
 	err := cluster.OnTransient(ctx, cluster.TransientRetry, nil, func() (err error) {
-		ds, err = c.AppsV1().DaemonSets(ConfigNamespace).Get(ctx, "kube-proxy", metav1.GetOptions{})
+		ds, err = c.AppsV1().DaemonSets(ConfigNamespace).Get(ctx, KubeProxyName, metav1.GetOptions{})
 		return err
 	})
 	if err != nil {
@@ -174,7 +177,7 @@ func SetProxyTag(ctx context.Context, c kubernetes.Interface, from, tag string) 
 		}
 		// A patch of the image: the same however often it applies.
 		err = cluster.OnTransient(ctx, cluster.TransientRetry, nil, func() error {
-			_, err := c.AppsV1().DaemonSets(ConfigNamespace).Patch(ctx, "kube-proxy", types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+			_, err := c.AppsV1().DaemonSets(ConfigNamespace).Patch(ctx, KubeProxyName, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 			return err
 		})
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -76,6 +77,9 @@ type Spec struct {
 	IgnorePreflight []string           `json:"ignorePreflight,omitempty"`
 	Paused          bool               `json:"paused,omitempty"`
 	Window          *MaintenanceWindow `json:"window,omitempty"`
+	// Attempt, raised, retries a failed Upgrade with the same policy
+	// (apply --in-cluster raises it).
+	Attempt int64 `json:"attempt,omitempty"`
 }
 
 // Status is where the controller says how the Upgrade goes.
@@ -164,6 +168,9 @@ func (s *Spec) Check() (Durations, error) {
 	}
 	if len(s.Nodes) > 0 && s.Selector != "" {
 		return d, fmt.Errorf("spec.nodes and spec.selector exclude each other")
+	}
+	if _, err := labels.Parse(s.Selector); err != nil {
+		return d, fmt.Errorf("spec.selector %q: %w", s.Selector, err)
 	}
 	for _, n := range s.Nodes {
 		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {

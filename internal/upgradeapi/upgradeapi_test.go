@@ -32,6 +32,7 @@ func TestCheck(t *testing.T) {
 		{Spec{Version: "v1.31.4", MaxUnavailable: "ten"}, "spec.maxUnavailable"},
 		{Spec{Version: "v1.31.4", Nodes: []string{"a"}, Selector: "pool=blue"}, "exclude each other"},
 		{Spec{Version: "v1.31.4", Nodes: []string{"Bad_Node"}}, `spec.nodes: "Bad_Node"`},
+		{Spec{Version: "v1.31.4", Selector: "pool in (("}, `spec.selector "pool in (("`},
 		{Spec{Version: "v1.31.4", ReadyTimeout: "0s"}, `spec.readyTimeout "0s"`},
 		{Spec{Version: "v1.31.4", Settle: "-1s"}, `spec.settle "-1s"`},
 		{Spec{Version: "v1.31.4", DrainTimeout: "soon"}, `spec.drainTimeout "soon"`},

@@ -132,11 +132,18 @@ var ErrNodeFailed = errors.New("node upgrade failed")
 // FailedStatus is the status of a node whose step failed with err:
 // rolled back when the step undid itself, else failed.
 func FailedStatus(err error) string {
-	if errors.Is(err, ErrNodeFailed) {
+	switch {
+	case errors.Is(err, ErrNodeFailed):
 		return record.NodeRolledBack
+	case errors.Is(err, ErrNotStarted):
+		return record.NodePending
 	}
 	return record.NodeFailed
 }
+
+// ErrNotStarted means the run stopped before a node began (the hook held
+// it back: a controller's pause or stop): the node stays pending.
+var ErrNotStarted = errors.New("stopped before the node began")
 
 // From is the version the upgrade started from.
 func (r *Run) From() string {

@@ -2,6 +2,8 @@ package driver_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/driver/drivertest"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/nodefacts"
 	"github.com/kubelift/kubelift/internal/nodescript"
 	"github.com/kubelift/kubelift/internal/nodescript/fakenode"
@@ -50,5 +53,19 @@ func TestPartWaitIsOnTheRunsClock(t *testing.T) {
 	}
 	if fx.Waiting != 5*time.Minute {
 		t.Errorf("Waiting = %s, want 5m (the run's clock)", fx.Waiting)
+	}
+}
+
+// A node the hook held back before it began stays pending; one put back
+// is rolled back; any other failure is failed.
+func TestFailedStatus(t *testing.T) {
+	for err, want := range map[error]string{
+		fmt.Errorf("node worker-1: pre-hook: %w: paused", driver.ErrNotStarted): record.NodePending,
+		fmt.Errorf("node worker-1: %w", driver.ErrNodeFailed):                   record.NodeRolledBack,
+		errors.New("node worker-1: swap: exit status 1"):                        record.NodeFailed,
+	} {
+		if got := driver.FailedStatus(err); got != want {
+			t.Errorf("%v: %s, want %s", err, got, want)
+		}
 	}
 }

@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -106,19 +108,59 @@ func TestControllerOnARealAPIServer(t *testing.T) {
 	if err := kubeAs.CoreV1().Nodes().Delete(ctx, "any", metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the controller may delete Nodes: %v", err)
 	}
+	// What the run does, allowed; what it does not, refused.
+	for _, tc := range []struct {
+		attrs   authorizationv1.ResourceAttributes
+		allowed bool
+	}{
+		{authorizationv1.ResourceAttributes{Verb: "patch", Resource: "nodes"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Resource: "nodes"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "pods", Subresource: "eviction", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "patch", Resource: "pods", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Resource: "pods", Namespace: "kube-system"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "configmaps", Namespace: "kube-system"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Resource: "services", Namespace: "kube-system", Name: "kube-dns"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "apps", Resource: "deployments", Namespace: "kube-system", Name: "coredns"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "apps", Resource: "deployments", Namespace: "kube-system", Name: "metrics-server"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "patch", Group: "apps", Resource: "daemonsets", Namespace: "kube-system", Name: "kube-proxy"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system", Name: "kubelift-upgrade"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system", Name: "kube-scheduler"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: "default"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "secrets", Namespace: agent.Namespace}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: "shop"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "create", Group: "rbac.authorization.k8s.io", Resource: "clusterrolebindings"}, false},
+	} {
+		r, err := kubeAs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &tc.attrs}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status.Allowed != tc.allowed {
+			t.Errorf("the controller %s %s/%s %s in %q: allowed %v, want %v", tc.attrs.Verb, tc.attrs.Resource, tc.attrs.Subresource, tc.attrs.Name, tc.attrs.Namespace, r.Status.Allowed, tc.allowed)
+		}
+	}
 
-	// Two replicas: one leads and runs the Upgrade; stopped, the other
-	// takes over at once (the first released the Lease).
+	// Two replicas: one leads and runs the Upgrade; stopped, it keeps
+	// the Lease until its run has stopped, then releases it, and the
+	// other takes over at once.
 	ran := make(chan string, 4)
+	stopping, letStop := make(chan struct{}), make(chan struct{})
+	var firstStopped atomic.Bool
 	replica := func(name string) (context.CancelFunc, <-chan error) {
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		c := &controller.Controller{Upgrades: asUpgrades, Kube: kubeAs, Identity: name, Poll: 50 * time.Millisecond,
 			Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Run: func(ctx context.Context, r controller.Run) (controller.Outcome, error) {
+				if name == "second" && !firstStopped.Load() {
+					t.Error("second ran while first's run was still stopping")
+				}
 				ran <- name
 				if name == "first" {
 					<-ctx.Done() // runs until it stops leading
+					close(stopping)
+					<-letStop // a run takes a while to stop
+					firstStopped.Store(true)
 					return controller.Outcome{}, ctx.Err()
 				}
 				if err := r.Hold(ctx, "worker-1"); err != nil {
@@ -148,6 +190,15 @@ func TestControllerOnARealAPIServer(t *testing.T) {
 		t.Fatalf("the lease is held by %s, want first", l)
 	}
 	stopFirst()
+	<-stopping
+	// first's run is stopping: the Lease stays first's, second waits.
+	for range 3 {
+		time.Sleep(controller.RetryPeriod / 2) // second tries the Lease every RetryPeriod
+		if l := leader(); l != "first" {
+			t.Fatalf("the lease went to %s while first's run was stopping", l)
+		}
+	}
+	close(letStop)
 	if err := <-firstDone; err == nil || ctx.Err() != nil {
 		t.Fatalf("the stopped replica: %v", err)
 	}
