@@ -97,10 +97,14 @@ the Lease: the next leader goes on from that node.`,
 
 func controllerRun(ctx context.Context, opts *controllerOptions) error {
 	// SIGTERM (the pod deleted) stops the run before its next node; the
-	// nodes in flight finish within --stop-timeout, then it stops there.
+	// nodes in flight finish within --stop-timeout. Past it, or on a
+	// second signal, the process ends where it is, cancelling nothing (a
+	// cancelled node would be rolled back, another restart, and the pod's
+	// grace period may cut that off): the next leader finishes the node
+	// from its record.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stopping, leading, led := make(chan struct{}), atomic.Bool{}, make(chan struct{})
+	stopping, leading, led, abandon := make(chan struct{}), atomic.Bool{}, make(chan struct{}), make(chan struct{})
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, syscall.SIGTERM, os.Interrupt)
 	defer signal.Stop(signals)
@@ -112,15 +116,20 @@ func controllerRun(ctx context.Context, opts *controllerOptions) error {
 		case <-signals:
 		}
 		close(stopping)
-		if leading.Load() {
-			log.Info("controller: stopping after the nodes in flight", "within", opts.StopTimeout)
-			select {
-			case <-led:
-			case <-signals:
-			case <-time.After(opts.StopTimeout):
-			}
+		if !leading.Load() {
+			cancel() // not leading: nothing runs
+			return
 		}
-		cancel()
+		log.Info("controller: stopping after the nodes in flight", "within", opts.StopTimeout)
+		select {
+		case <-led:
+		case <-signals:
+			log.Warn("controller: stopping now, a node in flight left to the next leader")
+			close(abandon)
+		case <-time.After(opts.StopTimeout):
+			log.Warn("controller: the nodes in flight did not finish in time: stopping now, left to the next leader", "within", opts.StopTimeout)
+			close(abandon)
+		}
 	}()
 	cfg, err := opts.Kube.config()
 	if err != nil {
@@ -137,12 +146,20 @@ func controllerRun(ctx context.Context, opts *controllerOptions) error {
 	c := &controller.Controller{Upgrades: upgradeapi.Client{Dynamic: dyn}, Kube: kube, Identity: opts.Identity, Log: log, Poll: opts.Poll,
 		Run: opts.run, Stopping: stopping}
 	log.Info("controller: waiting to lead", "lease", agent.Namespace+"/"+controller.LeaseName, "identity", opts.Identity)
-	err = controller.Lead(ctx, kube, agent.Namespace, opts.Identity, func(ctx context.Context) {
-		leading.Store(true)
-		defer close(led)
-		log.Info("controller: leading")
-		_ = c.Reconcile(ctx)
-	})
+	ended := make(chan error, 1)
+	go func() {
+		ended <- controller.Lead(ctx, kube, agent.Namespace, opts.Identity, func(ctx context.Context) {
+			leading.Store(true)
+			defer close(led)
+			log.Info("controller: leading")
+			_ = c.Reconcile(ctx)
+		})
+	}()
+	select {
+	case err = <-ended:
+	case <-abandon:
+		return nil // the process ends with the run where it is
+	}
 	select {
 	case <-stopping:
 		return nil // stopped

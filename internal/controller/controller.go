@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -74,9 +75,18 @@ type Controller struct {
 	// in flight finish) and starts no other: a pod being deleted hands
 	// the run over at a node boundary, not in the middle of a node.
 	Stopping <-chan struct{}
+	// LockedBackoff: another run's lock is tried again after it
+	// (DefaultLockedBackoff when 0).
+	LockedBackoff time.Duration
 
-	mu sync.Mutex // one status write at a time
+	mu      sync.Mutex    // one status write at a time
+	backoff time.Duration // the next pass waits this long (another run's lock)
 }
+
+// DefaultLockedBackoff is how long an Upgrade waits for the upgrade lock
+// that another run holds before it is tried again: a try starts the
+// agents.
+const DefaultLockedBackoff = 30 * time.Second
 
 func (c *Controller) poll() time.Duration {
 	if c.Poll <= 0 {
@@ -116,10 +126,13 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 		if active != nil && c.runUpgrade(ctx, active) {
 			continue // ended: the next at once
 		}
+		wait := max(c.poll(), c.backoff)
+		c.backoff = 0
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(c.poll()):
+		case <-c.Stopping:
+		case <-time.After(wait):
 		}
 	}
 }
@@ -132,6 +145,7 @@ func (c *Controller) next(ctx context.Context) (*upgradeapi.Upgrade, error) {
 	if err != nil {
 		return nil, err
 	}
+	us = slices.DeleteFunc(us, func(u *upgradeapi.Upgrade) bool { return u.DeletionTimestamp != nil }) // going: not run
 	var active *upgradeapi.Upgrade
 	for _, u := range us {
 		if !u.Done() && (u.Status.Phase == upgradeapi.Running || u.Status.Phase == upgradeapi.Paused) {
@@ -223,14 +237,21 @@ func (c *Controller) runUpgrade(ctx context.Context, u *upgradeapi.Upgrade) (end
 		return true
 	case errors.Is(err, upgradelock.ErrLocked) || errors.Is(err, upgradelock.ErrLost):
 		// Another run holds the lock (an admin machine's apply, or the
-		// run of the leader before this one, still stopping): not this
-		// Upgrade's failure. The next pass tries again.
-		msg := "waits for the upgrade lock: " + err.Error()
-		if before.Message != msg {
-			c.event(ctx, u, corev1.EventTypeWarning, "Locked", err.Error())
+		// run of a leader before this one): not this Upgrade's failure.
+		// It is tried again after LockedBackoff.
+		msg := "waits for the upgrade lock (kube-system/" + upgradelock.Name + ")"
+		if locked := (*upgradelock.LockedError)(nil); errors.As(err, &locked) {
+			msg += ", held by " + locked.Holder
 		}
-		if err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) { now.Status.Message = msg }); err != nil {
-			c.Log.Warn("upgrade "+u.Name, "err", err)
+		if before.Message != msg {
+			c.event(ctx, u, corev1.EventTypeWarning, "Locked", msg+": "+err.Error())
+			if err := c.setStatus(ctx, u.Name, func(now *upgradeapi.Upgrade) { now.Status.Message = msg }); err != nil {
+				c.Log.Warn("upgrade "+u.Name, "err", err)
+			}
+		}
+		c.backoff = c.LockedBackoff
+		if c.backoff <= 0 {
+			c.backoff = DefaultLockedBackoff
 		}
 		return false
 	case err != nil:
@@ -254,8 +275,9 @@ func (c *Controller) recordOf(ctx context.Context, u *upgradeapi.Upgrade) *recor
 	if st == nil || st.To != u.Spec.Version {
 		return nil
 	}
-	if now, err := c.Upgrades.Get(ctx, u.Name); err == nil && now != nil && now.Status.Started != nil && st.Updated.Before(now.Status.Started.Time) {
-		return nil
+	now, err := c.Upgrades.Get(ctx, u.Name)
+	if err != nil || now == nil || now.Status.Started == nil || st.Updated.Before(now.Status.Started.Time) {
+		return nil // not started, or an earlier run's
 	}
 	return st
 }

@@ -496,6 +496,7 @@ func TestStaleRecordIsNotTheFailure(t *testing.T) {
 // not a failure: the next pass runs it again.
 func TestLockedIsNotAFailure(t *testing.T) {
 	w := newWorld(t, upgrade("v1.31.4"))
+	w.c.LockedBackoff = 20 * time.Millisecond
 	tries := 0
 	w.run = func(context.Context, Run) (Outcome, error) {
 		if tries++; tries == 1 {

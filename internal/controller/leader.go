@@ -39,23 +39,26 @@ const StopTimeout = 90 * time.Second
 var ErrNotLeading = errors.New("stopped leading")
 
 // Lead runs lead while this process (identity) leads the Lease
-// namespace/LeaseName, and returns when it stops leading or ctx is done.
-// The Lease is released only once lead has returned: a replica that
-// takes over never runs beside a run still stopping.
+// namespace/LeaseName, and returns when it stops leading or ctx is done,
+// once lead has returned. The Lease is released only once lead has
+// returned: a replica that takes over never runs beside a run still
+// stopping. (A lease lost while leading is not released: it lapses.)
 func Lead(ctx context.Context, c kubernetes.Interface, namespace, identity string, lead func(context.Context)) error {
-	lock := &resourcelock.LeaseLock{
+	var state atomic.Int32 // idle, then leading or stopped before it led
+	const idle, leading, stopped = 0, 1, 2
+	var returned atomic.Bool // lead has returned: the Lease may go
+	lock := &releaseAfter{Interface: &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: LeaseName},
 		Client:     c.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
-	}
+	}, returned: &returned}
 	// The elector's context ends after lead's run has: ReleaseOnCancel
 	// releases the Lease when it ends.
 	electCtx, stopElecting := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopElecting()
-	var started atomic.Bool
 	done := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
-		if !started.Load() {
+		if state.CompareAndSwap(idle, stopped) {
 			stopElecting() // not leading: nothing runs
 		}
 	})
@@ -64,15 +67,19 @@ func Lead(ctx context.Context, c kubernetes.Interface, namespace, identity strin
 		Lock: lock, LeaseDuration: LeaseDuration, RenewDeadline: RenewDeadline, RetryPeriod: RetryPeriod,
 		ReleaseOnCancel: true, Name: LeaseName,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(leading context.Context) {
-				started.Store(true)
-				defer close(done)
-				defer stopElecting() // the run has stopped: release the Lease
+			OnStartedLeading: func(led context.Context) {
+				if !state.CompareAndSwap(idle, leading) {
+					return // stopped before it led
+				}
 				// It runs until ctx is done or the lease is lost.
-				runCtx, cancel := context.WithCancel(leading)
-				defer cancel()
-				defer context.AfterFunc(ctx, cancel)()
+				runCtx, cancel := context.WithCancel(led)
+				stopRun := context.AfterFunc(ctx, cancel)
 				lead(runCtx)
+				stopRun()
+				cancel()
+				returned.Store(true)
+				stopElecting() // the run has stopped: release the Lease
+				close(done)
 			},
 			OnStoppedLeading: func() {},
 		},
@@ -81,11 +88,26 @@ func Lead(ctx context.Context, c kubernetes.Interface, namespace, identity strin
 		return fmt.Errorf("lease %s/%s: %w", namespace, LeaseName, err)
 	}
 	le.Run(electCtx) // returns when it stops leading, or is stopped before it leads
-	if started.Load() {
+	if state.Load() == leading {
 		<-done // lead's run has stopped
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	return fmt.Errorf("lease %s/%s: %w", namespace, LeaseName, ErrNotLeading)
+}
+
+// releaseAfter is a lock whose release (an update to no holder) is made
+// only once lead has returned: client-go releases as soon as it stops
+// renewing, which a lost lease does while the run still goes.
+type releaseAfter struct {
+	resourcelock.Interface
+	returned *atomic.Bool
+}
+
+func (l *releaseAfter) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	if r.HolderIdentity == "" && !l.returned.Load() {
+		return nil // left to lapse
+	}
+	return l.Interface.Update(ctx, r)
 }

@@ -3,9 +3,10 @@ package runbook
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/record"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -15,7 +16,9 @@ func (r *upgradeRun) fail(ctx context.Context, err error) {
 		return
 	}
 	r.mu.Lock()
-	r.state.State, r.state.LastError = record.StateFailed, err.Error()
+	if !errors.Is(err, driver.ErrNotStarted) { // held back before a node (a pause, a stop): nothing failed
+		r.state.State, r.state.LastError = record.StateFailed, err.Error()
+	}
 	r.mu.Unlock()
 	fctx, cancel := record.Finishing(ctx)
 	defer cancel()

@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/verify"
@@ -111,6 +112,28 @@ func TestInFlightRecord(t *testing.T) {
 	} {
 		if _, err := record.DecodeInFlight("worker-1", value); err == nil || !strings.Contains(err.Error(), "node worker-1: annotation "+record.AnnotationInFlight) {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// A run held back before a node (ErrNotStarted: a controller's pause or
+// stop) leaves the record's state as it was; any other error fails it.
+func TestHeldBackIsNoFailure(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("kubelets: node worker-2: pre-hook: %w: stopping", driver.ErrNotStarted), record.StateUpgradingKubelets},
+		{fmt.Errorf("kubelets: node worker-2: swap: exit status 1"), record.StateFailed},
+	} {
+		c := fake.NewSimpleClientset()
+		r := &upgradeRun{client: c, log: slog.New(slog.DiscardHandler), tgts: map[string]nodeaccess.Address{}, state: &record.Upgrade{State: record.StateUpgradingKubelets}}
+		r.opts.Plan.Now = time.Now
+		r.fail(ctx, tc.err)
+		st, err := record.Read(ctx, c)
+		if err != nil || st == nil || st.State != tc.want {
+			t.Errorf("after %v: %+v, %v; want state %s", tc.err, st, err, tc.want)
 		}
 	}
 }
