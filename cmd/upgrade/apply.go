@@ -16,7 +16,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace"
@@ -61,13 +60,7 @@ type applyOptions struct {
 func newCmdApply(s *cli.IO, runF func(context.Context, *applyOptions) error) *cobra.Command {
 	opts := &applyOptions{planOptions: planOptions{IO: s}}
 	opts.Engine = opts.engine
-	opts.InCluster.Dynamic = func() (dynamic.Interface, error) {
-		cfg, err := opts.Cluster.config()
-		if err != nil {
-			return nil, err
-		}
-		return dynamic.NewForConfig(cfg)
-	}
+	opts.InCluster.Dynamic = opts.Cluster.dynamic
 	cmd := &cobra.Command{
 		Use:   "apply --to VERSION --key PUB [flags]",
 		Short: "Upgrade the cluster in place, node by node, keeping every container running",

@@ -131,15 +131,7 @@ func controllerRun(ctx context.Context, opts *controllerOptions) error {
 			close(abandon)
 		}
 	}()
-	cfg, err := opts.Kube.config()
-	if err != nil {
-		return err
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	kube, dyn, err := opts.Kube.clients()
 	if err != nil {
 		return err
 	}
@@ -272,15 +264,7 @@ imported release --to (verified with --key, checked in the registry by digest).`
 }
 
 func controllerInstallRun(ctx context.Context, opts *controllerInstallOptions) error {
-	cfg, err := opts.Cluster.config()
-	if err != nil {
-		return err
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	kube, dyn, err := opts.Cluster.clients()
 	if err != nil {
 		return err
 	}

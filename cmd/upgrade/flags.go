@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
@@ -83,6 +84,26 @@ const defaultAgentQPS, maxAgentQPS = 100, 100000
 // agentQPSFlag is --agent-qps, beside --via.
 func agentQPSFlag(cmd *cobra.Command, qps *float32) {
 	cmd.Flags().Float32Var(qps, "agent-qps", defaultAgentQPS, "with --via agent: API requests per second at most for agent mode (a node step is one; also the agents' pods), a budget of its own beside --kube-qps (0: 100)")
+}
+
+// clients makes the API clients: typed and dynamic (Upgrades, CRDs).
+func (f *kubeFlags) clients() (kubernetes.Interface, dynamic.Interface, error) {
+	cfg, err := f.config()
+	if err != nil {
+		return nil, nil, err
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	return kube, dyn, err
+}
+
+// dynamic makes the dynamic API client (Upgrades).
+func (f *kubeFlags) dynamic() (dynamic.Interface, error) {
+	_, dyn, err := f.clients()
+	return dyn, err
 }
 
 func (f *kubeFlags) client() (kubernetes.Interface, error) {

@@ -31,13 +31,7 @@ type statusOptions struct {
 func newCmdStatus(s *cli.IO, runF func(context.Context, *statusOptions) error) *cobra.Command {
 	opts := &statusOptions{IO: s}
 	opts.KubeClient = opts.Kube.client
-	opts.Dynamic = func() (dynamic.Interface, error) {
-		cfg, err := opts.Kube.config()
-		if err != nil {
-			return nil, err
-		}
-		return dynamic.NewForConfig(cfg)
-	}
+	opts.Dynamic = opts.Kube.dynamic
 	cmd := &cobra.Command{
 		Use:   "status [-o json]",
 		Short: "Show the upgrade's state and every node's, with versions read live",

@@ -189,6 +189,24 @@ func (w *world) events() []string {
 	return out
 }
 
+// twoNodes is a run of worker-1 and worker-2, each sent on nodes once
+// the run's hold lets it go; worker-2 is held only once between is
+// closed.
+func twoNodes(nodes chan<- string, between <-chan struct{}) func(context.Context, Run) (Outcome, error) {
+	return func(ctx context.Context, r Run) (Outcome, error) {
+		for i, n := range []string{"worker-1", "worker-2"} {
+			if i > 0 {
+				<-between
+			}
+			if err := r.Hold(ctx, n); err != nil {
+				return Outcome{}, err
+			}
+			nodes <- n
+		}
+		return Outcome{}, nil
+	}
+}
+
 func upgrade(name string) *upgradeapi.Upgrade {
 	return &upgradeapi.Upgrade{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: upgradeapi.Spec{Version: "v1.31.4"}}
 }
@@ -341,18 +359,7 @@ func TestHoldBeforeTheStart(t *testing.T) {
 func TestPausedMidRun(t *testing.T) {
 	w := newWorld(t, upgrade("v1.31.4"))
 	nodes, paused := make(chan string), make(chan struct{})
-	w.run = func(ctx context.Context, r Run) (Outcome, error) {
-		for i, n := range []string{"worker-1", "worker-2"} {
-			if i > 0 {
-				<-paused // worker-1 is in flight when it is paused
-			}
-			if err := r.Hold(ctx, n); err != nil {
-				return Outcome{}, err
-			}
-			nodes <- n
-		}
-		return Outcome{}, nil
-	}
+	w.run = twoNodes(nodes, paused) // worker-1 is in flight when it is paused
 	w.start()
 	if n := recv(t, nodes, "first node"); n != "worker-1" {
 		t.Fatalf("first node %s", n)
@@ -388,18 +395,7 @@ func TestWindowClosesMidRun(t *testing.T) {
 	u.Spec.Window = &upgradeapi.MaintenanceWindow{Start: "09:00", End: "17:00"}
 	w := newWorld(t, u)
 	nodes, closed := make(chan string), make(chan struct{})
-	w.run = func(ctx context.Context, r Run) (Outcome, error) {
-		for i, n := range []string{"worker-1", "worker-2"} {
-			if i > 0 {
-				<-closed // worker-1 is in flight when the window closes
-			}
-			if err := r.Hold(ctx, n); err != nil {
-				return Outcome{}, err
-			}
-			nodes <- n
-		}
-		return Outcome{}, nil
-	}
+	w.run = twoNodes(nodes, closed) // worker-1 is in flight when the window closes
 	w.start()
 	if n := recv(t, nodes, "first node"); n != "worker-1" {
 		t.Fatalf("first node %s", n)

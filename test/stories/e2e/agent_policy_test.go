@@ -30,16 +30,8 @@ import (
 func TestAgentRightsOnARealAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin, err := kube.Binaries(ctx, "v1.31.4", "kube-apiserver")
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := kube.StartAPIServer(ctx, filepath.Join(t.TempDir(), "apiserver"), bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(api.Stop)
-	admin, err := cluster.Client(api.Kubeconfig)
+	cfg := startAPIServer(ctx, t)
+	admin, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,10 +56,7 @@ func TestAgentRightsOnARealAPIServer(t *testing.T) {
 		}
 	}
 	as := func(node string) kubernetes.Interface {
-		cfg, err := cluster.Config(api.Kubeconfig)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cfg := rest.CopyConfig(cfg)
 		cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + agent.Namespace + ":" + access.ServiceAccount,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + agent.Namespace, "system:authenticated"}}
 		if node != "" {
@@ -195,4 +184,24 @@ func TestAgentRightsOnARealAPIServer(t *testing.T) {
 			t.Errorf("%s: %v is not Forbidden", tc.what, err)
 		}
 	}
+}
+
+// startAPIServer starts a real kube-apiserver (v1.31.4, etcd from
+// Debian) for the test and returns its admin's config.
+func startAPIServer(ctx context.Context, t *testing.T) *rest.Config {
+	t.Helper()
+	bin, err := kube.Binaries(ctx, "v1.31.4", "kube-apiserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err := kube.StartAPIServer(ctx, filepath.Join(t.TempDir(), "apiserver"), bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(api.Stop)
+	cfg, err := cluster.Config(api.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -22,10 +21,8 @@ import (
 
 	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/catalog"
-	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/controller"
 	"github.com/kubelift/kubelift/internal/upgradeapi"
-	"github.com/kubelift/kubelift/test/env/kube"
 )
 
 // TestControllerOnARealAPIServer installs the controller's resource and
@@ -38,19 +35,7 @@ import (
 func TestControllerOnARealAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin, err := kube.Binaries(ctx, "v1.31.4", "kube-apiserver")
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := kube.StartAPIServer(ctx, filepath.Join(t.TempDir(), "apiserver"), bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(api.Stop)
-	cfg, err := cluster.Config(api.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := startAPIServer(ctx, t)
 	admin := kubernetes.NewForConfigOrDie(cfg)
 	cat, err := catalog.Load("")
 	if err != nil {
