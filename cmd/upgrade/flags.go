@@ -26,20 +26,26 @@ import (
 
 // kubeFlags reach the API server, at a bounded request rate.
 type kubeFlags struct {
-	Kubeconfig string
-	QPS        float32
-	Burst      int
+	Kubeconfig  string
+	KubeContext string
+	QPS         float32
+	Burst       int
 }
 
 func (f *kubeFlags) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.Kubeconfig, "kubeconfig", "", "the cluster (default: KUBECONFIG, or in-cluster)")
+	kubeContextFlag(cmd, &f.KubeContext)
 	cmd.Flags().Float32Var(&f.QPS, "kube-qps", 50, "API requests per second at most (client-go's default is 5)")
 	cmd.Flags().IntVar(&f.Burst, "kube-burst", 100, "API requests in a burst at most")
 }
 
+func kubeContextFlag(cmd *cobra.Command, v *string) {
+	cmd.Flags().StringVar(v, "kube-context", "", "the kubeconfig's context to use (default: its current one)")
+}
+
 // config is the REST config with kubelift's user agent and rate.
 func (f *kubeFlags) config() (*rest.Config, error) {
-	cfg, err := cluster.Config(f.Kubeconfig)
+	cfg, err := cluster.Config(f.Kubeconfig, f.KubeContext)
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/kubelift/kubelift/internal/bundle"
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/cluster"
+	"github.com/kubelift/kubelift/internal/config"
 	"github.com/kubelift/kubelift/internal/controller"
 	"github.com/kubelift/kubelift/internal/importer"
 	"github.com/kubelift/kubelift/internal/inplace/release"
@@ -35,6 +36,7 @@ type importOptions struct {
 	Output       string
 	Quiet        bool
 	Kubeconfig   string
+	KubeContext  string
 	SkipBinaries bool
 	// Stage: SSH flags were given, so the binaries are staged on the nodes.
 	Nodes    cli.NodeFlags
@@ -95,7 +97,7 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Bundle = args[0]
 			for _, f := range []string{"inventory", "ssh-key", "known-hosts", "ssh-jump"} {
-				opts.Stage = opts.Stage || cmd.Flags().Changed(f)
+				opts.Stage = opts.Stage || cmd.Flags().Changed(f) || config.FromContext(cmd.Flags(), f)
 			}
 			// Through agents, the nodes need no SSH flag to be staged.
 			opts.Stage = opts.Stage || opts.Path.Via == viaAgent
@@ -125,6 +127,7 @@ On a .run bundle: ./k8s-v1.31.4-linux-amd64.run --upgrade --key PUB --domain ...
 	f.BoolVarP(&opts.Quiet, "quiet", "q", false, "no progress or status on stderr")
 	f.BoolVar(&opts.SkipBinaries, "skip-binaries", false, "do not push the binaries as OCI artifacts (for registries that refuse them; stage from the bundle file instead)")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "record the version as available in this cluster (default: KUBECONFIG, or in-cluster; none: not recorded)")
+	kubeContextFlag(cmd, &opts.KubeContext)
 	f.BoolVar(&opts.InstallController, "install-controller", false, "then install (or update) the in-cluster controller from the bundle's agent image, as 'upgrade controller install --to VERSION' does, with these registry credentials and --key (docs/controller.md)")
 	return cmd
 }
@@ -150,7 +153,7 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		return err
 	}
 	var recorder importer.Recorder
-	client, err := cluster.Client(opts.Kubeconfig)
+	client, err := cluster.Client(opts.Kubeconfig, opts.KubeContext)
 	switch {
 	case errors.Is(err, cluster.ErrNoKubeconfig) && opts.InstallController:
 		return cli.Usagef("--install-controller: %v", err)
@@ -203,7 +206,7 @@ func importRun(ctx context.Context, opts *importOptions) error {
 		}
 		source = stage.RegistrySource{Access: access}
 	}
-	steps, err := (&kubeFlags{Kubeconfig: opts.Kubeconfig}).stepClient(opts.Path.AgentQPS)
+	steps, err := (&kubeFlags{Kubeconfig: opts.Kubeconfig, KubeContext: opts.KubeContext}).stepClient(opts.Path.AgentQPS)
 	if err != nil {
 		return err
 	}
@@ -267,7 +270,7 @@ func printImport(w io.Writer, res *importer.Result, took time.Duration) {
 // imported (its record's agent image).
 func (opts *importOptions) installController(ctx context.Context, client kubernetes.Interface, version string, trust bundle.Trust,
 	access registry.Access, creds registry.Credentials) error {
-	cfg, err := cluster.Config(opts.Kubeconfig)
+	cfg, err := cluster.Config(opts.Kubeconfig, opts.KubeContext)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -22,9 +23,12 @@ type RegistryFlags struct {
 	Username      string
 	Password      string
 	PasswordStdin bool
-	CAFile        string
-	SkipTLSVerify bool
-	PlainHTTP     bool
+	// CredentialHelper, when set, gives user and password
+	// (docker-credential-NAME).
+	CredentialHelper string
+	CAFile           string
+	SkipTLSVerify    bool
+	PlainHTTP        bool
 }
 
 // AddFlags registers --domain, --username, --password, --password-stdin,
@@ -35,6 +39,7 @@ func (f *RegistryFlags) AddFlags(cmd *cobra.Command) {
 	fs.StringVar(&f.Username, "username", "", "registry user (default: credentials from the docker config)")
 	fs.StringVar(&f.Password, "password", "", "registry password (visible to other users in ps: prefer --password-stdin or "+PasswordEnv+")")
 	fs.BoolVar(&f.PasswordStdin, "password-stdin", false, "read the password from standard input")
+	fs.StringVar(&f.CredentialHelper, "credential-helper", "", "a docker credential helper NAME gives the registry's user and password (docker-credential-NAME get, as docker and crane ask it)")
 	fs.StringVar(&f.CAFile, "ca-file", "", "PEM CA bundle that signed the registry's certificate")
 	fs.BoolVar(&f.SkipTLSVerify, "insecure-skip-tls-verify", false, "do not verify the registry's certificate")
 	fs.BoolVar(&f.PlainHTTP, "plain-http", false, "the registry speaks plain HTTP")
@@ -48,6 +53,9 @@ func (f *RegistryFlags) Validate() error {
 	}
 	if f.PasswordStdin && f.Password != "" {
 		return Usagef("--password and --password-stdin exclude each other")
+	}
+	if f.CredentialHelper != "" && (f.PasswordStdin || f.Password != "" || f.Username != "") {
+		return Usagef("--credential-helper gives the user and password: no --username, --password or --password-stdin beside it (one of them may come from the kubelift context: 'upgrade config view')")
 	}
 	if (f.PasswordStdin || f.Password != "") && f.Username == "" {
 		return Usagef("a password needs --username")
@@ -71,6 +79,15 @@ func (f *RegistryFlags) Access(in io.Reader) (registry.Access, error) {
 func (f *RegistryFlags) Credentials(in io.Reader) (registry.Credentials, error) {
 	c := registry.Credentials{Domain: f.Domain, Username: f.Username, CAFile: f.CAFile,
 		SkipTLSVerify: f.SkipTLSVerify, PlainHTTP: f.PlainHTTP}
+	if f.CredentialHelper != "" {
+		host, _, _ := strings.Cut(f.Domain, "/")
+		user, password, err := registry.HelperCredentials(context.Background(), f.CredentialHelper, host)
+		if err != nil {
+			return registry.Credentials{}, err
+		}
+		c.Username, c.Password = user, password
+		return c, nil
+	}
 	if f.Username != "" {
 		password, err := f.password(in)
 		if err != nil {

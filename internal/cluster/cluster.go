@@ -19,9 +19,11 @@ import (
 var ErrNoKubeconfig = errors.New("no kubeconfig: pass --kubeconfig, set KUBECONFIG, or run in a pod")
 
 // Config returns the REST config from an explicit kubeconfig file, else
-// KUBECONFIG, else the in-cluster service account.
-func Config(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" && os.Getenv("KUBECONFIG") == "" {
+// KUBECONFIG (or ~/.kube/config when a kubeContext is named), else the
+// in-cluster service account; kubeContext, when set, is the kubeconfig's
+// context to use.
+func Config(kubeconfig, kubeContext string) (*rest.Config, error) {
+	if kubeconfig == "" && os.Getenv("KUBECONFIG") == "" && kubeContext == "" {
 		if os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
 			return nil, ErrNoKubeconfig
 		}
@@ -33,7 +35,7 @@ func Config(kubeconfig string) (*rest.Config, error) {
 	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
 	if err != nil {
 		where := kubeconfig
 		if where == "" {
@@ -44,9 +46,9 @@ func Config(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// Client returns a clientset for Config(kubeconfig).
-func Client(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := Config(kubeconfig)
+// Client returns a clientset for Config(kubeconfig, kubeContext).
+func Client(kubeconfig, kubeContext string) (kubernetes.Interface, error) {
+	cfg, err := Config(kubeconfig, kubeContext)
 	if err != nil {
 		return nil, err
 	}

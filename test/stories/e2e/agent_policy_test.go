@@ -199,7 +199,7 @@ func startAPIServer(ctx context.Context, t *testing.T) *rest.Config {
 		t.Fatal(err)
 	}
 	t.Cleanup(api.Stop)
-	cfg, err := cluster.Config(api.Kubeconfig)
+	cfg, err := cluster.Config(api.Kubeconfig, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func TestImportRecordsVersionInCluster(t *testing.T) {
 		t.Fatalf("recorded %q", res.Recorded)
 	}
 
-	client, err := cluster.Client(api.Kubeconfig)
+	client, err := cluster.Client(api.Kubeconfig, "")
 	if err != nil {
 		t.Fatal(err)
 	}

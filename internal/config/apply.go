@@ -1,0 +1,103 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+)
+
+// Setting is one value a context gives a flag.
+type Setting struct {
+	// Key is where it is in the file (registry.domain), Flag the flag it
+	// sets (domain).
+	Key, Flag, Value string
+	// Env, when set, is the variable that overrides the context.
+	Env string
+}
+
+// Settings are x's values as flags, paths made absolute against dir
+// (the file's directory) and ~ expanded.
+func (x *Context) Settings(dir string) []Setting {
+	path := func(p string) string { return absPath(dir, p) }
+	all := []Setting{
+		{Key: "kubeconfig", Flag: "kubeconfig", Value: path(x.Kubeconfig), Env: "KUBECONFIG"},
+		{Key: "kubeContext", Flag: "kube-context", Value: x.KubeContext},
+		{Key: "registry.domain", Flag: "domain", Value: x.Registry.Domain},
+		{Key: "registry.namespace", Flag: "namespace", Value: x.Registry.Namespace},
+		{Key: "registry.username", Flag: "username", Value: x.Registry.Username},
+		{Key: "registry.credentialHelper", Flag: "credential-helper", Value: x.Registry.CredentialHelper},
+		{Key: "registry.caFile", Flag: "ca-file", Value: path(x.Registry.CAFile)},
+		{Key: "key", Flag: "key", Value: path(x.Key)},
+		{Key: "inventory", Flag: "inventory", Value: path(x.Inventory), Env: "KUBELIFT_INVENTORY"},
+		{Key: "ssh.user", Flag: "ssh-user", Value: x.SSH.User},
+		{Key: "ssh.key", Flag: "ssh-key", Value: path(x.SSH.Key)},
+		{Key: "ssh.knownHosts", Flag: "known-hosts", Value: path(x.SSH.KnownHosts)},
+		{Key: "ssh.jump", Flag: "ssh-jump", Value: x.SSH.Jump},
+	}
+	if x.Registry.PasswordStdin {
+		all = append(all, Setting{Key: "registry.passwordStdin", Flag: "password-stdin", Value: "true"})
+	}
+	if x.SSH.Port != 0 {
+		all = append(all, Setting{Key: "ssh.port", Flag: "ssh-port", Value: strconv.Itoa(x.SSH.Port)})
+	}
+	var out []Setting
+	for _, s := range all {
+		if s.Value != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func absPath(dir, p string) string {
+	switch {
+	case p == "":
+		return ""
+	case p == "~" || strings.HasPrefix(p, "~/"):
+		if home, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(home, p[1:])
+		}
+		return p
+	case filepath.IsAbs(p):
+		return p
+	}
+	return filepath.Join(dir, p)
+}
+
+// AnnotationFromContext marks a flag whose value a context gave: the
+// value is the context's name.
+const AnnotationFromContext = "kubelift.io/from-context"
+
+// Apply gives fs's flags the context's values where the command line
+// did not set them and no environment variable overrides them (flag >
+// environment > context > default). A flag the command lacks is left
+// out: each command takes what it needs. Changed stays false, so a
+// command can still tell what was typed.
+func Apply(fs *pflag.FlagSet, x *Context, dir string, getenv func(string) string) ([]Setting, error) {
+	var applied []Setting
+	for _, s := range x.Settings(dir) {
+		fl := fs.Lookup(s.Flag)
+		if fl == nil || fl.Changed || (s.Env != "" && getenv(s.Env) != "") {
+			continue
+		}
+		if err := fl.Value.Set(s.Value); err != nil {
+			return nil, fmt.Errorf("context %s: %s %q: %w", x.Name, s.Key, s.Value, err)
+		}
+		if fl.Annotations == nil {
+			fl.Annotations = map[string][]string{}
+		}
+		fl.Annotations[AnnotationFromContext] = []string{x.Name}
+		applied = append(applied, s)
+	}
+	return applied, nil
+}
+
+// FromContext says whether a context gave the flag its value.
+func FromContext(fs *pflag.FlagSet, name string) bool {
+	fl := fs.Lookup(name)
+	return fl != nil && len(fl.Annotations[AnnotationFromContext]) > 0
+}
