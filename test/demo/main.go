@@ -194,18 +194,29 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	fmt.Printf("(the runtime holds the %s kubelet's hashes; a %s kubelet computes others and restarts every container;\n", sb.OldVersion, sb.NewVersion)
 	fmt.Println(" kubelift's hash-skip kubelet keeps them running: see README, \"Kubelet upgrades without container restarts\")")
 
+	step("Naming the cluster once: a kubelift context (its kubeconfig, registry, key and nodes; never the password)")
+	// The demo's own config file, not the user's.
+	if err := os.Setenv("KUBELIFT_CONFIG", filepath.Join(work, "kubelift-config.yaml")); err != nil {
+		return err
+	}
+	fmt.Printf("[admin]$ export KUBELIFT_CONFIG=%s\n", filepath.Join(work, "kubelift-config.yaml"))
+	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "config", "set-context", "sandbox", "--kubeconfig", kc, "--domain", priv.Address, "--namespace", "library",
+		"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile, "--key", key+".pub", "--inventory", filepath.Join(sb.Dir, "inventory.yaml")); err != nil {
+		return err
+	}
+	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "config", "get-contexts"); err != nil {
+		return err
+	}
 	step("Versions, as the nodes run them now")
-	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "versions", "--kubeconfig", kc); err != nil {
+	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "versions"); err != nil {
 		return err
 	}
 	step("Staging again (upgrade stage, from the registry): every file is there, nothing is sent")
-	regArgs := []string{"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile}
-	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), append(append([]string{"stage", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "-q"}, regArgs...), sshArgs...)...); err != nil {
+	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), "stage", "--to", version, "-q", "--cache-dir", filepath.Join(work, "stage-cache"), "--node-credentials", "password"); err != nil {
 		return err
 	}
 	step("The plan: what upgrading to %s would do, read from the API and every node; nothing is changed", version)
-	planArgs := append(append([]string{"plan", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "-q"}, regArgs...), "--inventory", filepath.Join(sb.Dir, "inventory.yaml"))
-	switch err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), planArgs...); {
+	switch err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), "plan", "--to", version, "-q"); {
 	case err == nil:
 		fmt.Println("(nothing blocks: this sandbox was upgraded before; make sandbox-down, then make demo, for a fresh one)")
 	default:
@@ -230,9 +241,7 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	}
 	fmt.Printf("probing %d targets (the Service shop/api from every worker, every shop pod by its address), 10 requests a second each and a held /stream connection, while the cluster is upgraded\n", len(targets))
 	step("Applying: tolerations and labels first, then the control plane, then every kubelet and kube-proxy, each verified")
-	applyArgs := append(append([]string{"apply", "--to", version, "--key", key + ".pub", "--kubeconfig", kc, "--restore-labels", "--settle", "5s"}, regArgs...),
-		"--inventory", filepath.Join(sb.Dir, "inventory.yaml"), "--cache-dir", filepath.Join(work, "stage-cache"))
-	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), applyArgs...); err != nil {
+	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), "apply", "--to", version, "--restore-labels", "--settle", "5s", "--cache-dir", filepath.Join(work, "stage-cache")); err != nil {
 		probe.Stop()
 		return err
 	}
@@ -248,7 +257,7 @@ func run(ctx context.Context, sb *sandbox.State) error {
 		return fmt.Errorf("%d requests failed or connections broke while the cluster was upgraded", len(avail.Failures))
 	}
 	step("Status, and the cluster after the upgrade")
-	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "status", "--kubeconfig", kc); err != nil {
+	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "status"); err != nil {
 		return err
 	}
 	if err := shAdmin(sb, "", kubectl, "--kubeconfig", kc, "get", "nodes"); err != nil {
@@ -286,7 +295,7 @@ func run(ctx context.Context, sb *sandbox.State) error {
 		return fmt.Errorf("%d workload containers restarted", workloads-kept)
 	}
 	step("Applying again: every node runs %s, nothing to do", version)
-	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), append(applyArgs, "-q")...); err != nil {
+	if err := shAdmin(sb, priv.Password+"\n", filepath.Join(bin, "upgrade"), "apply", "--to", version, "-q"); err != nil {
 		return err
 	}
 

@@ -73,6 +73,8 @@ type Upgrade struct {
 	// makes, recorded before the first member moves: what a rollback
 	// puts back.
 	Etcd *EtcdMove `json:"etcd,omitempty"`
+	// Steps name the steps the nodes' spans index (timeline.go).
+	Steps []string `json:"steps,omitempty"`
 }
 
 // EtcdMove is an etcd move's versions.
@@ -89,7 +91,30 @@ type Node struct {
 	Step      string    `json:"step,omitempty"`
 	LastError string    `json:"lastError,omitempty"`
 	Updated   time.Time `json:"updated"`
+	// Spans are the node's steps with their times (Upgrade.Timeline).
+	Spans []Span `json:"spans,omitempty"`
 }
+
+// SetNode records node's status and step (and the error that ended it):
+// the timeline enters the step while the node upgrades, and ends the
+// step in flight when it stops upgrading.
+func (s *Upgrade) SetNode(name, role, status, step string, err error, now time.Time) {
+	e := s.Node(name, role)
+	e.Status, e.Step, e.Updated, e.LastError = status, step, now, ""
+	if err != nil {
+		e.LastError = err.Error()
+	}
+	switch {
+	case status != NodeUpgrading:
+		s.end(e, now)
+	case step != "" && step != StepKubelet:
+		// The kubelet's own steps are its spans (the runbook's walk).
+		s.Begin(name, role, step, now)
+	}
+}
+
+// StepKubelet is a node's step while its kubelet moves.
+const StepKubelet = "kubelet"
 
 // Node returns the entry of a node, adding it when missing.
 func (s *Upgrade) Node(name, role string) *Node {
@@ -111,8 +136,17 @@ func Read(ctx context.Context, c kubernetes.Interface) (*Upgrade, error) {
 	if err != nil {
 		return nil, fmt.Errorf("configmap kube-system/%s: %w", Name, err)
 	}
+	return Decode(cm)
+}
+
+// Decode reads the record from its ConfigMap (Read's, or a watch's),
+// refusing what does not parse.
+func Decode(cm *corev1.ConfigMap) (*Upgrade, error) {
 	var s Upgrade
 	if err := json.Unmarshal([]byte(cm.Data["state.json"]), &s); err != nil {
+		return nil, fmt.Errorf("configmap kube-system/%s: state.json: %w", Name, err)
+	}
+	if err := s.checkTimeline(); err != nil {
 		return nil, fmt.Errorf("configmap kube-system/%s: state.json: %w", Name, err)
 	}
 	return &s, nil

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -183,5 +185,59 @@ func TestNodeAnnotationsWrittenThroughALeaderChange(t *testing.T) {
 	}
 	if got := verbs(c); len(got) != 1 {
 		t.Errorf("requests %v after a refusal, want the one patch", got)
+	}
+}
+
+// A node's steps are spans of the record's timeline: entered, ended by
+// the next or by the node's end, written as [step, start ms, duration
+// ms] and read back with their names and times.
+func TestTimeline(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	s := &Upgrade{From: "v1.30.14", To: "v1.31.14", Started: t0}
+	s.SetNode("cp-1", "control-plane", NodeUpgrading, "kube-apiserver to v1.31.14", nil, at(100))
+	s.SetNode("cp-1", "control-plane", NodeUpgrading, "kube-apiserver to v1.31.14", nil, at(150)) // goes on
+	s.SetNode("cp-1", "control-plane", NodePending, "control plane at v1.31.14", nil, at(900))
+	s.SetNode("w-1", "worker", NodeUpgrading, StepKubelet, nil, at(1000)) // the walk's spans, not one of its own
+	s.Begin("w-1", "worker", "drain", at(1000))
+	s.Begin("w-1", "worker", "swap", at(1500))
+	s.SetNode("w-1", "worker", NodeUpgrading, "kube-proxy", nil, at(2000))
+	s.Begin("w-1", "worker", "kube-proxy", at(2100)) // the same step: goes on
+	s.Begin("w-1", "worker", "uncordon", at(2500))
+	s.SetNode("w-1", "worker", NodeFailed, StepKubelet, errors.New("boom"), at(2600))
+
+	data, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"spans":[[1,1000,500],[2,1500,500],[3,2000,500],[4,2500,100]]`) {
+		t.Errorf("written as %s", data)
+	}
+	got, err := Decode(&corev1.ConfigMap{Data: map[string]string{"state.json": string(data)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, n := range got.Nodes {
+		for _, st := range got.Timeline(&n) {
+			names = append(names, fmt.Sprintf("%s %s %d+%d", n.Name, st.Name, st.Start.Sub(t0).Milliseconds(), st.Duration(time.Time{}).Milliseconds()))
+		}
+	}
+	want := "cp-1 kube-apiserver to v1.31.14 100+800,w-1 drain 1000+500,w-1 swap 1500+500,w-1 kube-proxy 2000+500,w-1 uncordon 2500+100"
+	if strings.Join(names, ",") != want {
+		t.Errorf("timeline\n got %s\nwant %s", strings.Join(names, ","), want)
+	}
+
+	// What the API returns is not trusted.
+	for _, bad := range []string{
+		`{"steps":["drain"],"nodes":[{"name":"w-1","spans":[[1,0,5]]}]}`,
+		`{"steps":["drain"],"nodes":[{"name":"w-1","spans":[[0,-5,5]]}]}`,
+		`{"steps":["drain"],"nodes":[{"name":"w-1","spans":[[0,0,-1],[0,5,5]]}]}`,
+		`{"steps":[""],"nodes":[{"name":"w-1","spans":[[0,0,5]]}]}`,
+		`{"steps":["drain"],"nodes":[{"name":"w-1","spans":[["drain",0,5]]}]}`,
+	} {
+		if _, err := Decode(&corev1.ConfigMap{Data: map[string]string{"state.json": bad}}); err == nil || !strings.Contains(err.Error(), "state.json") {
+			t.Errorf("%s: want refused, got %v", bad, err)
+		}
 	}
 }

@@ -63,7 +63,7 @@ func (r *upgradeRun) kubeletSteps() []nodeStep {
 
 func (r *upgradeRun) beforeSwapSteps() []nodeStep {
 	return []nodeStep{
-		{name: "pre-hook", do: r.preHook, would: r.wouldHook("pre")},
+		{name: "pre-hook", do: r.hook("pre"), would: r.wouldHook("pre")},
 		{name: "announce", do: r.announceKubelet},
 		{name: "drain", do: r.drainNode, would: func(*kubeletRun) string {
 			if !r.opts.Drain {
@@ -103,7 +103,7 @@ func (r *upgradeRun) afterSwapSteps() []nodeStep {
 		}},
 		{name: "settle", do: r.settleKubelet, would: silent},
 		{name: "verify", do: r.verifyKubelet, would: silent},
-		{name: "post-hook", do: r.postHook, rollsBack: true, would: r.wouldHook("post")},
+		{name: "post-hook", do: r.hook("post"), rollsBack: true, would: r.wouldHook("post")},
 		{name: "kube-proxy", do: func(ctx context.Context, k *kubeletRun) error { return driver.MoveProxy(ctx, r.driverRun(), k.o) }},
 		// Only what this run cordoned.
 		{name: "uncordon", do: func(ctx context.Context, k *kubeletRun) error { return r.uncordon(ctx, k.name) }, would: silent},
@@ -125,6 +125,7 @@ func (r *upgradeRun) walk(ctx context.Context, k *kubeletRun, steps []nodeStep) 
 			}
 			continue
 		}
+		r.span(k.name, s.name)
 		if err := s.do(ctx, k); err != nil {
 			if s.rollsBack {
 				return r.rollbackNode(ctx, k, err)
@@ -223,24 +224,17 @@ func (r *upgradeRun) wouldHook(when string) func(*kubeletRun) string {
 	}
 }
 
-func (r *upgradeRun) preHook(ctx context.Context, k *kubeletRun) error {
-	if r.opts.Hook == nil {
+// hook runs a node's pre- or post-hook (when), if there is one.
+func (r *upgradeRun) hook(when string) func(context.Context, *kubeletRun) error {
+	return func(ctx context.Context, k *kubeletRun) error {
+		if r.opts.Hook == nil {
+			return nil
+		}
+		if err := r.opts.Hook(ctx, when, k.name, k.o.From, k.to); err != nil {
+			return fmt.Errorf("node %s: %s-hook: %w", k.name, when, err)
+		}
 		return nil
 	}
-	if err := r.opts.Hook(ctx, "pre", k.name, k.o.From, k.to); err != nil {
-		return fmt.Errorf("node %s: pre-hook: %w", k.name, err)
-	}
-	return nil
-}
-
-func (r *upgradeRun) postHook(ctx context.Context, k *kubeletRun) error {
-	if r.opts.Hook == nil {
-		return nil
-	}
-	if err := r.opts.Hook(ctx, "post", k.name, k.o.From, k.to); err != nil {
-		return fmt.Errorf("node %s: post-hook: %w", k.name, err)
-	}
-	return nil
 }
 
 // announceKubelet records the node upgrading, and says so in an Event.

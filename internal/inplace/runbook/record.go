@@ -58,12 +58,7 @@ func (r *upgradeRun) setState(ctx context.Context, s string) error {
 
 func (r *upgradeRun) setNode(ctx context.Context, name, status, step string, err error) {
 	r.mu.Lock()
-	e := r.state.Node(name, r.tgts[name].Role)
-	e.Status, e.Step, e.Updated = status, step, r.opts.Plan.Now().UTC()
-	e.LastError = ""
-	if err != nil {
-		e.LastError = err.Error()
-	}
+	r.state.SetNode(name, r.tgts[name].Role, status, step, err, r.opts.Plan.Now().UTC())
 	r.mu.Unlock()
 	if r.flush.Soon() {
 		return
@@ -71,6 +66,15 @@ func (r *upgradeRun) setNode(ctx context.Context, name, status, step string, err
 	if serr := r.save(ctx); serr != nil {
 		r.log.Warn("cannot record the state", "err", serr)
 	}
+}
+
+// span records that node entered step, in the record's timeline (written
+// with the next write).
+func (r *upgradeRun) span(name, step string) {
+	r.mu.Lock()
+	r.state.Begin(name, r.tgts[name].Role, step, r.opts.Plan.Now().UTC())
+	r.mu.Unlock()
+	r.flush.Soon()
 }
 
 // event records a Kubernetes Event on a Node (best effort): through the

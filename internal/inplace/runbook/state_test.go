@@ -137,3 +137,31 @@ func TestHeldBackIsNoFailure(t *testing.T) {
 		}
 	}
 }
+
+// The walk records each node step it enters in the record's timeline,
+// with the clock's times; the node's end ends the last.
+func TestWalkRecordsTimeline(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	now := t0
+	r := &upgradeRun{client: fake.NewSimpleClientset(), log: slog.New(slog.DiscardHandler), tgts: map[string]nodeaccess.Address{"w-1": {Role: "worker"}},
+		state: &record.Upgrade{State: record.StateUpgradingKubelets, Started: t0}}
+	r.opts.Plan.Now = func() time.Time { return now }
+	step := func(name string, took time.Duration, err error) nodeStep {
+		return nodeStep{name: name, do: func(context.Context, *kubeletRun) error { now = now.Add(took); return err }}
+	}
+	boom := fmt.Errorf("node w-1: swap: boom")
+	err := r.walk(ctx, &kubeletRun{name: "w-1"}, []nodeStep{step("drain", 2*time.Second, nil), step("swap", 3*time.Second, boom), step("uncordon", time.Second, nil)})
+	if err != boom {
+		t.Fatalf("walk: %v", err)
+	}
+	r.setNode(ctx, "w-1", record.NodeFailed, record.StepKubelet, err)
+	n := r.state.Node("w-1", "worker")
+	var got []string
+	for _, s := range r.state.Timeline(n) {
+		got = append(got, fmt.Sprintf("%s@%s+%s", s.Name, s.Start.Sub(t0), s.End.Sub(s.Start)))
+	}
+	if strings.Join(got, " ") != "drain@0s+2s swap@2s+3s" {
+		t.Errorf("timeline %v", got)
+	}
+}
