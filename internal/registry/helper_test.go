@@ -33,8 +33,8 @@ printf '{"ServerURL":"reg.corp:5000","Username":"admin","Secret":"s3cret"}'`)
 		t.Errorf("a server it does not know: %v", err)
 	}
 	for body, want := range map[string]string{
-		`echo 'not json'`: "not docker's JSON",
-		`printf '{"Username":"a:b","Secret":"x"}'`: `user "a:b"`,
+		`echo 'not json'`:                           "not docker's JSON",
+		`printf '{"Username":"a:b","Secret":"x"}'`:  `user "a:b"`,
 		`printf '{"Username":"admin","Secret":""}'`: "no secret for user admin",
 	} {
 		helper(t, "klbad", body)
