@@ -26,6 +26,10 @@ type statusOptions struct {
 	// Dynamic makes the client of Upgrades (nil: none are read).
 	Dynamic func() (dynamic.Interface, error)
 	Output  string
+	// Watch follows the upgrade until it ends; Timeout bounds that.
+	Watch   bool
+	Timeout time.Duration
+	Quiet   bool
 }
 
 func newCmdStatus(s *cli.IO, runF func(context.Context, *statusOptions) error) *cobra.Command {
@@ -33,13 +37,24 @@ func newCmdStatus(s *cli.IO, runF func(context.Context, *statusOptions) error) *
 	opts.KubeClient = opts.Kube.client
 	opts.Dynamic = opts.Kube.dynamic
 	cmd := &cobra.Command{
-		Use:   "status [-o json]",
+		Use:   "status [-w] [-o json]",
 		Short: "Show the upgrade's state and every node's, with versions read live",
 		Long: `Status shows the upgrade recorded in kube-system/kubelift-upgrade (from, to,
 state, last error, etcd backup) and, per node, its part of the upgrade with
 the kubelet version the Node reports now (StarlingX's kube-upgrade-show and
 kube-host-upgrade-list). Where the controller is installed, it first lists the
-cluster's Upgrades (kubelift.dev) with their phase and progress.`,
+cluster's Upgrades (kubelift.dev) with their phase and progress.
+
+With --watch (-w) it follows the upgrade from the cluster as it happens, from
+any machine: a line per node step (from the record's timeline) and per Event
+kubelift posts, a bar of the nodes done on a terminal, and it exits with the
+upgrade's outcome: 0 when complete, 1 when it failed (naming the node, step
+and error) or was rolled back. A watch begun late shows every step from the
+upgrade's start; one begun after the end shows it all and exits at once.
+With -o json it prints one JSON object per change, a line each.`,
+		Example: `  upgrade status
+  upgrade status -w                       # while apply runs elsewhere (or the controller)
+  upgrade status -w -o json | jq -c 'select(.kind=="step")'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if _, err := cli.OutputFlag(opts.Output); err != nil {
@@ -52,7 +67,10 @@ cluster's Upgrades (kubelift.dev) with their phase and progress.`,
 		},
 	}
 	opts.Kube.addFlags(cmd)
-	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
+	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json (with --watch: a JSON object per change, a line each)")
+	cmd.Flags().BoolVarP(&opts.Watch, "watch", "w", false, "follow the upgrade until it ends, a line per node step; exit 0 when it completes, 1 when it fails")
+	cmd.Flags().DurationVar(&opts.Timeout, "timeout", 0, "with --watch: give up after this long (exit 1; 0: never)")
+	cmd.Flags().BoolVarP(&opts.Quiet, "quiet", "q", false, "with --watch: no progress bar")
 	return cmd
 }
 
@@ -60,6 +78,9 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 	asJSON, err := cli.OutputFlag(opts.Output)
 	if err != nil {
 		return err
+	}
+	if opts.Watch {
+		return watchRun(ctx, opts, asJSON)
 	}
 	client, err := opts.KubeClient()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -150,5 +151,46 @@ func TestStatusListsUpgrades(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "no upgrade has run in this cluster") {
 		t.Errorf("status without a record:\n%s", out.String())
+	}
+}
+
+// status --watch of an upgrade that ended prints its steps and exits
+// with its outcome: 0 complete, an error naming the failure otherwise;
+// -o json is a JSON object per change, a line each.
+func TestStatusWatchOutcome(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	u := &record.Upgrade{From: "v1.30.14", To: "v1.31.14", State: record.StateComplete, Started: t0, Updated: t0.Add(9 * time.Second)}
+	u.SetNode("worker-1", "worker", record.NodeUpgrading, record.StepKubelet, nil, t0)
+	u.Begin("worker-1", "worker", "drain", t0.Add(time.Second))
+	u.Begin("worker-1", "worker", "swap", t0.Add(2*time.Second))
+	u.SetNode("worker-1", "worker", record.NodeDone, "", nil, t0.Add(3*time.Second))
+	client := fake.NewSimpleClientset()
+	if err := record.Write(ctx, client, u); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runStatus(t, client, "--watch")
+	want := "10:00:01  worker-1: drain\n10:00:02  worker-1: swap\n10:00:03  worker-1: upgraded\n10:00:09  upgrade v1.30.14 -> v1.31.14: upgrade-complete (1/1 nodes)\n"
+	if err != nil || out != want {
+		t.Errorf("watch of a complete upgrade: %v\n%s\nwant\n%s", err, out, want)
+	}
+	out, err = runStatus(t, client, "-w", "-o", "json")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var last struct {
+		Kind, State string
+		Finished    bool
+	}
+	if err != nil || len(lines) != 4 || json.Unmarshal([]byte(lines[3]), &last) != nil || last.Kind != "state" || !last.Finished || last.State != record.StateComplete {
+		t.Errorf("watch -o json: %v\n%s", err, out)
+	}
+
+	u.State, u.LastError = record.StateFailed, "node worker-1: swap: boom"
+	u.SetNode("worker-1", "worker", record.NodeFailed, record.StepKubelet, errors.New("node worker-1: swap: boom"), t0.Add(3*time.Second))
+	if err := record.Write(ctx, client, u); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runStatus(t, client, "--watch")
+	if !errors.Is(err, errUpgradeEnded) || !strings.Contains(err.Error(), "upgrade-failed: node worker-1: swap: boom") || !strings.Contains(out, "worker-1: failed: node worker-1: swap: boom") {
+		t.Errorf("watch of a failed upgrade: %v\n%s", err, out)
 	}
 }

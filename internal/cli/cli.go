@@ -182,6 +182,25 @@ func (s *IO) Progress(quiet bool, description string) (sink progress.Sink, finis
 	return b, func() { _ = bar.Finish() }
 }
 
+// Counter is a bar of done of total things (nodes) on a terminal's
+// stderr, nothing otherwise: set moves it, finish clears it.
+func (s *IO) Counter(quiet bool, description string) (set func(done, total int), finish func()) {
+	if quiet || !s.ErrTTY {
+		return func(int, int) {}, func() {}
+	}
+	bar := progressbar.NewOptions(0,
+		progressbar.OptionSetWriter(s.ErrOut),
+		progressbar.OptionSetDescription(description),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionClearOnFinish(),
+	)
+	return func(done, total int) {
+		bar.ChangeMax(total)
+		_ = bar.Set(done)
+	}, func() { _ = bar.Finish() }
+}
+
 type barSink struct{ bar *progressbar.ProgressBar }
 
 func (b *barSink) Expect(n int64) { b.bar.ChangeMax64(b.bar.GetMax64() + n) }
