@@ -93,6 +93,20 @@ type Node struct {
 	Updated   time.Time `json:"updated"`
 	// Spans are the node's steps with their times (Upgrade.Timeline).
 	Spans []Span `json:"spans,omitempty"`
+	// Containers is what verify found of the containers that ran before
+	// the kubelet's swap.
+	Containers *Containers `json:"containers,omitempty"`
+}
+
+// Containers counts a node's containers that ran before its kubelet's
+// swap: those still running (same IDs and processes), those restarted,
+// and those of static pods recreated by design (a kubelet of another
+// minor gives them new UIDs).
+type Containers struct {
+	Before    int `json:"before"`
+	Kept      int `json:"kept"`
+	Restarted int `json:"restarted"`
+	Recreated int `json:"recreated,omitempty"`
 }
 
 // SetNode records node's status and step (and the error that ended it):

@@ -134,18 +134,17 @@ func (r *upgradeRun) eraOf(v string) (string, error) {
 // verify holds the node to the promise (verify.Checker.Node) and says
 // which static pods were recreated, as the plan announced.
 func (r *upgradeRun) verify(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container, podsBefore map[types.UID]verify.Pod) error {
-	names, err := r.checker().Node(ctx, o, r.target.Version, before, podsBefore)
+	res, err := r.checker().Node(ctx, o, r.target.Version, before, podsBefore)
+	r.mu.Lock()
+	r.state.Node(o.Name, r.tgts[o.Name].Role).Containers = res.Containers // what the report counts
+	r.mu.Unlock()
+	names := res.Recreated
 	if err != nil || len(names) == 0 {
 		return err
 	}
 	r.log.Info("static pods started anew under new UIDs, as the plan said", "node", o.Name, "pods", names)
 	r.event(ctx, o.Name, "StaticPodsRecreated", fmt.Sprintf("kubelift: static pods %s recreated by kubelet %s (new UIDs; kubernetes#116080)", strings.Join(names, ", "), r.target.Version))
 	return nil
-}
-
-// podsOn maps the UIDs of a node's pods to what verify compares.
-func (r *upgradeRun) podsOn(ctx context.Context, node string) (map[types.UID]verify.Pod, error) {
-	return r.checker().PodsOn(ctx, node)
 }
 
 // checker verifies this run's nodes.

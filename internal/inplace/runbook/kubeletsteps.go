@@ -265,7 +265,7 @@ func (r *upgradeRun) backUpAndRecord(ctx context.Context, k *kubeletRun) error {
 				podsCh <- podsResult{nil, r.recovered(k.name, p)}
 			}
 		}()
-		p, err := r.podsOn(ctx, k.name)
+		p, err := r.checker().PodsOn(ctx, k.name)
 		podsCh <- podsResult{p, err}
 	}()
 	type containersResult struct {

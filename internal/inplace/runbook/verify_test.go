@@ -16,6 +16,7 @@ import (
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
 	"github.com/kubelift/kubelift/internal/inplace/verify"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
@@ -53,11 +54,13 @@ func TestVerifyComparesProcesses(t *testing.T) {
 		name          string
 		before, after map[string]int
 		want          string // "" when verify passes
+		counted       record.Containers
 	}{
-		{name: "same processes", before: map[string]int{"api-app": 101, "web-app": 202}, after: map[string]int{"api-app": 101, "web-app": 202}},
+		{name: "same processes", before: map[string]int{"api-app": 101, "web-app": 202}, after: map[string]int{"api-app": 101, "web-app": 202},
+			counted: record.Containers{Before: 2, Kept: 2}},
 		{name: "a process replaced", before: map[string]int{"api-app": 101, "web-app": 202}, after: map[string]int{"api-app": 101, "web-app": 303},
-			want: "node worker-1: 1 containers restarted: shop/web/app (process 202, now 303)"},
-		{name: "no tasks readable", before: nil, after: nil},
+			want: "node worker-1: 1 containers restarted: shop/web/app (process 202, now 303)", counted: record.Containers{Before: 2, Kept: 1, Restarted: 1}},
+		{name: "no tasks readable", before: nil, after: nil, counted: record.Containers{Before: 2, Kept: 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := crictlPS(tc.before, "api-app", "web-app")
@@ -65,13 +68,18 @@ func TestVerifyComparesProcesses(t *testing.T) {
 				nodescript.Containers.Name: func([]string) (string, error) { return out, nil },
 			}}
 			o := &nodeops.Ops{Node: node, Name: "worker-1", Facts: &nodefacts.Facts{}}
-			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}}}
+			r := &upgradeRun{res: &ApplyResult{}, client: fake.NewClientset(), target: &release.Release{Version: catalog.Version{Major: 1, Minor: 31, Patch: 4}},
+				state: &record.Upgrade{}}
 			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			out = crictlPS(tc.after, "api-app", "web-app")
 			err = r.verify(ctx, o, before, nil)
+			// The record counts them, for the report.
+			if got := r.state.Node("worker-1", "").Containers; got == nil || *got != tc.counted {
+				t.Errorf("counted %+v, want %+v", got, tc.counted)
+			}
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("verify: %v", err)
@@ -117,7 +125,7 @@ func TestVerifyStaticPods(t *testing.T) {
 		pending    bool     // the static pod was Pending before the swap
 		want       string   // "" when verify passes
 	}{
-		{name: "new minor, recreated", from: "v1.30.14", after: []string{"api-app", "edge2-app"}, mirrorUID: "api-edge2"},
+		{name: "new minor, recreated", from: "v1.30.14", after: []string{"api-app", "edge2-app"}, mirrorUID: "api-edge2"}, // counted: 1 kept, 1 recreated
 		{name: "new minor, not back", from: "v1.30.14", after: []string{"api-app"}, mirrorUID: "api-edge2",
 			want: "node worker-1: static pods not recreated within 10ms: shop/edge (0 of 1 new containers running)"},
 		{name: "new minor, not yet recreated", from: "v1.30.14", after: []string{"api-app", "edge-app"}, mirrorUID: "api-edge",
@@ -139,12 +147,12 @@ func TestVerifyStaticPods(t *testing.T) {
 			to, _ := catalog.ParseVersion("v1.31.4")
 			o := &nodeops.Ops{Node: node, Name: "worker-1", From: tc.from, Facts: &nodefacts.Facts{}}
 			r := &upgradeRun{res: &ApplyResult{}, client: client, target: &release.Release{Version: to}, log: slog.New(slog.DiscardHandler),
-				opts: ApplyOptions{ReadyTimeout: 10 * time.Millisecond, Plan: preflight.PlanOptions{Now: time.Now}}}
+				opts: ApplyOptions{ReadyTimeout: 10 * time.Millisecond, Plan: preflight.PlanOptions{Now: time.Now}}, state: &record.Upgrade{}}
 			before, err := o.Containers(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			podsBefore, err := r.podsOn(ctx, "worker-1")
+			podsBefore, err := r.checker().PodsOn(ctx, "worker-1")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -166,6 +174,9 @@ func TestVerifyStaticPods(t *testing.T) {
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("verify: %v", err)
+				}
+				if c := r.state.Node("worker-1", "").Containers; tc.name == "new minor, recreated" && (c == nil || *c != record.Containers{Before: 2, Kept: 1, Recreated: 1}) {
+					t.Errorf("counted %+v, want 1 kept and 1 recreated of 2", c)
 				}
 				return
 			}

@@ -67,7 +67,7 @@ func TestPodsOnWaitsForARestartingAPIServer(t *testing.T) {
 				return false, nil, nil
 			})
 			r := &upgradeRun{client: client, opts: ApplyOptions{ReadyTimeout: time.Minute}, wait: waiter.Waiter{Clock: drivertest.SteppingClock(t, time.Second)}}
-			pods, err := r.podsOn(context.Background(), "cp-1")
+			pods, err := r.checker().PodsOn(context.Background(), "cp-1")
 			if tc.wantErr {
 				if err == nil || calls != 1 {
 					t.Fatalf("podsOn: %v after %d calls, want an error at once", err, calls)

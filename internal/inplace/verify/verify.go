@@ -23,6 +23,7 @@ import (
 	"github.com/kubelift/kubelift/internal/agent"
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
+	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/internal/waiter"
@@ -47,11 +48,13 @@ type Checker struct {
 // so starts them anew; each that ran before must run again, recreated
 // (a mirror pod naming a new static UID, Running, with as many containers
 // of new IDs running as before) within Timeout; Node returns those
-// recreated (ns/name, in order).
-func (c Checker) Node(ctx context.Context, o *nodeops.Ops, to catalog.Version, before map[string]nodeops.Container, podsBefore map[types.UID]Pod) ([]string, error) {
+// recreated (ns/name, in order), and the containers counted (also when
+// some restarted).
+func (c Checker) Node(ctx context.Context, o *nodeops.Ops, to catalog.Version, before map[string]nodeops.Container, podsBefore map[types.UID]Pod) (Result, error) {
+	var res Result
 	after, err := o.ContainersWaiting(ctx)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 	recreate := true
 	if fv, err := catalog.ParseVersion(o.From); err == nil {
@@ -69,21 +72,22 @@ func (c Checker) Node(ctx context.Context, o *nodeops.Ops, to catalog.Version, b
 		}
 	}
 	gone := Gone(before, after, func(c nodeops.Container) bool { return static[c.Pod()] != nil })
+	res.Containers = count(before, gone, static)
 	if len(gone) > 0 && !c.RestartsAllowed {
-		return nil, &RestartedError{Node: o.Name, Containers: gone}
+		return res, &RestartedError{Node: o.Name, Containers: gone}
 	}
 	podsAfter, err := c.PodsOn(ctx, o.Name)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 	for uid, p := range podsBefore {
 		if static[p.Name] != nil || p.Ended() {
 			continue
 		}
 		if q, ok := podsAfter[uid]; !ok {
-			return nil, fmt.Errorf("node %s: pod %s is gone (evicted?)", o.Name, p)
+			return res, fmt.Errorf("node %s: pod %s is gone (evicted?)", o.Name, p)
 		} else if q.Phase == corev1.PodFailed {
-			return nil, fmt.Errorf("node %s: pod %s failed", o.Name, q)
+			return res, fmt.Errorf("node %s: pod %s failed", o.Name, q)
 		}
 	}
 	// Only a static pod that ran before must run again (one that was
@@ -94,12 +98,35 @@ func (c Checker) Node(ctx context.Context, o *nodeops.Ops, to catalog.Version, b
 		}
 	}
 	if len(static) == 0 {
-		return nil, nil
+		return res, nil
 	}
 	if err := c.waitStatic(ctx, o, before, static); err != nil {
-		return nil, fmt.Errorf("node %s: static pods not recreated within %s: %w", o.Name, c.Timeout, err)
+		return res, fmt.Errorf("node %s: static pods not recreated within %s: %w", o.Name, c.Timeout, err)
 	}
-	return slices.Sorted(maps.Keys(static)), nil
+	res.Recreated = slices.Sorted(maps.Keys(static))
+	return res, nil
+}
+
+// Result is what Node found.
+type Result struct {
+	// Recreated are the static pods started anew (ns/name).
+	Recreated []string
+	// Containers counts the containers that ran before the swap (nil
+	// when they could not be listed).
+	Containers *record.Containers
+}
+
+// count is what became of the containers of before: gone restarted,
+// those of static pods recreated, the others kept.
+func count(before map[string]nodeops.Container, gone []string, static map[string]*staticPod) *record.Containers {
+	n := &record.Containers{Before: len(before), Restarted: len(gone)}
+	for _, b := range before {
+		if static[b.Pod()] != nil {
+			n.Recreated++
+		}
+	}
+	n.Kept = n.Before - n.Restarted - n.Recreated
+	return n
 }
 
 // Gone are the containers of before (but those skip says to pass over)
