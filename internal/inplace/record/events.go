@@ -67,6 +67,18 @@ func (q *Events) Post(ev *corev1.Event) {
 	}
 }
 
+// Send queues ev on q, or, without a queue (q nil), posts it now
+// through c: best effort, a failure is a warning.
+func (q *Events) Send(ctx context.Context, c kubernetes.Interface, log *slog.Logger, ev *corev1.Event) {
+	if q != nil {
+		q.Post(ev)
+		return
+	}
+	if _, err := c.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		log.Warn("cannot record an event", "node", ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
+	}
+}
+
 // Close posts what is queued, waiting at most timeout; what is left
 // then is given up, and the queue is gone when Close returns.
 func (q *Events) Close(timeout time.Duration) {

@@ -75,6 +75,37 @@ type Upgrade struct {
 	Etcd *EtcdMove `json:"etcd,omitempty"`
 	// Steps name the steps the nodes' spans index (timeline.go).
 	Steps []string `json:"steps,omitempty"`
+	// Plan is what the plan found when the run began (the last run's,
+	// when one resumed another).
+	Plan *Plan `json:"plan,omitempty"`
+}
+
+// Plan is what the record keeps of an upgrade's plan.
+type Plan struct {
+	Nodes    []PlannedNode `json:"nodes,omitempty"`
+	Findings []Finding     `json:"findings,omitempty"`
+	// Omitted counts the findings past the first 200, not kept.
+	Omitted int `json:"omitted,omitempty"`
+}
+
+// PlannedNode is a node's versions as the plan read them, before the
+// upgrade: the kubelet, the binaries running there, the runtime.
+type PlannedNode struct {
+	Name       string            `json:"name"`
+	Role       string            `json:"role"`
+	Kubelet    string            `json:"kubelet"`
+	Components map[string]string `json:"components,omitempty"`
+	Runtime    string            `json:"runtime,omitempty"`
+}
+
+// Finding is one of the plan's findings, and how the run dealt with it.
+type Finding struct {
+	Severity   string `json:"severity"`
+	Check      string `json:"check"`
+	Object     string `json:"object"`
+	Node       string `json:"node,omitempty"`
+	Message    string `json:"message"`
+	Resolution string `json:"resolution"`
 }
 
 // EtcdMove is an etcd move's versions.

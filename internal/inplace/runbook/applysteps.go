@@ -14,6 +14,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/resolve"
 	"github.com/kubelift/kubelift/internal/inplace/stage"
 	"github.com/kubelift/kubelift/internal/kubeadm"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
@@ -55,8 +56,7 @@ func (r *upgradeRun) planStep(ctx context.Context) error {
 		return err
 	}
 	r.resumingControlPlane = recorded.ControlPlaneInFlight(r.target.Version.String())
-	blocking, waited := p.Unresolved(preflight.Resolution{Ignore: r.opts.Ignore, Drain: r.opts.Drain, RestoreLabels: r.opts.RestoreLabels,
-		ResumingControlPlane: r.resumingControlPlane, Selected: r.selected})
+	blocking, waited := resolve.Unresolved(p, r.resolution())
 	for _, f := range waited {
 		r.log.Warn("resuming a control plane upgrade in flight: the control plane step waits for this", "object", f.Object, "finding", f.Message)
 	}
@@ -171,6 +171,12 @@ func (r *upgradeRun) stageStep(ctx context.Context) error {
 	return err
 }
 
+// resolution is what this run does itself about blocking findings.
+func (r *upgradeRun) resolution() resolve.Resolution {
+	return resolve.Resolution{Ignore: r.opts.Ignore, Drain: r.opts.Drain, RestoreLabels: r.opts.RestoreLabels,
+		ResumingControlPlane: r.resumingControlPlane, Selected: r.selected}
+}
+
 // recordStep starts (or continues) the state record: an upgrade to
 // another version, a completed one and a rolled-back one start afresh (a
 // new etcd snapshot among them).
@@ -184,7 +190,7 @@ func (r *upgradeRun) recordStep(ctx context.Context) error {
 		s = &record.Upgrade{From: strings.Join(r.plan.From, ","), To: to, State: record.StateStarted, Started: r.opts.Plan.Now().UTC()}
 	}
 	s.Holder, s.Bundle, s.LastError, s.ControlPlane = r.opts.Holder, r.target.Record.BundleDigest, "", r.driver.Kind()
-	s.Hops = r.plan.Hops
+	s.Hops, s.Plan = r.plan.Hops, resolve.Summary(r.plan, r.resolution())
 	for _, n := range r.plan.Nodes {
 		e := s.Node(n.Name, n.Role)
 		inFlight := false

@@ -7,7 +7,6 @@ import (
 
 	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/record"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // fail records the error in the state, if there is one.
@@ -80,15 +79,7 @@ func (r *upgradeRun) span(name, step string) {
 // event records a Kubernetes Event on a Node (best effort): through the
 // run's event queue when it has one, so no node waits on it.
 func (r *upgradeRun) event(ctx context.Context, node, reason, msg string) {
-	if r.dry {
-		return
-	}
-	ev := record.NodeEvent(node, reason, msg, r.opts.Plan.Now())
-	if r.events != nil {
-		r.events.Post(ev)
-		return
-	}
-	if _, err := r.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		r.log.Warn("cannot record an event", "node", node, "err", err)
+	if !r.dry {
+		r.events.Send(ctx, r.client, r.log, record.NodeEvent(node, reason, msg, r.opts.Plan.Now()))
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/preflight"
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/inplace/release"
+	"github.com/kubelift/kubelift/internal/inplace/resolve"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
 )
 
@@ -87,10 +88,10 @@ func TestRestoreLabelsResolvesByCode(t *testing.T) {
 }
 
 // resolves: an apply with r's options passes the blocking finding f
-// (preflight.Plan.Unresolved, as planStep asks it).
+// (resolve.Unresolved, as planStep asks it).
 func (r *upgradeRun) resolves(f preflight.Finding) bool {
 	p := &preflight.Plan{Findings: []preflight.Finding{f}}
-	blocking, _ := p.Unresolved(preflight.Resolution{Ignore: r.opts.Ignore, Drain: r.opts.Drain, RestoreLabels: r.opts.RestoreLabels,
+	blocking, _ := resolve.Unresolved(p, resolve.Resolution{Ignore: r.opts.Ignore, Drain: r.opts.Drain, RestoreLabels: r.opts.RestoreLabels,
 		ResumingControlPlane: r.resumingControlPlane, Selected: r.selected})
 	return len(blocking) == 0
 }
