@@ -12,7 +12,7 @@ import (
 func newRootCmd(s *cli.IO) *cobra.Command {
 	return newRoot(s, os.Getenv, func(cf *configFlags) []*cobra.Command {
 		return []*cobra.Command{newCmdImport(s, nil), newCmdStage(s, nil), newCmdVersions(s, nil), newCmdPlan(s, nil), newCmdApply(s, nil), newCmdStatus(s, nil), newCmdRollback(s, nil),
-			cli.NewCmdVerify(s), cli.NewCmdExtract(s), cli.NewCmdInspect(s), newCmdCompat(s), newCmdAgent(s, nil), newCmdController(s, nil), newCmdConfig(s, cf)}
+			cli.NewCmdVerify(s), cli.NewCmdExtract(s), cli.NewCmdInspect(s), newCmdCompat(s), newCmdAgent(s, nil), newCmdController(s, nil), newCmdConfig(s, cf), newCmdReport(s, nil)}
 	})
 }
 
@@ -34,7 +34,8 @@ public key, imports it, and upgrades the cluster in place:
   upgrade plan    --to v1.31.4 --key team.pub [ssh flags]    # what apply would do; changes nothing
   upgrade apply   --to v1.31.4 --key team.pub [ssh flags]    # in place, node by node; again to resume
   upgrade apply   --to v1.31.4 --in-cluster [--detach]       # the cluster's controller runs it
-  upgrade status                                             # the upgrade's state, per node
+  upgrade status [-w]                                        # the upgrade's state, per node; -w follows it
+  upgrade report --file upgrade.html                         # for the change ticket: plan, timeline, restarts, bundle
   upgrade rollback [ssh flags]                               # undo it from the backups, when allowed
   upgrade compat cleanup [ssh flags]                         # hash-skip files no longer needed
 
