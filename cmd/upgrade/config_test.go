@@ -285,3 +285,44 @@ func TestConfigCommands(t *testing.T) {
 		t.Errorf("current-context after deleting it: %v", err)
 	}
 }
+
+// --all-contexts reads every context's cluster and says, in its row,
+// why one could not be read; the command then fails.
+func TestAllContexts(t *testing.T) {
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kc.yaml")
+	// A cluster nobody listens for.
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, path := writeConfig(t, "apiVersion: kubelift.io/v1alpha1\nkind: Config\ncontexts:\n- name: dead\n  kubeconfig: "+kc+"\n- name: nokube\n  kubeContext: none\n")
+	t.Setenv(config.Env, path)
+	t.Setenv("KUBECONFIG", kc)
+	for _, mk := range []func(*cli.IO) *cobra.Command{
+		func(s *cli.IO) *cobra.Command { return newCmdStatus(s, nil) },
+		func(s *cli.IO) *cobra.Command { return newCmdVersions(s, nil) },
+	} {
+		out := &bytes.Buffer{}
+		s := &cli.IO{In: strings.NewReader(""), Out: out, ErrOut: &bytes.Buffer{}}
+		root := newRoot(s, os.Getenv, func(*configFlags) []*cobra.Command { return []*cobra.Command{mk(s)} })
+		name := mk(s).Name()
+		root.SetArgs([]string{name, "--all-contexts"})
+		root.SetOut(&bytes.Buffer{})
+		root.SetErr(&bytes.Buffer{})
+		err := root.ExecuteContext(context.Background())
+		if err == nil || !strings.Contains(err.Error(), "2 of 2 clusters could not be read") {
+			t.Errorf("%s --all-contexts: %v", name, err)
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != 3 || !strings.HasPrefix(lines[1], "dead ") || !strings.Contains(lines[1], "127.0.0.1:1") ||
+			!strings.HasPrefix(lines[2], "nokube ") || !strings.Contains(lines[2], `context "none" does not exist`) {
+			t.Errorf("%s --all-contexts printed\n%s", name, out)
+		}
+	}
+}

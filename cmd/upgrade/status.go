@@ -26,6 +26,8 @@ type statusOptions struct {
 	// Dynamic makes the client of Upgrades (nil: none are read).
 	Dynamic func() (dynamic.Interface, error)
 	Output  string
+	// AllContexts shows every cluster of the kubelift config.
+	AllContexts bool
 	// Watch follows the upgrade until it ends; Timeout bounds that.
 	Watch   bool
 	Timeout time.Duration
@@ -60,6 +62,12 @@ With -o json it prints one JSON object per change, a line each.`,
 			if _, err := cli.OutputFlag(opts.Output); err != nil {
 				return err
 			}
+			if opts.AllContexts && opts.Watch {
+				return cli.Usagef("--all-contexts and --watch exclude each other: watch one cluster (--context NAME)")
+			}
+			if opts.AllContexts {
+				return fleetRun(cmd.Context(), cmd, opts.IO, opts.Output, &opts.Kube)
+			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
@@ -67,6 +75,7 @@ With -o json it prints one JSON object per change, a line each.`,
 		},
 	}
 	opts.Kube.addFlags(cmd)
+	allContextsFlag(cmd, &opts.AllContexts)
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json (with --watch: a JSON object per change, a line each)")
 	cmd.Flags().BoolVarP(&opts.Watch, "watch", "w", false, "follow the upgrade until it ends, a line per node step; exit 0 when it completes, 1 when it fails")
 	cmd.Flags().DurationVar(&opts.Timeout, "timeout", 0, "with --watch: give up after this long (exit 1; 0: never)")

@@ -21,6 +21,8 @@ type versionsOptions struct {
 	KubeClient  func() (kubernetes.Interface, error)
 	CatalogFile string
 	Output      string
+	// AllContexts shows every cluster of the kubelift config.
+	AllContexts bool
 }
 
 func newCmdVersions(s *cli.IO, runF func(context.Context, *versionsOptions) error) *cobra.Command {
@@ -45,6 +47,9 @@ TARGET marks the version the cluster is at, or heading for.`,
 			if _, err := cli.OutputFlag(opts.Output); err != nil {
 				return err
 			}
+			if opts.AllContexts {
+				return fleetRun(cmd.Context(), cmd, opts.IO, opts.Output, &opts.Kube)
+			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
@@ -52,6 +57,7 @@ TARGET marks the version the cluster is at, or heading for.`,
 		},
 	}
 	opts.Kube.addFlags(cmd)
+	allContextsFlag(cmd, &opts.AllContexts)
 	cmd.Flags().StringVar(&opts.CatalogFile, "catalog", "", "version catalog file (default: the built-in one)")
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json")
 	return cmd
