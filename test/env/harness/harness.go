@@ -256,10 +256,13 @@ type Result struct {
 }
 
 // Upgrade runs the upgrade program on the admin machine, as an operator
-// inside the air gap would, with the cluster's kubeconfig.
+// inside the air gap would, with the cluster's kubeconfig. The limit is
+// a bound against a hang, not a claim of speed: 10 minutes, since on a
+// new machine applyha's first apply (etcd and an HA control plane moved)
+// ran past 5 beside the background builds (FC59, cold).
 func (h *Harness) Upgrade(t *testing.T, stdin string, args ...string) Result {
 	t.Helper()
-	return h.UpgradeWithin(t, 5*time.Minute, stdin, args...)
+	return h.UpgradeWithin(t, 10*time.Minute, stdin, args...)
 }
 
 // UpgradeWithin is Upgrade with another time limit (kubeadm waits up to
@@ -309,16 +312,24 @@ func (h *Harness) UpgradeWithin(t *testing.T, limit time.Duration, stdin string,
 // for it (the caller kills it, by pid, or waits); its standard error
 // collects in the buffer.
 func (h *Harness) Start(stdin string, args ...string) (*exec.Cmd, *bytes.Buffer, error) {
-	cmd := h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
+	cmd, _, stderr, err := h.StartOutput(stdin, args...)
+	return cmd, stderr, err
+}
+
+// StartOutput is Start, with the program's standard output collected too
+// (read the buffers once cmd.Wait returned).
+func (h *Harness) StartOutput(stdin string, args ...string) (cmd *exec.Cmd, stdout, stderr *bytes.Buffer, err error) {
+	cmd = h.SB.Admin().Net().Command(filepath.Join(h.Bin, "upgrade"), args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(h.SB.Dir, "kubeconfig"), "KUBELIFT_CACHE_DIR="+filepath.Join(h.tmp, "cache"))
 	cmd.Stdin = strings.NewReader(stdin)
-	var stderr bytes.Buffer
-	cmd.Stderr = io.MultiWriter(&stderr, &timedLines{said: &h.said, prefix: saidBy(args)})
+	stdout, stderr = &bytes.Buffer{}, &bytes.Buffer{}
+	cmd.Stdout = stdout
+	cmd.Stderr = io.MultiWriter(stderr, &timedLines{said: &h.said, prefix: saidBy(args)})
 	if err := cmd.Start(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	h.said.started(args)
-	return cmd, &stderr, nil
+	return cmd, stdout, stderr, nil
 }
 
 // StartLines starts the upgrade program as Start does; its standard error

@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,6 +33,7 @@ import (
 	"github.com/kubelift/kubelift/internal/inplace/record"
 	"github.com/kubelift/kubelift/internal/kubeletcompat"
 	"github.com/kubelift/kubelift/internal/nodeaccess"
+	"github.com/kubelift/kubelift/internal/report/reporttest"
 	"github.com/kubelift/kubelift/internal/upgradelock"
 	"github.com/kubelift/kubelift/test/env/harness"
 	"github.com/kubelift/kubelift/test/env/kube"
@@ -537,10 +540,28 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 		}
 		return err == nil
 	})
-	r = apply(t, "--restore-labels")
-	if r.Code != 0 {
-		t.Fatalf("resume: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	// The resume, followed from the cluster by another admin's status
+	// --watch, begun once the run is under way.
+	resume, resumeErr, err := h.Start(pw, append(append([]string{"apply", "--to", h.SB.NewVersion, "--key", h.Key(), "--settle", "5s", "--restore-labels"}, reg...), h.SSHFlags()...)...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	harness.WaitFor(t, "the resumed apply under way", func() bool {
+		st, _ := record.Read(context.Background(), h.Client)
+		return st != nil && st.State != record.StateFailed
+	})
+	watch, watchOut, watchErr, err := h.StartOutput("", "status", "--watch", "--timeout", "15m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resume.Wait(); err != nil {
+		t.Fatalf("resume: %v\n%s", err, resumeErr)
+	}
+	r = harness.Result{Stderr: resumeErr.String()}
+	if err := watch.Wait(); err != nil {
+		t.Errorf("status --watch of the resumed apply: %v\n%s%s", err, watchOut, watchErr)
+	}
+	watchedEveryStep(t, watchOut.String())
 	for _, m := range h.SB.Nodes() {
 		n := node(t, m.Name)
 		if n.Status.NodeInfo.KubeletVersion != h.SB.NewVersion || !sandbox.NodeReady(n) || n.Annotations[inplace.AnnotationUpgradedTo] != h.SB.NewVersion {
@@ -648,6 +669,104 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	}
 	res.Failures = dnsOutsideTheStep(t, res.Failures)
 	h.NoDisruption(t, res)
+	reportMatches(t, res, before, after)
+}
+
+// watchedEveryStep checks what status --watch printed: each node's steps
+// in the record's order (every one from the upgrade's start, the runs
+// before the resume included), then the upgrade complete.
+func watchedEveryStep(t *testing.T, out string) {
+	t.Helper()
+	st, err := record.Read(context.Background(), h.Client)
+	if err != nil || st == nil {
+		t.Fatalf("the record: %v", err)
+	}
+	statuses := []string{record.NodePending, record.NodeUpgrading, record.NodeDone, record.NodeFailed, record.NodeRolledBack, record.NodeSkipped}
+	printed := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		_, rest, _ := strings.Cut(line, "  ")
+		node, what, ok := strings.Cut(rest, ": ")
+		if !ok || strings.HasPrefix(rest, "upgrade ") || strings.HasPrefix(what, "event ") {
+			continue
+		}
+		status, _, _ := strings.Cut(what, ": ")
+		if slices.Contains(statuses, status) {
+			continue
+		}
+		printed[node] = append(printed[node], what)
+	}
+	for i := range st.Nodes {
+		n := &st.Nodes[i]
+		var want []string
+		for _, s := range st.Timeline(n) {
+			want = append(want, s.Name)
+		}
+		if len(want) == 0 || !slices.Equal(printed[n.Name], want) {
+			t.Errorf("status --watch printed %s's steps\n  %v\nthe record's timeline\n  %v", n.Name, printed[n.Name], want)
+		}
+	}
+	if !strings.Contains(out, "upgrade "+h.SB.OldVersion+" -> "+h.SB.NewVersion+": "+record.StateComplete) {
+		t.Errorf("status --watch did not end on the upgrade complete:\n%s", out)
+	}
+}
+
+// reportMatches writes upgrade report with the prober's result and reads
+// the page back: it loads nothing, has a bar per node and step at the
+// record's times, and per node the restarts crictl counts (over SSH,
+// before the first apply and now: the containers of before gone, but
+// the static pod's, recreated by design, and CoreDNS's, replaced by its
+// rollout before the kubelets).
+func reportMatches(t *testing.T, res *prober.Result, before, after map[string]map[string]string) {
+	t.Helper()
+	dir := t.TempDir()
+	avail, page := filepath.Join(dir, "availability.json"), filepath.Join(dir, "report.html")
+	data, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(avail, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.Upgrade(t, "", "report", "--key", h.Key(), "--availability", avail, "--file", page); r.Code != 0 {
+		t.Fatalf("report: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	html, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := reporttest.Parse(string(html))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Loads) > 0 {
+		t.Errorf("the report loads %v", got.Loads)
+	}
+	st, err := record.Read(context.Background(), h.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bars []string
+	for i := range st.Nodes {
+		n := &st.Nodes[i]
+		for _, s := range st.Timeline(n) {
+			bars = append(bars, fmt.Sprintf("%s %s %d+%d", n.Name, s.Name, s.Start.Sub(st.Started).Milliseconds(), s.End.Sub(s.Start).Milliseconds()))
+		}
+		restarted := 0
+		for id, what := range before[n.Name] {
+			if _, ok := after[n.Name][id]; !ok && !strings.HasPrefix(what, h.SB.StaticPod+"/") && !strings.HasPrefix(what, "kube-system/coredns-") {
+				restarted++
+			}
+		}
+		if got.Restarted[n.Name] != strconv.Itoa(restarted) {
+			t.Errorf("%s: the report says %q containers restarted, crictl %d", n.Name, got.Restarted[n.Name], restarted)
+		}
+	}
+	if !slices.Equal(got.Bars, bars) {
+		t.Errorf("the report's bars\n  %s\nthe record's timeline\n  %s", strings.Join(got.Bars, "\n  "), strings.Join(bars, "\n  "))
+	}
+	if got.AvailabilityRows != len(res.Targets) {
+		t.Errorf("the report's availability table has %d rows, the prober %d targets", got.AvailabilityRows, len(res.Targets))
+	}
 }
 
 // dnsOutsideTheStep takes out of fails, and logs, the DNS lookups lost
