@@ -28,15 +28,22 @@ func (f *configFlags) addFlags(root *cobra.Command) {
 	root.PersistentFlags().StringVar(&f.Context, "context", "", "the kubelift context to use (default $"+config.ContextEnv+", else the file's current context)")
 }
 
-// load reads the file: path, whether the user named it, the config.
-func (f *configFlags) load() (string, *config.Config, error) {
+// load reads the file (its path, the config). A file the user named
+// (--config, $KUBELIFT_CONFIG) must be there, but for a command that
+// writes it.
+func (f *configFlags) load() (string, *config.Config, error) { return f.read(false) }
+
+// loadToWrite reads the file a config command writes: it may be new.
+func (f *configFlags) loadToWrite() (string, *config.Config, error) { return f.read(true) }
+
+func (f *configFlags) read(mayCreate bool) (string, *config.Config, error) {
 	path, explicit, err := config.Path(f.File, f.getenv)
 	if err != nil {
 		return "", nil, err
 	}
-	if explicit {
-		if _, err := os.Stat(path); err != nil && f.File != "" {
-			return "", nil, fmt.Errorf("--config %s: %w", path, err)
+	if explicit && !mayCreate {
+		if _, err := os.Stat(path); err != nil {
+			return "", nil, fmt.Errorf("kubelift config %s (--config or $%s): %w", path, config.Env, err)
 		}
 	}
 	c, err := config.Load(path)
@@ -112,7 +119,7 @@ the file by hand may be relative to the file, or start with ~/). A password is n
 			if cmd.Flags().Changed("password") {
 				return cli.Usagef("--password: a password is never kept in the kubelift config: --credential-helper, --password-stdin (read when a command runs), $%s or the docker config", cli.PasswordEnv)
 			}
-			path, c, err := cf.load()
+			path, c, err := cf.loadToWrite()
 			if err != nil {
 				return err
 			}
@@ -126,7 +133,7 @@ the file by hand may be relative to the file, or start with ~/). A password is n
 				return fmt.Errorf("kubelift config %s: %w", path, err)
 			}
 			c.Set(merged)
-			if current || c.CurrentContext == "" {
+			if current || len(c.Contexts) == 1 {
 				c.CurrentContext = merged.Name
 			}
 			if err := c.Save(path); err != nil {
@@ -158,7 +165,7 @@ the file by hand may be relative to the file, or start with ~/). A password is n
 	f.StringVar(&x.SSH.Jump, "ssh-jump", "", "jump host, [user@]host[:port]")
 	f.String("password", "", "refused: a password is never kept in the file")
 	_ = f.MarkHidden("password")
-	f.BoolVar(&current, "current", false, "make it the current context (the first context is)")
+	f.BoolVar(&current, "current", false, "make it the current context (the file's first context is)")
 	return cmd
 }
 

@@ -106,8 +106,21 @@ func TestContextPrecedence(t *testing.T) {
 	if _, err := run("plan", "--to", "v1.31.4", "--domain", "flag.reg:5000", "--ssh-port", "22"); err != nil {
 		t.Fatal(err)
 	}
-	if plan.Registry.Domain != "flag.reg:5000" || plan.Nodes.Port != 22 || plan.Registry.Username != "admin" {
+	// ... and never mixes with its group's values: another registry takes
+	// none of the context's registry (user, CA).
+	if plan.Registry.Domain != "flag.reg:5000" || plan.Nodes.Port != 22 || plan.Registry.Username != "" || plan.Registry.CAFile != "" ||
+		plan.Nodes.User != "ops" {
 		t.Errorf("flags over context prod: %+v %+v", plan.Registry, plan.Nodes)
+	}
+	// Another cluster typed takes none of the context's cluster or node
+	// values (its inventory names prod's nodes); a typed credential none
+	// of its credentials.
+	if _, err := run("plan", "--to", "v1.31.4", "--kubeconfig", "/srv/other.kubeconfig", "--password", "pw", "--username", "ci"); err != nil {
+		t.Fatal(err)
+	}
+	if plan.Cluster.Kubeconfig != "/srv/other.kubeconfig" || plan.Cluster.KubeContext != "" || plan.Nodes.Inventory != "" || plan.Nodes.User != "" || plan.Nodes.Port != 0 ||
+		plan.Registry.Username != "ci" || plan.Registry.PasswordStdin || plan.Registry.Domain != "reg.prod:5000" || plan.Cluster.Trust.KeyFile != filepath.Join(dir, "team.pub") {
+		t.Errorf("another cluster and user typed over context prod: %+v %+v %+v", plan.Cluster, plan.Registry, plan.Nodes)
 	}
 	// --context, and the file named by --config.
 	if _, err := run("--context", "staging", "plan", "--to", "v1.31.4"); err != nil {
@@ -133,8 +146,18 @@ func TestContextPrecedence(t *testing.T) {
 	if _, err := run("--context", "prod", "plan", "--to", "v1.31.4"); err != nil {
 		t.Fatal(err)
 	}
-	if plan.Cluster.Kubeconfig != "" || plan.Nodes.Inventory != "/env/inv.yaml" || plan.Registry.Domain != "reg.prod:5000" {
-		t.Errorf("environment over context prod: kubeconfig %q inventory %q domain %q", plan.Cluster.Kubeconfig, plan.Nodes.Inventory, plan.Registry.Domain)
+	if plan.Cluster.Kubeconfig != "" || plan.Cluster.KubeContext != "" || plan.Nodes.Inventory != "/env/inv.yaml" || plan.Nodes.User != "" ||
+		plan.Registry.Domain != "reg.prod:5000" {
+		t.Errorf("environment over context prod: kubeconfig %q, context %q, inventory %q, ssh user %q, domain %q",
+			plan.Cluster.Kubeconfig, plan.Cluster.KubeContext, plan.Nodes.Inventory, plan.Nodes.User, plan.Registry.Domain)
+	}
+	// The password in the environment beats the context's stdin.
+	t.Setenv(cli.PasswordEnv, "from-env")
+	if _, err := run("--context", "prod", "plan", "--to", "v1.31.4"); err != nil {
+		t.Fatal(err)
+	}
+	if plan.Registry.PasswordStdin || plan.Registry.Username != "admin" {
+		t.Errorf("KUBELIFT_REGISTRY_PASSWORD over the context's passwordStdin: %+v", plan.Registry)
 	}
 	if _, err := run("plan", "--to", "v1.31.4"); err != nil {
 		t.Fatal(err)

@@ -52,7 +52,12 @@ func fleetRun(ctx context.Context, cmd *cobra.Command, s *cli.IO, output string,
 				kf.Kubeconfig = st.Value
 			}
 		}
-		return kf.client()
+		cfg, err := kf.config()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Timeout = fleet.Timeout // discovery's request too
+		return kubernetes.NewForConfig(cfg)
 	})
 	failed := 0
 	for _, r := range rows {

@@ -46,7 +46,7 @@ func (f *inClusterFlags) addFlags(cmd *cobra.Command) {
 // was installed with.
 var notInCluster = []string{"via", "agent-qps", "codec", "node-credentials", "pre-hook", "post-hook", "etcd-snapshot-dir", "etcd-snapshot-repo",
 	"kubeadm-config", "dry-run", "soak", "skip-etcd-backup", "lock-duration", "backup-dir", "stage-dir", "cache-dir", "catalog",
-	"domain", "username", "password", "password-stdin", "ca-file", "insecure-skip-tls-verify", "plain-http", "key", "allow-unsigned",
+	"domain", "username", "password", "password-stdin", "credential-helper", "ca-file", "insecure-skip-tls-verify", "plain-http", "key", "allow-unsigned",
 	"inventory", "ssh-user", "ssh-key", "known-hosts", "ssh-port", "ssh-jump", "ssh-timeout", "parallel", "health-window", "no-workload-gate", "quiet"}
 
 // checkInCluster refuses apply's flags that --in-cluster cannot pass on,

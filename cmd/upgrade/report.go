@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -100,6 +101,9 @@ func reportRun(ctx context.Context, opts *reportOptions) error {
 	}
 	if u == nil {
 		return fmt.Errorf("no upgrade has run in this cluster (configmap kube-system/%s): nothing to report", record.Name)
+	}
+	if u.TimelineError != "" {
+		return errors.New(u.TimelineError)
 	}
 	rel, err := release.Load(ctx, client, u.To, trust)
 	if err != nil {

@@ -31,7 +31,10 @@ type statusOptions struct {
 	// Watch follows the upgrade until it ends; Timeout bounds that.
 	Watch   bool
 	Timeout time.Duration
-	Quiet   bool
+	// To is the version the watched upgrade goes to (others are waited
+	// past).
+	To    string
+	Quiet bool
 }
 
 func newCmdStatus(s *cli.IO, runF func(context.Context, *statusOptions) error) *cobra.Command {
@@ -79,6 +82,7 @@ With -o json it prints one JSON object per change, a line each.`,
 	cmd.Flags().StringVarP(&opts.Output, "output", "o", "", "output format: text or json (with --watch: a JSON object per change, a line each)")
 	cmd.Flags().BoolVarP(&opts.Watch, "watch", "w", false, "follow the upgrade until it ends, a line per node step; exit 0 when it completes, 1 when it fails")
 	cmd.Flags().DurationVar(&opts.Timeout, "timeout", 0, "with --watch: give up after this long (exit 1; 0: never)")
+	cmd.Flags().StringVar(&opts.To, "to", "", "with --watch: follow the upgrade to this version, waiting past a record of another (after apply --in-cluster --detach, before the controller begins)")
 	cmd.Flags().BoolVarP(&opts.Quiet, "quiet", "q", false, "with --watch: no progress bar")
 	return cmd
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/kubelift/kubelift/internal/cli"
 	"github.com/kubelift/kubelift/internal/inplace/record"
@@ -33,11 +35,11 @@ func watchRun(ctx context.Context, opts *statusOptions, asJSON bool) error {
 	}
 	set, finish := opts.IO.Counter(opts.Quiet || asJSON, "nodes")
 	enc := json.NewEncoder(opts.IO.Out)
-	u, err := runwatch.Follow(ctx, client, func(ch runwatch.Change) {
+	u, err := runwatch.Follow(ctx, client, runwatch.Options{To: opts.To}, func(ch runwatch.Change) {
 		if asJSON {
 			_ = enc.Encode(ch)
 		} else {
-			printChange(opts.IO.Out, ch)
+			printChange(opts.IO.Out, cleanChange(ch))
 		}
 		set(ch.Done, ch.Total)
 	})
@@ -76,4 +78,21 @@ func printChange(w io.Writer, ch runwatch.Change) {
 	case runwatch.KindEvent:
 		fmt.Fprintf(w, "%s  %s: event %s: %s\n", at, ch.Node, ch.Reason, ch.Message)
 	}
+}
+
+// cleanChange makes what the cluster said printable on a terminal:
+// control characters (an escape sequence in an Event's message) become
+// '?'.
+func cleanChange(ch runwatch.Change) runwatch.Change {
+	clean := func(s string) string {
+		return strings.Map(func(r rune) rune {
+			if unicode.IsControl(r) {
+				return '?'
+			}
+			return r
+		}, s)
+	}
+	ch.Node, ch.Step, ch.Status, ch.State, ch.Reason, ch.Message = clean(ch.Node), clean(ch.Step), clean(ch.Status), clean(ch.State), clean(ch.Reason), clean(ch.Message)
+	ch.From, ch.To = clean(ch.From), clean(ch.To)
+	return ch
 }

@@ -39,7 +39,7 @@ func (x *Context) Settings(dir string) []Setting {
 		{Key: "ssh.jump", Flag: "ssh-jump", Value: x.SSH.Jump},
 	}
 	if x.Registry.PasswordStdin {
-		all = append(all, Setting{Key: "registry.passwordStdin", Flag: "password-stdin", Value: "true"})
+		all = append(all, Setting{Key: "registry.passwordStdin", Flag: "password-stdin", Value: "true", Env: "KUBELIFT_REGISTRY_PASSWORD"})
 	}
 	if x.SSH.Port != 0 {
 		all = append(all, Setting{Key: "ssh.port", Flag: "ssh-port", Value: strconv.Itoa(x.SSH.Port)})
@@ -72,16 +72,63 @@ func absPath(dir, p string) string {
 // value is the context's name.
 const AnnotationFromContext = "kubelift.io/from-context"
 
+// The groups of a context's values that go together: a cluster and how
+// its nodes are reached; a registry and its credentials.
+var (
+	clusterGroup    = []string{"kubeconfig", "kube-context", "inventory", "ssh-user", "ssh-key", "known-hosts", "ssh-port", "ssh-jump"}
+	registryGroup   = []string{"domain", "namespace", "username", "password-stdin", "credential-helper", "ca-file"}
+	credentialGroup = []string{"username", "password-stdin", "credential-helper"}
+	credentialFlags = []string{"username", "password", "password-stdin", "credential-helper"}
+)
+
 // Apply gives fs's flags the context's values where the command line
 // did not set them and no environment variable overrides them (flag >
 // environment > context > default). A flag the command lacks is left
 // out: each command takes what it needs. Changed stays false, so a
 // command can still tell what was typed.
+//
+// Values that go together are never mixed with another's: where the
+// cluster is chosen otherwise (--kubeconfig or --kube-context typed, or
+// KUBECONFIG set, other than the context's), none of the context's
+// cluster and node values apply (its inventory would name another
+// cluster's nodes); where --domain is typed, none of its registry
+// values; where a credential is typed, none of its credentials.
 func Apply(fs *pflag.FlagSet, x *Context, dir string, getenv func(string) string) ([]Setting, error) {
+	typed := func(names ...string) bool {
+		for _, n := range names {
+			if fl := fs.Lookup(n); fl != nil && fl.Changed {
+				return true
+			}
+		}
+		return false
+	}
+	skip := map[string]bool{}
+	settings := x.Settings(dir)
+	own := ""
+	for _, st := range settings {
+		if st.Flag == "kubeconfig" {
+			own = st.Value
+		}
+	}
+	if typed("kubeconfig", "kube-context") || (getenv("KUBECONFIG") != "" && getenv("KUBECONFIG") != own) {
+		for _, n := range clusterGroup {
+			skip[n] = true
+		}
+	}
+	if typed("domain") {
+		for _, n := range registryGroup {
+			skip[n] = true
+		}
+	}
+	if typed(credentialFlags...) {
+		for _, n := range credentialGroup {
+			skip[n] = true
+		}
+	}
 	var applied []Setting
-	for _, s := range x.Settings(dir) {
+	for _, s := range settings {
 		fl := fs.Lookup(s.Flag)
-		if fl == nil || fl.Changed || (s.Env != "" && getenv(s.Env) != "") {
+		if fl == nil || fl.Changed || skip[s.Flag] || (s.Env != "" && getenv(s.Env) != "") {
 			continue
 		}
 		if err := fl.Value.Set(s.Value); err != nil {

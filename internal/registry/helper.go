@@ -34,8 +34,8 @@ func HelperCredentials(ctx context.Context, name, domain string) (user, password
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		// A helper says why on stdout (docker's protocol) or stderr.
-		why := strings.TrimSpace(stderr.String() + " " + stdout.String())
+		// Only stderr: what it printed on stdout may hold a secret.
+		why := strings.TrimSpace(stderr.String())
 		if len(why) > 200 {
 			why = why[:200]
 		}

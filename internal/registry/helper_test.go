@@ -22,14 +22,14 @@ func helper(t *testing.T, name, body string) {
 // A credential helper is asked as docker asks it: `get`, the server on
 // stdin; what it answers is checked.
 func TestHelperCredentials(t *testing.T) {
-	helper(t, "kltest", `[ "$1" = get ] || exit 2; read server; [ "$server" = "reg.corp:5000" ] || { echo "credentials not found in native keychain"; exit 1; }
+	helper(t, "kltest", `[ "$1" = get ] || exit 2; read server; [ "$server" = "reg.corp:5000" ] || { printf '{"Username":"admin","Secret":"s3cret"}'; echo "credentials not found in native keychain" >&2; exit 1; }
 printf '{"ServerURL":"reg.corp:5000","Username":"admin","Secret":"s3cret"}'`)
 	user, pw, err := HelperCredentials(context.Background(), "kltest", "reg.corp:5000")
 	if err != nil || user != "admin" || pw != "s3cret" {
 		t.Fatalf("got %q %q %v", user, pw, err)
 	}
 	if _, _, err := HelperCredentials(context.Background(), "kltest", "other:5000"); err == nil || !strings.Contains(err.Error(), "docker-credential-kltest for other:5000") ||
-		!strings.Contains(err.Error(), "not found in native keychain") {
+		!strings.Contains(err.Error(), "not found in native keychain") || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("a server it does not know: %v", err)
 	}
 	for body, want := range map[string]string{

@@ -111,12 +111,12 @@ func stepClass(s Step) string {
 
 func tickEvery(total time.Duration) time.Duration {
 	for _, d := range []time.Duration{time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute, 5 * time.Minute,
-		10 * time.Minute, 30 * time.Minute, time.Hour} {
+		10 * time.Minute, 30 * time.Minute, time.Hour, 6 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour} {
 		if total/d <= 12 {
 			return d
 		}
 	}
-	return 2 * time.Hour
+	return total / 12 // at most a dozen ticks, however long
 }
 
 func shortDuration(d time.Duration) string {

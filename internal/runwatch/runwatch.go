@@ -8,11 +8,13 @@ package runwatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -117,63 +119,92 @@ func Progress(u *record.Upgrade) (done, total int) {
 // maxPending bounds the Events kept before the first record is seen.
 const maxPending = 10000
 
+// Options narrow what Follow waits for.
+type Options struct {
+	// To, when set, is the version the upgrade followed goes to: a
+	// record of another upgrade (the one before an Upgrade the
+	// controller has not begun yet) is waited past, not taken for it.
+	To string
+}
+
 // Follow watches the record and kubelift's Node Events (one LIST, then
 // a WATCH, each; they come back after an API server restart) and gives
 // emit every change, until the record ends: from the upgrade's start, so
 // that a watch begun late shows every step. With no record it waits for
-// one. It returns the record as it ended.
-func Follow(ctx context.Context, c kubernetes.Interface, emit func(Change)) (*record.Upgrade, error) {
+// one. It returns the record as it ended. emit is called from Follow's
+// goroutine, never under a lock the watches take.
+func Follow(ctx context.Context, c kubernetes.Interface, opts Options, emit func(Change)) (*record.Upgrade, error) {
+	// One read first: a watch that may not read the record says so now,
+	// not by waiting for ever.
+	if _, err := c.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, record.Name, metav1.GetOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("configmap kube-system/%s: %w", record.Name, err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		mu      sync.Mutex
 		last    *record.Upgrade
-		ended   = make(chan *record.Upgrade, 1)
-		failed  = make(chan error, 1)
+		queue   []Change
+		wake    = make(chan struct{}, 1)
+		ended   *record.Upgrade
+		failed  error
 		pending []*corev1.Event // Events before the record said when the upgrade started
 		posted  = map[string]bool{}
 	)
+	signal := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	// postEvent and onRecord run under mu: they queue changes.
 	postEvent := func(ev *corev1.Event) {
 		at := ev.LastTimestamp.Time
 		if at.IsZero() {
 			at = ev.EventTime.Time
 		}
-		if ev.Source.Component != "kubelift" || ev.InvolvedObject.Kind != "Node" || posted[string(ev.UID)+ev.ResourceVersion] || at.Before(last.Started) {
+		key := string(ev.UID) + "/" + ev.ResourceVersion
+		if ev.Source.Component != "kubelift" || ev.InvolvedObject.Kind != "Node" || posted[key] || at.Before(last.Started) {
 			return
 		}
-		posted[string(ev.UID)+ev.ResourceVersion] = true
+		posted[key] = true
 		done, total := Progress(last)
-		emit(Change{At: at, Kind: KindEvent, Node: ev.InvolvedObject.Name, Reason: ev.Reason, Message: ev.Message, Done: done, Total: total})
+		queue = append(queue, Change{At: at, Kind: KindEvent, Node: ev.InvolvedObject.Name, Reason: ev.Reason, Message: ev.Message, Done: done, Total: total})
 	}
 	onRecord := func(obj any) {
 		cm, ok := obj.(*corev1.ConfigMap)
 		if !ok || cm.Name != record.Name {
 			return
 		}
-		u, err := record.Decode(cm)
-		if err != nil {
-			select {
-			case failed <- err:
-			default:
-			}
-			return
-		}
 		mu.Lock()
 		defer mu.Unlock()
-		for _, ch := range Diff(last, u) {
-			emit(ch)
+		defer signal()
+		u, err := record.Decode(cm)
+		if err == nil && u.TimelineError != "" {
+			err = errors.New(u.TimelineError)
 		}
+		if err != nil {
+			failed = err
+			return
+		}
+		if opts.To != "" && u.To != opts.To {
+			return // another upgrade's record
+		}
+		queue = append(queue, Diff(last, u)...)
 		last = u
 		for _, ev := range pending {
 			postEvent(ev)
 		}
 		pending = nil
 		if Ended(u) {
-			select {
-			case ended <- u:
-			default:
-			}
+			ended = u
 		}
+	}
+	onDelete := func(any) {
+		mu.Lock()
+		defer mu.Unlock()
+		failed = fmt.Errorf("configmap kube-system/%s: deleted while watched", record.Name)
+		signal()
 	}
 	onEvent := func(obj any) {
 		ev, ok := obj.(*corev1.Event)
@@ -189,6 +220,7 @@ func Follow(ctx context.Context, c kubernetes.Interface, emit func(Change)) (*re
 			return
 		}
 		postEvent(ev)
+		signal()
 	}
 	records := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(metav1.NamespaceSystem),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -199,7 +231,7 @@ func Follow(ctx context.Context, c kubernetes.Interface, emit func(Change)) (*re
 			o.FieldSelector = fields.OneTermEqualSelector("source", "kubelift").String()
 		}))
 	if _, err := records.Core().V1().ConfigMaps().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onRecord, UpdateFunc: func(_, n any) { onRecord(n) },
+		AddFunc: onRecord, UpdateFunc: func(_, n any) { onRecord(n) }, DeleteFunc: onDelete,
 	}); err != nil {
 		return nil, err
 	}
@@ -208,26 +240,39 @@ func Follow(ctx context.Context, c kubernetes.Interface, emit func(Change)) (*re
 	}); err != nil {
 		return nil, err
 	}
-	// Events first, so that those of the record's first sight are there.
+	// Events that come before the record's first sight wait for it
+	// (pending); a watch that may not list Events follows the record alone.
 	events.Start(ctx.Done())
-	events.WaitForCacheSync(ctx.Done())
 	records.Start(ctx.Done())
 	defer func() {
 		cancel()
 		events.Shutdown()
 		records.Shutdown()
 	}()
-	select {
-	case u := <-ended:
-		return u, nil
-	case err := <-failed:
-		return nil, err
-	case <-ctx.Done():
-		mu.Lock()
-		defer mu.Unlock()
-		if last == nil {
-			return nil, fmt.Errorf("no upgrade recorded in configmap kube-system/%s: %w", record.Name, ctx.Err())
+	for {
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			mu.Lock()
+			u := last
+			mu.Unlock()
+			if u == nil {
+				return nil, fmt.Errorf("no upgrade recorded in configmap kube-system/%s: %w", record.Name, ctx.Err())
+			}
+			return u, ctx.Err()
 		}
-		return last, ctx.Err()
+		mu.Lock()
+		out, end, err := queue, ended, failed
+		queue = nil
+		mu.Unlock()
+		for _, ch := range out {
+			emit(ch)
+		}
+		switch {
+		case err != nil:
+			return nil, err
+		case end != nil:
+			return end, nil
+		}
 	}
 }

@@ -33,9 +33,9 @@ func TestFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := record.NodeEvent("w-1", "UpgradingKubelet", "before this upgrade", t0.Add(-time.Hour))
-	old.Name = "old"
+	old.Name, old.UID = "old", "uid-old"
 	ev := record.NodeEvent("w-1", "UpgradingKubelet", "kubelift: kubelet v1.30.14 -> v1.31.14", at(1))
-	ev.Name = "now"
+	ev.Name, ev.UID = "now", "uid-now"
 	for _, e := range []any{old, ev} {
 		if _, err := c.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, e.(*corev1.Event), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -47,7 +47,7 @@ func TestFollow(t *testing.T) {
 	seen := make(chan struct{}, 100)
 	done := make(chan error, 1)
 	go func() {
-		got, err := Follow(ctx, c, func(ch Change) {
+		got, err := Follow(ctx, c, Options{}, func(ch Change) {
 			mu.Lock()
 			lines = append(lines, fmt.Sprintf("%s %s %s%s%s%s %d/%d", ch.Kind, ch.Node, ch.State, stepOf(ch), ch.Reason, nodeStatus(ch), ch.Done, ch.Total))
 			mu.Unlock()
@@ -66,6 +66,17 @@ func TestFollow(t *testing.T) {
 			t.Fatal("no first changes")
 		}
 	}
+	// An Event while it goes (of its own UID: each is shown once).
+	late := record.NodeEvent("w-2", "UpgradingKubelet", "kubelift: kubelet v1.30.14 -> v1.31.14", at(5))
+	late.Name, late.UID = "late", "uid-late"
+	if _, err := c.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-seen:
+	case <-ctx.Done():
+		t.Fatal("the Event posted while it goes was not shown")
+	}
 	u.Begin("w-1", "worker", "swap", at(2))
 	u.Begin("w-1", "worker", "uncordon", at(3))
 	u.SetNode("w-1", "worker", record.NodeDone, "", nil, at(4))
@@ -80,7 +91,7 @@ func TestFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"state  upgrading-kubelets 0/2", "step w-1 drain 0/2", "node w-1 upgrading 0/2", "event w-1 UpgradingKubelet 0/2",
+		"state  upgrading-kubelets 0/2", "step w-1 drain 0/2", "node w-1 upgrading 0/2", "event w-1 UpgradingKubelet 0/2", "event w-2 UpgradingKubelet 0/2",
 		"step w-1 swap 2/2", "step w-1 uncordon 2/2", "node w-1 upgraded 2/2",
 		"step w-2 drain 2/2", "node w-2 upgraded 2/2", "state  upgrade-complete 2/2",
 	}
@@ -97,7 +108,7 @@ func TestFollowRefuses(t *testing.T) {
 	c := fake.NewSimpleClientset()
 	short, stop := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer stop()
-	if _, err := Follow(short, c, func(Change) {}); err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no upgrade recorded") {
+	if _, err := Follow(short, c, Options{}, func(Change) {}); err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no upgrade recorded") {
 		t.Errorf("no record: %v", err)
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.Name, Namespace: "kube-system"},
@@ -105,7 +116,7 @@ func TestFollowRefuses(t *testing.T) {
 	if _, err := c.CoreV1().ConfigMaps("kube-system").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Follow(ctx, c, func(Change) {}); err == nil || !strings.Contains(err.Error(), "node w-1: spans[0]") {
+	if _, err := Follow(ctx, c, Options{}, func(Change) {}); err == nil || !strings.Contains(err.Error(), "node w-1: spans[0]") {
 		t.Errorf("a bad record: %v", err)
 	}
 }
@@ -122,4 +133,34 @@ func stepOf(ch Change) string {
 		return ch.Step
 	}
 	return ""
+}
+
+// Follow with To waits past another upgrade's record, an ended one
+// included (the one before an Upgrade the controller has not begun).
+func TestFollowTo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := fake.NewSimpleClientset()
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	prev := &record.Upgrade{From: "v1.29.15", To: "v1.30.14", State: record.StateComplete, Started: t0, Updated: t0}
+	if err := record.Write(ctx, c, prev); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *record.Upgrade, 1)
+	go func() {
+		u, _ := Follow(ctx, c, Options{To: "v1.31.14"}, func(Change) {})
+		done <- u
+	}()
+	select {
+	case u := <-done:
+		t.Fatalf("the watch ended on the upgrade to %s", u.To)
+	case <-time.After(500 * time.Millisecond):
+	}
+	next := &record.Upgrade{From: "v1.30.14", To: "v1.31.14", State: record.StateComplete, Started: t0.Add(time.Hour), Updated: t0.Add(time.Hour)}
+	if err := record.Write(ctx, c, next); err != nil {
+		t.Fatal(err)
+	}
+	if u := <-done; u == nil || u.To != "v1.31.14" {
+		t.Errorf("ended on %+v", u)
+	}
 }

@@ -199,6 +199,10 @@ func run(ctx context.Context, sb *sandbox.State) error {
 	if err := os.Setenv("KUBELIFT_CONFIG", filepath.Join(work, "kubelift-config.yaml")); err != nil {
 		return err
 	}
+	// The context names the cluster: a KUBECONFIG of the user's would win.
+	if err := os.Unsetenv("KUBECONFIG"); err != nil {
+		return err
+	}
 	fmt.Printf("[admin]$ export KUBELIFT_CONFIG=%s\n", filepath.Join(work, "kubelift-config.yaml"))
 	if err := shAdmin(sb, "", filepath.Join(bin, "upgrade"), "config", "set-context", "sandbox", "--kubeconfig", kc, "--domain", priv.Address, "--namespace", "library",
 		"--username", priv.User, "--password-stdin", "--ca-file", priv.CAFile, "--key", key+".pub", "--inventory", filepath.Join(sb.Dir, "inventory.yaml")); err != nil {

@@ -75,9 +75,31 @@ type Upgrade struct {
 	Etcd *EtcdMove `json:"etcd,omitempty"`
 	// Steps name the steps the nodes' spans index (timeline.go).
 	Steps []string `json:"steps,omitempty"`
-	// Plan is what the plan found when the run began (the last run's,
-	// when one resumed another).
+	// Plan is what the plan found when the run began: its findings the
+	// last run's, each node's versions before from the run that first
+	// planned it (KeepBefore).
 	Plan *Plan `json:"plan,omitempty"`
+	// TimelineError says why the timeline read back was dropped (it did
+	// not parse); never written.
+	TimelineError string `json:"-"`
+}
+
+// KeepBefore is plan with each node's versions before as old has them
+// (a run that resumes another plans nodes already moved).
+func KeepBefore(old, plan *Plan) *Plan {
+	if old == nil || plan == nil {
+		return plan
+	}
+	was := map[string]PlannedNode{}
+	for _, n := range old.Nodes {
+		was[n.Name] = n
+	}
+	for i, n := range plan.Nodes {
+		if o, ok := was[n.Name]; ok {
+			plan.Nodes[i] = o
+		}
+	}
+	return plan
 }
 
 // Plan is what the record keeps of an upgrade's plan.
@@ -192,7 +214,13 @@ func Decode(cm *corev1.ConfigMap) (*Upgrade, error) {
 		return nil, fmt.Errorf("configmap kube-system/%s: state.json: %w", Name, err)
 	}
 	if err := s.checkTimeline(); err != nil {
-		return nil, fmt.Errorf("configmap kube-system/%s: state.json: %w", Name, err)
+		// Only the report and status --watch read the timeline: a resume
+		// or a rollback goes on without it.
+		s.TimelineError = fmt.Sprintf("configmap kube-system/%s: state.json: %v", Name, err)
+		s.Steps = nil
+		for i := range s.Nodes {
+			s.Nodes[i].Spans = nil
+		}
 	}
 	return &s, nil
 }
@@ -201,7 +229,7 @@ func Decode(cm *corev1.ConfigMap) (*Upgrade, error) {
 // tools and tests. A run writes through its Writer, which writes only
 // while the run holds the lock and never over another run's record.
 func Write(ctx context.Context, c kubernetes.Interface, s *Upgrade) error {
-	return (&Writer{Client: c}).Write(ctx, func() ([]byte, error) { return json.Marshal(s) })
+	return (&Writer{Client: c}).Write(ctx, func() ([]byte, error) { return Marshal(s) })
 }
 
 // ErrTaken means the record was written by another run since this

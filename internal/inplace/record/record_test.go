@@ -228,16 +228,63 @@ func TestTimeline(t *testing.T) {
 		t.Errorf("timeline\n got %s\nwant %s", strings.Join(names, ","), want)
 	}
 
-	// What the API returns is not trusted.
+	// What the API returns is not trusted: a timeline that does not
+	// parse is dropped, saying why (a resume and a rollback go on without
+	// it; watch and report refuse it).
 	for _, bad := range []string{
-		`{"steps":["drain"],"nodes":[{"name":"w-1","spans":[[1,0,5]]}]}`,
-		`{"steps":["drain"],"nodes":[{"name":"w-1","spans":[[0,-5,5]]}]}`,
-		`{"steps":["drain"],"nodes":[{"name":"w-1","spans":[[0,0,-1],[0,5,5]]}]}`,
-		`{"steps":[""],"nodes":[{"name":"w-1","spans":[[0,0,5]]}]}`,
-		`{"steps":["drain"],"nodes":[{"name":"w-1","spans":[["drain",0,5]]}]}`,
+		`{"steps":["drain"],"nodes":[{"name":"w-1","status":"upgraded","spans":[[1,0,5]]}]}`,
+		`{"steps":["drain"],"nodes":[{"name":"w-1","status":"upgraded","spans":[[0,-5,5]]}]}`,
+		`{"steps":["drain"],"nodes":[{"name":"w-1","status":"upgraded","spans":[[0,0,-1],[0,5,5]]}]}`,
+		`{"steps":[""],"nodes":[{"name":"w-1","status":"upgraded","spans":[[0,0,5]]}]}`,
+		`{"steps":["drain"],"nodes":[{"name":"w-1","status":"upgraded","spans":[[0,0,1000000000000000]]}]}`,
 	} {
-		if _, err := Decode(&corev1.ConfigMap{Data: map[string]string{"state.json": bad}}); err == nil || !strings.Contains(err.Error(), "state.json") {
-			t.Errorf("%s: want refused, got %v", bad, err)
+		u, err := Decode(&corev1.ConfigMap{Data: map[string]string{"state.json": bad}})
+		if err != nil || !strings.Contains(u.TimelineError, "node w-1: spans[") && !strings.Contains(u.TimelineError, "steps[0]") || len(u.Nodes[0].Spans) != 0 ||
+			u.Nodes[0].Status != NodeDone {
+			t.Errorf("%s: want the timeline dropped, got %+v %v", bad, u, err)
 		}
+	}
+	if _, err := Decode(&corev1.ConfigMap{Data: map[string]string{"state.json": `{"steps":["drain"],"nodes":[{"name":"w-1","spans":[["drain",0,5]]}]}`}}); err == nil {
+		t.Error("a span that is not three numbers was read")
+	}
+}
+
+// A thousand nodes' record with every node's 19 kubelet steps and the
+// plan's nodes fits the ConfigMap with its timeline; past the bound the
+// record sheds the plan's nodes, then the timelines, never the nodes'
+// states. A node's spans are bounded.
+func TestRecordSize(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	steps := []string{"pre-hook", "announce", "drain", "prepare", "back up and record", "record in flight", "hash-skip file", "snapshot workloads", "tools", "runtime", "swap",
+		"wait Ready", "verify", "post-hook", "kube-proxy", "settle", "workload gate", "uncordon", "mark done"}
+	build := func(nodes int) *Upgrade {
+		u := &Upgrade{From: "v1.30.14", To: "v1.31.14", Started: t0, State: StateComplete, Plan: &Plan{}}
+		for i := range nodes {
+			name := fmt.Sprintf("worker-%04d.pool-a.region-1.corp.example", i)
+			u.Plan.Nodes = append(u.Plan.Nodes, PlannedNode{Name: name, Role: "worker", Kubelet: "v1.30.14", Runtime: "containerd://2.3.7"})
+			u.SetNode(name, "worker", NodeUpgrading, StepKubelet, nil, t0.Add(time.Duration(i)*time.Second))
+			for k, s := range steps {
+				u.Begin(name, "worker", s, t0.Add(time.Duration(i)*time.Second+time.Duration(k)*1234*time.Millisecond))
+			}
+			u.Node(name, "").Containers = &Containers{Before: 12, Kept: 12}
+			u.SetNode(name, "worker", NodeDone, "", nil, t0.Add(time.Duration(i+30)*time.Second))
+		}
+		return u
+	}
+	data, err := Marshal(build(1000))
+	if err != nil || len(data) > MaxSize || !strings.Contains(string(data), `"spans"`) || !strings.Contains(string(data), `"kubelet":"v1.30.14"`) {
+		t.Fatalf("1000 nodes: %d bytes (at most %d), timeline and plan kept: %v", len(data), MaxSize, err)
+	}
+	t.Logf("1000 nodes, 19 steps each, FQDN names: %d bytes", len(data))
+	data, err = Marshal(build(3000))
+	if err != nil || len(data) > MaxSize || strings.Contains(string(data), `"spans"`) || !strings.Contains(string(data), `"worker-2999.pool-a`) {
+		t.Errorf("3000 nodes: %d bytes (at most %d), want the timelines shed and every node kept: %v", len(data), MaxSize, err)
+	}
+	u := &Upgrade{Started: t0}
+	for i := range 500 {
+		u.Begin("w-1", "worker", fmt.Sprintf("step %d", i%3), t0.Add(time.Duration(i)*time.Second))
+	}
+	if n := len(u.Node("w-1", "").Spans); n != maxSpans || u.Timeline(u.Node("w-1", ""))[n-1].Start != t0.Add(499*time.Second) {
+		t.Errorf("500 steps entered: %d spans kept, want the newest %d", n, maxSpans)
 	}
 }

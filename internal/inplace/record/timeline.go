@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -38,8 +39,43 @@ func (p *Span) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// maxStepName bounds a step's name read back.
-const maxStepName = 256
+// maxStepName bounds a step's name read back; maxSpanMS a span's start
+// and duration (a year: no upgrade lasts longer); maxSpans a node's
+// spans (a kubelet's walk is 19 steps: room for retries, then the
+// newest are kept).
+const (
+	maxStepName = 256
+	maxSpanMS   = 366 * 24 * 3600 * 1000
+	maxSpans    = 120
+)
+
+// MaxSize is the most the record may marshal to: a ConfigMap holds a
+// mebibyte, with room for its metadata.
+const MaxSize = 900 << 10
+
+// Marshal is the record as it is written. Past MaxSize it sheds what
+// only the report reads, the plan's nodes first, then the timelines,
+// rather than fail the write a resume and a rollback need.
+func Marshal(s *Upgrade) ([]byte, error) {
+	data, err := json.Marshal(s)
+	if err != nil || len(data) <= MaxSize {
+		return data, err
+	}
+	c := *s
+	if c.Plan != nil {
+		p := *c.Plan
+		p.Nodes, c.Plan = nil, &p
+		if data, err = json.Marshal(&c); err != nil || len(data) <= MaxSize {
+			return data, err
+		}
+	}
+	c.Nodes = slices.Clone(c.Nodes)
+	for i := range c.Nodes {
+		c.Nodes[i].Spans = nil
+	}
+	c.Steps = nil
+	return json.Marshal(&c)
+}
 
 // Begin records that node entered step at now, ending the step it was
 // in; a step it is in already goes on.
@@ -51,6 +87,9 @@ func (s *Upgrade) Begin(node, role, step string, now time.Time) {
 			return
 		}
 		s.end(n, now)
+	}
+	if len(n.Spans) >= maxSpans {
+		n.Spans = slices.Delete(n.Spans, 0, len(n.Spans)-maxSpans+1)
 	}
 	n.Spans = append(n.Spans, Span{Step: i, Start: s.since(now), Dur: -1})
 }
@@ -72,7 +111,7 @@ func (s *Upgrade) end(n *Node, now time.Time) {
 }
 
 func (s *Upgrade) since(now time.Time) int64 {
-	return max(0, now.Sub(s.Started).Milliseconds())
+	return min(maxSpanMS, max(0, now.Sub(s.Started).Milliseconds()))
 }
 
 func (s *Upgrade) stepIndex(step string) int {
@@ -124,7 +163,7 @@ func (s *Upgrade) checkTimeline() error {
 	}
 	for _, n := range s.Nodes {
 		for k, p := range n.Spans {
-			if p.Step < 0 || p.Step >= len(s.Steps) || p.Start < 0 || p.Dur < -1 || (p.Dur < 0 && k != len(n.Spans)-1) {
+			if p.Step < 0 || p.Step >= len(s.Steps) || p.Start < 0 || p.Start > maxSpanMS || p.Dur < -1 || p.Dur > maxSpanMS || (p.Dur < 0 && k != len(n.Spans)-1) {
 				return fmt.Errorf("node %s: spans[%d] [%d, %d, %d]: want a step of the %d named, a start and a duration (-1 only for the last)",
 					n.Name, k, p.Step, p.Start, p.Dur, len(s.Steps))
 			}

@@ -190,7 +190,7 @@ func (r *upgradeRun) recordStep(ctx context.Context) error {
 		s = &record.Upgrade{From: strings.Join(r.plan.From, ","), To: to, State: record.StateStarted, Started: r.opts.Plan.Now().UTC()}
 	}
 	s.Holder, s.Bundle, s.LastError, s.ControlPlane = r.opts.Holder, r.target.Record.BundleDigest, "", r.driver.Kind()
-	s.Hops, s.Plan = r.plan.Hops, resolve.Summary(r.plan, r.resolution())
+	s.Hops, s.Plan = r.plan.Hops, record.KeepBefore(s.Plan, resolve.Summary(r.plan, r.resolution()))
 	for _, n := range r.plan.Nodes {
 		e := s.Node(n.Name, n.Role)
 		inFlight := false

@@ -135,9 +135,11 @@ func (r *upgradeRun) eraOf(v string) (string, error) {
 // which static pods were recreated, as the plan announced.
 func (r *upgradeRun) verify(ctx context.Context, o *nodeops.Ops, before map[string]nodeops.Container, podsBefore map[types.UID]verify.Pod) error {
 	res, err := r.checker().Node(ctx, o, r.target.Version, before, podsBefore)
-	r.mu.Lock()
-	r.state.Node(o.Name, r.tgts[o.Name].Role).Containers = res.Containers // what the report counts
-	r.mu.Unlock()
+	if res.Containers != nil { // what the report counts
+		r.mu.Lock()
+		r.state.Node(o.Name, r.tgts[o.Name].Role).Containers = res.Containers
+		r.mu.Unlock()
+	}
 	names := res.Recreated
 	if err != nil || len(names) == 0 {
 		return err

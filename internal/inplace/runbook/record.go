@@ -2,7 +2,6 @@ package runbook
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	"github.com/kubelift/kubelift/internal/inplace/driver"
@@ -36,7 +35,7 @@ func (r *upgradeRun) save(ctx context.Context) error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.state.Updated = r.opts.Plan.Now().UTC()
-		return json.Marshal(r.state)
+		return record.Marshal(r.state)
 	})
 }
 

@@ -554,6 +554,7 @@ func TestApplyRollsBackThenResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = watch.Process.Kill() }) // a Fatalf before its Wait leaves it running
 	if err := resume.Wait(); err != nil {
 		t.Fatalf("resume: %v\n%s", err, resumeErr)
 	}
