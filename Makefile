@@ -6,7 +6,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests, the demo and the benchmarks run for real.
 DEB_PACKAGES := docker-registry skopeo apache2-utils openssl tar coreutils time etcd-server iproute2 patch util-linux \
 	openssh-server openssh-client curl etcd-client shellcheck \
-	gcc libc6-dev libseccomp-dev pkg-config containernetworking-plugins iptables conntrack
+	gcc libc6-dev libseccomp-dev pkg-config containernetworking-plugins iptables conntrack chromium-headless-shell
 TOOLS   := $(CURDIR)/bin/tools
 CRANE_VERSION := v0.22.1
 
