@@ -324,7 +324,7 @@ current-context: x
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, path := writeConfig(t, "apiVersion: kubelift.io/v1alpha1\nkind: Config\ncontexts:\n- name: dead\n  kubeconfig: "+kc+"\n- name: nokube\n  kubeContext: none\n")
+	_, path := writeConfig(t, "apiVersion: kubelift.io/v1alpha1\nkind: Config\ncontexts:\n- name: dead\n  kubeconfig: "+kc+"\n- name: nokube\n  kubeContext: none\n- name: registryonly\n  registry: {domain: reg.corp}\n")
 	t.Setenv(config.Env, path)
 	t.Setenv("KUBECONFIG", kc)
 	for _, mk := range []func(*cli.IO) *cobra.Command{
@@ -339,12 +339,13 @@ current-context: x
 		root.SetOut(&bytes.Buffer{})
 		root.SetErr(&bytes.Buffer{})
 		err := root.ExecuteContext(context.Background())
-		if err == nil || !strings.Contains(err.Error(), "2 of 2 clusters could not be read") {
+		if err == nil || !strings.Contains(err.Error(), "3 of 3 clusters could not be read") {
 			t.Errorf("%s --all-contexts: %v", name, err)
 		}
 		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-		if len(lines) != 3 || !strings.HasPrefix(lines[1], "dead ") || !strings.Contains(lines[1], "127.0.0.1:1") ||
-			!strings.HasPrefix(lines[2], "nokube ") || !strings.Contains(lines[2], `context "none" does not exist`) {
+		if len(lines) != 4 || !strings.HasPrefix(lines[1], "dead ") || !strings.Contains(lines[1], "127.0.0.1:1") ||
+			!strings.HasPrefix(lines[2], "nokube ") || !strings.Contains(lines[2], `context "none" does not exist`) ||
+			!strings.HasPrefix(lines[3], "registryonly ") || !strings.Contains(lines[3], "names no cluster") {
 			t.Errorf("%s --all-contexts printed\n%s", name, out)
 		}
 	}

@@ -46,6 +46,10 @@ func fleetRun(ctx context.Context, cmd *cobra.Command, s *cli.IO, output string,
 		if err != nil {
 			return nil, err
 		}
+		if x.Kubeconfig == "" && x.KubeContext == "" {
+			// KUBECONFIG's cluster would be shown under its name.
+			return nil, fmt.Errorf("context %s names no cluster: upgrade config set-context %s --kubeconfig FILE", name, name)
+		}
 		kf := kubeFlags{KubeContext: x.KubeContext, QPS: kube.QPS, Burst: kube.Burst}
 		for _, st := range x.Settings(filepath.Dir(path)) {
 			if st.Flag == "kubeconfig" {
