@@ -77,7 +77,7 @@ func (f *configFlags) apply(cmd *cobra.Command) error {
 	if x == nil {
 		return nil
 	}
-	_, err = config.Apply(cmd.Flags(), x, filepath.Dir(path), f.getenv)
+	_, err = config.Apply(cmd.Flags(), x, filepath.Dir(path), f.contextName() != "", f.getenv)
 	return err
 }
 

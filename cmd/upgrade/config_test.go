@@ -139,11 +139,10 @@ func TestContextPrecedence(t *testing.T) {
 		t.Errorf("no context gave %+v %+v", plan.Registry, plan.Nodes)
 	}
 
-	// The environment beats the context: KUBECONFIG, KUBELIFT_INVENTORY,
-	// and KUBELIFT_CONTEXT picks the context (--context beats it).
-	run = rootWith(t, map[string]string{config.Env: path, "HOME": home, "KUBECONFIG": "/env/kubeconfig", cli.InventoryEnv: "/env/inv.yaml",
-		config.ContextEnv: "staging"}, &plan, &imp, &apply)
-	if _, err := run("--context", "prod", "plan", "--to", "v1.31.4"); err != nil {
+	// The environment beats the file's current context: KUBECONFIG (none
+	// of the context's cluster and nodes then), KUBELIFT_INVENTORY.
+	run = rootWith(t, map[string]string{config.Env: path, "HOME": home, "KUBECONFIG": "/env/kubeconfig", cli.InventoryEnv: "/env/inv.yaml"}, &plan, &imp, &apply)
+	if _, err := run("plan", "--to", "v1.31.4"); err != nil {
 		t.Fatal(err)
 	}
 	if plan.Cluster.Kubeconfig != "" || plan.Cluster.KubeContext != "" || plan.Nodes.Inventory != "/env/inv.yaml" || plan.Nodes.User != "" ||
@@ -159,12 +158,25 @@ func TestContextPrecedence(t *testing.T) {
 	if plan.Registry.PasswordStdin || plan.Registry.Username != "admin" {
 		t.Errorf("KUBELIFT_REGISTRY_PASSWORD over the context's passwordStdin: %+v", plan.Registry)
 	}
+	// A context named (--context, KUBELIFT_CONTEXT) picks its own
+	// cluster, as kubectl --context does, whatever KUBECONFIG says.
+	if _, err := run("--context", "prod", "plan", "--to", "v1.31.4"); err != nil {
+		t.Fatal(err)
+	}
+	if plan.Cluster.Kubeconfig != filepath.Join(dir, "kc/prod.yaml") || plan.Cluster.KubeContext != "prod-admin" || plan.Nodes.User != "ops" {
+		t.Errorf("--context prod with KUBECONFIG set: kubeconfig %q, context %q, ssh user %q", plan.Cluster.Kubeconfig, plan.Cluster.KubeContext, plan.Nodes.User)
+	}
+	t.Setenv(config.ContextEnv, "staging")
 	if _, err := run("plan", "--to", "v1.31.4"); err != nil {
 		t.Fatal(err)
 	}
-	if plan.Registry.Domain != "10.0.0.1:5000" {
-		t.Errorf("KUBELIFT_CONTEXT=staging gave domain %q", plan.Registry.Domain)
+	if plan.Registry.Domain != "10.0.0.1:5000" || plan.Cluster.Kubeconfig != "/srv/staging.kubeconfig" {
+		t.Errorf("KUBELIFT_CONTEXT=staging gave domain %q, kubeconfig %q", plan.Registry.Domain, plan.Cluster.Kubeconfig)
 	}
+	if _, err := run("--context", "prod", "plan", "--to", "v1.31.4"); err != nil || plan.Registry.Domain != "reg.prod:5000" {
+		t.Errorf("--context prod over KUBELIFT_CONTEXT=staging: domain %q, %v", plan.Registry.Domain, err)
+	}
+	t.Setenv(config.ContextEnv, "")
 }
 
 // What a context gives is not typed: apply --in-cluster, which refuses

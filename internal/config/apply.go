@@ -93,7 +93,12 @@ var (
 // cluster and node values apply (its inventory would name another
 // cluster's nodes); where --domain is typed, none of its registry
 // values; where a credential is typed, none of its credentials.
-func Apply(fs *pflag.FlagSet, x *Context, dir string, getenv func(string) string) ([]Setting, error) {
+//
+// named says the context was named (--context, $KUBELIFT_CONTEXT), not
+// the file's current one: its cluster then beats KUBECONFIG, as
+// kubectl's --context picks its cluster whatever KUBECONFIG's current
+// context is.
+func Apply(fs *pflag.FlagSet, x *Context, dir string, named bool, getenv func(string) string) ([]Setting, error) {
 	typed := func(names ...string) bool {
 		for _, n := range names {
 			if fl := fs.Lookup(n); fl != nil && fl.Changed {
@@ -110,7 +115,8 @@ func Apply(fs *pflag.FlagSet, x *Context, dir string, getenv func(string) string
 			own = st.Value
 		}
 	}
-	if typed("kubeconfig", "kube-context") || (getenv("KUBECONFIG") != "" && getenv("KUBECONFIG") != own) {
+	envCluster := getenv("KUBECONFIG") != "" && getenv("KUBECONFIG") != own && !named
+	if typed("kubeconfig", "kube-context") || envCluster {
 		for _, n := range clusterGroup {
 			skip[n] = true
 		}
@@ -128,7 +134,8 @@ func Apply(fs *pflag.FlagSet, x *Context, dir string, getenv func(string) string
 	var applied []Setting
 	for _, s := range settings {
 		fl := fs.Lookup(s.Flag)
-		if fl == nil || fl.Changed || skip[s.Flag] || (s.Env != "" && getenv(s.Env) != "") {
+		overridden := s.Env != "" && getenv(s.Env) != "" && !(named && s.Flag == "kubeconfig")
+		if fl == nil || fl.Changed || skip[s.Flag] || overridden {
 			continue
 		}
 		if err := fl.Value.Set(s.Value); err != nil {
