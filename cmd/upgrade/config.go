@@ -38,6 +38,11 @@ func (f *configFlags) loadToWrite() (string, *config.Config, error) { return f.r
 
 func (f *configFlags) read(mayCreate bool) (string, *config.Config, error) {
 	path, explicit, err := config.Path(f.File, f.getenv)
+	if err != nil && !mayCreate {
+		// No home to look in (a pod's process, the agents' and the
+		// controller's): no config, as where the file is not there.
+		return "", &config.Config{}, nil
+	}
 	if err != nil {
 		return "", nil, err
 	}

@@ -362,3 +362,19 @@ current-context: x
 		}
 	}
 }
+
+// A process with no home (an agent's or the controller's pod) reads no
+// config rather than failing.
+func TestNoHomeNoConfig(t *testing.T) {
+	var plan *planOptions
+	var imp *importOptions
+	var apply *applyOptions
+	run := rootWith(t, map[string]string{"HOME": ""}, &plan, &imp, &apply)
+	t.Setenv("XDG_CONFIG_HOME", "")
+	if _, err := run("plan", "--to", "v1.31.4"); err != nil || plan.Registry.Domain != "" {
+		t.Errorf("plan with no home: %v", err)
+	}
+	if _, err := run("config", "set-context", "x", "--domain", "reg.corp"); err == nil || !strings.Contains(err.Error(), "HOME") {
+		t.Errorf("set-context with no home and no --config: %v", err)
+	}
+}
