@@ -63,6 +63,14 @@ func (f *configFlags) contextName() string {
 	return f.getenv(config.ContextEnv)
 }
 
+// current is the context in use: the one named, else c's current one.
+func (f *configFlags) current(c *config.Config) string {
+	if name := f.contextName(); name != "" {
+		return name
+	}
+	return c.CurrentContext
+}
+
 // apply gives cmd's flags the context's values (flag > environment >
 // context > default). Commands under 'config' take none.
 func (f *configFlags) apply(cmd *cobra.Command) error {
@@ -265,10 +273,7 @@ func newCmdCurrentContext(s *cli.IO, cf *configFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			name := cf.contextName()
-			if name == "" {
-				name = c.CurrentContext
-			}
+			name := cf.current(c)
 			if name == "" {
 				return fmt.Errorf("kubelift config %s: no current context ('upgrade config use-context NAME')", path)
 			}
@@ -293,10 +298,7 @@ func newCmdGetContexts(s *cli.IO, cf *configFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			current := cf.contextName()
-			if current == "" {
-				current = c.CurrentContext
-			}
+			current := cf.current(c)
 			if asJSON {
 				return cli.PrintJSON(s.Out, struct {
 					Current  string           `json:"current,omitempty"`
