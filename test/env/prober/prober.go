@@ -9,13 +9,17 @@
 // target, after OpenShift's disruption monitor; kubelift's allowance is
 // zero.
 //
-// Beside the targets it probes a control: an HTTP server of its own on
-// loopback, outside every cluster. A target's request or stream that
-// timed out while a control request timed out too says nothing about the
-// cluster (the prober's own host stalled: seen on a 2-core machine
-// running two sandboxes) and is set apart as Stalled, not counted as a
-// failure; any other failure (refused, reset, ended, an HTTP error, or a
-// timeout while the control answered) counts.
+// Beside the targets it watches its own host: it probes a control, an
+// HTTP server of its own on loopback outside every cluster, and a
+// heartbeat ticks in its own process. A target's request or stream that
+// timed out while the host stalled says nothing about the cluster, and is
+// set apart as Stalled, not counted as a failure. The host stalled when a
+// control request timed out or took half the timeout, or when the
+// heartbeat missed half the timeout (seen on a 2-core machine running two
+// sandboxes while Kubernetes builds: a prober frozen for 2 s times out
+// the requests of a moment, one per target, while the control had none
+// in that moment). Any other failure (refused, reset, ended, an HTTP
+// error, or a timeout while the host ran) counts.
 package prober
 
 import (
@@ -97,11 +101,17 @@ type Result struct {
 	Ended    time.Time      `json:"ended"`
 	Targets  []TargetResult `json:"targets"`
 	Failures []Failure      `json:"failures"`
-	// Stalled are targets' timeouts set apart because the control timed
-	// out at the same time; Control is the control's own requests and
+	// Stalled are targets' timeouts set apart because the prober's host
+	// stalled at the same time; Control is the control's own requests and
 	// timeouts.
 	Stalled []Failure    `json:"stalled,omitempty"`
 	Control TargetResult `json:"control"`
+	// SlowestControl is the control's slowest answer (a failed request
+	// counts as the timeout), LatestBeat the longest time between two of
+	// the heartbeat's ticks (due every 50ms): how far the prober's own
+	// host stalled.
+	SlowestControl time.Duration `json:"slowestControl"`
+	LatestBeat     time.Duration `json:"latestBeat"`
 }
 
 // Disrupted says whether any request failed or any connection broke.
@@ -118,10 +128,18 @@ type Prober struct {
 	targets map[string]*state
 	fails   []Failure
 	// control is the loopback server every run probes beside the
-	// targets; controlFails the start times of its requests that failed.
-	control      *http.Server
-	controlFails []time.Time
+	// targets; stalls are when the host stalled: a control request that
+	// failed or was slow, a heartbeat that came late.
+	control *http.Server
+	stalls  []span
+	// slowestControl and latestBeat are Result's.
+	slowestControl, latestBeat time.Duration
 }
+
+// span is a stretch of time, from and to included.
+type span struct{ from, to time.Time }
+
+func (s span) overlaps(o span) bool { return !s.from.After(o.to) && !o.from.After(s.to) }
 
 // controlName names the control target in the prober's own records.
 const controlName = "control (the prober's own loopback server)"
@@ -181,8 +199,9 @@ func Start(ctx context.Context, cfg Config) (*Prober, error) {
 	control := Target{Name: controlName, URL: "http://" + ln.Addr().String()}
 	p.targets[control.Name] = &state{res: TargetResult{Name: control.Name}, lastOK: p.started, seconds: map[int64]*Second{},
 		client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DisableKeepAlives: true}}}
-	p.wg.Add(1)
+	p.wg.Add(2)
 	go func() { defer p.wg.Done(); p.requests(ctx, control) }()
+	go func() { defer p.wg.Done(); p.heartbeat(ctx) }()
 	for _, t := range cfg.Targets {
 		t := t
 		p.wg.Add(1 + cfg.Streams)
@@ -203,7 +222,7 @@ func (p *Prober) Stop() *Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	end := time.Now()
-	r := &Result{Started: p.started, Ended: end, Control: p.targets[controlName].res}
+	r := &Result{Started: p.started, Ended: end, Control: p.targets[controlName].res, SlowestControl: p.slowestControl, LatestBeat: p.latestBeat}
 	for _, f := range p.fails {
 		if p.stalled(f) {
 			r.Stalled = append(r.Stalled, f)
@@ -246,6 +265,10 @@ func (p *Prober) requests(ctx context.Context, t Target) {
 			at := time.Now()
 			err := p.get(ctx, p.targets[t.Name].client, t.URL+"/")
 			if ctx.Err() != nil {
+				return
+			}
+			if t.Name == controlName {
+				p.recordControl(at, time.Since(at), err)
 				return
 			}
 			p.record(t.Name, at, "request", err)
@@ -348,14 +371,6 @@ func (p *Prober) record(target string, at time.Time, kind string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.targets[target]
-	if target == controlName {
-		s.res.Requests++
-		if err != nil {
-			s.res.Failed++
-			p.controlFails = append(p.controlFails, at)
-		}
-		return
-	}
 	if kind == "stream" {
 		s.res.Broken++
 		p.fails = append(p.fails, Failure{Target: target, At: at, Kind: kind, Error: err.Error()})
@@ -383,19 +398,67 @@ func (p *Prober) record(target string, at time.Time, kind string, err error) {
 	}
 }
 
-// stalled: f is a timeout while a control request timed out too (a
-// request starting within Timeout of it; a stream's silence, which ended
-// at f.At, overlapping it).
+// recordControl counts a control request that began at at and took
+// took; one that failed, or took half the timeout, is a stall of the host.
+func (p *Prober) recordControl(at time.Time, took time.Duration, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := &p.targets[controlName].res
+	c.Requests++
+	if err != nil {
+		c.Failed++
+		took = max(took, p.cfg.Timeout)
+	}
+	p.slowestControl = max(p.slowestControl, took)
+	if err != nil || took >= p.cfg.Timeout/2 {
+		p.stalls = append(p.stalls, span{at, at.Add(took)})
+	}
+}
+
+// heartbeat ticks every 50ms until ctx ends; a tick that comes half the
+// timeout late is a stall of the prober's process (starved of CPU, or
+// stopped), from the tick before to it.
+func (p *Prober) heartbeat(ctx context.Context) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			now := time.Now() // the tick's own time is when it was due
+			p.beat(last, now)
+			last = now
+		}
+	}
+}
+
+// beat records a stall if the heartbeat after last came half the timeout
+// late, at now.
+func (p *Prober) beat(last, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latestBeat = max(p.latestBeat, now.Sub(last))
+	if now.Sub(last) < p.cfg.Timeout/2 {
+		return
+	}
+	p.stalls = append(p.stalls, span{last, now})
+}
+
+// stalled: f is a timeout while the host stalled (a stall overlapping
+// the request's wait, from its start to its deadline; or the stream's
+// silence, which ended at f.At).
 func (p *Prober) stalled(f Failure) bool {
 	if !strings.Contains(f.Error, "Client.Timeout") && !strings.Contains(f.Error, "deadline exceeded") && !strings.HasPrefix(f.Error, "no line for") {
 		return false
 	}
-	from, to := f.At.Add(-p.cfg.Timeout), f.At.Add(p.cfg.Timeout)
+	wait := span{f.At, f.At.Add(p.cfg.Timeout)}
 	if f.Kind == "stream" {
-		from = f.At.Add(-2 * p.cfg.Timeout)
+		wait = span{f.At.Add(-p.cfg.Timeout), f.At}
 	}
-	for _, c := range p.controlFails {
-		if !c.Before(from) && !c.After(to) {
+	for _, s := range p.stalls {
+		if s.overlaps(wait) {
 			return true
 		}
 	}
@@ -414,8 +477,12 @@ func (r *Result) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if _, err := fmt.Fprintf(w, "the prober's host: its control's slowest answer %s, its heartbeat's longest wait %s (due every 50ms)\n",
+		r.SlowestControl.Round(time.Millisecond), r.LatestBeat.Round(time.Millisecond)); err != nil {
+		return err
+	}
 	if len(r.Stalled) > 0 {
-		_, err := fmt.Fprintf(w, "%d timeouts set apart: the control on loopback timed out at the same time (the prober's host stalled, not the cluster)\n", len(r.Stalled))
+		_, err := fmt.Fprintf(w, "%d timeouts set apart: the prober's host stalled at the same time (its control on loopback or its heartbeat was late), not the cluster\n", len(r.Stalled))
 		return err
 	}
 	return nil

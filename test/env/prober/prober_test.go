@@ -3,6 +3,7 @@ package prober
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -156,24 +157,47 @@ func TestConfigRefused(t *testing.T) {
 	}
 }
 
-// A target's timeout while the control on loopback timed out too is the
-// prober's host stalling, set apart; any other failure, or a timeout while
-// the control answered, counts.
+// A target's timeout while the prober's host stalled (a control request
+// timed out or was slow, the heartbeat came late) is set apart; any other
+// failure, or a timeout while the host ran, counts.
 func TestStallsSetApart(t *testing.T) {
 	at := time.Date(2026, 11, 25, 16, 50, 0, 0, time.UTC)
-	p := &Prober{cfg: Config{Timeout: 2 * time.Second}, controlFails: []time.Time{at}}
-	for _, tc := range []struct {
-		f       Failure
-		stalled bool
+	timeout := `Get "http://10.96.252.42:80/": context deadline exceeded (Client.Timeout exceeded while awaiting headers)`
+	for _, host := range []struct {
+		name  string
+		stall func(p *Prober)
 	}{
-		{Failure{Kind: "request", At: at.Add(300 * time.Millisecond), Error: `Get "http://10.96.252.42:80/": context deadline exceeded (Client.Timeout exceeded while awaiting headers)`}, true},
-		{Failure{Kind: "stream", At: at.Add(3 * time.Second), Error: "no line for 2s"}, true},
-		{Failure{Kind: "request", At: at.Add(300 * time.Millisecond), Error: "dial tcp 10.244.2.2:8080: connect: connection refused"}, false},
-		{Failure{Kind: "stream", At: at, Error: "connection ended: unexpected EOF"}, false},
-		{Failure{Kind: "request", At: at.Add(10 * time.Second), Error: "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"}, false},
+		{"a control request timed out", func(p *Prober) { p.recordControl(at, 2*time.Second, errors.New(timeout)) }},
+		{"a control request took 1.5s of 2s", func(p *Prober) { p.recordControl(at, 1500*time.Millisecond, nil) }},
+		{"the heartbeat came 1.2s late", func(p *Prober) { p.beat(at, at.Add(1200*time.Millisecond)) }},
 	} {
-		if got := p.stalled(tc.f); got != tc.stalled {
-			t.Errorf("%s %q at +%s: stalled %v, want %v", tc.f.Kind, tc.f.Error, tc.f.At.Sub(at), got, tc.stalled)
+		p := &Prober{cfg: Config{Timeout: 2 * time.Second}, targets: map[string]*state{controlName: {}}}
+		host.stall(p)
+		for _, tc := range []struct {
+			f       Failure
+			stalled bool
+		}{
+			{Failure{Kind: "request", At: at.Add(300 * time.Millisecond), Error: timeout}, true},
+			{Failure{Kind: "request", At: at.Add(-1500 * time.Millisecond), Error: timeout}, true},
+			{Failure{Kind: "stream", At: at.Add(3 * time.Second), Error: "no line for 2s"}, true},
+			{Failure{Kind: "request", At: at.Add(300 * time.Millisecond), Error: "dial tcp 10.244.2.2:8080: connect: connection refused"}, false},
+			{Failure{Kind: "stream", At: at, Error: "connection ended: unexpected EOF"}, false},
+			{Failure{Kind: "request", At: at.Add(10 * time.Second), Error: timeout}, false},
+			{Failure{Kind: "request", At: at.Add(-5 * time.Second), Error: timeout}, false},
+		} {
+			if got := p.stalled(tc.f); got != tc.stalled {
+				t.Errorf("%s; %s %q at %+v: stalled %v, want %v", host.name, tc.f.Kind, tc.f.Error, tc.f.At.Sub(at), got, tc.stalled)
+			}
 		}
+	}
+	// A host that ran: the control answered at once, the heartbeat on time.
+	p := &Prober{cfg: Config{Timeout: 2 * time.Second}, targets: map[string]*state{controlName: {}}}
+	p.recordControl(at, 3*time.Millisecond, nil)
+	p.beat(at, at.Add(60*time.Millisecond))
+	if f := (Failure{Kind: "request", At: at, Error: timeout}); p.stalled(f) {
+		t.Errorf("a timeout while the host ran was set apart (stalls %v)", p.stalls)
+	}
+	if c := p.targets[controlName].res; c.Requests != 1 || c.Failed != 0 {
+		t.Errorf("control counted %d requests, %d failed; want 1, 0", c.Requests, c.Failed)
 	}
 }
