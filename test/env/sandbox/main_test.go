@@ -78,12 +78,25 @@ func run(m *testing.M) (int, error) {
 		return 1, err
 	}
 	// The machines' mount namespaces, where containerd's shims run: after
-	// Down no process may be left in one.
+	// Down no process may be left in one. Each is held open until that is
+	// checked: a freed namespace's number goes to the next one made (a
+	// container in a story's sandbox beside this one), and the landing
+	// run of stop 62 took such a shopd for one left in cp-1's.
 	mountNS := map[string]string{}
 	for _, mc := range sb.Nodes() {
-		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", mc.Pid)); err == nil {
-			mountNS[ns] = mc.Name
+		path := fmt.Sprintf("/proc/%d/ns/mnt", mc.Pid)
+		f, err := os.Open(path)
+		if err != nil {
+			_ = teardown.Down()
+			return 1, fmt.Errorf("hold %s's mount namespace: %w", mc.Name, err)
 		}
+		defer f.Close()
+		ns, err := os.Readlink(path)
+		if err != nil {
+			_ = teardown.Down()
+			return 1, fmt.Errorf("read %s's mount namespace: %w", mc.Name, err)
+		}
+		mountNS[ns] = mc.Name
 	}
 	code := m.Run()
 	state := *sb
