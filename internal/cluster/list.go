@@ -62,6 +62,12 @@ func NodeReady(n *corev1.Node) bool {
 	return false
 }
 
+// ReadyAt says a Node is Ready with its kubelet at version (a condition
+// for NodeWatch.Until).
+func ReadyAt(version string) func(*corev1.Node) bool {
+	return func(n *corev1.Node) bool { return NodeReady(n) && n.Status.NodeInfo.KubeletVersion == version }
+}
+
 // PodReady says the Pod runs and its Ready condition is True.
 func PodReady(p *corev1.Pod) bool {
 	if p.Status.Phase != corev1.PodRunning {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -58,6 +59,52 @@ func WaitLeasesRenewed(ctx context.Context, r *Run) error {
 		}
 	}
 	return nil
+}
+
+// kubeletLeaseDuration is a kubelet's default nodeLeaseDurationSeconds:
+// a live kubelet renews its Lease four times within it.
+const kubeletLeaseDuration = 40 * time.Second
+
+// WaitNodeLeaseRenewed waits until node's Lease (kube-node-lease) is
+// renewed, or made, after this wait first reads it: the kubelet that
+// runs there now is alive. The Node's Ready condition cannot say so: a
+// kubelet that never starts posts nothing, and the condition stays what
+// the last one wrote, until the node controller marks the node NotReady
+// (docs/runbook.md). The wait lasts timeout, and at least a kubelet's
+// default lease duration.
+func WaitNodeLeaseRenewed(ctx context.Context, r *Run, node string, timeout time.Duration) error {
+	leases := r.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	var first *coordinationv1.Lease
+	read := false
+	err := r.Wait.Poll(ctx, time.Second, max(timeout, kubeletLeaseDuration), func(ctx context.Context) error {
+		l, err := leases.Get(ctx, node, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			read = true
+			return fmt.Errorf("lease %s/%s: none yet", corev1.NamespaceNodeLease, node)
+		case err != nil && !upgradelock.Unavailable(err):
+			return waiter.Stop(fmt.Errorf("lease %s/%s: %w", corev1.NamespaceNodeLease, node, err))
+		case err != nil:
+			return err
+		case !read:
+			read, first = true, l
+			return fmt.Errorf("lease %s/%s: waiting for a renewal", corev1.NamespaceNodeLease, node)
+		case first == nil || leaseRenewed(first, l):
+			return nil
+		}
+		return fmt.Errorf("lease %s/%s not renewed since this wait first read it (renewed %s)", corev1.NamespaceNodeLease, node, renewTime(l))
+	})
+	if errors.Is(err, waiter.ErrTimeout) {
+		return fmt.Errorf("node %s: no kubelet renewed its Lease within %s: %w", node, max(timeout, kubeletLeaseDuration), err)
+	}
+	return err
+}
+
+func renewTime(l *coordinationv1.Lease) string {
+	if l.Spec.RenewTime == nil {
+		return "never"
+	}
+	return l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
 }
 
 // leaseRenewed: b is a later reading of lease a, renewed since (its

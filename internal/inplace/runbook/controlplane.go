@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/driver"
 	"github.com/kubelift/kubelift/internal/inplace/nodeops"
@@ -61,8 +59,8 @@ func (r *upgradeRun) controlPlaneStep(ctx context.Context) error {
 }
 
 // rollback restores comp (a kubelet or kube-proxy) after a failed swap
-// and waits for the old version; a kubelet's node must be Ready there,
-// and is uncordoned. It returns the original failure.
+// and waits for the old version; a kubelet must be back (kubeletBack),
+// and its node is uncordoned. It returns the original failure.
 func (r *upgradeRun) rollback(ctx context.Context, o *nodeops.Ops, comp string, cause error) error {
 	if err := driver.PutBack(ctx, r.driverRun(), o, comp, cause); err != nil {
 		return err
@@ -72,14 +70,25 @@ func (r *upgradeRun) rollback(ctx context.Context, o *nodeops.Ops, comp string, 
 	}
 	ctx = context.WithoutCancel(ctx)
 	if r.watch != nil {
-		if err := r.watch.Until(ctx, o.Name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-			return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == o.From
-		}); err != nil {
-			return fmt.Errorf("%w; after rollback node %s not Ready at %s: %w", cause, o.Name, o.From, err)
+		if err := r.kubeletBack(ctx, o.Name, o.From); err != nil {
+			return fmt.Errorf("%w; after rollback %w", cause, err)
 		}
 	}
 	if err := r.uncordon(ctx, o.Name); err != nil {
 		return fmt.Errorf("%w; after rollback: %w", cause, err)
 	}
 	return driver.RolledBack(o, cause)
+}
+
+// kubeletBack waits for node's kubelet at from to be alive: its Lease
+// renewed after this wait begins, then the Node Ready at from. Ready
+// alone may be stale: a new kubelet that never started posted nothing.
+func (r *upgradeRun) kubeletBack(ctx context.Context, node, from string) error {
+	if err := driver.WaitNodeLeaseRenewed(ctx, r.driverRun(), node, r.opts.ReadyTimeout); err != nil {
+		return err
+	}
+	if err := r.watch.Until(ctx, node, r.opts.ReadyTimeout, cluster.ReadyAt(from)); err != nil {
+		return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
+	}
+	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubelift/kubelift/internal/cluster"
@@ -201,9 +200,7 @@ func (r *upgradeRun) upgradeKubelet(ctx context.Context, name string) error {
 func (r *upgradeRun) alreadyThereSteps() []nodeStep {
 	return []nodeStep{
 		{name: "wait Ready", do: func(ctx context.Context, k *kubeletRun) error {
-			if err := r.watch.Until(ctx, k.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-				return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == k.to
-			}); err != nil {
+			if err := r.watch.Until(ctx, k.name, r.opts.ReadyTimeout, cluster.ReadyAt(k.to)); err != nil {
 				return fmt.Errorf("node %s: kubelet %s already, but not Ready: %w", k.name, k.to, err)
 			}
 			return nil
@@ -329,9 +326,7 @@ func (r *upgradeRun) swapKubelet(ctx context.Context, k *kubeletRun) error {
 
 func (r *upgradeRun) waitKubeletReady(ctx context.Context, k *kubeletRun) error {
 	stopWait := r.timed(&r.res.Waiting)
-	err := r.watch.Until(ctx, k.name, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-		return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == k.to
-	})
+	err := r.watch.Until(ctx, k.name, r.opts.ReadyTimeout, cluster.ReadyAt(k.to))
 	stopWait()
 	k.ready = r.wait.Now()
 	if err != nil {

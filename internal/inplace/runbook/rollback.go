@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/kubelift/kubelift/internal/catalog"
 	"github.com/kubelift/kubelift/internal/cluster"
 	"github.com/kubelift/kubelift/internal/inplace/driver"
@@ -158,8 +156,8 @@ func (r *upgradeRun) recordUndo(ctx context.Context) error {
 // undoComponent puts comp (a kubelet or kube-proxy) on node back at the
 // version the recorded upgrade started from, when it runs the version it
 // went to (a part that never moved, or is back already, is left alone),
-// and waits for it; a kubelet's node must be Ready at the old version,
-// and loses kubelift's annotations.
+// and waits for it; a kubelet must be back (kubeletBack), and its node
+// loses kubelift's annotations.
 func (r *upgradeRun) undoComponent(ctx context.Context, node, comp string) error {
 	from := r.plan.From[0]
 	return r.onNodeFrom(ctx, node, from, func(ctx context.Context, o *nodeops.Ops) error {
@@ -170,10 +168,8 @@ func (r *upgradeRun) undoComponent(ctx context.Context, node, comp string) error
 		if comp == "kubelet" && r.dry {
 			r.would(node, "wait for the node Ready at "+from+"; remove kubelift's annotations", "")
 		} else if comp == "kubelet" {
-			if err := r.watch.Until(ctx, node, r.opts.ReadyTimeout, func(n *corev1.Node) bool {
-				return cluster.NodeReady(n) && n.Status.NodeInfo.KubeletVersion == from
-			}); err != nil {
-				return fmt.Errorf("node %s not Ready at %s: %w", node, from, err)
+			if err := r.kubeletBack(ctx, node, from); err != nil {
+				return err
 			}
 			if err := record.Unmark(ctx, r.client, node); err != nil {
 				return fmt.Errorf("node %s: %w", node, err)

@@ -114,9 +114,9 @@ func TestFailedNodeNamed(t *testing.T) {
 		t.Errorf("the failed Upgrade's status: %s, %+v", u.Status.Phase, u.Status.LastError)
 	}
 	// Back at the old version, heartbeating and Ready. (The kubelet
-	// that could not start renewed no Lease: the Node's Ready condition
-	// the rollback saw may be stale, and the node controller may mark it
-	// NotReady since; docs/controller.md.)
+	// that could not start posted nothing: the Node's Ready condition
+	// alone may be the old kubelet's, stale, so a renewed Lease is asked
+	// for too, as the rollback itself does; docs/runbook.md.)
 	harness.Eventually(t, 2*time.Minute, func() (bool, string) {
 		n := h.Node(t, "worker-1")
 		v := n.Status.NodeInfo.KubeletVersion
