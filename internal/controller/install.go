@@ -80,6 +80,7 @@ func (in Install) Made() []agent.Made {
 		agent.Made{Kind: "Role", Name: ns + Name, What: "agent mode's pods and step requests, the leader Lease"},
 		agent.Made{Kind: "Role", Name: "kube-system/" + Name, What: "the record, the lock, the cluster's releases, CoreDNS and kube-proxy"},
 		agent.Made{Kind: "Role", Name: "default/" + Name, What: "the kubernetes Service's EndpointSlices: the API servers' port"},
+		agent.Made{Kind: "Role", Name: corev1.NamespaceNodeLease + "/" + Name, What: "the kubelets' Leases, read: a rolled-back kubelet is alive"},
 		agent.Made{Kind: "Secret", Name: ns + SecretName, What: "the registry's password and CA"},
 		agent.Made{Kind: "ConfigMap", Name: ns + TrustName, What: "the team's public key"},
 		agent.Made{Kind: "Deployment", Name: ns + Name, What: fmt.Sprintf("%d replicas of %s, one leading (Lease %s%s)", in.Replicas, in.Image, ns, LeaseName)},
@@ -113,7 +114,9 @@ func (in Install) Apply(ctx context.Context, kube kubernetes.Interface, dyn dyna
 	for roleNS, rules := range map[string][]*rbacac.PolicyRuleApplyConfiguration{ns: agentNamespaceRules(), metav1.NamespaceSystem: kubeSystemRules(),
 		// In a pod, the API servers' own port (for each one's /readyz)
 		// is the kubernetes Service's EndpointSlice's.
-		metav1.NamespaceDefault: {rule([]string{"discovery.k8s.io"}, []string{"endpointslices"}, "list")}} {
+		metav1.NamespaceDefault: {rule([]string{"discovery.k8s.io"}, []string{"endpointslices"}, "list")},
+		// A node's rollback waits for its kubelet's Lease renewed.
+		corev1.NamespaceNodeLease: {rule([]string{"coordination.k8s.io"}, []string{"leases"}, "get")}} {
 		role := rbacac.Role(Name, roleNS).WithLabels(labels).WithRules(rules...)
 		if _, err := kube.RbacV1().Roles(roleNS).Apply(ctx, role, apply); err != nil {
 			return fmt.Errorf("role %s/%s: %w", roleNS, Name, err)

@@ -111,6 +111,8 @@ func TestControllerOnARealAPIServer(t *testing.T) {
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system", Name: "kubelift-upgrade"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system", Name: "kube-scheduler"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: "default"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-node-lease", Name: "worker-1"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-node-lease", Name: "worker-1"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "secrets", Namespace: agent.Namespace}, true},
 		{authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Group: "rbac.authorization.k8s.io", Resource: "clusterrolebindings"}, false},
