@@ -166,7 +166,7 @@ func (r *upgradeRun) undoComponent(ctx context.Context, node, comp string) error
 			return err
 		}
 		if comp == "kubelet" && r.dry {
-			r.would(node, "wait for the node Ready at "+from+"; remove kubelift's annotations", "")
+			r.would(node, "wait for its kubelet to renew the node's Lease and the node Ready at "+from+"; remove kubelift's annotations", "")
 		} else if comp == "kubelet" {
 			if err := r.kubeletBack(ctx, node, from); err != nil {
 				return err
