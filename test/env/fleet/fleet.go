@@ -88,6 +88,11 @@ type Config struct {
 	// Log reports what the fleet could not do (a failed patch, a command
 	// not played); nil discards it.
 	Log func(format string, args ...any)
+	// LeaseRenew, when set, makes each node's running kubelet renew the
+	// node's Lease in kube-node-lease as a kubelet does: when it starts,
+	// then every LeaseRenew (a kubelet's default: 10 s). A kubelet that
+	// does not run renews nothing. 0: no Leases (KWOK plays them).
+	LeaseRenew time.Duration
 }
 
 // Fleet is a running set of simulated nodes. Close stops it.
@@ -127,7 +132,8 @@ type Stats struct {
 	// StageCacheHits and StageCacheMisses count staged streams whose
 	// content was known (only hashed) or decompressed.
 	StageCacheHits, StageCacheMisses int64
-	// PatchErrors counts Node status patches that failed.
+	// PatchErrors counts Node status patches and Lease renewals that
+	// failed.
 	PatchErrors int64
 	// Nodes are per node, by name.
 	Nodes map[string]NodeStats
@@ -236,6 +242,10 @@ func Start(ctx context.Context, cfg Config, nodes []NodeSpec) (*Fleet, error) {
 	}
 	if err := f.writeFiles(); err != nil {
 		return nil, err
+	}
+	if cfg.LeaseRenew > 0 && cfg.Client != nil {
+		f.wg.Add(1)
+		go f.renewLeases()
 	}
 	ok = true
 	return f, nil

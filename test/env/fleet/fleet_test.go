@@ -103,7 +103,7 @@ func newWorld(t *testing.T, binaries map[string]Binary) *testWorld {
 	if w.cat, err = catalog.Default(); err != nil {
 		t.Fatal(err)
 	}
-	w.fleet, err = Start(context.Background(), Config{Dir: t.TempDir(), Client: w.client, Binaries: binaries, Log: t.Logf}, specs)
+	w.fleet, err = Start(context.Background(), Config{Dir: t.TempDir(), Client: w.client, Binaries: binaries, Log: t.Logf, LeaseRenew: time.Second}, specs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -309,6 +309,9 @@ func (f *Fleet) restart(n *node, name string) error {
 	n.mu.Unlock()
 	if name == "kubelet" && version != "" && f.cfg.Client != nil {
 		f.patchRestarting(n.spec.Name, version)
+		if f.cfg.LeaseRenew > 0 {
+			f.renewLease(n.spec.Name)
+		}
 	}
 	return nil
 }
