@@ -4,8 +4,10 @@
 // scripts kubelift's in-place engine (internal/inplace) sends, so that the
 // engine runs unmodified against thousands of nodes. The Node objects
 // themselves live in a real API server (KWOK plays them there); the fleet
-// only patches a Node's status when its kubelet restarts, and reads the
-// Pods bound to each node to answer `crictl ps`.
+// only patches a Node's status when its kubelet restarts, renews the
+// Leases of the nodes whose kubelet runs where KWOK does not
+// (Config.LeaseRenew), and reads the Pods bound to each node to answer
+// `crictl ps`.
 //
 // The fleet emulates the engine's commands, not a shell: each command is
 // matched against a short list of named handlers (handlers.go), one per
