@@ -70,13 +70,18 @@ const kubeletLeaseDuration = 40 * time.Second
 // runs there now is alive. The Node's Ready condition cannot say so: a
 // kubelet that never starts posts nothing, and the condition stays what
 // the last one wrote, until the node controller marks the node NotReady
-// (docs/runbook.md). The wait lasts timeout, and at least a kubelet's
-// default lease duration.
+// (docs/runbook.md). The wait lasts timeout, and at least the Lease's
+// duration (a kubelet's default where it cannot be read), within which
+// a live kubelet renews it four times.
 func WaitNodeLeaseRenewed(ctx context.Context, r *Run, node string, timeout time.Duration) error {
 	leases := r.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	bound := max(timeout, kubeletLeaseDuration)
+	if l, err := leases.Get(ctx, node, metav1.GetOptions{}); err == nil && l.Spec.LeaseDurationSeconds != nil {
+		bound = max(bound, time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second)
+	}
 	var first *coordinationv1.Lease
 	read := false
-	err := r.Wait.Poll(ctx, time.Second, max(timeout, kubeletLeaseDuration), func(ctx context.Context) error {
+	err := r.Wait.Poll(ctx, time.Second, bound, func(ctx context.Context) error {
 		l, err := leases.Get(ctx, node, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
@@ -94,8 +99,11 @@ func WaitNodeLeaseRenewed(ctx context.Context, r *Run, node string, timeout time
 		}
 		return fmt.Errorf("lease %s/%s not renewed since this wait first read it (renewed %s)", corev1.NamespaceNodeLease, node, renewTime(l))
 	})
-	if errors.Is(err, waiter.ErrTimeout) {
-		return fmt.Errorf("node %s: no kubelet renewed its Lease within %s: %w", node, max(timeout, kubeletLeaseDuration), err)
+	switch {
+	case errors.Is(err, waiter.ErrTimeout) && !read:
+		return fmt.Errorf("node %s: its Lease could not be read within %s: %w", node, bound, err)
+	case errors.Is(err, waiter.ErrTimeout):
+		return fmt.Errorf("node %s: no kubelet renewed its Lease within %s: %w", node, bound, err)
 	}
 	return err
 }

@@ -53,6 +53,7 @@ func TestRollbackWaitsForALiveKubelet(t *testing.T) {
 		lease func(get int) *coordinationv1.Lease // the Lease the n-th Get finds (nil: none)
 		want  string                              // in the error besides the cause
 		alive bool
+		err   error // what every Get answers instead
 	}{
 		{name: "renewed", lease: func(get int) *coordinationv1.Lease { return renewedAt(10 * get) }, alive: true},
 		{name: "made by the kubelet it starts", lease: func(get int) *coordinationv1.Lease {
@@ -63,8 +64,19 @@ func TestRollbackWaitsForALiveKubelet(t *testing.T) {
 		}, alive: true},
 		{name: "never renewed", lease: func(int) *coordinationv1.Lease { return renewedAt(0) },
 			want: "node worker-1: no kubelet renewed its Lease within 40s"},
+		// A kubelet whose Lease lasts 120 s renews every 30 s: waited for
+		// that long.
+		{name: "a long lease, never renewed", lease: func(int) *coordinationv1.Lease {
+			l := renewedAt(0)
+			secs := int32(120)
+			l.Spec.LeaseDurationSeconds = &secs
+			return l
+		}, want: "node worker-1: no kubelet renewed its Lease within 2m0s"},
 		{name: "none", lease: func(int) *coordinationv1.Lease { return nil },
 			want: "lease kube-node-lease/worker-1: none yet"},
+		// The API server, not the kubelet, is what failed: said so.
+		{name: "unreadable", lease: func(int) *coordinationv1.Lease { return nil }, err: apierrors.NewServiceUnavailable("etcd is down"),
+			want: "node worker-1: its Lease could not be read within 40s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-1", Annotations: map[string]string{drain.AnnotationCordoned: "true"}},
@@ -75,6 +87,9 @@ func TestRollbackWaitsForALiveKubelet(t *testing.T) {
 			var gets atomic.Int32
 			client.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
 				l := tc.lease(int(gets.Add(1)))
+				if tc.err != nil {
+					return true, nil, tc.err
+				}
 				if l == nil {
 					return true, nil, apierrors.NewNotFound(coordinationv1.Resource("leases"), "worker-1")
 				}

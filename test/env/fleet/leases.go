@@ -51,6 +51,10 @@ func (f *Fleet) renewLease(node string) {
 		l.Spec.RenewTime = &now
 		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 	}
+	// Renewed meanwhile by the other writer (the start's, the ticker's).
+	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
+		return
+	}
 	if err != nil && f.ctx.Err() == nil {
 		f.patchErrors.Add(1)
 		f.cfg.Log("fleet: node %s: renew its Lease: %v", node, err)
