@@ -76,12 +76,16 @@ const kubeletLeaseDuration = 40 * time.Second
 func WaitNodeLeaseRenewed(ctx context.Context, r *Run, node string, timeout time.Duration) error {
 	leases := r.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
 	bound := max(timeout, kubeletLeaseDuration)
-	if l, err := leases.Get(ctx, node, metav1.GetOptions{}); err == nil && l.Spec.LeaseDurationSeconds != nil {
-		bound = max(bound, time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second)
+	// The first reading, which a renewal must differ from (none: the
+	// Lease's making is one); one that fails is made by the wait.
+	first, err := leases.Get(ctx, node, metav1.GetOptions{})
+	read := err == nil || apierrors.IsNotFound(err)
+	if err != nil {
+		first = nil
+	} else if first.Spec.LeaseDurationSeconds != nil {
+		bound = max(bound, time.Duration(*first.Spec.LeaseDurationSeconds)*time.Second)
 	}
-	var first *coordinationv1.Lease
-	read := false
-	err := r.Wait.Poll(ctx, time.Second, bound, func(ctx context.Context) error {
+	err = r.Wait.Poll(ctx, time.Second, bound, func(ctx context.Context) error {
 		l, err := leases.Get(ctx, node, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
